@@ -1,0 +1,53 @@
+// Hugging Face tokenizer.json byte-level BPE, as Qwen2 uses it.
+// Contract used by the gateway (encode prompts, stream text) and ferry-make-model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry::tokenizer {
+
+class Tokenizer {
+ public:
+  // Parses tokenizer.json (normalizer, pre_tokenizer, model.vocab/merges,
+  // added_tokens, decoder). Throws std::runtime_error naming the file and the
+  // unsupported or malformed part.
+  static std::unique_ptr<Tokenizer> FromFile(const std::string& path);
+  static std::unique_ptr<Tokenizer> FromJson(std::string_view json_text);
+  virtual ~Tokenizer() = default;
+
+  // Same ids as HF tokenizers' encode(text, add_special_tokens=False):
+  // added/special tokens in the text are matched whole.
+  virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
+  // Same as HF decode(ids, skip_special_tokens=skip_special); bytes that do
+  // not form valid UTF-8 become U+FFFD as HF does.
+  virtual std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
+  virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
+  // One past the largest id (vocab + added tokens).
+  virtual int32_t vocab_size() const = 0;
+};
+
+// Streams text from token ids without ever emitting half a UTF-8 character:
+// bytes of an incomplete character are held back until it completes.
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special = true);
+  // Returns the new complete text produced by this token (may be empty).
+  std::string Add(int32_t token_id);
+  // Returns whatever is held back (incomplete bytes become U+FFFD).
+  std::string Flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::vector<int32_t> ids_;
+  size_t prefix_offset_ = 0;  // ids before this are fully emitted
+  size_t read_offset_ = 0;
+};
+
+}  // namespace ferry::tokenizer

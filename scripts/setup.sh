@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything Ferry needs on a fresh Debian 12 machine, then builds it.
+# Idempotent: a second run only checks, and rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libutf8proc-dev
+  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev
+  prometheus python3 python3-venv python3-pip
+)
+# Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
+# through --system-site-packages.
+PIP_PACKAGES=(
+  "tokenizers==0.20.3" "transformers==4.46.3" "safetensors==0.4.5"
+  "grpcio==1.68.1" "grpcio-tools==1.68.1" "prometheus-client==0.21.1" "pytest==8.3.4"
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}" python3-torch; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+stamp=.venv/.ferry-requirements
+want=$(printf '%s\n' "${PIP_PACKAGES[@]}")
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
+  printf '%s' "$want" > "$stamp"
+fi
+
+BUILD_DIR=${FERRY_BUILD_DIR:-build}
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "setup: built into $BUILD_DIR/bin"
