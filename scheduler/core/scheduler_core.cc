@@ -1,0 +1,223 @@
+#include "scheduler/core/scheduler_core.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace ferry::scheduler {
+namespace {
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+void RequirePositive(const char* field, int64_t value) {
+  if (value <= 0) {
+    throw std::invalid_argument(std::string(field) + " = " + Num(value) + ", must be > 0");
+  }
+}
+
+bool Contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// Whether appending `token` (already in seq.tokens) ends the sequence.
+FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t max_model_len) {
+  if (!seq.spec.ignore_eos && Contains(seq.spec.eos_token_ids, token)) return FinishKind::kEos;
+  if (Contains(seq.spec.stop_token_ids, token)) return FinishKind::kStopToken;
+  if (seq.num_generated() >= seq.spec.max_tokens) return FinishKind::kLength;
+  if (seq.num_tokens() >= max_model_len) return FinishKind::kLength;
+  return FinishKind::kNone;
+}
+
+const SchedulerConfig& Validated(const SchedulerConfig& config) {
+  RequirePositive("max_num_seqs", config.max_num_seqs);
+  RequirePositive("max_num_batched_tokens", config.max_num_batched_tokens);
+  RequirePositive("max_model_len", config.max_model_len);
+  RequirePositive("block_size", config.block_size);
+  RequirePositive("num_kv_blocks", config.num_kv_blocks);
+  return config;
+}
+
+}  // namespace
+
+SchedulerCore::SchedulerCore(const SchedulerConfig& config) : state_(Validated(config)) {}
+
+void SchedulerCore::Add(RequestSpec request) {
+  const auto& cfg = state_.config;
+  const std::string id = "seq_id " + std::to_string(request.seq_id) + ": ";
+  if (is_live(request.seq_id)) throw std::invalid_argument(id + "seq_id is already live");
+  const auto num_prompt = static_cast<int64_t>(request.prompt.size());
+  if (num_prompt == 0) throw std::invalid_argument(id + "prompt is empty");
+  if (request.max_tokens < 1) {
+    throw std::invalid_argument(id + "max_tokens = " + Num(request.max_tokens) + ", must be >= 1");
+  }
+  const int64_t total = num_prompt + request.max_tokens;
+  if (total > cfg.max_model_len) {
+    throw std::invalid_argument(id + "prompt+max_tokens = " + Num(total) +
+                                " exceeds max_model_len = " + Num(cfg.max_model_len));
+  }
+  // The last sampled token is never computed, so total - 1 positions need KV.
+  const int64_t blocks_needed = (total - 1 + cfg.block_size - 1) / cfg.block_size;
+  if (blocks_needed > cfg.num_kv_blocks) {
+    throw std::invalid_argument(id + "prompt+max_tokens = " + Num(total) + " needs " +
+                                Num(blocks_needed) + " KV blocks, exceeds num_kv_blocks = " +
+                                Num(cfg.num_kv_blocks));
+  }
+  const uint64_t seq_id = request.seq_id;
+  auto seq = std::make_unique<Sequence>(std::move(request), state_.blocks.NewLease());
+  state_.waiting.PushByArrival(seq.get());
+  state_.sequences.emplace(seq_id, std::move(seq));
+}
+
+void SchedulerCore::Cancel(uint64_t seq_id) {
+  Sequence* seq = Find(seq_id);
+  if (seq != nullptr) Retire(*seq);
+}
+
+StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint /*now*/) {
+  if (in_flight_step_) {
+    throw std::logic_error("Plan called before Commit of step " + std::to_string(*in_flight_step_));
+  }
+  RequirePositive("budget.max_num_seqs", budget.max_num_seqs);
+  RequirePositive("budget.max_num_batched_tokens", budget.max_num_batched_tokens);
+  StepPlan plan;
+  plan.finished_ids = std::exchange(state_.pending_finished_ids, {});
+  StepPlanner planner(state_, budget, plan);
+  planner.ScheduleRunning();
+  planner.AdmitWaiting();
+  if (!plan.empty()) {
+    plan.step_id = ++num_steps_;
+    in_flight_step_ = plan.step_id;
+  }
+  return plan;
+}
+
+void SchedulerCore::ValidateCommit(const StepPlan& plan,
+                                   const std::vector<SampledToken>& sampled) const {
+  if (!in_flight_step_ || plan.step_id != *in_flight_step_) {
+    throw std::invalid_argument("Commit: plan step_id = " + std::to_string(plan.step_id) +
+                                " is not the step in flight (" +
+                                (in_flight_step_ ? std::to_string(*in_flight_step_) : "none") + ")");
+  }
+  std::unordered_map<uint64_t, int32_t> num_samples;
+  for (const auto& s : sampled) ++num_samples[s.seq_id];
+  for (const auto& entry : plan.scheduled) {
+    const Sequence* seq = Find(entry.seq_id);
+    const int32_t got = num_samples[entry.seq_id];
+    num_samples.erase(entry.seq_id);
+    if (seq == nullptr) continue;  // cancelled since Plan: its sample is moot
+    const bool expects = seq->num_computed + entry.num_tokens == seq->num_tokens();
+    if (got != (expects ? 1 : 0)) {
+      throw std::invalid_argument("Commit: seq_id " + std::to_string(entry.seq_id) + " has " +
+                                  Num(got) + " samples, expected " + (expects ? "1" : "0"));
+    }
+  }
+  if (!num_samples.empty()) {
+    throw std::invalid_argument("Commit: sample for seq_id " +
+                                std::to_string(num_samples.begin()->first) +
+                                ", which was not scheduled in step " + std::to_string(plan.step_id));
+  }
+}
+
+std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
+                                            const std::vector<SampledToken>& sampled) {
+  ValidateCommit(plan, sampled);
+  std::unordered_map<uint64_t, int32_t> token_of;
+  for (const auto& s : sampled) token_of.emplace(s.seq_id, s.token_id);
+  std::vector<SeqEvent> events;
+  for (const auto& entry : plan.scheduled) {
+    Sequence* seq = Find(entry.seq_id);
+    if (seq == nullptr) continue;
+    seq->num_computed += entry.num_tokens;
+    auto it = token_of.find(entry.seq_id);
+    if (it == token_of.end()) continue;  // a prefill chunk short of the end
+    seq->tokens.push_back(it->second);
+    SeqEvent event{.seq_id = entry.seq_id, .new_tokens = {it->second},
+                   .finish = FinishAfter(*seq, it->second, state_.config.max_model_len)};
+    if (event.finish != FinishKind::kNone) Retire(*seq);
+    events.push_back(std::move(event));
+  }
+  in_flight_step_.reset();
+  return events;
+}
+
+std::vector<SeqEvent> SchedulerCore::AbortAll() {
+  std::vector<uint64_t> ids;
+  ids.reserve(state_.sequences.size());
+  for (const auto& [id, seq] : state_.sequences) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  std::vector<SeqEvent> events;
+  events.reserve(ids.size());
+  for (uint64_t id : ids) {
+    Retire(*Find(id));
+    events.push_back(SeqEvent{.seq_id = id, .new_tokens = {}, .finish = FinishKind::kAborted});
+  }
+  in_flight_step_.reset();
+  return events;
+}
+
+bool SchedulerCore::has_work() const {
+  return !state_.sequences.empty() || !state_.pending_finished_ids.empty();
+}
+
+std::span<const BlockId> SchedulerCore::block_ids(uint64_t seq_id) const {
+  const Sequence* seq = Find(seq_id);
+  return seq == nullptr ? std::span<const BlockId>() : seq->lease.block_ids();
+}
+
+Sequence* SchedulerCore::Find(uint64_t seq_id) const {
+  auto it = state_.sequences.find(seq_id);
+  return it == state_.sequences.end() ? nullptr : it->second.get();
+}
+
+void SchedulerCore::Retire(Sequence& seq) {
+  if (!state_.waiting.Remove(&seq)) {
+    auto& running = state_.running;
+    auto it = std::find(running.begin(), running.end(), &seq);
+    if (it == running.end()) throw std::logic_error("Retire: sequence in no queue");
+    running.erase(it);
+  }
+  if (seq.is_on_worker) state_.pending_finished_ids.push_back(seq.spec.seq_id);
+  state_.sequences.erase(seq.spec.seq_id);  // the lease returns its blocks here
+}
+
+void SchedulerCore::CheckInvariants() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("invariant: " + what); };
+  // A sequence is in exactly one of waiting/running; waiting ones hold nothing.
+  std::unordered_map<const Sequence*, int> places;
+  state_.waiting.ForEach([&](const Sequence* s) {
+    ++places[s];
+    if (s->lease.num_blocks() != 0 || s->num_computed != 0 || s->is_on_worker) {
+      fail("waiting seq_id " + std::to_string(s->spec.seq_id) + " holds blocks or worker state");
+    }
+  });
+  for (const Sequence* s : state_.running) ++places[s];
+  if (places.size() != state_.sequences.size()) fail("queues and live sequences differ");
+  // Every block is free or owned by exactly one live lease, which covers
+  // exactly the computed tokens between steps.
+  const BlockManager& blocks = state_.blocks;
+  std::vector<int32_t> owners(static_cast<size_t>(blocks.num_total_blocks()), 0);
+  for (const auto& [id, seq] : state_.sequences) {
+    if (places[seq.get()] != 1) fail("seq_id " + std::to_string(id) + " is queued twice or not");
+    for (BlockId b : seq->lease.block_ids()) ++owners.at(static_cast<size_t>(b));
+    if (!in_flight_step_ && seq->lease.num_blocks() != blocks.BlocksFor(seq->num_computed)) {
+      fail("seq_id " + std::to_string(id) + " holds " + Num(seq->lease.num_blocks()) +
+           " blocks for " + Num(seq->num_computed) + " computed tokens");
+    }
+  }
+  int32_t num_unowned = 0;
+  for (BlockId b = 0; b < blocks.num_total_blocks(); ++b) {
+    const int32_t n = owners[static_cast<size_t>(b)];
+    if (n > 1 || blocks.ref_count(b) != n) {
+      fail("block " + Num(b) + " has ref_count " + Num(blocks.ref_count(b)) + " and " + Num(n) +
+           " owners");
+    }
+    if (n == 0) ++num_unowned;
+  }
+  if (num_unowned != blocks.num_free_blocks()) {
+    fail(Num(num_unowned) + " unowned blocks but " + Num(blocks.num_free_blocks()) + " free");
+  }
+}
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,81 @@
+// The scheduler core: continuous batching over a fixed KV block pool. A pure
+// planner: no threads, sockets, clocks or CUDA. The service around it owns the
+// loop and calls, from one thread:
+//
+//   Add / Cancel            at any time
+//   plan = Plan(budget, now)
+//   if (!plan.empty()) { send plan; events = Commit(plan, result.sampled); }
+//   on a worker failure:    events = AbortAll()
+//
+// See scheduler/core/README.md for the contract and invariants.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "scheduler/core/policies.h"
+#include "scheduler/core/types.h"
+
+namespace ferry::scheduler {
+
+class SchedulerCore {
+ public:
+  // Throws std::invalid_argument on a non-positive size in `config`.
+  explicit SchedulerCore(const SchedulerConfig& config);
+
+  // Queues a request. Throws std::invalid_argument (naming field, value and
+  // limit) for a live duplicate seq_id, an empty prompt, max_tokens < 1,
+  // prompt+max_tokens > max_model_len, or a sequence whose full length needs
+  // more KV blocks than the pool has.
+  void Add(RequestSpec request);
+  // Removes the sequence and frees its blocks now. If the worker holds state
+  // for it, its id goes into the next plan's finished_ids. Unknown ids are ignored.
+  void Cancel(uint64_t seq_id);
+  // Decides the next step. Every non-empty plan must be sent and then passed to
+  // Commit before the next Plan (std::logic_error otherwise). `now` is unused
+  // for now (deadlines will use it). Throws std::invalid_argument on a budget
+  // with a non-positive limit.
+  StepPlan Plan(const Budget& budget, TimePoint now);
+  // Applies the worker's samples for `plan`. Every scheduled, still-live
+  // sequence whose computed count reaches the end of its known tokens needs
+  // exactly one sample, and no other sequence may have one (std::invalid_argument,
+  // state unchanged). Samples for sequences cancelled since Plan are ignored.
+  // Returns one event per sequence that got a token, in plan order.
+  std::vector<SeqEvent> Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled);
+  // Ends every live sequence with kAborted (ordered by seq_id) and frees all
+  // blocks; any step in flight is forgotten. Ids the worker held go into the
+  // next plan's finished_ids (a replacement worker should ignore unknown ids).
+  std::vector<SeqEvent> AbortAll();
+
+  int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
+  int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
+  int32_t num_free_blocks() const { return state_.blocks.num_free_blocks(); }
+  int32_t num_total_blocks() const { return state_.blocks.num_total_blocks(); }
+  uint64_t num_steps() const { return num_steps_; }  // non-empty plans issued
+  uint64_t num_preemptions() const { return state_.num_preemptions; }
+  bool is_live(uint64_t seq_id) const { return state_.sequences.contains(seq_id); }
+  // Anything to plan: waiting or running sequences, or finished ids to send.
+  bool has_work() const;
+  bool is_step_in_flight() const { return in_flight_step_.has_value(); }
+  // The sequence's block table (empty if not live or holding no blocks).
+  std::span<const BlockId> block_ids(uint64_t seq_id) const;
+  const SchedulerConfig& config() const { return state_.config; }
+
+  // Verifies the invariants in README.md; throws std::logic_error naming the
+  // first broken one. O(blocks + sequences): for tests and debug checks.
+  void CheckInvariants() const;
+
+ private:
+  Sequence* Find(uint64_t seq_id) const;
+  void ValidateCommit(const StepPlan& plan, const std::vector<SampledToken>& sampled) const;
+  // Removes a live sequence (its lease frees the blocks); `seq` dangles after.
+  void Retire(Sequence& seq);
+
+  SchedulerState state_;
+  std::optional<uint64_t> in_flight_step_;
+  uint64_t num_steps_ = 0;
+};
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,105 @@
+// Domain types of the scheduler core. No proto or gRPC here: the service
+// adapter translates StepPlan <-> ferry.v1.StepRequest and SampledToken <->
+// ferry.v1.SampledToken field by field.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry::scheduler {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+using BlockId = int32_t;
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+  int32_t max_model_len = 0;  // prompt + generated tokens may not exceed this
+  int32_t block_size = 16;    // tokens per KV block
+  int32_t num_kv_blocks = 0;  // KV blocks the worker holds
+};
+
+// Per-step limits; passed to every Plan so a controller can change them per step.
+struct Budget {
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+};
+
+// A validated, tokenised request. seq_id is chosen by the caller and must be
+// unique among live sequences.
+struct RequestSpec {
+  uint64_t seq_id = 0;
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 16;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<int32_t> eos_token_ids;
+  bool ignore_eos = false;
+  int32_t priority = 0;  // larger runs first
+  TimePoint arrival{};
+};
+
+// A sequence the worker has no state for, sent in full once (ferry.v1.NewSequence).
+struct NewSequence {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> token_ids;  // prompt + tokens generated before a preemption
+  int32_t num_generated = 0;       // how many of token_ids were generated
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+};
+
+// One sequence's share of a step (ferry.v1.ScheduledSequence).
+struct ScheduledSequence {
+  uint64_t seq_id = 0;
+  int32_t num_tokens = 0;               // starting at the first uncomputed token
+  std::vector<BlockId> new_block_ids;   // appended to the block table this step
+};
+
+// The decision for one engine step (ferry.v1.StepRequest). A worker applies
+// finished_ids and preempted_ids before new_sequences and scheduled: the
+// blocks of forgotten sequences may be handed to others in the same plan.
+struct StepPlan {
+  uint64_t step_id = 0;  // 0 for an empty plan; otherwise 1, 2, 3, ...
+  std::vector<NewSequence> new_sequences;    // each is also in scheduled
+  std::vector<ScheduledSequence> scheduled;  // sequences that run this step
+  std::vector<uint64_t> finished_ids;        // worker forgets these
+  std::vector<uint64_t> preempted_ids;       // worker forgets; they return as new
+
+  bool empty() const {
+    return new_sequences.empty() && scheduled.empty() && finished_ids.empty() &&
+           preempted_ids.empty();
+  }
+  int32_t num_scheduled_tokens() const {
+    int32_t total = 0;
+    for (const auto& s : scheduled) total += s.num_tokens;
+    return total;
+  }
+};
+
+struct SampledToken {
+  uint64_t seq_id = 0;
+  int32_t token_id = 0;
+};
+
+enum class FinishKind { kNone, kLength, kEos, kStopToken, kAborted, kCancelled };
+
+// What a sequence produced in one Commit (or AbortAll). A finished sequence
+// gets exactly one event with finish != kNone, its last.
+struct SeqEvent {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> new_tokens;  // includes a final eos/stop token
+  FinishKind finish = FinishKind::kNone;
+};
+
+const char* FinishKindName(FinishKind kind);
+
+}  // namespace ferry::scheduler
