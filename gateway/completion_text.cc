@@ -1,0 +1,52 @@
+#include "gateway/completion_text.h"
+
+#include <algorithm>
+
+namespace ferry::gateway {
+
+CompletionText::CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop)
+    : decoder_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)) {}
+
+size_t CompletionText::HoldBack() const {
+  size_t hold = 0;
+  for (const std::string& s : stop_) {
+    const size_t max_len = std::min(s.size() - 1, pending_.size());
+    for (size_t len = max_len; len > hold; --len) {
+      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+std::string CompletionText::Add(int32_t token_id) {
+  if (stopped_) return {};
+  pending_ += decoder_.Add(token_id);
+  // Earliest match across all stop strings wins.
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop_) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, cut);
+    pending_.clear();
+    return out;
+  }
+  // The held-back suffix starts a stop string's bytes, which are whole UTF-8
+  // characters of valid text, so the cut never splits a character.
+  const size_t emit = pending_.size() - HoldBack();
+  std::string out = pending_.substr(0, emit);
+  pending_.erase(0, emit);
+  return out;
+}
+
+std::string CompletionText::Finish() {
+  if (stopped_) return {};
+  pending_ += decoder_.Flush();
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace ferry::gateway

@@ -1,0 +1,35 @@
+// Turns a stream of token ids into text deltas, applying stop strings: text
+// that could still be the start of a stop string is held back until it cannot,
+// and a matched stop string (and anything after it) is never emitted.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gateway/tokenizer/tokenizer.h"
+
+namespace ferry::gateway {
+
+class CompletionText {
+ public:
+  CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop);
+
+  // Adds one token; returns the text that is now final (may be empty). After
+  // a stop string matched, stopped() is true and further tokens are ignored.
+  std::string Add(int32_t token_id);
+  // Generation ended without a stop: returns all text still held back.
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  // Bytes at the end of pending_ that must wait: the longest suffix that is a
+  // proper prefix of some stop string.
+  size_t HoldBack() const;
+
+  tokenizer::IncrementalDecoder decoder_;
+  std::vector<std::string> stop_;
+  std::string pending_;  // decoded but not yet emitted
+  bool stopped_ = false;
+};
+
+}  // namespace ferry::gateway

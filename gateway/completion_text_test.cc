@@ -1,0 +1,76 @@
+#include "gateway/completion_text.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gateway/tokenizer/bpe_trainer.h"
+
+namespace ferry::gateway {
+namespace {
+
+const tokenizer::Tokenizer& TestTokenizer() {
+  static const auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TrainQwen2TokenizerJson(
+      tokenizer::DefaultTrainingCorpus(), 600, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}));
+  return *tok;
+}
+
+// Feeds ids one at a time and returns the concatenated output.
+std::string Run(CompletionText& text, const std::vector<int32_t>& ids) {
+  std::string out;
+  for (int32_t id : ids) {
+    out += text.Add(id);
+    if (text.stopped()) return out;
+  }
+  return out + text.Finish();
+}
+
+TEST(CompletionText, NoStopEqualsDecode) {
+  const auto& tok = TestTokenizer();
+  const auto ids = tok.Encode("Hello, 世界! 🚀 streaming text");
+  CompletionText text(tok, {});
+  EXPECT_EQ(Run(text, ids), tok.Decode(ids, /*skip_special=*/true));
+  EXPECT_FALSE(text.stopped());
+}
+
+TEST(CompletionText, StopStringTrimmedAcrossTokens) {
+  const auto& tok = TestTokenizer();
+  const std::string full = "alpha beta gamma delta";
+  CompletionText text(tok, {"gamma"});
+  EXPECT_EQ(Run(text, tok.Encode(full)), "alpha beta ");
+  EXPECT_TRUE(text.stopped());
+}
+
+TEST(CompletionText, EarliestOfSeveralStopsWins) {
+  const auto& tok = TestTokenizer();
+  CompletionText text(tok, {"delta", "beta"});
+  EXPECT_EQ(Run(text, tok.Encode("alpha beta gamma delta")), "alpha ");
+}
+
+TEST(CompletionText, HeldBackPrefixIsReleasedWhenItDoesNotMatch) {
+  const auto& tok = TestTokenizer();
+  CompletionText text(tok, {"gamma ray"});
+  // "gamma" is a prefix of the stop string; it must come out once "delta" shows it was not.
+  EXPECT_EQ(Run(text, tok.Encode("alpha gamma delta")), "alpha gamma delta");
+  EXPECT_FALSE(text.stopped());
+}
+
+TEST(CompletionText, RandomTextsNeverEmitPastTheStop) {
+  const auto& tok = TestTokenizer();
+  std::mt19937 rng(3);
+  const std::vector<std::string> words = {"ab", "ba", "世", "界", " ", "🚀", "x", "\n"};
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string s;
+    for (int i = 0; i < 20; ++i) s += words[rng() % words.size()];
+    const std::string stop = words[rng() % words.size()] + words[rng() % words.size()];
+    const auto ids = tok.Encode(s);
+    const std::string decoded = tok.Decode(ids, true);
+    CompletionText text(tok, {stop});
+    const std::string out = Run(text, ids);
+    const size_t pos = decoded.find(stop);
+    EXPECT_EQ(out, pos == std::string::npos ? decoded : decoded.substr(0, pos)) << "text=" << s << " stop=" << stop;
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gateway

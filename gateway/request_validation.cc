@@ -1,0 +1,132 @@
+#include "gateway/request_validation.h"
+
+#include <cmath>
+
+#include "common/status.h"
+
+namespace ferry::gateway {
+
+namespace {
+
+constexpr int kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 256;
+
+// Returns a message for the first bad sampling field, or an empty string.
+std::string CheckSampling(const ferry::v1::SamplingParams& s) {
+  if (s.has_max_tokens() && s.max_tokens() <= 0) {
+    return FieldMessage("sampling.max_tokens", s.max_tokens(), "must be > 0");
+  }
+  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
+    return FieldMessage("sampling.temperature", s.temperature(), "must be >= 0");
+  }
+  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1)) {
+    return FieldMessage("sampling.top_p", s.top_p(), "must be in (0, 1]");
+  }
+  if (s.top_k() < 0) return FieldMessage("sampling.top_k", s.top_k(), "must be >= 0 (0 disables top-k)");
+  if (s.stop_size() > kMaxStopStrings) {
+    return FieldMessage("sampling.stop (count)", s.stop_size(), fmt::format("exceeds the limit of {}", kMaxStopStrings));
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    const std::string& stop = s.stop(i);
+    const std::string field = fmt::format("sampling.stop[{}]", i);
+    if (stop.empty()) return field + " is empty; stop strings must be non-empty";
+    if (stop.size() > kMaxStopBytes) {
+      return FieldMessage(field + " (bytes)", stop.size(), fmt::format("exceeds the limit of {}", kMaxStopBytes));
+    }
+    if (!IsValidUtf8(stop)) return field + " is not valid UTF-8";
+  }
+  return {};
+}
+
+// Tokenises or checks the prompt; returns an error message or fills ids.
+std::string PreparePrompt(const ferry::v1::GenerateRequest& r, const ModelLimits& limits,
+                          const tokenizer::Tokenizer& tokenizer, std::vector<int32_t>& ids) {
+  if (r.has_token_ids()) {
+    const auto& in = r.token_ids().ids();
+    if (in.empty()) return "prompt is empty: token_ids.ids has no tokens";
+    for (int i = 0; i < in.size(); ++i) {
+      if (in[i] < 0 || in[i] >= limits.vocab_size) {
+        return FieldMessage(fmt::format("token_ids.ids[{}]", i), in[i],
+                            fmt::format("is outside the vocabulary [0, {})", limits.vocab_size));
+      }
+    }
+    ids.assign(in.begin(), in.end());
+    return {};
+  }
+  if (r.text().empty()) return "prompt is empty: set text or token_ids";
+  if (!IsValidUtf8(r.text())) return "text is not valid UTF-8";
+  ids = tokenizer.Encode(r.text());
+  if (ids.empty()) return "prompt is empty: text produced no tokens";
+  return {};
+}
+
+}  // namespace
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + len > s.size()) return false;
+    for (int k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are invalid.
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1::GenerateRequest& r,
+                                                                const ModelLimits& limits,
+                                                                const LaneTable& lanes,
+                                                                const tokenizer::Tokenizer& tokenizer) {
+  const auto lane = lanes.Find(r.lane());
+  if (!lane) return ValidationError{FieldMessage("lane", r.lane(), "is not a known lane (" + lanes.Names() + ")")};
+  const auto& s = r.sampling();
+  if (std::string e = CheckSampling(s); !e.empty()) return ValidationError{e};
+  std::vector<int32_t> ids;
+  if (std::string e = PreparePrompt(r, limits, tokenizer, ids); !e.empty()) return ValidationError{e};
+
+  const int32_t max_tokens = s.has_max_tokens() ? s.max_tokens() : kDefaultMaxTokens;
+  const int64_t total = static_cast<int64_t>(ids.size()) + max_tokens;
+  if (total > limits.max_model_len) {
+    return ValidationError{fmt::format(
+        "prompt tokens ({}) + sampling.max_tokens ({}) = {} exceeds max_model_len {}", ids.size(), max_tokens,
+        total, limits.max_model_len)};
+  }
+  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
+    if (s.stop_token_ids(i) < 0 || s.stop_token_ids(i) >= limits.vocab_size) {
+      return ValidationError{FieldMessage(fmt::format("sampling.stop_token_ids[{}]", i), s.stop_token_ids(i),
+                                          fmt::format("is outside the vocabulary [0, {})", limits.vocab_size))};
+    }
+  }
+
+  ValidatedRequest out;
+  auto& sub = out.submit;
+  sub.set_request_id(r.request_id());
+  sub.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
+  sub.set_max_tokens(max_tokens);
+  sub.set_temperature(s.temperature());
+  sub.set_top_p(s.has_top_p() ? s.top_p() : 1.f);
+  sub.set_top_k(s.top_k());
+  sub.set_seed(s.seed());
+  *sub.mutable_stop_token_ids() = s.stop_token_ids();
+  sub.set_ignore_eos(s.ignore_eos());
+  sub.set_priority(lane->priority);
+  out.stop.assign(s.stop().begin(), s.stop().end());
+  out.lane = lane->name;
+  return out;
+}
+
+}  // namespace ferry::gateway

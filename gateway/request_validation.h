@@ -1,0 +1,40 @@
+// Checks a public GenerateRequest against the model's limits and turns it into
+// the scheduler's request. Every error names the field, the value and the limit.
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ferry/v1/generation.pb.h"
+#include "ferry/v1/scheduler.pb.h"
+#include "gateway/lanes.h"
+#include "gateway/tokenizer/tokenizer.h"
+
+namespace ferry::gateway {
+
+struct ModelLimits {
+  int32_t max_model_len = 0;
+  int32_t vocab_size = 0;
+};
+
+inline constexpr int32_t kDefaultMaxTokens = 16;
+
+struct ValidatedRequest {
+  ferry::v1::SubmitRequest submit;  // prompt tokenised, defaults filled in
+  std::vector<std::string> stop;    // stop strings, valid UTF-8
+  std::string lane;
+};
+
+struct ValidationError {
+  std::string message;
+};
+
+std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1::GenerateRequest& request,
+                                                                const ModelLimits& limits,
+                                                                const LaneTable& lanes,
+                                                                const tokenizer::Tokenizer& tokenizer);
+
+bool IsValidUtf8(std::string_view s);
+
+}  // namespace ferry::gateway

@@ -1,0 +1,83 @@
+#include "gateway/request_validation.h"
+
+#include <gtest/gtest.h>
+
+#include "gateway/tokenizer/bpe_trainer.h"
+
+namespace ferry::gateway {
+namespace {
+
+TEST(IsValidUtf8, AcceptsAndRejects) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("plain ascii"));
+  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe4\xb8\x96 \xf0\x9f\x9a\x80"));
+  EXPECT_FALSE(IsValidUtf8("caf\xc3"));              // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));             // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));         // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));     // past U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\x80"));                 // stray continuation
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+}
+
+class ValidateRequestTest : public ::testing::Test {
+ protected:
+  ValidateRequestTest()
+      : tok_(tokenizer::Tokenizer::FromJson(tokenizer::TrainQwen2TokenizerJson(
+            tokenizer::DefaultTrainingCorpus(), 400, {"<|endoftext|>"}))) {}
+
+  std::string Error(const ferry::v1::GenerateRequest& r) {
+    auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+    auto* e = std::get_if<ValidationError>(&v);
+    return e ? e->message : "";
+  }
+
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  ModelLimits limits_{64, 500};
+  LaneTable lanes_ = LaneTable::Defaults();
+};
+
+TEST_F(ValidateRequestTest, FillsDefaults) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v));
+  const auto& out = std::get<ValidatedRequest>(v);
+  EXPECT_EQ(out.submit.max_tokens(), kDefaultMaxTokens);
+  EXPECT_FLOAT_EQ(out.submit.top_p(), 1.f);
+  EXPECT_EQ(out.lane, "interactive");
+  EXPECT_EQ(out.submit.priority(), 10);
+  EXPECT_GT(out.submit.prompt_token_ids_size(), 0);
+}
+
+TEST_F(ValidateRequestTest, LengthLimitNamesBothCountsAndTheLimit) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  r.mutable_sampling()->set_max_tokens(100);
+  const std::string e = Error(r);
+  EXPECT_NE(e.find("max_tokens (100)"), std::string::npos) << e;
+  EXPECT_NE(e.find("max_model_len 64"), std::string::npos) << e;
+}
+
+TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
+  struct Case { std::function<void(ferry::v1::GenerateRequest&)> edit; std::string needle; };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.mutable_sampling()->set_temperature(-1); }, "sampling.temperature = -1"},
+      {[](auto& r) { r.mutable_sampling()->set_top_p(2); }, "sampling.top_p = 2"},
+      {[](auto& r) { r.mutable_sampling()->set_top_k(-3); }, "sampling.top_k = -3"},
+      {[](auto& r) { r.mutable_sampling()->set_max_tokens(0); }, "sampling.max_tokens = 0"},
+      {[](auto& r) { r.set_lane("gold"); }, "lane = \"gold\""},
+      {[](auto& r) { r.mutable_sampling()->add_stop_token_ids(9999); }, "sampling.stop_token_ids[0] = 9999"},
+      {[](auto& r) { r.mutable_token_ids()->add_ids(-1); }, "token_ids.ids[0] = -1"},
+      {[](auto& r) { r.set_text(std::string("\xff")); }, "text is not valid UTF-8"},
+  };
+  for (const auto& c : cases) {
+    ferry::v1::GenerateRequest r;
+    r.set_text("hello");
+    c.edit(r);
+    const std::string e = Error(r);
+    EXPECT_NE(e.find(c.needle), std::string::npos) << "expected '" << c.needle << "' in '" << e << "'";
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gateway

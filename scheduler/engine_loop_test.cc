@@ -1,0 +1,134 @@
+// The engine loop with an in-process fake worker: threading, cancellation and
+// one terminal event per request.
+#include "scheduler/engine_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <thread>
+
+namespace ferry::scheduler {
+namespace {
+
+// Mirrors the worker's per-sequence bookkeeping; the token sampled depends only
+// on the sequence's own tokens, as greedy decoding does.
+class FakeWorkers : public WorkerGroup {
+ public:
+  std::vector<SampledToken> Execute(uint64_t, const StepPlan& plan) override {
+    for (uint64_t id : plan.finished_ids) seqs_.erase(id);
+    for (uint64_t id : plan.preempted_ids) seqs_.erase(id);
+    for (const auto& n : plan.new_sequences) seqs_[n.seq_id] = {n.token_ids, 0};
+    std::vector<SampledToken> out;
+    for (const auto& s : plan.scheduled) {
+      auto& seq = seqs_.at(s.seq_id);
+      seq.computed += s.num_tokens;
+      if (seq.computed == static_cast<int>(seq.tokens.size())) {
+        int64_t h = 0;
+        for (int32_t t : seq.tokens) h = (h * 31 + t) % 1000003;
+        const int32_t token = 10 + static_cast<int32_t>(h % 50);
+        seq.tokens.push_back(token);
+        out.push_back({s.seq_id, token});
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    return out;
+  }
+  size_t live() const { return seqs_.size(); }
+
+ private:
+  struct Seq {
+    std::vector<int32_t> tokens;
+    int computed = 0;
+  };
+  std::map<uint64_t, Seq> seqs_;
+};
+
+RequestSpec Request(int prompt_len, int max_tokens) {
+  RequestSpec r;
+  for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(100 + i % 7);
+  r.max_tokens = max_tokens;
+  r.temperature = 0;
+  r.arrival = Clock::now();
+  return r;
+}
+
+SchedulerConfig Config() {
+  SchedulerConfig c;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  c.max_model_len = 256;
+  c.block_size = 4;
+  c.num_kv_blocks = 96;
+  return c;
+}
+
+// Pops until the terminal event; returns (tokens, finish).
+std::pair<std::vector<int32_t>, FinishKind> Drain(RequestChannel& ch) {
+  std::vector<int32_t> tokens;
+  while (true) {
+    auto ev = ch.Pop(std::chrono::milliseconds(5000));
+    if (!ev) return {tokens, FinishKind::kNone};
+    tokens.insert(tokens.end(), ev->new_tokens.begin(), ev->new_tokens.end());
+    if (ev->finish != FinishKind::kNone) return {tokens, ev->finish};
+  }
+}
+
+TEST(EngineLoop, ConcurrentEqualsAloneAndAllEndOnce) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  EngineLoop loop(Config(), workers, registry);
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < 12; ++i) {
+    auto [id, ch] = loop.Submit(Request(3 + 9 * i, 10));
+    auto [tokens, finish] = Drain(*ch);
+    ASSERT_EQ(finish, FinishKind::kLength);
+    alone.push_back(tokens);
+  }
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  for (int i = 0; i < 12; ++i) channels.push_back(loop.Submit(Request(3 + 9 * i, 10)).second);
+  for (int i = 0; i < 12; ++i) {
+    auto [tokens, finish] = Drain(*channels[i]);
+    EXPECT_EQ(finish, FinishKind::kLength);
+    EXPECT_EQ(tokens, alone[i]) << "request " << i;
+  }
+  EXPECT_EQ(loop.num_live(), 0);
+}
+
+TEST(EngineLoop, CancelStormLeavesNothingLive) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  EngineLoop loop(Config(), workers, registry);
+  std::mt19937 rng(5);
+  std::vector<std::pair<uint64_t, std::shared_ptr<RequestChannel>>> subs;
+  for (int i = 0; i < 200; ++i) subs.push_back(loop.Submit(Request(1 + rng() % 40, 1 + rng() % 30)));
+  for (int i = 0; i < 200; i += 2) {
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
+    loop.Cancel(subs[i].first);
+  }
+  int cancelled = 0;
+  for (auto& [id, ch] : subs) {
+    auto [tokens, finish] = Drain(*ch);
+    ASSERT_NE(finish, FinishKind::kNone) << "seq " << id << " never ended";
+    cancelled += finish == FinishKind::kCancelled;
+    // Exactly one terminal event: nothing follows it.
+    EXPECT_FALSE(ch->Pop(std::chrono::milliseconds(1)).has_value());
+  }
+  EXPECT_GT(cancelled, 0);
+  EXPECT_EQ(loop.num_live(), 0);
+}
+
+TEST(EngineLoop, TooLongIsRejectedAtSubmit) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  EngineLoop loop(Config(), workers, registry);
+  try {
+    loop.Submit(Request(200, 100));
+    FAIL() << "expected invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_model_len 256"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ferry::scheduler

@@ -1,0 +1,59 @@
+// Hands one request's events from the engine loop thread to the gRPC handler
+// thread that streams them. The loop only pushes; the handler only pops.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "scheduler/core/types.h"
+
+namespace ferry::scheduler {
+
+class RequestChannel {
+ public:
+  void Push(SeqEvent event) {
+    {
+      std::lock_guard lock(mu_);
+      events_.push_back(std::move(event));
+    }
+    cv_.notify_one();
+  }
+
+  void MarkStarted(TimePoint when) {
+    std::lock_guard lock(mu_);
+    if (!started_) started_ = when;
+  }
+
+  // Waits up to timeout for events; returns all queued ones merged (tokens
+  // concatenated, the finish of the last), or nullopt on timeout.
+  std::optional<SeqEvent> Pop(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+    SeqEvent merged = std::move(events_.front());
+    events_.pop_front();
+    while (!events_.empty() && merged.finish == FinishKind::kNone) {
+      SeqEvent& next = events_.front();
+      merged.new_tokens.insert(merged.new_tokens.end(), next.new_tokens.begin(), next.new_tokens.end());
+      merged.finish = next.finish;
+      events_.pop_front();
+    }
+    return merged;
+  }
+
+  std::optional<TimePoint> started() const {
+    std::lock_guard lock(mu_);
+    return started_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SeqEvent> events_;
+  std::optional<TimePoint> started_;
+};
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,94 @@
+#include "scheduler/scheduler_service.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ferry::scheduler {
+
+namespace {
+
+RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<int32_t>& eos_ids) {
+  RequestSpec spec;
+  spec.request_id = r.request_id();
+  spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  spec.max_tokens = r.max_tokens();
+  spec.temperature = r.temperature();
+  spec.top_p = r.top_p() > 0 ? r.top_p() : 1.f;
+  spec.top_k = r.top_k();
+  spec.seed = r.seed();
+  spec.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  spec.eos_token_ids = eos_ids;
+  spec.ignore_eos = r.ignore_eos();
+  spec.priority = r.priority();
+  spec.arrival = Clock::now();
+  return spec;
+}
+
+ferry::v1::FinishKind ToProto(FinishKind kind) {
+  switch (kind) {
+    case FinishKind::kNone: return ferry::v1::FINISH_KIND_NONE;
+    case FinishKind::kLength: return ferry::v1::FINISH_KIND_LENGTH;
+    case FinishKind::kEos: return ferry::v1::FINISH_KIND_EOS;
+    case FinishKind::kStopToken: return ferry::v1::FINISH_KIND_STOP_TOKEN;
+    case FinishKind::kAborted:
+    case FinishKind::kCancelled: return ferry::v1::FINISH_KIND_ABORTED;
+  }
+  return ferry::v1::FINISH_KIND_ABORTED;
+}
+
+}  // namespace
+
+grpc::Status SchedulerService::Info(grpc::ServerContext*, const ferry::v1::SchedulerInfoRequest*,
+                                    ferry::v1::SchedulerInfo* out) {
+  *out = info_;
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry::v1::SubmitRequest* request,
+                                      grpc::ServerWriter<ferry::v1::TokenEvent>* writer) {
+  const std::vector<int32_t> eos(info_.eos_token_ids().begin(), info_.eos_token_ids().end());
+  const auto arrival = Clock::now();
+  uint64_t seq_id = 0;
+  std::shared_ptr<RequestChannel> channel;
+  try {
+    std::tie(seq_id, channel) = loop_.Submit(ToRequestSpec(*request, eos));
+  } catch (const std::invalid_argument& e) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
+  }
+  spdlog::debug("req={} seq={} queued ({} prompt tokens)", request->request_id(), seq_id,
+                request->prompt_token_ids_size());
+  bool first = true;
+  while (true) {
+    // Short waits so a cancelled call is noticed well within one step.
+    auto event = channel->Pop(std::chrono::milliseconds(5));
+    if (!event) {
+      if (context->IsCancelled()) {
+        loop_.Cancel(seq_id);
+        spdlog::debug("req={} seq={} cancelled by client", request->request_id(), seq_id);
+        return grpc::Status::CANCELLED;
+      }
+      continue;
+    }
+    if (event->finish == FinishKind::kCancelled) return grpc::Status::CANCELLED;
+    if (event->finish == FinishKind::kAborted) {
+      return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");
+    }
+    ferry::v1::TokenEvent out;
+    out.mutable_token_ids()->Add(event->new_tokens.begin(), event->new_tokens.end());
+    out.set_finish(ToProto(event->finish));
+    if (first) {
+      const auto started = channel->started().value_or(Clock::now());
+      out.set_queue_s(std::chrono::duration<double>(started - arrival).count());
+      first = false;
+    }
+    if (!writer->Write(out)) {
+      loop_.Cancel(seq_id);
+      return grpc::Status::CANCELLED;
+    }
+    if (event->finish != FinishKind::kNone) {
+      spdlog::debug("req={} seq={} finished", request->request_id(), seq_id);
+      return grpc::Status::OK;
+    }
+  }
+}
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,24 @@
+// gRPC adapter of the scheduler: Submit streams one sequence's tokens from the
+// engine loop to the gateway; cancelling the call cancels the sequence.
+#pragma once
+
+#include "ferry/v1/scheduler.grpc.pb.h"
+#include "scheduler/engine_loop.h"
+
+namespace ferry::scheduler {
+
+class SchedulerService final : public ferry::v1::Scheduler::Service {
+ public:
+  SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info) : loop_(loop), info_(std::move(info)) {}
+
+  grpc::Status Info(grpc::ServerContext*, const ferry::v1::SchedulerInfoRequest*,
+                    ferry::v1::SchedulerInfo* out) override;
+  grpc::Status Submit(grpc::ServerContext* context, const ferry::v1::SubmitRequest* request,
+                      grpc::ServerWriter<ferry::v1::TokenEvent>* writer) override;
+
+ private:
+  EngineLoop& loop_;
+  const ferry::v1::SchedulerInfo info_;
+};
+
+}  // namespace ferry::scheduler

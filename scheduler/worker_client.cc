@@ -1,0 +1,124 @@
+#include "scheduler/worker_client.h"
+
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace ferry::scheduler {
+
+struct GrpcWorkerGroup::Rank {
+  std::string address;
+  std::unique_ptr<ferry::v1::Worker::Stub> stub;
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StepRequest, ferry::v1::StepResult>> stream;
+};
+
+GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  for (auto& address : addresses) {
+    auto rank = std::make_unique<Rank>();
+    rank->address = address;
+    rank->stub = ferry::v1::Worker::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    ranks_.push_back(std::move(rank));
+  }
+}
+
+GrpcWorkerGroup::~GrpcWorkerGroup() { CloseStreams(); }
+
+ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::system_clock::now() + timeout;
+  ferry::v1::WorkerInfo first;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(deadline);
+      context.set_wait_for_ready(true);
+      ferry::v1::WorkerInfo info;
+      grpc::Status status = ranks_[r]->stub->Info(&context, {}, &info);
+      if (status.ok()) {
+        if (r == 0) first = info;
+        break;
+      }
+      if (std::chrono::system_clock::now() >= deadline) {
+        throw std::runtime_error(fmt::format("worker {} not ready: {}", ranks_[r]->address, status.error_message()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  return first;
+}
+
+void GrpcWorkerGroup::OpenStreams() {
+  for (auto& rank : ranks_) {
+    if (rank->stream) continue;
+    rank->context = std::make_unique<grpc::ClientContext>();
+    rank->stream = rank->stub->Step(rank->context.get());
+  }
+}
+
+void GrpcWorkerGroup::CloseStreams() {
+  for (auto& rank : ranks_) {
+    if (!rank->stream) continue;
+    rank->stream->WritesDone();
+    rank->stream->Finish();
+    rank->stream.reset();
+    rank->context.reset();
+  }
+}
+
+ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
+  ferry::v1::StepRequest request;
+  request.set_step_id(step_id);
+  for (const auto& seq : plan.new_sequences) {
+    auto* out = request.add_new_sequences();
+    out->set_seq_id(seq.seq_id);
+    out->mutable_token_ids()->Add(seq.token_ids.begin(), seq.token_ids.end());
+    out->set_num_generated(seq.num_generated);
+    out->set_temperature(seq.temperature);
+    out->set_top_p(seq.top_p);
+    out->set_top_k(seq.top_k);
+    out->set_seed(seq.seed);
+  }
+  for (const auto& s : plan.scheduled) {
+    auto* out = request.add_scheduled();
+    out->set_seq_id(s.seq_id);
+    out->set_num_tokens(s.num_tokens);
+    out->mutable_new_block_ids()->Add(s.new_block_ids.begin(), s.new_block_ids.end());
+  }
+  request.mutable_finished_ids()->Add(plan.finished_ids.begin(), plan.finished_ids.end());
+  request.mutable_preempted_ids()->Add(plan.preempted_ids.begin(), plan.preempted_ids.end());
+  return request;
+}
+
+std::vector<SampledToken> GrpcWorkerGroup::Execute(uint64_t step_id, const StepPlan& plan) {
+  OpenStreams();
+  const ferry::v1::StepRequest request = ToStepRequest(step_id, plan);
+  // Every rank gets the same plan; writes first so ranks run concurrently.
+  for (auto& rank : ranks_) {
+    if (!rank->stream->Write(request)) {
+      CloseStreams();
+      throw std::runtime_error(fmt::format("worker {} stream closed", rank->address));
+    }
+  }
+  std::vector<SampledToken> sampled;
+  std::string error;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    ferry::v1::StepResult result;
+    if (!ranks_[r]->stream->Read(&result)) {
+      CloseStreams();
+      throw std::runtime_error(fmt::format("worker {} stream closed", ranks_[r]->address));
+    }
+    if (!result.error().empty() && error.empty()) error = result.error();
+    if (r != 0) continue;
+    for (const auto& s : result.sampled()) sampled.push_back({s.seq_id(), s.token_id()});
+  }
+  if (!error.empty()) throw std::runtime_error("worker failed step: " + error);
+  return sampled;
+}
+
+}  // namespace ferry::scheduler

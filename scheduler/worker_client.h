@@ -1,0 +1,39 @@
+// gRPC side of WorkerGroup: one long-lived Step stream per worker rank.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "ferry/v1/worker.grpc.pb.h"
+#include "scheduler/engine_loop.h"
+
+namespace ferry::scheduler {
+
+class GrpcWorkerGroup final : public WorkerGroup {
+ public:
+  // addresses: "host:port" of each tensor-parallel rank, rank 0 first.
+  explicit GrpcWorkerGroup(std::vector<std::string> addresses);
+  ~GrpcWorkerGroup() override;
+
+  // Waits until every worker answers Info (they may still be loading weights),
+  // up to timeout; returns rank 0's info. Throws std::runtime_error on timeout.
+  ferry::v1::WorkerInfo WaitForInfo(std::chrono::seconds timeout);
+
+  std::vector<SampledToken> Execute(uint64_t step_id, const StepPlan& plan) override;
+
+ private:
+  struct Rank;
+  void OpenStreams();
+  void CloseStreams();
+
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+// Domain -> proto translation, exposed for tests.
+ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan);
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs, builds, and starts a Ferry stack on 127.0.0.1 serving the embedded
+# default model: a random-weight checkpoint with the exact shape and layout of
+# Qwen2.5-0.5B-Instruct, written by ferry-make-model (no download needed).
+# Point FERRY_MODEL at a real Hugging Face checkpoint directory to serve it instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+MODEL=${FERRY_MODEL:-models/qwen2.5-0.5b-random}
+if [ ! -f "$MODEL/config.json" ]; then
+  echo "quickstart: writing the default random-weight model to $MODEL"
+  build/bin/ferry-make-model --preset qwen2.5-0.5b --seed 0 --out "$MODEL"
+fi
+PORT=${FERRY_PORT:-50051}
+echo "quickstart: starting the stack on 127.0.0.1:$PORT (Ctrl-C stops it)"
+echo "quickstart: call it with: build/bin/ferry-client --target 127.0.0.1:$PORT --stream \"Hello\""
+exec build/bin/ferry-launch --model "$MODEL" --port "$PORT" --metrics-port 9400

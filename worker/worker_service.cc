@@ -1,0 +1,126 @@
+#include "worker/worker_service.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+#include "common/metrics.h"
+
+namespace ferry::worker {
+
+struct WorkerMetrics {
+  explicit WorkerMetrics(prometheus::Registry& r)
+      : steps(prometheus::BuildCounter().Name("ferry_worker_steps_total")
+                  .Help("Engine steps executed, by outcome").Register(r)),
+        steps_ok(steps.Add({{"outcome", "ok"}})),
+        steps_failed(steps.Add({{"outcome", "error"}})),
+        step_seconds(prometheus::BuildHistogram().Name("ferry_worker_step_duration_seconds")
+                         .Help("Time to execute one engine step").Register(r)
+                         .Add({}, LatencyBucketsSeconds())),
+        tokens(prometheus::BuildCounter().Name("ferry_worker_tokens_total")
+                   .Help("Tokens computed (prompt and decode) and sampled").Register(r)),
+        tokens_computed(tokens.Add({{"kind", "computed"}})),
+        tokens_sampled(tokens.Add({{"kind", "sampled"}})),
+        batch_size(prometheus::BuildHistogram().Name("ferry_worker_step_sequences")
+                       .Help("Sequences in one engine step").Register(r)
+                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})) {}
+  prometheus::Family<prometheus::Counter>& steps;
+  prometheus::Counter& steps_ok;
+  prometheus::Counter& steps_failed;
+  prometheus::Histogram& step_seconds;
+  prometheus::Family<prometheus::Counter>& tokens;
+  prometheus::Counter& tokens_computed;
+  prometheus::Counter& tokens_sampled;
+  prometheus::Histogram& batch_size;
+};
+
+WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry)
+    : runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)) {}
+
+WorkerService::~WorkerService() = default;
+
+grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerInfoRequest*,
+                                 ferry::v1::WorkerInfo* out) {
+  const ModelInfo& info = runner_.info();
+  out->set_model(info.model);
+  out->set_dtype(info.dtype);
+  out->set_num_kv_blocks(info.num_kv_blocks);
+  out->set_block_size(info.block_size);
+  out->set_max_model_len(info.max_model_len);
+  out->set_vocab_size(info.vocab_size);
+  for (int32_t id : info.eos_token_ids) out->add_eos_token_ids(id);
+  out->set_tp_rank(0);
+  out->set_tp_size(1);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
+                                   ferry::v1::HealthResponse* out) {
+  out->set_ok(true);
+  return grpc::Status::OK;
+}
+
+StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
+  StepSpec spec;
+  for (const auto& n : request.new_sequences()) {
+    NewSequenceSpec s;
+    s.seq_id = n.seq_id();
+    s.token_ids.assign(n.token_ids().begin(), n.token_ids().end());
+    s.num_generated = n.num_generated();
+    s.sampling = {n.temperature(), n.top_p(), n.top_k(), n.seed()};
+    spec.new_sequences.push_back(std::move(s));
+  }
+  for (const auto& s : request.scheduled()) {
+    spec.scheduled.push_back(
+        {s.seq_id(), s.num_tokens(), std::vector<int32_t>(s.new_block_ids().begin(), s.new_block_ids().end())});
+  }
+  spec.finished_ids.assign(request.finished_ids().begin(), request.finished_ids().end());
+  spec.preempted_ids.assign(request.preempted_ids().begin(), request.preempted_ids().end());
+  return spec;
+}
+
+ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& request) {
+  ferry::v1::StepResult result;
+  result.set_step_id(request.step_id());
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    const StepSpec spec = ToStepSpec(request);
+    for (const SampledTokenOut& s : runner_.Step(spec)) {
+      auto* out = result.add_sampled();
+      out->set_seq_id(s.seq_id);
+      out->set_token_id(s.token_id);
+    }
+    int64_t computed = 0;
+    for (const auto& s : spec.scheduled) computed += s.num_tokens;
+    metrics_->tokens_computed.Increment(static_cast<double>(computed));
+    metrics_->tokens_sampled.Increment(result.sampled_size());
+    if (!spec.scheduled.empty()) metrics_->batch_size.Observe(static_cast<double>(spec.scheduled.size()));
+    metrics_->steps_ok.Increment();
+  } catch (const std::exception& e) {
+    // The runner leaves its state unchanged on a bad spec; the scheduler aborts
+    // the step's sequences and carries on.
+    spdlog::error("step {} failed: {}", request.step_id(), e.what());
+    result.set_error(e.what());
+    metrics_->steps_failed.Increment();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.set_execute_s(seconds);
+  metrics_->step_seconds.Observe(seconds);
+  return result;
+}
+
+grpc::Status WorkerService::Step(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<ferry::v1::StepResult, ferry::v1::StepRequest>* stream) {
+  std::lock_guard lock(step_mutex_);
+  spdlog::info("scheduler connected from {}", context->peer());
+  ferry::v1::StepRequest request;
+  while (stream->Read(&request)) {
+    if (!stream->Write(Execute(request))) break;
+  }
+  spdlog::info("scheduler stream from {} closed", context->peer());
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry::worker
