@@ -45,9 +45,9 @@ class IncrementalDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
-  std::vector<int32_t> ids_;
-  size_t prefix_offset_ = 0;  // ids before this are fully emitted
-  size_t read_offset_ = 0;
+  // Token bytes not yet emitted: at most the start of one UTF-8 character
+  // that may still complete (everything before it has been emitted).
+  std::string pending_;
 };
 
 }  // namespace ferry::tokenizer

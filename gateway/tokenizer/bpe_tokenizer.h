@@ -1,0 +1,61 @@
+// The concrete byte-level BPE Tokenizer behind Tokenizer::FromFile/FromJson.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "gateway/tokenizer/added_vocabulary.h"
+#include "gateway/tokenizer/bpe_model.h"
+#include "gateway/tokenizer/regex_splitter.h"
+#include "gateway/tokenizer/tokenizer.h"
+
+namespace ferry::tokenizer {
+
+// Everything of tokenizer.json that affects encode/decode, already validated.
+struct TokenizerSpec {
+  bool normalize_nfc = false;
+  std::vector<std::string> split_patterns;  // applied in order, each Isolated
+  BpeModelSpec model;
+  std::vector<AddedToken> added_tokens;
+};
+
+// Parses tokenizer.json text. `source` (a path, or "<json>") names the input
+// in error messages. Throws std::runtime_error for malformed or unsupported parts.
+TokenizerSpec ParseTokenizerJson(std::string_view json_text, const std::string& source);
+
+class BpeTokenizer final : public Tokenizer {
+ public:
+  BpeTokenizer(const TokenizerSpec& spec, const std::string& source);
+
+  std::vector<int32_t> Encode(std::string_view text) const override;
+  std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const override;
+  std::optional<int32_t> TokenToId(std::string_view token) const override;
+  int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
+
+  // Appends the bytes `id` decodes to before UTF-8 repair; unknown ids, and
+  // special tokens when `skip_special`, append nothing (as HF's decode drops them).
+  void AppendTokenBytes(int32_t id, bool skip_special, std::string* out) const;
+
+ private:
+  void EncodePlain(std::string_view raw_text, std::vector<int32_t>* ids) const;
+  void EncodeNormalized(std::string_view text, std::vector<int32_t>* ids) const;
+  void BuildDecodeTable(const TokenizerSpec& spec);
+
+  bool normalize_nfc_;
+  std::vector<RegexSplitter> splitters_;
+  BpeModel model_;
+  AddedTokenMatcher raw_matcher_;
+  AddedTokenMatcher normalized_matcher_;
+  std::unordered_map<std::string, int32_t> added_ids_;
+  // Indexed by id: decoded bytes, whether the id exists, whether it is special.
+  std::vector<std::string> token_bytes_;
+  std::vector<uint8_t> is_known_;
+  std::vector<uint8_t> is_special_;
+};
+
+}  // namespace ferry::tokenizer
