@@ -1,0 +1,55 @@
+// The CPU ModelRunner: per-sequence state over a Qwen2Model and its paged KV cache.
+// ModelRunner::Create returns one of these; tests construct it directly to read logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/model/model_runner.h"
+#include "worker/model/qwen2_model.h"
+#include "worker/model/sampler.h"
+
+namespace ferry::worker {
+
+class Qwen2Runner final : public ModelRunner {
+ public:
+  explicit Qwen2Runner(const RunnerOptions& options);
+
+  const ModelInfo& info() const override { return info_; }
+  std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+
+  // The fp32 logits the last Step sampled from, one row per returned token in the same order:
+  // [num_sampled, vocab_size]. Row-major; empty when nothing was sampled.
+  const std::vector<float>& last_logits() const { return last_logits_; }
+  Qwen2Model& model() { return *model_; }
+  int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> token_ids;    // prompt + every token generated so far
+    int32_t num_computed = 0;          // tokens whose K/V are in the cache
+    std::vector<int32_t> block_table;  // physical block ids, in position order
+    SamplingOptions sampling;
+    int32_t num_generated = 0;         // index of the next draw in the seeded stream
+  };
+
+  // Throws std::invalid_argument (state untouched) unless the whole step can be applied.
+  void Validate(const StepSpec& step) const;
+  void ValidateNew(const NewSequenceSpec& seq) const;
+  void ValidateScheduled(const ScheduledSpec& s, const Sequence& seq) const;
+  void Apply(const StepSpec& step);
+  std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
+
+  RunnerOptions options_;
+  ModelInfo info_;
+  std::unique_ptr<Qwen2Model> model_;
+  std::unique_ptr<KvCache> cache_;
+  std::unordered_map<uint64_t, Sequence> seqs_;
+  Sampler sampler_;
+  ForwardBatch batch_;  // rebuilt each step; kept to reuse its capacity
+  std::vector<float> last_logits_;
+};
+
+}  // namespace ferry::worker

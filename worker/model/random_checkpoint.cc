@@ -1,0 +1,185 @@
+#include "worker/model/random_checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "worker/model/safetensors.h"
+#include "worker/model/sampler.h"
+
+namespace ferry::worker {
+namespace {
+
+using nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+// How a tensor's values are drawn: uniform with standard deviation `stddev` around `mean`.
+struct Init {
+  float mean = 0.f;
+  float stddev = 0.f;
+};
+
+struct PlannedTensor {
+  SafetensorsWriter::Entry entry;
+  Init init;
+};
+
+// FNV-1a: a stable per-tensor stream id, independent of the standard library's hash.
+uint64_t NameHash(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+std::vector<PlannedTensor> PlanTensors(const Qwen2Shape& s, const std::string& st_dtype) {
+  const int64_t hidden = s.hidden_size, inter = s.intermediate_size;
+  const int64_t head_dim = s.hidden_size / s.num_attention_heads;
+  const int64_t q_dim = s.num_attention_heads * head_dim, kv_dim = s.num_key_value_heads * head_dim;
+  // Projections: std 1/sqrt(fan_in) keeps each output near the RMS of its (normed) input.
+  // Embeddings: std 2/sqrt(hidden), so with the (tied) head the logits have std ~2 and the
+  // top choices are well apart, while the input token does not dominate the residual stream.
+  const Init embed{0.f, 2.f / std::sqrt(float(hidden))};
+  const Init from_hidden{0.f, 1.f / std::sqrt(float(hidden))};
+  const Init from_q{0.f, 1.f / std::sqrt(float(q_dim))};
+  const Init from_inter{0.f, 1.f / std::sqrt(float(inter))};
+  const Init bias{0.f, 0.02f};
+  const Init ones{1.f, 0.f};
+  std::vector<PlannedTensor> plan;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, Init init) {
+    plan.push_back({{name, st_dtype, std::move(shape)}, init});
+  };
+  add("model.embed_tokens.weight", {s.vocab_size, hidden}, embed);
+  for (int32_t i = 0; i < s.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {hidden}, ones);
+    add(p + "self_attn.q_proj.weight", {q_dim, hidden}, from_hidden);
+    add(p + "self_attn.q_proj.bias", {q_dim}, bias);
+    add(p + "self_attn.k_proj.weight", {kv_dim, hidden}, from_hidden);
+    add(p + "self_attn.k_proj.bias", {kv_dim}, bias);
+    add(p + "self_attn.v_proj.weight", {kv_dim, hidden}, from_hidden);
+    add(p + "self_attn.v_proj.bias", {kv_dim}, bias);
+    add(p + "self_attn.o_proj.weight", {hidden, q_dim}, from_q);
+    add(p + "post_attention_layernorm.weight", {hidden}, ones);
+    add(p + "mlp.gate_proj.weight", {inter, hidden}, from_hidden);
+    add(p + "mlp.up_proj.weight", {inter, hidden}, from_hidden);
+    add(p + "mlp.down_proj.weight", {hidden, inter}, from_inter);
+  }
+  add("model.norm.weight", {hidden}, ones);
+  if (!s.tie_word_embeddings) add("lm_head.weight", {s.vocab_size, hidden}, from_hidden);
+  return plan;
+}
+
+// Streams one tensor's values through the writer in fixed-size chunks. Each value is a pure
+// function of (seed, tensor name, index), so chunking and thread count do not change it.
+void WriteTensor(SafetensorsWriter& writer, const PlannedTensor& t, uint64_t seed,
+                 std::vector<float>& chunk) {
+  const int64_t n = NumElements(t.entry.shape);
+  const uint64_t stream = seed ^ NameHash(t.entry.name);
+  const float half_width = t.init.stddev * std::sqrt(3.f);  // uniform(-a, a) has std a/sqrt(3)
+  for (int64_t begin = 0; begin < n; begin += static_cast<int64_t>(chunk.size())) {
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(chunk.size()), n - begin);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const double u = CounterUniform(stream, static_cast<uint64_t>(begin + i));
+      chunk[i] = t.init.mean + half_width * static_cast<float>(2.0 * u - 1.0);
+    }
+    writer.Write(chunk.data(), static_cast<size_t>(count));
+  }
+}
+
+ordered_json ConfigJson(const Qwen2Shape& s, const std::string& dtype) {
+  ordered_json j;
+  if (!s.name.empty()) j["_name_or_path"] = s.name;
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["attention_dropout"] = 0.0;
+  j["bos_token_id"] = s.bos_token_id;
+  j["eos_token_id"] = s.eos_token_id;
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = s.hidden_size;
+  j["initializer_range"] = 0.02;
+  j["intermediate_size"] = s.intermediate_size;
+  j["max_position_embeddings"] = s.max_position_embeddings;
+  j["max_window_layers"] = s.num_hidden_layers;
+  j["model_type"] = "qwen2";
+  j["num_attention_heads"] = s.num_attention_heads;
+  j["num_hidden_layers"] = s.num_hidden_layers;
+  j["num_key_value_heads"] = s.num_key_value_heads;
+  j["rms_norm_eps"] = s.rms_norm_eps;
+  j["rope_scaling"] = nullptr;
+  j["rope_theta"] = s.rope_theta;
+  j["sliding_window"] = nullptr;
+  j["tie_word_embeddings"] = s.tie_word_embeddings;
+  j["torch_dtype"] = dtype;
+  j["transformers_version"] = "4.46.3";
+  j["use_cache"] = true;
+  j["use_sliding_window"] = false;
+  j["vocab_size"] = s.vocab_size;
+  return j;
+}
+
+void WriteJson(const fs::path& path, const ordered_json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error(path.string() + ": write failed");
+}
+
+}  // namespace
+
+Qwen2Shape TinyShape() { return Qwen2Shape{}; }
+
+Qwen2Shape Qwen2_5_0_5BShape() {
+  Qwen2Shape s;
+  s.hidden_size = 896;
+  s.intermediate_size = 4864;
+  s.num_hidden_layers = 24;
+  s.num_attention_heads = 14;
+  s.num_key_value_heads = 2;
+  s.vocab_size = 151936;
+  s.max_position_embeddings = 32768;
+  s.rope_theta = 1000000.0;
+  s.rms_norm_eps = 1e-6;
+  s.tie_word_embeddings = true;
+  s.bos_token_id = 151643;
+  s.eos_token_id = 151645;
+  return s;
+}
+
+void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
+                           const std::string& dir, const std::vector<int32_t>& eos_token_ids) {
+  SafetensorsDtypeFromTorch(dtype);  // validates the spelling
+  if (shape.num_attention_heads <= 0 || shape.hidden_size % shape.num_attention_heads != 0 ||
+      shape.num_key_value_heads <= 0 ||
+      shape.num_attention_heads % shape.num_key_value_heads != 0) {
+    throw std::runtime_error(dir + ": inconsistent Qwen2Shape head counts");
+  }
+  fs::create_directories(dir);
+  WriteJson(fs::path(dir) / "config.json", ConfigJson(shape, dtype));
+  ordered_json gen;
+  gen["bos_token_id"] = shape.bos_token_id;
+  const std::vector<int32_t> eos =
+      eos_token_ids.empty() ? std::vector<int32_t>{shape.eos_token_id} : eos_token_ids;
+  if (eos.size() == 1) {
+    gen["eos_token_id"] = eos[0];
+  } else {
+    gen["eos_token_id"] = eos;
+  }
+  gen["transformers_version"] = "4.46.3";
+  WriteJson(fs::path(dir) / "generation_config.json", gen);
+}
+
+void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const std::string& dtype,
+                                const std::string& dir,
+                                const std::vector<int32_t>& eos_token_ids) {
+  WriteQwen2ConfigFiles(shape, dtype, dir, eos_token_ids);
+  const std::vector<PlannedTensor> plan = PlanTensors(shape, SafetensorsDtypeFromTorch(dtype));
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const PlannedTensor& t : plan) entries.push_back(t.entry);
+  SafetensorsWriter writer((fs::path(dir) / "model.safetensors").string(), std::move(entries));
+  std::vector<float> chunk(1 << 20);
+  for (const PlannedTensor& t : plan) WriteTensor(writer, t, seed, chunk);
+  writer.Finish();
+}
+
+}  // namespace ferry::worker

@@ -1,0 +1,47 @@
+// Random-weight Qwen2 checkpoints in Hugging Face layout, for tests and benchmarks without a
+// download (used by the ferry-make-model tool). The weights are seeded and scaled so activations
+// stay near unit size through every layer and logits are well separated, so greedy decoding is
+// stable under fp32 rounding differences.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry::worker {
+
+struct Qwen2Shape {
+  int32_t hidden_size = 64;
+  int32_t intermediate_size = 128;
+  int32_t num_hidden_layers = 2;
+  int32_t num_attention_heads = 4;
+  int32_t num_key_value_heads = 2;
+  int32_t vocab_size = 2048;
+  int32_t max_position_embeddings = 2048;
+  double rope_theta = 10000.0;  // double so config.json shows 1e-06, not 9.99999997e-07
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = true;
+  int32_t bos_token_id = 1;
+  int32_t eos_token_id = 2;  // config.json's eos_token_id
+  std::string name;          // written as "_name_or_path" when non-empty
+};
+
+// hidden 64, 2 layers, 4 heads / 2 KV heads, intermediate 128, vocab 2048, 2048 positions, tied.
+Qwen2Shape TinyShape();
+// Qwen2.5-0.5B's geometry (~494M parameters): 24 layers, hidden 896, 14 / 2 heads,
+// intermediate 4864, vocab 151936, 32768 positions, rope_theta 1e6, tied, bos 151643, eos 151645.
+Qwen2Shape Qwen2_5_0_5BShape();
+
+// Writes <dir>/config.json, <dir>/generation_config.json and <dir>/model.safetensors (creating
+// dir). dtype is the on-disk dtype: "bfloat16" | "float16" | "float32". eos_token_ids goes to
+// generation_config.json (empty: shape.eos_token_id). Tensors are generated and written in
+// chunks, never held whole. Same (shape, seed, dtype) -> same bytes. Throws std::runtime_error.
+// Just the two JSON files of the above (no weights), e.g. to inspect a preset cheaply.
+void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
+                           const std::string& dir, const std::vector<int32_t>& eos_token_ids);
+
+void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const std::string& dtype,
+                                const std::string& dir,
+                                const std::vector<int32_t>& eos_token_ids);
+
+}  // namespace ferry::worker

@@ -1,0 +1,174 @@
+// Test helpers for driving a ModelRunner the way the scheduler does: a block pool that hands
+// out scrambled ids, and a mini scheduler that sends each sequence in full once, then only the
+// tokens and blocks of each step, and supports preemption.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/model/qwen2_runner.h"
+
+namespace ferry::worker::testing {
+
+// A fresh directory under the temp dir, removed when destroyed.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    path_ = std::filesystem::temp_directory_path() /
+            ("ferry_" + tag + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+class MiniScheduler {
+ public:
+  MiniScheduler(Qwen2Runner& runner, uint32_t seed) : runner_(runner) {
+    const int32_t n = runner.info().num_kv_blocks;
+    free_.resize(n);
+    std::iota(free_.begin(), free_.end(), 0);
+    std::shuffle(free_.begin(), free_.end(), std::mt19937(seed));
+  }
+
+  // Sequences still alive are finished, so another scheduler can reuse the runner and blocks.
+  ~MiniScheduler() {
+    std::vector<uint64_t> live;
+    for (const auto& [id, s] : seqs_) {
+      if (s.sent) live.push_back(id);
+    }
+    if (!live.empty() || !pending_finished_.empty() || !pending_preempted_.empty()) {
+      StepSpec spec;
+      spec.finished_ids = live;
+      spec.finished_ids.insert(spec.finished_ids.end(), pending_finished_.begin(),
+                               pending_finished_.end());
+      spec.preempted_ids = pending_preempted_;
+      runner_.Step(spec);
+    }
+  }
+
+  void Add(uint64_t id, std::vector<int32_t> prompt, SamplingOptions sampling = {}) {
+    Seq& s = seqs_[id];
+    s.tokens = std::move(prompt);
+    s.prompt_len = static_cast<int32_t>(s.tokens.size());
+    s.sampling = sampling;
+  }
+
+  // One engine step: each (id, max_tokens) computes up to max_tokens of its uncomputed tokens.
+  // Returns the samples; records each sample's token and logits row.
+  std::vector<SampledTokenOut> Step(const std::vector<std::pair<uint64_t, int32_t>>& work) {
+    StepSpec spec;
+    spec.preempted_ids.swap(pending_preempted_);
+    spec.finished_ids.swap(pending_finished_);
+    std::map<uint64_t, int32_t> scheduled_n;
+    for (auto [id, max_tokens] : work) {
+      Seq& s = seqs_.at(id);
+      if (!s.sent) {
+        spec.new_sequences.push_back({id, s.tokens, s.num_generated(), s.sampling});
+        s.sent = true;
+      }
+      const int32_t n = std::min<int32_t>(max_tokens, int32_t(s.tokens.size()) - s.num_computed);
+      ScheduledSpec sched{id, n, {}};
+      const int32_t bs = runner_.info().block_size;
+      const int32_t need = (s.num_computed + n + bs - 1) / bs;
+      while (int32_t(s.blocks.size()) < need) {
+        s.blocks.push_back(free_.back());
+        sched.new_block_ids.push_back(free_.back());
+        free_.pop_back();
+      }
+      spec.scheduled.push_back(sched);
+      scheduled_n[id] = n;
+    }
+    const auto out = runner_.Step(spec);
+    const int32_t vocab = runner_.info().vocab_size;
+    for (auto& [id, n] : scheduled_n) seqs_.at(id).num_computed += n;
+    for (size_t i = 0; i < out.size(); ++i) {
+      Seq& s = seqs_.at(out[i].seq_id);
+      s.tokens.push_back(out[i].token_id);
+      const float* row = runner_.last_logits().data() + i * vocab;
+      s.logits.emplace_back(row, row + vocab);
+    }
+    return out;
+  }
+
+  // Forgets the worker-side state; the next Step sends the sequence again in full.
+  void Preempt(uint64_t id) {
+    Seq& s = seqs_.at(id);
+    free_.insert(free_.end(), s.blocks.begin(), s.blocks.end());
+    s.blocks.clear();
+    s.num_computed = 0;
+    s.sent = false;
+    pending_preempted_.push_back(id);
+  }
+
+  void Finish(uint64_t id) {
+    Seq& s = seqs_.at(id);
+    free_.insert(free_.end(), s.blocks.begin(), s.blocks.end());
+    pending_finished_.push_back(id);
+    done_[id] = std::move(s);
+    seqs_.erase(id);
+  }
+
+  // Runs the listed sequences together until each has `num_new` generated tokens, with every
+  // prefill limited to `chunk` tokens a step.
+  void RunUntil(const std::vector<uint64_t>& ids, int32_t num_new, int32_t chunk) {
+    for (;;) {
+      std::vector<std::pair<uint64_t, int32_t>> work;
+      for (uint64_t id : ids) {
+        if (seqs_.at(id).num_generated() < num_new) work.push_back({id, chunk});
+      }
+      if (work.empty()) return;
+      Step(work);
+    }
+  }
+
+  std::vector<int32_t> Generated(uint64_t id) const {
+    const Seq& s = Get(id);
+    return {s.tokens.begin() + s.prompt_len, s.tokens.end()};
+  }
+  const std::vector<std::vector<float>>& Logits(uint64_t id) const { return Get(id).logits; }
+
+ private:
+  struct Seq {
+    std::vector<int32_t> tokens;
+    int32_t prompt_len = 0;
+    int32_t num_computed = 0;
+    std::vector<int32_t> blocks;
+    SamplingOptions sampling;
+    bool sent = false;
+    std::vector<std::vector<float>> logits;  // one [vocab] row per sample
+    int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
+  };
+  const Seq& Get(uint64_t id) const {
+    auto it = seqs_.find(id);
+    return it != seqs_.end() ? it->second : done_.at(id);
+  }
+
+  Qwen2Runner& runner_;
+  std::vector<int32_t> free_;
+  std::map<uint64_t, Seq> seqs_;
+  std::map<uint64_t, Seq> done_;
+  std::vector<uint64_t> pending_preempted_;
+  std::vector<uint64_t> pending_finished_;
+};
+
+// Largest |a - b| over two equally sized vectors.
+inline float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0.f;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace ferry::worker::testing
