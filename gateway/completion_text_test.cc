@@ -16,7 +16,7 @@ const tokenizer::Tokenizer& TestTokenizer() {
 }
 
 // Feeds ids one at a time and returns the concatenated output.
-std::string Run(CompletionText& text, const std::vector<int32_t>& ids) {
+std::string Feed(CompletionText& text, const std::vector<int32_t>& ids) {
   std::string out;
   for (int32_t id : ids) {
     out += text.Add(id);
@@ -29,7 +29,7 @@ TEST(CompletionText, NoStopEqualsDecode) {
   const auto& tok = TestTokenizer();
   const auto ids = tok.Encode("Hello, 世界! 🚀 streaming text");
   CompletionText text(tok, {});
-  EXPECT_EQ(Run(text, ids), tok.Decode(ids, /*skip_special=*/true));
+  EXPECT_EQ(Feed(text, ids), tok.Decode(ids, /*skip_special=*/true));
   EXPECT_FALSE(text.stopped());
 }
 
@@ -37,21 +37,21 @@ TEST(CompletionText, StopStringTrimmedAcrossTokens) {
   const auto& tok = TestTokenizer();
   const std::string full = "alpha beta gamma delta";
   CompletionText text(tok, {"gamma"});
-  EXPECT_EQ(Run(text, tok.Encode(full)), "alpha beta ");
+  EXPECT_EQ(Feed(text, tok.Encode(full)), "alpha beta ");
   EXPECT_TRUE(text.stopped());
 }
 
 TEST(CompletionText, EarliestOfSeveralStopsWins) {
   const auto& tok = TestTokenizer();
   CompletionText text(tok, {"delta", "beta"});
-  EXPECT_EQ(Run(text, tok.Encode("alpha beta gamma delta")), "alpha ");
+  EXPECT_EQ(Feed(text, tok.Encode("alpha beta gamma delta")), "alpha ");
 }
 
 TEST(CompletionText, HeldBackPrefixIsReleasedWhenItDoesNotMatch) {
   const auto& tok = TestTokenizer();
   CompletionText text(tok, {"gamma ray"});
   // "gamma" is a prefix of the stop string; it must come out once "delta" shows it was not.
-  EXPECT_EQ(Run(text, tok.Encode("alpha gamma delta")), "alpha gamma delta");
+  EXPECT_EQ(Feed(text, tok.Encode("alpha gamma delta")), "alpha gamma delta");
   EXPECT_FALSE(text.stopped());
 }
 
@@ -66,7 +66,7 @@ TEST(CompletionText, RandomTextsNeverEmitPastTheStop) {
     const auto ids = tok.Encode(s);
     const std::string decoded = tok.Decode(ids, true);
     CompletionText text(tok, {stop});
-    const std::string out = Run(text, ids);
+    const std::string out = Feed(text, ids);
     const size_t pos = decoded.find(stop);
     EXPECT_EQ(out, pos == std::string::npos ? decoded : decoded.substr(0, pos)) << "text=" << s << " stop=" << stop;
   }

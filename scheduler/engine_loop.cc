@@ -138,9 +138,9 @@ void EngineLoop::Apply(Command& command) {
       channels_.emplace(id, add->channel);
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
-      add->channel->Push({id, {}, FinishKind::kAborted});
       num_live_.fetch_sub(1);
       metrics_->finished.Add({{"reason", "aborted"}}).Increment();
+      add->channel->Push({id, {}, FinishKind::kAborted});
     }
     return;
   }
@@ -148,10 +148,11 @@ void EngineLoop::Apply(Command& command) {
   auto it = channels_.find(id);
   if (it == channels_.end()) return;  // already ended
   core_.Cancel(id);
-  it->second->Push({id, {}, FinishKind::kCancelled});
+  auto channel = it->second;
   channels_.erase(it);
   num_live_.fetch_sub(1);
   metrics_->finished.Add({{"reason", "cancelled"}}).Increment();
+  channel->Push({id, {}, FinishKind::kCancelled});
 }
 
 void EngineLoop::RunStep() {
@@ -185,12 +186,14 @@ void EngineLoop::Dispatch(const std::vector<SeqEvent>& events) {
   for (const SeqEvent& event : events) {
     auto it = channels_.find(event.seq_id);
     if (it == channels_.end()) continue;
-    it->second->Push(event);
+    auto channel = it->second;
     if (event.finish != FinishKind::kNone) {
+      // Bookkeeping before the push: whoever sees the final event sees it done.
       metrics_->finished.Add({{"reason", FinishName(event.finish)}}).Increment();
       channels_.erase(it);
       num_live_.fetch_sub(1);
     }
+    channel->Push(event);
   }
 }
 
