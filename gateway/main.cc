@@ -9,30 +9,23 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/service_main.h"
 #include "gateway/generation_service.h"
 
 namespace {
 
 struct Flags {
+  ferry::ServiceFlags service;
   std::string scheduler;
   std::string tokenizer;
-  std::string host = "127.0.0.1";
-  int port = 0;
-  int metrics_port = 0;
-  std::string ready_file;
-  std::string log_level = "info";
   int scheduler_timeout_s = 600;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
+  ferry::AddServiceFlags(app, f.service);
   app.add_option("--scheduler", f.scheduler, "Scheduler address host:port")->required();
   app.add_option("--tokenizer", f.tokenizer, "tokenizer.json, or the model directory holding it")->required();
-  app.add_option("--host", f.host, "Address to listen on");
-  app.add_option("--port", f.port, "gRPC port (0: kernel chooses; see --ready-file)");
-  app.add_option("--metrics-port", f.metrics_port, "Prometheus /metrics port (0: kernel chooses)");
-  app.add_option("--ready-file", f.ready_file, "Write {grpc_port, metrics_port} here once serving");
   app.add_option("--scheduler-timeout-s", f.scheduler_timeout_s, "How long to wait for the scheduler at start");
-  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error");
 }
 
 // The gateway validates against the model's limits, so it needs the scheduler
@@ -61,7 +54,7 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
-  ferry::InitLogging("gateway", flags.log_level);
+  ferry::InitLogging("gateway", flags.service.log_level);
 
   std::string tokenizer_path = flags.tokenizer;
   if (std::filesystem::is_directory(tokenizer_path)) tokenizer_path += "/tokenizer.json";
@@ -86,22 +79,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  ferry::MetricsServer metrics(flags.host + ":" + std::to_string(flags.metrics_port));
+  ferry::MetricsServer metrics(flags.service.metrics_bind());
   ferry::gateway::GenerationService service(*tokenizer, channel, options, metrics.registry());
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(flags.host + ":" + std::to_string(flags.port), grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    spdlog::critical("cannot listen on {}:{}", flags.host, flags.port);
-    return 1;
-  }
-  spdlog::info("serving on {}:{}, metrics on :{}", flags.host, port, metrics.port());
-  ferry::WriteReadyFile(flags.ready_file, {{"grpc_port", port}, {"metrics_port", metrics.port()}});
-
-  const int sig = ferry::WaitForShutdownSignal();
-  spdlog::info("signal {}: shutting down", sig);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  return 0;
+  return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(5));
 }

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     spdlog::info("tokenizer: {} tokens (eos {} and {})", tokenizer->vocab_size(), im_end, endoftext);
     shape.bos_token_id = endoftext;
     shape.eos_token_id = im_end;
-    ferry::worker::WriteRandomQwen2Checkpoint(shape, seed, dtype, out_dir, {im_end, endoftext});
+    ferry::worker::WriteRandomQwen2Checkpoint(shape, seed, dtype, out_dir, {im_end, endoftext}, tokenizer->vocab_size());
     spdlog::info("wrote {} checkpoint ({}) to {}", preset, dtype, out_dir);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());

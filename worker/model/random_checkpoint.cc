@@ -24,6 +24,7 @@ struct Init {
 struct PlannedTensor {
   SafetensorsWriter::Entry entry;
   Init init;
+  int64_t num_live_rows = -1;  // rows past this are zero (-1: all rows random)
 };
 
 // FNV-1a: a stable per-tensor stream id, independent of the standard library's hash.
@@ -78,12 +79,14 @@ void WriteTensor(SafetensorsWriter& writer, const PlannedTensor& t, uint64_t see
   const int64_t n = NumElements(t.entry.shape);
   const uint64_t stream = seed ^ NameHash(t.entry.name);
   const float half_width = t.init.stddev * std::sqrt(3.f);  // uniform(-a, a) has std a/sqrt(3)
+  const int64_t row = t.entry.shape.size() == 2 ? t.entry.shape[1] : 1;
+  const int64_t live_end = t.num_live_rows < 0 ? n : t.num_live_rows * row;
   for (int64_t begin = 0; begin < n; begin += static_cast<int64_t>(chunk.size())) {
     const int64_t count = std::min<int64_t>(static_cast<int64_t>(chunk.size()), n - begin);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) {
       const double u = CounterUniform(stream, static_cast<uint64_t>(begin + i));
-      chunk[i] = t.init.mean + half_width * static_cast<float>(2.0 * u - 1.0);
+      chunk[i] = begin + i < live_end ? t.init.mean + half_width * static_cast<float>(2.0 * u - 1.0) : 0.f;
     }
     writer.Write(chunk.data(), static_cast<size_t>(count));
   }
@@ -171,9 +174,14 @@ void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
 
 void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const std::string& dtype,
                                 const std::string& dir,
-                                const std::vector<int32_t>& eos_token_ids) {
+                                const std::vector<int32_t>& eos_token_ids, int32_t num_live_tokens) {
   WriteQwen2ConfigFiles(shape, dtype, dir, eos_token_ids);
-  const std::vector<PlannedTensor> plan = PlanTensors(shape, SafetensorsDtypeFromTorch(dtype));
+  std::vector<PlannedTensor> plan = PlanTensors(shape, SafetensorsDtypeFromTorch(dtype));
+  for (PlannedTensor& t : plan) {
+    if (num_live_tokens > 0 && (t.entry.name == "model.embed_tokens.weight" || t.entry.name == "lm_head.weight")) {
+      t.num_live_rows = num_live_tokens;
+    }
+  }
   std::vector<SafetensorsWriter::Entry> entries;
   for (const PlannedTensor& t : plan) entries.push_back(t.entry);
   SafetensorsWriter writer((fs::path(dir) / "model.safetensors").string(), std::move(entries));

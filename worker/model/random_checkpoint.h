@@ -40,8 +40,11 @@ Qwen2Shape Qwen2_5_0_5BShape();
 void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
                            const std::string& dir, const std::vector<int32_t>& eos_token_ids);
 
+// num_live_tokens > 0: embedding (and untied head) rows of ids at or past it are zero, as the
+// padding rows of a real checkpoint whose tokenizer is smaller than its vocab_size are close to
+// zero; their logits are then 0 and greedy decoding picks tokens the tokenizer can print.
 void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const std::string& dtype,
                                 const std::string& dir,
-                                const std::vector<int32_t>& eos_token_ids);
+                                const std::vector<int32_t>& eos_token_ids, int32_t num_live_tokens = 0);
 
 }  // namespace ferry::worker
