@@ -5,19 +5,39 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ferry::worker {
 
+class Communicator;  // worker/comm/communicator.h
+
 struct RunnerOptions {
   std::string model_dir;            // Hugging Face checkpoint directory
-  std::string dtype = "float32";    // compute dtype ("float32" for now)
+  // Weight and activation dtype of the matrix products: "bfloat16" (weights
+  // kept in bf16, fp32 accumulation; the fast default) or "float32" (exact,
+  // for parity tests).
+  std::string dtype = "bfloat16";
   int32_t block_size = 16;          // tokens per KV block
   int32_t num_kv_blocks = 0;        // 0: derive from kv_cache_bytes
   int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget when num_kv_blocks == 0
   int32_t max_model_len = 0;        // 0: config.json max_position_embeddings
   int32_t num_threads = 0;          // 0: all cores
+  // Tensor parallelism: this process holds shard comm->rank() of comm->size().
+  // nullptr: the whole model. Not owned; outlives the runner.
+  Communicator* comm = nullptr;
+};
+
+// Sampling defaults from generation_config.json; unset fields fall back to
+// the API's own defaults.
+struct GenerationDefaults {
+  std::optional<float> temperature;  // 0 when do_sample is false
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
 };
 
 struct ModelInfo {
@@ -28,12 +48,27 @@ struct ModelInfo {
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
   std::vector<int32_t> eos_token_ids;  // from generation_config.json / config.json
+  GenerationDefaults generation_defaults;
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
 };
 
+// Applied in this order: penalties, temperature, top-k, top-p, min-p, draw.
 struct SamplingOptions {
   float temperature = 0.f;  // 0: greedy
   float top_p = 1.f;        // (0, 1]
   int32_t top_k = 0;        // 0: off
+  float min_p = 0.f;        // [0, 1]: drop tokens with p < min_p * max p
+  // OpenAI semantics, over generated tokens only: logit -= presence * (count > 0)
+  // + frequency * count.
+  float presence_penalty = 0.f;   // [-2, 2]
+  float frequency_penalty = 0.f;  // [-2, 2]
+  // HF/CTRL semantics, over prompt and generated tokens: a positive logit is
+  // divided by it, a negative one multiplied. 1: off.
+  float repetition_penalty = 1.f;  // > 0
+  // -1: no logprobs; 0: the sampled token's; N (<= 20): plus the N most likely.
+  // Logprobs are log-softmax of the raw logits (before penalties and temperature).
+  int32_t logprobs = -1;
   uint64_t seed = 0;
 };
 
@@ -62,6 +97,8 @@ struct StepSpec {
 struct SampledTokenOut {
   uint64_t seq_id = 0;
   int32_t token_id = 0;
+  float logprob = 0.f;  // of token_id; set when SamplingOptions.logprobs >= 0
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // (id, logprob), most likely first
 };
 
 // Owns the model weights, the paged KV cache and per-sequence state. Not
