@@ -90,6 +90,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context, const fer
     response->set_request_id(chunk.request_id());
     response->mutable_text()->append(chunk.text());
     response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+    response->mutable_logprobs()->MergeFrom(chunk.logprobs());
     if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
       response->set_finish_reason(chunk.finish_reason());
       *response->mutable_usage() = chunk.usage();
@@ -142,7 +143,7 @@ grpc::Status GenerationService::Run(grpc::ServerContext* context, ferry::v1::Gen
       progress.first_token_s = Seconds(arrival, Clock::now());
       metrics_->ttft.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(progress.first_token_s);
     }
-    ferry::v1::GenerateChunk chunk = progress.Consume(event);
+    ferry::v1::GenerateChunk chunk = progress.Consume(event, tokenizer_);
     chunk.set_request_id(id);
     if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) {
       progress.final_chunk = std::move(chunk);
@@ -198,10 +199,22 @@ grpc::Status GenerationService::Conclude(grpc::ServerContext* context, const grp
   return grpc::Status(code, "scheduler: " + downstream.error_message());
 }
 
-ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& event) {
+ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& event,
+                                                const tokenizer::Tokenizer& tokenizer) {
   ferry::v1::GenerateChunk chunk;
-  for (int32_t token : event.token_ids()) {
+  for (int i = 0; i < event.token_ids_size(); ++i) {
+    const int32_t token = event.token_ids(i);
     chunk.add_token_ids(token);
+    if (i < event.logprobs_size()) {
+      // The token's own text, as OpenAI's logprobs show it.
+      auto* lp = chunk.add_logprobs();
+      *lp = event.logprobs(i);
+      lp->set_token(tokenizer.Decode(std::span<const int32_t>(&token, 1)));
+      for (auto& top : *lp->mutable_top()) {
+        const int32_t id = top.token_id();
+        top.set_token(tokenizer.Decode(std::span<const int32_t>(&id, 1)));
+      }
+    }
     ++completion_tokens;
     chunk.mutable_text()->append(text.Add(token));
     if (text.stopped()) {

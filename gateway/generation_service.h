@@ -29,7 +29,7 @@ struct StreamProgress {
   double queue_s = 0;
   double first_token_s = 0;
   // Folds one scheduler event into a chunk; sets reason when it ends the request.
-  ferry::v1::GenerateChunk Consume(const ferry::v1::TokenEvent& event);
+  ferry::v1::GenerateChunk Consume(const ferry::v1::TokenEvent& event, const tokenizer::Tokenizer& tokenizer);
 };
 
 struct GatewayOptions {

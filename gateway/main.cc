@@ -71,7 +71,15 @@ int main(int argc, char** argv) {
   try {
     auto stub = ferry::v1::Scheduler::NewStub(channel);
     const auto info = WaitForScheduler(*stub, flags.scheduler_timeout_s);
-    options.limits = {info.max_model_len(), info.vocab_size()};
+    options.limits.max_model_len = info.max_model_len();
+    options.limits.vocab_size = info.vocab_size();
+    const auto& d = info.generation_defaults();
+    auto& defaults = options.limits.defaults;
+    if (d.has_temperature()) defaults.temperature = d.temperature();
+    if (d.has_top_p()) defaults.top_p = d.top_p();
+    if (d.has_top_k()) defaults.top_k = d.top_k();
+    if (d.has_min_p()) defaults.min_p = d.min_p();
+    if (d.has_repetition_penalty()) defaults.repetition_penalty = d.repetition_penalty();
     spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
                  info.vocab_size());
   } catch (const std::exception& e) {

@@ -23,6 +23,21 @@ std::string CheckSampling(const ferry::v1::SamplingParams& s) {
     return FieldMessage("sampling.top_p", s.top_p(), "must be in (0, 1]");
   }
   if (s.top_k() < 0) return FieldMessage("sampling.top_k", s.top_k(), "must be >= 0 (0 disables top-k)");
+  if (s.has_min_p() && !(s.min_p() >= 0 && s.min_p() <= 1)) {
+    return FieldMessage("sampling.min_p", s.min_p(), "must be in [0, 1]");
+  }
+  if (!(s.presence_penalty() >= -2 && s.presence_penalty() <= 2)) {
+    return FieldMessage("sampling.presence_penalty", s.presence_penalty(), "must be in [-2, 2]");
+  }
+  if (!(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2)) {
+    return FieldMessage("sampling.frequency_penalty", s.frequency_penalty(), "must be in [-2, 2]");
+  }
+  if (s.has_repetition_penalty() && !(s.repetition_penalty() > 0 && std::isfinite(s.repetition_penalty()))) {
+    return FieldMessage("sampling.repetition_penalty", s.repetition_penalty(), "must be > 0 (1 disables it)");
+  }
+  if (s.has_logprobs() && (s.logprobs() < 0 || s.logprobs() > kMaxLogprobs)) {
+    return FieldMessage("sampling.logprobs", s.logprobs(), fmt::format("must be in [0, {}]", kMaxLogprobs));
+  }
   if (s.stop_size() > kMaxStopStrings) {
     return FieldMessage("sampling.stop (count)", s.stop_size(), fmt::format("exceeds the limit of {}", kMaxStopStrings));
   }
@@ -117,9 +132,16 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   sub.set_request_id(r.request_id());
   sub.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
   sub.set_max_tokens(max_tokens);
-  sub.set_temperature(s.temperature());
-  sub.set_top_p(s.has_top_p() ? s.top_p() : 1.f);
-  sub.set_top_k(s.top_k());
+  const SamplingDefaults& d = limits.defaults;
+  sub.set_temperature(s.has_temperature() ? s.temperature() : d.temperature.value_or(0.f));
+  sub.set_top_p(s.has_top_p() ? s.top_p() : d.top_p.value_or(1.f));
+  sub.set_top_k(s.has_top_k() ? s.top_k() : d.top_k.value_or(0));
+  sub.set_min_p(s.has_min_p() ? s.min_p() : d.min_p.value_or(0.f));
+  sub.set_presence_penalty(s.presence_penalty());
+  sub.set_frequency_penalty(s.frequency_penalty());
+  sub.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty()
+                                                        : d.repetition_penalty.value_or(1.f));
+  sub.set_logprobs(s.has_logprobs() ? s.logprobs() : -1);
   sub.set_seed(s.seed());
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
   sub.set_ignore_eos(s.ignore_eos());

@@ -2,6 +2,7 @@
 // the scheduler's request. Every error names the field, the value and the limit.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -13,10 +14,23 @@
 
 namespace ferry::gateway {
 
+// Sampling defaults from the model's generation_config.json (via the
+// scheduler's Info); a request's unset optional fields take these first.
+struct SamplingDefaults {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+};
+
 struct ModelLimits {
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
+  SamplingDefaults defaults;
 };
+
+inline constexpr int32_t kMaxLogprobs = 20;
 
 inline constexpr int32_t kDefaultMaxTokens = 16;
 

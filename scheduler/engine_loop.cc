@@ -140,7 +140,7 @@ void EngineLoop::Apply(Command& command) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
       num_live_.fetch_sub(1);
       metrics_->finished.Add({{"reason", "aborted"}}).Increment();
-      add->channel->Push({id, {}, FinishKind::kAborted});
+      add->channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
     }
     return;
   }
@@ -152,7 +152,7 @@ void EngineLoop::Apply(Command& command) {
   channels_.erase(it);
   num_live_.fetch_sub(1);
   metrics_->finished.Add({{"reason", "cancelled"}}).Increment();
-  channel->Push({id, {}, FinishKind::kCancelled});
+  channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kCancelled});
 }
 
 void EngineLoop::RunStep() {

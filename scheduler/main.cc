@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   *info.mutable_eos_token_ids() = worker_info.eos_token_ids();
   info.set_num_kv_blocks(config.num_kv_blocks);
   info.set_block_size(config.block_size);
+  *info.mutable_generation_defaults() = worker_info.generation_defaults();
+  info.set_tensor_parallel_size(static_cast<int>(flags.workers.size()));
   spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
                info.model(), config.num_kv_blocks, config.block_size, config.max_model_len,
                config.max_num_seqs, config.max_num_batched_tokens);

@@ -38,6 +38,7 @@ class RequestChannel {
     while (!events_.empty() && merged.finish == FinishKind::kNone) {
       SeqEvent& next = events_.front();
       merged.new_tokens.insert(merged.new_tokens.end(), next.new_tokens.begin(), next.new_tokens.end());
+      merged.logprobs.insert(merged.logprobs.end(), next.logprobs.begin(), next.logprobs.end());
       merged.finish = next.finish;
       events_.pop_front();
     }

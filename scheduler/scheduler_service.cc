@@ -11,10 +11,16 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   spec.request_id = r.request_id();
   spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   spec.max_tokens = r.max_tokens();
-  spec.temperature = r.temperature();
-  spec.top_p = r.top_p() > 0 ? r.top_p() : 1.f;
-  spec.top_k = r.top_k();
-  spec.seed = r.seed();
+  SamplingParams& p = spec.sampling;
+  p.temperature = r.temperature();
+  p.top_p = r.top_p() > 0 ? r.top_p() : 1.f;
+  p.top_k = r.top_k();
+  p.min_p = r.min_p();
+  p.presence_penalty = r.presence_penalty();
+  p.frequency_penalty = r.frequency_penalty();
+  p.repetition_penalty = r.repetition_penalty() > 0 ? r.repetition_penalty() : 1.f;
+  p.logprobs = r.logprobs();
+  p.seed = r.seed();
   spec.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
   spec.eos_token_ids = eos_ids;
   spec.ignore_eos = r.ignore_eos();
@@ -74,6 +80,16 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
     }
     ferry::v1::TokenEvent out;
     out.mutable_token_ids()->Add(event->new_tokens.begin(), event->new_tokens.end());
+    for (size_t i = 0; i < event->logprobs.size() && i < event->new_tokens.size(); ++i) {
+      auto* lp = out.add_logprobs();
+      lp->set_token_id(event->new_tokens[i]);
+      lp->set_logprob(event->logprobs[i].logprob);
+      for (const auto& [id, logprob] : event->logprobs[i].top) {
+        auto* top = lp->add_top();
+        top->set_token_id(id);
+        top->set_logprob(logprob);
+      }
+    }
     out.set_finish(ToProto(event->finish));
     if (first) {
       const auto started = channel->started().value_or(Clock::now());

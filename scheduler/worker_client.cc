@@ -42,6 +42,8 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout)
       grpc::Status status = ranks_[r]->stub->Info(&context, {}, &info);
       if (status.ok()) {
         if (r == 0) first = info;
+        // Every rank must hold every block id the scheduler hands out.
+        first.set_num_kv_blocks(std::min(first.num_kv_blocks(), info.num_kv_blocks()));
         break;
       }
       if (std::chrono::system_clock::now() >= deadline) {
@@ -79,10 +81,16 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->set_seq_id(seq.seq_id);
     out->mutable_token_ids()->Add(seq.token_ids.begin(), seq.token_ids.end());
     out->set_num_generated(seq.num_generated);
-    out->set_temperature(seq.temperature);
-    out->set_top_p(seq.top_p);
-    out->set_top_k(seq.top_k);
-    out->set_seed(seq.seed);
+    const SamplingParams& p = seq.sampling;
+    out->set_temperature(p.temperature);
+    out->set_top_p(p.top_p);
+    out->set_top_k(p.top_k);
+    out->set_min_p(p.min_p);
+    out->set_presence_penalty(p.presence_penalty);
+    out->set_frequency_penalty(p.frequency_penalty);
+    out->set_repetition_penalty(p.repetition_penalty);
+    out->set_logprobs(p.logprobs);
+    out->set_seed(p.seed);
   }
   for (const auto& s : plan.scheduled) {
     auto* out = request.add_scheduled();
@@ -115,7 +123,15 @@ std::vector<SampledToken> GrpcWorkerGroup::Execute(uint64_t step_id, const StepP
     }
     if (!result.error().empty() && error.empty()) error = result.error();
     if (r != 0) continue;
-    for (const auto& s : result.sampled()) sampled.push_back({s.seq_id(), s.token_id()});
+    for (const auto& s : result.sampled()) {
+      SampledToken token{s.seq_id(), s.token_id(), std::nullopt};
+      if (s.has_logprob()) {
+        TokenLogprob lp{s.logprob().logprob(), {}};
+        for (const auto& top : s.logprob().top()) lp.top.emplace_back(top.token_id(), top.logprob());
+        token.logprob = std::move(lp);
+      }
+      sampled.push_back(std::move(token));
+    }
   }
   if (!error.empty()) throw std::runtime_error("worker failed step: " + error);
   return sampled;

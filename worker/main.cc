@@ -7,6 +7,7 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/service_main.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/model_runner.h"
 #include "worker/worker_service.h"
 
@@ -15,13 +16,20 @@ namespace {
 struct Flags {
   ferry::ServiceFlags service;
   std::string model;
+  int tensor_parallel_size = 1;
+  int tp_rank = 0;
+  std::string dist_store_dir;
   ferry::worker::RunnerOptions runner;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service);
   app.add_option("--model", f.model, "Hugging Face checkpoint directory")->required();
-  app.add_option("--dtype", f.runner.dtype, "Compute dtype")->check(CLI::IsMember({"float32"}));
+  app.add_option("--dtype", f.runner.dtype, "Matmul dtype: bfloat16 (fast) or float32 (exact)")
+      ->check(CLI::IsMember({"bfloat16", "float32"}));
+  app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Ranks sharing the model")->check(CLI::Range(1, 64));
+  app.add_option("--tp-rank", f.tp_rank, "This worker's rank in [0, --tensor-parallel-size)");
+  app.add_option("--dist-store-dir", f.dist_store_dir, "Rendezvous directory shared by all ranks (Gloo FileStore)");
   app.add_option("--block-size", f.runner.block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
   app.add_option("--num-kv-blocks", f.runner.num_kv_blocks, "KV blocks to allocate (0: from --kv-cache-memory-bytes)");
   app.add_option("--kv-cache-memory-bytes", f.runner.kv_cache_bytes, "KV cache budget when --num-kv-blocks is 0");
@@ -39,6 +47,26 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   ferry::InitLogging("worker", flags.service.log_level);
   flags.runner.model_dir = flags.model;
+  if (flags.tp_rank < 0 || flags.tp_rank >= flags.tensor_parallel_size) {
+    spdlog::critical("--tp-rank {} is outside [0, {})", flags.tp_rank, flags.tensor_parallel_size);
+    return 2;
+  }
+  std::unique_ptr<ferry::worker::Communicator> comm;
+  if (flags.tensor_parallel_size > 1) {
+    if (flags.dist_store_dir.empty()) {
+      spdlog::critical("--tensor-parallel-size {} needs --dist-store-dir", flags.tensor_parallel_size);
+      return 2;
+    }
+    try {
+      comm = ferry::worker::CreateGlooCommunicator(
+          {.rank = flags.tp_rank, .size = flags.tensor_parallel_size, .store_dir = flags.dist_store_dir});
+    } catch (const std::exception& e) {
+      spdlog::critical("rank {} cannot join its group: {}", flags.tp_rank, e.what());
+      return 1;
+    }
+    flags.runner.comm = comm.get();
+    spdlog::info("rank {} of {} joined", flags.tp_rank, flags.tensor_parallel_size);
+  }
 
   std::unique_ptr<ferry::worker::ModelRunner> runner;
   try {

@@ -50,8 +50,15 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   out->set_max_model_len(info.max_model_len);
   out->set_vocab_size(info.vocab_size);
   for (int32_t id : info.eos_token_ids) out->add_eos_token_ids(id);
-  out->set_tp_rank(0);
-  out->set_tp_size(1);
+  out->set_tp_rank(info.tp_rank);
+  out->set_tp_size(info.tp_size);
+  const GenerationDefaults& d = info.generation_defaults;
+  auto* defaults = out->mutable_generation_defaults();
+  if (d.temperature) defaults->set_temperature(*d.temperature);
+  if (d.top_p) defaults->set_top_p(*d.top_p);
+  if (d.top_k) defaults->set_top_k(*d.top_k);
+  if (d.min_p) defaults->set_min_p(*d.min_p);
+  if (d.repetition_penalty) defaults->set_repetition_penalty(*d.repetition_penalty);
   return grpc::Status::OK;
 }
 
@@ -68,7 +75,15 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.seq_id = n.seq_id();
     s.token_ids.assign(n.token_ids().begin(), n.token_ids().end());
     s.num_generated = n.num_generated();
-    s.sampling = {n.temperature(), n.top_p(), n.top_k(), n.seed()};
+    s.sampling.temperature = n.temperature();
+    s.sampling.top_p = n.top_p();
+    s.sampling.top_k = n.top_k();
+    s.sampling.min_p = n.min_p();
+    s.sampling.presence_penalty = n.presence_penalty();
+    s.sampling.frequency_penalty = n.frequency_penalty();
+    s.sampling.repetition_penalty = n.repetition_penalty();
+    s.sampling.logprobs = n.logprobs();
+    s.sampling.seed = n.seed();
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {
@@ -90,6 +105,15 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
       auto* out = result.add_sampled();
       out->set_seq_id(s.seq_id);
       out->set_token_id(s.token_id);
+      if (!s.has_logprobs) continue;
+      auto* lp = out->mutable_logprob();
+      lp->set_token_id(s.token_id);
+      lp->set_logprob(s.logprob);
+      for (const auto& [id, logprob] : s.top_logprobs) {
+        auto* top = lp->add_top();
+        top->set_token_id(id);
+        top->set_logprob(logprob);
+      }
     }
     int64_t computed = 0;
     for (const auto& s : spec.scheduled) computed += s.num_tokens;

@@ -94,10 +94,7 @@ void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockI
         .seq_id = seq.spec.seq_id,
         .token_ids = seq.tokens,
         .num_generated = seq.num_generated(),
-        .temperature = seq.spec.temperature,
-        .top_p = seq.spec.top_p,
-        .top_k = seq.spec.top_k,
-        .seed = seq.spec.seed,
+        .sampling = seq.spec.sampling,
     });
     seq.is_on_worker = true;
   }

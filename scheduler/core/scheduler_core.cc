@@ -123,8 +123,8 @@ void SchedulerCore::ValidateCommit(const StepPlan& plan,
 std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
                                             const std::vector<SampledToken>& sampled) {
   ValidateCommit(plan, sampled);
-  std::unordered_map<uint64_t, int32_t> token_of;
-  for (const auto& s : sampled) token_of.emplace(s.seq_id, s.token_id);
+  std::unordered_map<uint64_t, const SampledToken*> token_of;
+  for (const auto& s : sampled) token_of.emplace(s.seq_id, &s);
   std::vector<SeqEvent> events;
   for (const auto& entry : plan.scheduled) {
     Sequence* seq = Find(entry.seq_id);
@@ -132,9 +132,11 @@ std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
     seq->num_computed += entry.num_tokens;
     auto it = token_of.find(entry.seq_id);
     if (it == token_of.end()) continue;  // a prefill chunk short of the end
-    seq->tokens.push_back(it->second);
-    SeqEvent event{.seq_id = entry.seq_id, .new_tokens = {it->second},
-                   .finish = FinishAfter(*seq, it->second, state_.config.max_model_len)};
+    const int32_t token = it->second->token_id;
+    seq->tokens.push_back(token);
+    SeqEvent event{.seq_id = entry.seq_id, .new_tokens = {token},
+                   .finish = FinishAfter(*seq, token, state_.config.max_model_len)};
+    if (it->second->logprob) event.logprobs.push_back(*it->second->logprob);
     if (event.finish != FinishKind::kNone) Retire(*seq);
     events.push_back(std::move(event));
   }

@@ -60,7 +60,7 @@ inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
   }
   if (o.eos_after >= 0) r.prompt[0] = kEosAfterBase + o.eos_after;
   r.max_tokens = o.max_tokens;
-  r.seed = seq_id;
+  r.sampling.seed = seq_id;
   r.eos_token_ids = {kEosToken};
   r.stop_token_ids = o.stop_token_ids;
   r.ignore_eos = o.ignore_eos;

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ferry::scheduler {
@@ -28,6 +30,26 @@ struct Budget {
   int32_t max_num_batched_tokens = 8192;
 };
 
+// How the worker picks each token; the scheduler only carries it. Semantics in
+// worker/model/model_runner.h (SamplingOptions).
+struct SamplingParams {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t logprobs = -1;  // -1 none; N >= 0: the sampled token's plus the top N
+  uint64_t seed = 0;
+};
+
+// Log-probability of a sampled token and the most likely alternatives.
+struct TokenLogprob {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // (token id, logprob), most likely first
+};
+
 // A validated, tokenised request. seq_id is chosen by the caller and must be
 // unique among live sequences.
 struct RequestSpec {
@@ -35,10 +57,7 @@ struct RequestSpec {
   std::string request_id;
   std::vector<int32_t> prompt;
   int32_t max_tokens = 16;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  uint64_t seed = 0;
+  SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   std::vector<int32_t> eos_token_ids;
   bool ignore_eos = false;
@@ -51,10 +70,7 @@ struct NewSequence {
   uint64_t seq_id = 0;
   std::vector<int32_t> token_ids;  // prompt + tokens generated before a preemption
   int32_t num_generated = 0;       // how many of token_ids were generated
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  uint64_t seed = 0;
+  SamplingParams sampling;
 };
 
 // One sequence's share of a step (ferry.v1.ScheduledSequence).
@@ -88,6 +104,7 @@ struct StepPlan {
 struct SampledToken {
   uint64_t seq_id = 0;
   int32_t token_id = 0;
+  std::optional<TokenLogprob> logprob;  // when the request asked for logprobs
 };
 
 enum class FinishKind { kNone, kLength, kEos, kStopToken, kAborted, kCancelled };
@@ -97,6 +114,7 @@ enum class FinishKind { kNone, kLength, kEos, kStopToken, kAborted, kCancelled }
 struct SeqEvent {
   uint64_t seq_id = 0;
   std::vector<int32_t> new_tokens;  // includes a final eos/stop token
+  std::vector<TokenLogprob> logprobs;  // one per new token when requested, else empty
   FinishKind finish = FinishKind::kNone;
 };
 

@@ -6,6 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from conftest import Stack
+
 PROMPTS = ["hello world", "The quick brown fox", "北京的天气", "def f(x):\n    return x", "🚀 launch in 3, 2, 1"]
 
 
@@ -17,8 +19,21 @@ def hf(tiny_model):
     return tok, model
 
 
-def test_stack_greedy_equals_transformers(hf, gen_stub, ferry_pb):
+@pytest.fixture(scope="module")
+def fp32_stub(tiny_model, tmp_path_factory, ferry_pb):
+    """A stack on the exact fp32 path: transformers runs fp32 too."""
+    import grpc
+
+    s = Stack(tiny_model, tmp_path_factory.mktemp("fp32-stack"), ["--worker-arg=--dtype=float32"])
+    channel = grpc.insecure_channel(s.gateway)
+    yield ferry_pb.gen_grpc.GenerationStub(channel)
+    channel.close()
+    assert s.stop() == 0
+
+
+def test_stack_greedy_equals_transformers(hf, fp32_stub, ferry_pb):
     tok, model = hf
+    gen_stub = fp32_stub
     for prompt in PROMPTS:
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.no_grad():

@@ -31,6 +31,12 @@ CASES = [
     ("invalid utf-8 stop", dict(sampling={"stop": [b"\xff"]}), ["sampling.stop[0]", "UTF-8"]),
     ("empty stop", dict(sampling={"stop": [b""]}), ["sampling.stop[0]", "empty"]),
     ("unknown lane", dict(lane="vip"), ["lane", "vip", "interactive", "batch"]),
+    ("min_p above one", dict(sampling={"min_p": 1.5}), ["sampling.min_p", "1.5", "[0, 1]"]),
+    ("presence penalty", dict(sampling={"presence_penalty": 3.0}), ["sampling.presence_penalty", "3", "[-2, 2]"]),
+    ("frequency penalty", dict(sampling={"frequency_penalty": -2.5}), ["sampling.frequency_penalty", "-2.5", "[-2, 2]"]),
+    ("repetition penalty zero", dict(sampling={"repetition_penalty": 0.0}), ["sampling.repetition_penalty", "= 0", "> 0"]),
+    ("logprobs too many", dict(sampling={"logprobs": 21}), ["sampling.logprobs", "21", "[0, 20]"]),
+    ("logprobs negative", dict(sampling={"logprobs": -1}), ["sampling.logprobs", "-1", "[0, 20]"]),
 ]
 
 

@@ -45,8 +45,8 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--ready-file", f.ready_file, "Write every service's ports here once the stack serves");
   app.add_option("--bin-dir", f.bin_dir, "Directory of the ferry binaries (default: next to this one)");
   app.add_option("--log-level", f.log_level, "Log level for every service");
-  app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Worker processes per replica")
-      ->check(CLI::Range(1, 1));
+  app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Worker processes sharing the model (Gloo on CPU)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--ready-timeout-s", f.ready_timeout_s, "How long each service may take to become ready");
   app.add_option("--worker-arg", f.worker_args, "Extra flag for every worker, e.g. --worker-arg=--num-kv-blocks=512");
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
@@ -61,33 +61,59 @@ struct Stack {
 
 std::string Addr(const Flags& f, int port) { return f.host + ":" + std::to_string(port); }
 
-void StartAll(const Flags& f, Stack& stack) {
-  const auto timeout = std::chrono::seconds(f.ready_timeout_s);
-  auto start = [&](const std::string& name, std::vector<std::string> argv) -> nlohmann::json {
-    const std::string ready = f.run_dir + "/" + name + ".json";
-    fs::remove(ready);
-    argv.insert(argv.end(), {"--ready-file", ready, "--log-level", f.log_level});
-    stack.children.push_back(std::make_unique<ChildProcess>(name, std::move(argv)));
-    auto info = ferry::launch::WaitForReadyFile(*stack.children.back(), ready, timeout);
-    info["pid"] = stack.children.back()->pid();
-    spdlog::info("{} ready: {}", name, info.dump());
-    return info;
-  };
-  std::vector<std::string> scheduler_argv = {f.bin_dir + "/ferry-scheduler", "--host", "127.0.0.1", "--port", "0"};
+// Starts one child with its ready file; WaitReady then waits for it.
+ChildProcess& Spawn(const Flags& f, Stack& stack, const std::string& name, std::vector<std::string> argv) {
+  const std::string ready = f.run_dir + "/" + name + ".json";
+  fs::remove(ready);
+  argv.insert(argv.end(), {"--ready-file", ready, "--log-level", f.log_level});
+  stack.children.push_back(std::make_unique<ChildProcess>(name, std::move(argv)));
+  return *stack.children.back();
+}
+
+nlohmann::json WaitReady(const Flags& f, ChildProcess& child) {
+  auto info = ferry::launch::WaitForReadyFile(child, f.run_dir + "/" + child.name() + ".json",
+                                              std::chrono::seconds(f.ready_timeout_s));
+  info["pid"] = child.pid();
+  spdlog::info("{} ready: {}", child.name(), info.dump());
+  return info;
+}
+
+// Tensor-parallel ranks rendezvous while loading, so all start before any is
+// waited for.
+std::vector<std::string> StartWorkers(const Flags& f, Stack& stack) {
+  const std::string store = f.run_dir + "/gloo";
+  fs::remove_all(store);
+  fs::create_directories(store);
+  std::vector<ChildProcess*> workers;
   for (int rank = 0; rank < f.tensor_parallel_size; ++rank) {
-    std::vector<std::string> argv = {f.bin_dir + "/ferry-worker", "--model", f.model, "--host", "127.0.0.1", "--port", "0"};
+    std::vector<std::string> argv = {f.bin_dir + "/ferry-worker", "--model", f.model, "--host", "127.0.0.1",
+                                     "--port", "0", "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
+                                     "--tp-rank", std::to_string(rank), "--dist-store-dir", store};
     argv.insert(argv.end(), f.worker_args.begin(), f.worker_args.end());
-    auto info = start("worker-" + std::to_string(rank), argv);
+    workers.push_back(&Spawn(f, stack, "worker-" + std::to_string(rank), argv));
+  }
+  std::vector<std::string> addresses;
+  for (ChildProcess* worker : workers) {
+    auto info = WaitReady(f, *worker);
     stack.ports["workers"].push_back(info);
-    scheduler_argv.insert(scheduler_argv.end(), {"--worker", "127.0.0.1:" + std::to_string(info["grpc_port"].get<int>())});
+    addresses.push_back("127.0.0.1:" + std::to_string(info["grpc_port"].get<int>()));
+  }
+  return addresses;
+}
+
+void StartAll(const Flags& f, Stack& stack) {
+  std::vector<std::string> scheduler_argv = {f.bin_dir + "/ferry-scheduler", "--host", "127.0.0.1", "--port", "0"};
+  for (const std::string& address : StartWorkers(f, stack)) {
+    scheduler_argv.insert(scheduler_argv.end(), {"--worker", address});
   }
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
-  stack.ports["scheduler"] = start("scheduler", scheduler_argv);
+  stack.ports["scheduler"] = WaitReady(f, Spawn(f, stack, "scheduler", scheduler_argv));
   const int scheduler_port = stack.ports["scheduler"]["grpc_port"];
-  stack.ports["gateway"] = start("gateway", {f.bin_dir + "/ferry-gateway", "--scheduler",
-                                             "127.0.0.1:" + std::to_string(scheduler_port), "--tokenizer", f.model,
-                                             "--host", f.host, "--port", std::to_string(f.port), "--metrics-port",
-                                             std::to_string(f.metrics_port)});
+  stack.ports["gateway"] = WaitReady(
+      f, Spawn(f, stack, "gateway",
+               {f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port),
+                "--tokenizer", f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port",
+                std::to_string(f.metrics_port)}));
 }
 
 // Stops children in reverse start order: the gateway stops taking requests
