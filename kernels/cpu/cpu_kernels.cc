@@ -1,87 +1,84 @@
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/isa.h"
 
 namespace ferry::kernels::cpu {
 namespace {
 
 // Below this many elements per call the OpenMP fork/join costs more than the loop.
 constexpr int64_t kMinParallelElements = 1 << 14;
+// Activation conversions parallelise above this (a prefill's MLP input is ~2.5M floats).
+constexpr int64_t kMinParallelConvert = 1 << 16;
+
+bool UseAvx512() { return ActiveIsa() == Isa::kAvx512; }
+
+RotaryParams Dense(RotaryParams p) {
+  if (p.q_stride == 0) p.q_stride = int64_t{p.num_heads} * p.head_dim;
+  if (p.k_stride == 0) p.k_stride = int64_t{p.num_kv_heads} * p.head_dim;
+  return p;
+}
 
 }  // namespace
 
 void RmsNorm(const float* x, const float* weight, float* out, int64_t num_tokens, int64_t hidden,
              float eps) {
-#pragma omp parallel for schedule(static) if (num_tokens * hidden >= kMinParallelElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* row = x + t * hidden;
-    float* dst = out + t * hidden;
-    float sum_sq = 0.f;
-    for (int64_t i = 0; i < hidden; ++i) sum_sq += row[i] * row[i];
-    const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(hidden) + eps);
-    for (int64_t i = 0; i < hidden; ++i) dst[i] = weight[i] * (row[i] * inv_rms);
+  if (UseAvx512()) {
+    avx512::RmsNorm(x, weight, out, num_tokens, hidden, eps);
+  } else {
+    avx2::RmsNorm(x, weight, out, num_tokens, hidden, eps);
   }
 }
 
-namespace {
-
-// Rotates one head in place given the cos/sin of each frequency.
-inline void RotateHead(float* head,        // [head_dim]
-                       const float* cos_,  // [head_dim / 2]
-                       const float* sin_,  // [head_dim / 2]
-                       int32_t half) {
-  for (int32_t i = 0; i < half; ++i) {
-    const float a = head[i];
-    const float b = head[i + half];
-    head[i] = a * cos_[i] - b * sin_[i];
-    head[i + half] = b * cos_[i] + a * sin_[i];
-  }
-}
-
-}  // namespace
-
-void ApplyRotary(const RotaryParams& p, const int32_t* positions, float* q, float* k) {
-  const int32_t half = p.head_dim / 2;
-  std::vector<float> inv_freq(half);
+void RotaryTable(const int32_t* positions, int64_t num_tokens, int32_t head_dim,
+                 float rope_theta, float* table) {
+  const int32_t half = head_dim / 2;
+  float inv_freq[kMaxHeadDim / 2];
   for (int32_t i = 0; i < half; ++i) {
     // Same expression and precision as transformers' default rope init.
     inv_freq[i] = static_cast<float>(
-        1.0 / std::pow(static_cast<double>(p.rope_theta),
-                       static_cast<double>(static_cast<float>(2 * i) / p.head_dim)));
+        1.0 / std::pow(static_cast<double>(rope_theta),
+                       static_cast<double>(static_cast<float>(2 * i) / head_dim)));
   }
-  const int64_t q_stride = int64_t{p.num_heads} * p.head_dim;
-  const int64_t k_stride = int64_t{p.num_kv_heads} * p.head_dim;
-#pragma omp parallel for schedule(static) if (p.num_tokens * q_stride >= kMinParallelElements)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    float cos_[kMaxHeadDim / 2];
-    float sin_[kMaxHeadDim / 2];
+#pragma omp parallel for schedule(static) if (num_tokens * half >= kMinParallelElements)
+  for (int64_t t = 0; t < num_tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
+    float* cos_ = table + t * head_dim;
+    float* sin_ = cos_ + half;
     for (int32_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq[i];
+      const float angle = pos * inv_freq[i];  // fp32 product, as Hugging Face rounds it
       cos_[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
       sin_[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-    for (int32_t h = 0; h < p.num_heads; ++h) {
-      RotateHead(q + t * q_stride + h * p.head_dim, cos_, sin_, half);
-    }
-    for (int32_t h = 0; h < p.num_kv_heads; ++h) {
-      RotateHead(k + t * k_stride + h * p.head_dim, cos_, sin_, half);
     }
   }
 }
 
+void ApplyRotaryTable(const RotaryParams& params, const float* table, float* q, float* k) {
+  const RotaryParams p = Dense(params);
+  if (UseAvx512()) {
+    avx512::ApplyRotaryTable(p, table, q, k);
+  } else {
+    avx2::ApplyRotaryTable(p, table, q, k);
+  }
+}
+
+void ApplyRotary(const RotaryParams& params, const int32_t* positions, float* q, float* k) {
+  std::vector<float> table(params.num_tokens * params.head_dim);
+  RotaryTable(positions, params.num_tokens, params.head_dim, params.rope_theta, table.data());
+  ApplyRotaryTable(params, table.data(), q, k);
+}
+
 void SiluAndMul(const float* gate_up, float* out, int64_t num_tokens, int64_t intermediate) {
-#pragma omp parallel for schedule(static) if (num_tokens * intermediate >= kMinParallelElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* gate = gate_up + t * 2 * intermediate;
-    const float* up = gate + intermediate;
-    float* dst = out + t * intermediate;
-    for (int64_t i = 0; i < intermediate; ++i) {
-      const float g = gate[i];
-      dst[i] = g / (1.f + std::exp(-g)) * up[i];
-    }
+  if (UseAvx512()) {
+    avx512::SiluAndMul(gate_up, out, num_tokens, intermediate);
+  } else {
+    avx2::SiluAndMul(gate_up, out, num_tokens, intermediate);
   }
 }
 
@@ -103,6 +100,22 @@ void Softmax(float* x, int64_t num_rows, int64_t n) {
 
 void AddInPlace(float* out, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += x[i];
+}
+
+void ConvertToBf16(const float* x, uint16_t* out, int64_t n) {
+  // Chunks of a multiple of 16 so every element takes the same (vector) rounding path.
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t num_chunks = (n + kChunk - 1) / kChunk;
+  const bool avx512 = UseAvx512();
+#pragma omp parallel for schedule(static) if (n >= kMinParallelConvert)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
+    if (avx512) {
+      avx512::ConvertToBf16(x + begin, out + begin, len);
+    } else {
+      avx2::ConvertToBf16(x + begin, out + begin, len);
+    }
+  }
 }
 
 }  // namespace ferry::kernels::cpu

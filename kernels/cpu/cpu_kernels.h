@@ -1,6 +1,6 @@
-// Element-wise and row-wise fp32 kernels for the CPU engine. Plain C++ loops the compiler
-// vectorises (this folder builds with -O3 -mavx2 -mfma -mf16c); rows are split across OpenMP
-// threads where there is enough work to pay for it.
+// Element-wise and row-wise fp32 kernels for the CPU engine. The hot ones are vectorised for
+// AVX2 and AVX-512 and dispatched at run time (isa.h); rows are split across OpenMP threads
+// where there is enough work to pay for it.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +27,25 @@ struct RotaryParams {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;  // even, <= kMaxHeadDim
   float rope_theta = 10000.f;
+  // Floats between consecutive tokens' rows; 0 means dense (heads * head_dim). Lets q and k be
+  // column ranges of one fused QKV projection.
+  int64_t q_stride = 0;
+  int64_t k_stride = 0;
 };
 void ApplyRotary(const RotaryParams& params,
                  const int32_t* positions,  // [num_tokens]
-                 float* q,                  // [num_tokens, num_heads, head_dim]
-                 float* k);                 // [num_tokens, num_kv_heads, head_dim]
+                 float* q,                  // [num_tokens, q_stride] (num_heads * head_dim used)
+                 float* k);                 // [num_tokens, k_stride] (num_kv_heads * head_dim used)
+
+// The cos/sin ApplyRotary uses, computed once per step and shared by every layer:
+// table[t] = cos(angle_0..half-1), sin(angle_0..half-1).
+void RotaryTable(const int32_t* positions,  // [num_tokens]
+                 int64_t num_tokens, int32_t head_dim, float rope_theta,
+                 float* table);             // [num_tokens, head_dim]
+void ApplyRotaryTable(const RotaryParams& params,
+                      const float* table,  // [num_tokens, head_dim] from RotaryTable
+                      float* q,            // [num_tokens, q_stride]
+                      float* k);           // [num_tokens, k_stride]
 
 // out = silu(gate) * up, with gate and up the two halves of each input row (one fused GEMM
 // produces both).
@@ -45,5 +59,10 @@ void Softmax(float* x,  // [num_rows, n]
 
 // out[i, :] += x[i, :] — the residual add when a GEMM could not accumulate in place.
 void AddInPlace(float* out, const float* x, int64_t n);
+
+// fp32 -> bf16 bits, round to nearest even (activations feeding a bf16 matmul).
+void ConvertToBf16(const float* x,  // [n]
+                   uint16_t* out,   // [n]
+                   int64_t n);
 
 }  // namespace ferry::kernels::cpu

@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "kernels/cpu/isa.h"
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -123,6 +127,96 @@ TEST(CpuKernelsTest, AddInPlaceAdds) {
   AddInPlace(a.data(), b.data(), 3);
   EXPECT_EQ(a, (std::vector<float>{1.5f, 0, 13}));
 }
+
+// Every vectorised kernel, on each ISA copy, against the naive references above; the two
+// copies also agree with each other to rounding.
+class BothIsasTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override { SetIsaForTesting(GetParam()); }
+  void TearDown() override { SetIsaForTesting(Isa::kAvx512); }
+};
+
+TEST_P(BothIsasTest, SiluAndMulOddSizesAndLargeInputs) {
+  for (auto [tokens, inter] : {std::pair{1, 3}, {2, 17}, {5, 100}}) {
+    auto gu = RandomVector(size_t(tokens) * 2 * inter, 8, 30.f);  // exp clamps at |g| > 87
+    std::vector<float> out(size_t(tokens) * inter);
+    SiluAndMul(gu.data(), out.data(), tokens, inter);
+    std::vector<double> want(out.size());
+    for (int t = 0; t < tokens; ++t) {
+      for (int i = 0; i < inter; ++i) {
+        const double g = gu[size_t(t) * 2 * inter + i], u = gu[size_t(t) * 2 * inter + inter + i];
+        want[size_t(t) * inter + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+    ExpectNear(out, want, 1e-5);
+  }
+}
+
+TEST_P(BothIsasTest, RmsNormOddHidden) {
+  const int tokens = 3, hidden = 37;
+  const auto x = RandomVector(size_t(tokens) * hidden, 9, 2.f);
+  const auto w = RandomVector(hidden, 10);
+  std::vector<float> out(x.size());
+  RmsNorm(x.data(), w.data(), out.data(), tokens, hidden, 1e-6f);
+  std::vector<double> want(x.size());
+  for (int t = 0; t < tokens; ++t) {
+    double ss = 0;
+    for (int i = 0; i < hidden; ++i) ss += double(x[t * hidden + i]) * x[t * hidden + i];
+    for (int i = 0; i < hidden; ++i) {
+      want[t * hidden + i] = w[i] * x[t * hidden + i] / std::sqrt(ss / hidden + 1e-6);
+    }
+  }
+  ExpectNear(out, want, 1e-5);
+}
+
+// The table form with strided q/k (a fused QKV row) equals ApplyRotary on dense copies.
+TEST_P(BothIsasTest, RotaryTableOnStridedRows) {
+  const int tokens = 6, heads = 4, kv_heads = 2, dim = 64;
+  const int q_dim = heads * dim, kv_dim = kv_heads * dim, stride = q_dim + 2 * kv_dim;
+  auto qkv = RandomVector(size_t(tokens) * stride, 11);
+  std::vector<float> q(size_t(tokens) * q_dim), k(size_t(tokens) * kv_dim);
+  for (int t = 0; t < tokens; ++t) {
+    std::copy_n(&qkv[size_t(t) * stride], q_dim, &q[size_t(t) * q_dim]);
+    std::copy_n(&qkv[size_t(t) * stride + q_dim], kv_dim, &k[size_t(t) * kv_dim]);
+  }
+  const std::vector<int32_t> positions{0, 5, 1000, 31, 7, 32767};
+  RotaryParams params{tokens, heads, kv_heads, dim, 1e6f};
+  ApplyRotary(params, positions.data(), q.data(), k.data());
+  std::vector<float> table(size_t(tokens) * dim);
+  RotaryTable(positions.data(), tokens, dim, 1e6f, table.data());
+  params.q_stride = params.k_stride = stride;
+  ApplyRotaryTable(params, table.data(), qkv.data(), qkv.data() + q_dim);
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < q_dim; ++i) ASSERT_EQ(qkv[size_t(t) * stride + i], q[size_t(t) * q_dim + i]);
+    for (int i = 0; i < kv_dim; ++i) {
+      ASSERT_EQ(qkv[size_t(t) * stride + q_dim + i], k[size_t(t) * kv_dim + i]);
+    }
+  }
+}
+
+// Round to nearest even like the scalar reference, for every size's vector and tail paths.
+TEST_P(BothIsasTest, ConvertToBf16RoundsToNearestEven) {
+  for (int n : {1, 15, 16, 17, 100000}) {
+    auto x = RandomVector(n, 12, 100.f);
+    if (n > 3) {
+      x[0] = std::nanf("");
+      x[1] = INFINITY;
+      x[2] = 3.4e38f;  // rounds up to inf
+    }
+    std::vector<uint16_t> got(n);
+    ConvertToBf16(x.data(), got.data(), n);
+    for (int i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &x[i], 4);
+      const uint16_t want = std::isnan(x[i]) ? static_cast<uint16_t>((u >> 16) | 0x40)
+                                             : static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      ASSERT_EQ(got[i], want) << "n " << n << " element " << i << " value " << x[i];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, BothIsasTest, ::testing::Values(Isa::kAvx2, Isa::kAvx512),
+                         [](const auto& info) { return std::string(IsaName(info.param)); });
 
 }  // namespace
 }  // namespace ferry::kernels::cpu

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
+
+#include "kernels/cpu/isa.h"
 
 namespace ferry::kernels::cpu {
 namespace {
@@ -79,7 +82,7 @@ std::vector<double> Reference(const Shape& s, const SeqData& seq) {
 // Runs the kernels on a batch: places blocks (shuffled or in order), writes cached K/V with
 // WriteKvCache, then the step's new K/V, then attends. Returns out, [num_tokens, heads, dim].
 std::vector<float> RunPaged(const Shape& s, const std::vector<SeqData>& seqs, bool shuffle,
-                            uint32_t seed) {
+                            uint32_t seed, KvDtype dtype = KvDtype::kFloat32) {
   const int bs = s.block_size;
   int max_blocks = 0, total_blocks = 0;
   for (const auto& q : seqs) {
@@ -92,10 +95,11 @@ std::vector<float> RunPaged(const Shape& s, const std::vector<SeqData>& seqs, bo
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   if (shuffle) std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
-  KvCacheShape cache{num_blocks, bs, s.num_kv_heads, s.head_dim};
+  KvCacheShape cache{num_blocks, bs, s.num_kv_heads, s.head_dim, dtype};
   const size_t row = size_t(s.num_kv_heads) * s.head_dim;
-  // NaN everywhere, so reading any slot that was not written poisons the output.
-  std::vector<float> k_cache(size_t(num_blocks) * bs * row, NAN), v_cache = k_cache;
+  // NaN everywhere (as fp32, and as each bf16 half), so reading any slot that was not written
+  // poisons the output.
+  std::vector<uint32_t> k_cache(size_t(num_blocks) * bs * row, 0x7fc07fc0u), v_cache = k_cache;
   std::vector<int32_t> tables(seqs.size() * max_blocks, -1), query_start{0}, context_lens;
   std::vector<float> q_all, new_k, new_v;
   std::vector<int32_t> new_slots;
@@ -183,6 +187,68 @@ TEST(PagedAttentionTest, BatchedEqualsSingle) {
     EXPECT_EQ(batched, singles);
   }
 }
+
+// K/V rounded to bf16 the way a bf16 cache stores them.
+SeqData RoundKvToBf16(SeqData seq) {
+  for (auto* kv : {&seq.k, &seq.v}) {
+    for (float& x : *kv) {
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      u = ((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16;
+      std::memcpy(&x, &u, 4);
+    }
+  }
+  return seq;
+}
+
+class BothIsasTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override { SetIsaForTesting(GetParam()); }
+  void TearDown() override { SetIsaForTesting(Isa::kAvx512); }
+};
+
+// A bf16 cache attends over bf16-rounded K/V in fp32: the reference on rounded K/V matches.
+TEST_P(BothIsasTest, Bf16CacheMatchesReferenceOnRoundedKv) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << "heads " << s.num_heads << "/" << s.num_kv_heads
+                                    << " dim " << s.head_dim << " block " << s.block_size);
+    const auto seqs = MakeSeqs(s, kBatch, 12);
+    const auto out = RunPaged(s, seqs, /*shuffle=*/true, 13, KvDtype::kBfloat16);
+    size_t offset = 0;
+    for (const SeqData& seq : seqs) {
+      const auto want = Reference(s, RoundKvToBf16(seq));
+      for (size_t e = 0; e < want.size(); ++e) {
+        ASSERT_NEAR(out[offset + e], want[e], 2e-5 * (1 + std::abs(want[e]))) << "element " << e;
+      }
+      offset += want.size();
+    }
+    // Batch independence holds for bf16 too.
+    std::vector<float> singles;
+    for (const SeqData& seq : seqs) {
+      const auto one = RunPaged(s, {seq}, /*shuffle=*/true, 4, KvDtype::kBfloat16);
+      singles.insert(singles.end(), one.begin(), one.end());
+    }
+    EXPECT_EQ(out, singles);
+  }
+}
+
+// Each ISA copy matches the reference (the other tests run on the detected ISA only).
+TEST_P(BothIsasTest, Fp32MatchesReference) {
+  const Shape s{14, 2, 64, 16};
+  const auto seqs = MakeSeqs(s, kBatch, 14);
+  const auto out = RunPaged(s, seqs, /*shuffle=*/true, 15);
+  size_t offset = 0;
+  for (const SeqData& seq : seqs) {
+    const auto want = Reference(s, seq);
+    for (size_t e = 0; e < want.size(); ++e) {
+      ASSERT_NEAR(out[offset + e], want[e], 2e-5 * (1 + std::abs(want[e]))) << "element " << e;
+    }
+    offset += want.size();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, BothIsasTest, ::testing::Values(Isa::kAvx2, Isa::kAvx512),
+                         [](const auto& info) { return std::string(IsaName(info.param)); });
 
 TEST(PagedAttentionTest, NegativeSlotIsSkipped) {
   KvCacheShape cache{2, 2, 1, 2};

@@ -4,6 +4,9 @@
 // generation one Step at a time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -29,9 +32,11 @@ nlohmann::json Expected(const std::string& name) {
   return nlohmann::json::parse(in);
 }
 
-std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& name) {
+std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& name,
+                                        const std::string& dtype = "float32") {
   RunnerOptions options;
   options.model_dir = FixtureDir(name);
+  options.dtype = dtype;  // parity at 1e-4 needs the exact path
   options.block_size = 16;
   options.num_kv_blocks = 32;
   return std::make_unique<Qwen2Runner>(options);
@@ -85,6 +90,58 @@ TEST(HfParityTest, GreedyGenerationTiedF16) { CheckGreedyGeneration("hf_tiny_qwe
 
 TEST(HfParityTest, GreedyGenerationChunkedPrefill) {
   CheckGreedyGeneration("hf_tiny_qwen2", 7);  // 7 + 7 + 6: chunks straddle nothing aligned
+}
+
+// The bf16 engine (the default) on the same fixtures, teacher-forced on the reference's prompt
+// and generated tokens: every position's logits are within `relative` x max |logit| of the
+// fp32 engine's (which matches transformers at 1e-4), and the argmax agrees wherever the
+// fp32 top-2 margin exceeds twice that. Free-running greedy decoding may legitimately diverge
+// after a near tie, so tokens are not compared free-running here.
+void CheckBf16AgainstFp32(const std::string& name, float relative) {
+  SCOPED_TRACE(name);
+  const auto expected = Expected(name);
+  auto tokens = expected["prompt_token_ids"].get<std::vector<int32_t>>();
+  const auto generated = expected["generated_token_ids"].get<std::vector<int32_t>>();
+  tokens.insert(tokens.end(), generated.begin(), generated.end());
+  ModelOptions bf16_options;
+  bf16_options.dtype = MatmulDtype::kBfloat16;
+  auto fp32 = Qwen2Model::Load(FixtureDir(name));
+  auto bf16 = Qwen2Model::Load(FixtureDir(name), bf16_options);
+  KvCache fp32_cache(fp32->kv_layout(), 8, 16), bf16_cache(bf16->kv_layout(), 8, 16);
+  ForwardBatch batch;
+  batch.AddSequence(tokens.data(), static_cast<int32_t>(tokens.size()), 0, {6, 1, 3, 0}, 16,
+                    false);
+  for (int32_t i = 0; i < batch.num_tokens(); ++i) batch.logits_rows.push_back(i);
+  const std::vector<float> want = fp32->Forward(batch, fp32_cache);
+  const std::vector<float> got = bf16->Forward(batch, bf16_cache);
+  const int32_t vocab = fp32->config().vocab_size;
+  int32_t num_checked = 0;
+  for (size_t pos = 0; pos < tokens.size(); ++pos) {
+    const std::vector<float> a(want.begin() + pos * vocab, want.begin() + (pos + 1) * vocab);
+    const std::vector<float> b(got.begin() + pos * vocab, got.begin() + (pos + 1) * vocab);
+    std::vector<float> top = a;
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<>());
+    float scale = 0.f;
+    for (float v : a) scale = std::max(scale, std::abs(v));
+    const float tolerance = relative * scale;
+    EXPECT_LT(MaxAbsDiff(a, b), tolerance) << "position " << pos;
+    if (top[0] - top[1] > 2 * tolerance) {
+      ++num_checked;
+      EXPECT_EQ(std::max_element(a.begin(), a.end()) - a.begin(),
+                std::max_element(b.begin(), b.end()) - b.begin()) << "position " << pos;
+    }
+  }
+  std::printf("%s: argmax compared at %d of %zu positions\n", name.c_str(), num_checked,
+              tokens.size());
+}
+
+// bf16 weights on disk convert exactly: only activations and K/V are rounded (measured <= 1.1%).
+TEST(HfParityTest, Bf16EngineCloseToFp32) { CheckBf16AgainstFp32("hf_tiny_qwen2", 0.02f); }
+
+// fp16 weights lose 3 mantissa bits more; this tiny random model amplifies that to ~14% at
+// its worst position (measured; 10% with an fp32 KV cache), so only a loose bound holds.
+TEST(HfParityTest, Bf16EngineCloseToFp32FromF16Weights) {
+  CheckBf16AgainstFp32("hf_tiny_qwen2_tied", 0.2f);
 }
 
 TEST(HfParityTest, InfoFromCheckpoint) {

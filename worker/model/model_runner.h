@@ -97,7 +97,8 @@ struct StepSpec {
 struct SampledTokenOut {
   uint64_t seq_id = 0;
   int32_t token_id = 0;
-  float logprob = 0.f;  // of token_id; set when SamplingOptions.logprobs >= 0
+  bool has_logprobs = false;  // SamplingOptions.logprobs >= 0
+  float logprob = 0.f;        // of token_id
   std::vector<std::pair<int32_t, float>> top_logprobs;  // (id, logprob), most likely first
 };
 

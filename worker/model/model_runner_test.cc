@@ -36,6 +36,7 @@ class RunnerTest : public ::testing::Test {
   static std::unique_ptr<Qwen2Runner> MakeRunner(int32_t max_model_len = 0) {
     RunnerOptions options;
     options.model_dir = dir_->str();
+    options.dtype = "float32";  // exact: batched and chunked runs compare at 1e-4
     options.block_size = 4;  // small blocks so short prompts span several
     options.num_kv_blocks = 256;
     options.max_model_len = max_model_len;
@@ -71,11 +72,17 @@ TEST_F(RunnerTest, InfoAndEos) {
   EXPECT_EQ(runner->info().vocab_size, 2048);
   EXPECT_EQ(runner->info().max_model_len, 2048);
   EXPECT_EQ(runner->info().eos_token_ids, (std::vector<int32_t>{2, 7}));
-  // Derived from the byte budget: 2 (K, V) * 2 layers * 16 slots * 2 heads * 16 dims * 4 bytes.
+  // Derived from the byte budget: 2 (K, V) * 2 layers * 16 slots * 2 heads * 16 dims * 4 bytes
+  // for an fp32 cache; the bf16 default stores K/V in 2 bytes, so twice the blocks.
   RunnerOptions options;
   options.model_dir = dir_->str();
   options.kv_cache_bytes = 8192 * 10 + 5;
+  EXPECT_EQ(ModelRunner::Create(options)->info().num_kv_blocks, 20);
+  EXPECT_EQ(ModelRunner::Create(options)->info().dtype, "bfloat16");
+  options.dtype = "float32";
   EXPECT_EQ(ModelRunner::Create(options)->info().num_kv_blocks, 10);
+  options.dtype = "float16";
+  EXPECT_THROW(ModelRunner::Create(options), std::runtime_error);
 }
 
 TEST_F(RunnerTest, MixedBatchMatchesEachSequenceAlone) {
@@ -124,7 +131,9 @@ TEST_F(RunnerTest, ChunkedPrefillMatchesWholePrompt) {
 TEST_F(RunnerTest, PreemptThenResendContinuesIdentically) {
   auto runner = MakeRunner();
   const auto prompt = Prompt(11, 6);
-  for (SamplingOptions sampling : {SamplingOptions{}, SamplingOptions{0.9f, 0.95f, 50, 77}}) {
+  for (SamplingOptions sampling :
+       {SamplingOptions{}, SamplingOptions{.temperature = 0.9f, .top_p = 0.95f, .top_k = 50,
+                                           .seed = 77}}) {
     SCOPED_TRACE("temperature " + std::to_string(sampling.temperature));
     const Solo ref = RunSolo(*runner, prompt, 14, sampling);
     MiniScheduler sched(*runner, 3);
@@ -140,28 +149,28 @@ TEST_F(RunnerTest, PreemptThenResendContinuesIdentically) {
 
 TEST_F(RunnerTest, SeededSamplingIndependentOfBatchMix) {
   auto runner = MakeRunner();
-  const SamplingOptions sampling{1.0f, 1.f, 0, 1234};
+  const SamplingOptions sampling{.temperature = 1.0f, .seed = 1234};
   const auto prompt = Prompt(9, 8);
   const Solo alone = RunSolo(*runner, prompt, 12, sampling);
   {
     MiniScheduler sched(*runner, 4);
-    sched.Add(1, Prompt(20, 9), SamplingOptions{0.7f, 0.9f, 0, 1});
+    sched.Add(1, Prompt(20, 9), SamplingOptions{.temperature = 0.7f, .top_p = 0.9f, .seed = 1});
     sched.Add(2, prompt, sampling);
-    sched.Add(3, Prompt(3, 10), SamplingOptions{1.2f, 1.f, 5, 99});
+    sched.Add(3, Prompt(3, 10), SamplingOptions{.temperature = 1.2f, .top_k = 5, .seed = 99});
     sched.Add(4, prompt, sampling);  // same prompt and seed in the same batch
     sched.RunUntil({1, 2, 3, 4}, 12, 6);
     EXPECT_EQ(sched.Generated(2), alone.tokens);
     EXPECT_EQ(sched.Generated(4), alone.tokens);
   }
   // A different seed gives a different stream (12 draws at temperature 1 over 2048 tokens).
-  EXPECT_NE(RunSolo(*runner, prompt, 12, {1.0f, 1.f, 0, 4321}).tokens, alone.tokens);
+  EXPECT_NE(RunSolo(*runner, prompt, 12, {.temperature = 1.0f, .seed = 4321}).tokens, alone.tokens);
 }
 
 TEST_F(RunnerTest, TopKSamplesStayInTopK) {
   auto runner = MakeRunner();
   MiniScheduler sched(*runner, 5);
   const int32_t k = 3;
-  sched.Add(1, Prompt(7, 11), SamplingOptions{2.0f, 1.f, k, 42});
+  sched.Add(1, Prompt(7, 11), SamplingOptions{.temperature = 2.0f, .top_k = k, .seed = 42});
   sched.RunUntil({1}, 40, 1 << 20);
   const auto tokens = sched.Generated(1);
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -227,6 +236,39 @@ TEST_F(RunnerTest, InvalidSpecsRejectedWithoutSideEffects) {
     got.push_back(out[0].token_id);
   }
   EXPECT_EQ(got, ref.tokens);
+}
+
+// The bf16 engine (oneDNN, bf16 weights and KV cache) generates the same greedy tokens as the
+// exact fp32 engine on this checkpoint (bf16 on disk, logits well separated by construction),
+// alone and batched, with logits within a bf16-sized tolerance.
+TEST_F(RunnerTest, Bf16GreedyMatchesFp32) {
+  auto fp32 = MakeRunner();
+  RunnerOptions options;
+  options.model_dir = dir_->str();
+  options.block_size = 4;
+  options.num_kv_blocks = 256;
+  ASSERT_EQ(options.dtype, "bfloat16");  // the default
+  Qwen2Runner bf16(options);
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1), Prompt(30, 2), Prompt(1, 3)};
+  std::vector<std::vector<int32_t>> batched_tokens;
+  {
+    MiniScheduler batched(bf16, 7);
+    for (size_t i = 0; i < prompts.size(); ++i) batched.Add(10 + i, prompts[i]);
+    batched.RunUntil({10, 11, 12}, 12, 8);
+    for (size_t i = 0; i < prompts.size(); ++i) batched_tokens.push_back(batched.Generated(10 + i));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    const Solo want = RunSolo(*fp32, prompts[i], 12);
+    const Solo got = RunSolo(bf16, prompts[i], 12);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(batched_tokens[i], want.tokens);
+    for (size_t k = 0; k < want.logits.size(); ++k) {
+      float scale = 0.f;
+      for (float v : want.logits[k]) scale = std::max(scale, std::abs(v));
+      EXPECT_LT(MaxAbsDiff(got.logits[k], want.logits[k]), 0.03f * scale) << "sample " << k;
+    }
+  }
 }
 
 TEST(RandomCheckpointTest, ConfigLooksLikeHuggingFace) {

@@ -71,13 +71,34 @@ void Validate(const Qwen2Config& c, const fs::path& path) {
 
 }  // namespace
 
+// HF's generate() samples only when do_sample is true; otherwise it is greedy
+// whatever temperature says, and so are we.
+static void ReadSamplingDefaults(const json& g, const fs::path& path, Qwen2Config& c) {
+  auto number = [&](const char* key) -> std::optional<float> {
+    if (!g.contains(key) || g[key].is_null()) return std::nullopt;
+    if (!g[key].is_number()) throw std::runtime_error(path.string() + ": " + key + " must be a number");
+    return g[key].get<float>();
+  };
+  const bool do_sample = g.contains("do_sample") && g["do_sample"].is_boolean() && g["do_sample"].get<bool>();
+  if (g.contains("do_sample") && !do_sample) {
+    c.default_temperature = 0.f;
+  } else if (do_sample) {
+    c.default_temperature = number("temperature").value_or(1.f);
+  }
+  c.default_top_p = number("top_p");
+  if (auto k = number("top_k")) c.default_top_k = static_cast<int32_t>(*k);
+  c.default_min_p = number("min_p");
+  c.default_repetition_penalty = number("repetition_penalty");
+}
+
 Qwen2Config LoadQwen2Config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "config.json";
   const json j = ReadJson(path);
   const auto model_type = Optional<std::string>(j, "model_type", "", path);
+  const std::string architectures = j.contains("architectures") ? j["architectures"].dump() : "[]";
   if (model_type != "qwen2") {
-    throw std::runtime_error(path.string() + ": model_type '" + model_type +
-                             "' is not supported (want qwen2)");
+    throw std::runtime_error(path.string() + ": model_type '" + model_type + "' (architectures " + architectures +
+                             ") is not supported (want qwen2, Qwen2ForCausalLM)");
   }
   Qwen2Config c;
   c.name = Optional<std::string>(j, "_name_or_path", "", path);
@@ -103,6 +124,7 @@ Qwen2Config LoadQwen2Config(const std::string& dir) {
     const json g = ReadJson(gen_path);
     std::vector<int32_t> eos = EosIds(g, gen_path);
     if (!eos.empty()) c.eos_token_ids = std::move(eos);
+    ReadSamplingDefaults(g, gen_path, c);
   }
   return c;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ struct Qwen2Config {
   int32_t bos_token_id = -1;            // -1 when absent
   // generation_config.json eos_token_id (int or list), else config.json's.
   std::vector<int32_t> eos_token_ids;
+  // generation_config.json sampling defaults; do_sample false means greedy.
+  std::optional<float> default_temperature;
+  std::optional<float> default_top_p;
+  std::optional<int32_t> default_top_k;
+  std::optional<float> default_min_p;
+  std::optional<float> default_repetition_penalty;
 };
 
 // Reads <dir>/config.json (required; model_type must be qwen2) and

@@ -1,7 +1,5 @@
 #include "worker/model/qwen2_model.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,7 +8,8 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/paged_attention.h"
-#include "worker/model/safetensors.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/qwen2_model_internal.h"
 
 namespace ferry::worker {
 
@@ -19,19 +18,33 @@ namespace kc = kernels::cpu;
 // ---------------------------------------------------------------------------------------------
 // KvCache
 
-KvCache::KvCache(const Qwen2Config& config, int32_t num_blocks, int32_t block_size)
-    : num_blocks_(num_blocks),
+KvCache::KvCache(const KvCacheLayout& layout, int32_t num_blocks, int32_t block_size)
+    : layout_(layout),
+      num_blocks_(num_blocks),
       block_size_(block_size),
-      layer_stride_(int64_t{num_blocks} * block_size * config.num_key_value_heads *
-                    config.head_dim) {
-  const int64_t total = layer_stride_ * config.num_hidden_layers;
-  k_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(total));
-  v_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(total));
+      layer_bytes_(int64_t{num_blocks} * block_size * layout.num_kv_heads * layout.head_dim *
+                   kc::KvElementBytes(layout.dtype)) {
+  const int64_t total = layer_bytes_ * layout.num_layers;
+  k_ = std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(total));
+  v_ = std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(total));
+}
+
+namespace {
+KvCacheLayout Fp32Layout(const Qwen2Config& c) {
+  return {c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kc::KvDtype::kFloat32};
+}
+}  // namespace
+
+KvCache::KvCache(const Qwen2Config& config, int32_t num_blocks, int32_t block_size)
+    : KvCache(Fp32Layout(config), num_blocks, block_size) {}
+
+int64_t KvCache::BytesPerBlock(const KvCacheLayout& layout, int32_t block_size) {
+  return 2 * int64_t{layout.num_layers} * block_size * layout.num_kv_heads * layout.head_dim *
+         kc::KvElementBytes(layout.dtype);
 }
 
 int64_t KvCache::BytesPerBlock(const Qwen2Config& config, int32_t block_size) {
-  return 2 * int64_t{config.num_hidden_layers} * block_size * config.num_key_value_heads *
-         config.head_dim * static_cast<int64_t>(sizeof(float));
+  return BytesPerBlock(Fp32Layout(config), block_size);
 }
 
 void ForwardBatch::AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
@@ -65,33 +78,7 @@ void ForwardBatch::AddSequence(const int32_t* tokens, int32_t num_tokens, int32_
 }
 
 // ---------------------------------------------------------------------------------------------
-// Weights and workspace
-
-// One decoder layer, fp32, HF layouts ([out, in] row-major) except that gate and up are
-// stacked into one matrix so one GEMM produces both halves SiluAndMul expects.
-struct Qwen2Model::Layer {
-  std::vector<float> input_norm;  // [hidden]
-  std::vector<float> q_w, k_w, v_w;  // [heads * d, hidden], [kv_heads * d, hidden] x2
-  std::vector<float> q_b, k_b, v_b;  // [heads * d], [kv_heads * d] x2
-  std::vector<float> o_w;            // [hidden, heads * d]
-  std::vector<float> post_norm;      // [hidden]
-  std::vector<float> gate_up_w;      // [2 * intermediate, hidden]
-  std::vector<float> down_w;         // [hidden, intermediate]
-};
-
-// Activation buffers reused across steps; they only grow.
-struct Qwen2Model::Workspace {
-  std::vector<float> x;        // [num_tokens, hidden] residual stream
-  std::vector<float> h;        // [num_tokens, hidden] normed input of a block
-  std::vector<float> q;        // [num_tokens, heads * d]
-  std::vector<float> k;        // [num_tokens, kv_heads * d]
-  std::vector<float> v;        // [num_tokens, kv_heads * d]
-  std::vector<float> attn;     // [num_tokens, heads * d]
-  std::vector<float> gate_up;  // [num_tokens, 2 * intermediate]
-  std::vector<float> act;      // [num_tokens, intermediate]
-  std::vector<float> last;     // [num_logits_rows, hidden]
-  std::vector<float> logits;   // [num_logits_rows, vocab]
-};
+// Construction
 
 namespace {
 
@@ -99,63 +86,27 @@ void Grow(std::vector<float>& buffer, size_t size) {
   if (buffer.size() < size) buffer.resize(size);
 }
 
-// out = beta * out + x * w^T, or x * w^T + bias when bias is given (beta is then ignored).
-void Linear(const float* x,     // [m, k]
-            const float* w,     // [n, k] (Hugging Face's [out_features, in_features])
-            const float* bias,  // [n] or nullptr
-            float* out,         // [m, n]
-            int64_t m, int64_t n, int64_t k, float beta = 0.f) {
-  if (m == 0) return;
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * n, bias, n * sizeof(float));
-    beta = 1.f;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.f, x, static_cast<int>(k), w, static_cast<int>(k), beta, out,
-              static_cast<int>(n));
-}
-
 }  // namespace
 
-Qwen2Model::Qwen2Model(Qwen2Config config)
-    : config_(std::move(config)), ws_(std::make_unique<Workspace>()) {}
+Qwen2Model::Qwen2Model(Qwen2Config config, const ModelOptions& options)
+    : config_(std::move(config)),
+      options_(options),
+      shard_(PlanShard(config_, options.comm ? options.comm->rank() : 0,
+                       options.comm ? options.comm->size() : 1)),
+      context_(options.dtype),
+      ws_(std::make_unique<Workspace>()) {}
 
 Qwen2Model::~Qwen2Model() = default;
 
-std::unique_ptr<Qwen2Model> Qwen2Model::Load(const std::string& dir) {
-  std::unique_ptr<Qwen2Model> model(new Qwen2Model(LoadQwen2Config(dir)));
+std::unique_ptr<Qwen2Model> Qwen2Model::Load(const std::string& dir, const ModelOptions& options) {
+  std::unique_ptr<Qwen2Model> model(new Qwen2Model(LoadQwen2Config(dir), options));
   model->LoadWeights(dir);
   return model;
 }
 
-void Qwen2Model::LoadWeights(const std::string& dir) {
-  const Checkpoint ckpt(dir);
-  const Qwen2Config& c = config_;
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
-  const int64_t q_dim = int64_t{c.num_attention_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_key_value_heads} * c.head_dim;
-  embed_tokens_ = ckpt.Read("model.embed_tokens.weight", {c.vocab_size, hidden});
-  // A tied model reuses the embedding matrix as the LM head (HF ignores any lm_head.weight).
-  if (!c.tie_word_embeddings) lm_head_ = ckpt.Read("lm_head.weight", {c.vocab_size, hidden});
-  final_norm_ = ckpt.Read("model.norm.weight", {hidden});
-  layers_.resize(c.num_hidden_layers);
-  for (int32_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    Layer& l = layers_[i];
-    l.input_norm = ckpt.Read(p + "input_layernorm.weight", {hidden});
-    l.q_w = ckpt.Read(p + "self_attn.q_proj.weight", {q_dim, hidden});
-    l.k_w = ckpt.Read(p + "self_attn.k_proj.weight", {kv_dim, hidden});
-    l.v_w = ckpt.Read(p + "self_attn.v_proj.weight", {kv_dim, hidden});
-    l.q_b = ckpt.Read(p + "self_attn.q_proj.bias", {q_dim});
-    l.k_b = ckpt.Read(p + "self_attn.k_proj.bias", {kv_dim});
-    l.v_b = ckpt.Read(p + "self_attn.v_proj.bias", {kv_dim});
-    l.o_w = ckpt.Read(p + "self_attn.o_proj.weight", {hidden, q_dim});
-    l.post_norm = ckpt.Read(p + "post_attention_layernorm.weight", {hidden});
-    l.gate_up_w.resize(2 * inter * hidden);
-    ckpt.Read(p + "mlp.gate_proj.weight", {inter, hidden}, l.gate_up_w.data());
-    ckpt.Read(p + "mlp.up_proj.weight", {inter, hidden}, l.gate_up_w.data() + inter * hidden);
-    l.down_w = ckpt.Read(p + "mlp.down_proj.weight", {hidden, inter});
-  }
+KvCacheLayout Qwen2Model::kv_layout() const {
+  return {config_.num_hidden_layers, shard_.num_kv_heads, config_.head_dim,
+          dtype() == MatmulDtype::kBfloat16 ? kc::KvDtype::kBfloat16 : kc::KvDtype::kFloat32};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,64 +114,96 @@ void Qwen2Model::LoadWeights(const std::string& dir) {
 
 const std::vector<float>& Qwen2Model::Forward(const ForwardBatch& batch, KvCache& cache) {
   const Qwen2Config& c = config_;
-  const int64_t n = batch.num_tokens(), hidden = c.hidden_size;
-  const int64_t q_dim = int64_t{c.num_attention_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_key_value_heads} * c.head_dim;
+  const int64_t n = batch.num_tokens(), hidden = c.hidden_size, d = c.head_dim;
+  const int64_t qkv_dim = int64_t{shard_.num_q_heads + 2 * shard_.num_kv_heads} * d;
   Workspace& ws = *ws_;
   Grow(ws.x, n * hidden);
   Grow(ws.h, n * hidden);
-  Grow(ws.q, n * q_dim);
-  Grow(ws.k, n * kv_dim);
-  Grow(ws.v, n * kv_dim);
-  Grow(ws.attn, n * q_dim);
-  Grow(ws.gate_up, n * 2 * c.intermediate_size);
-  Grow(ws.act, n * c.intermediate_size);
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(ws.x.data() + t * hidden,
-                embed_tokens_.data() + int64_t{batch.token_ids[t]} * hidden,
-                hidden * sizeof(float));
-  }
+  if (options_.comm != nullptr) Grow(ws.partial, n * hidden);
+  Grow(ws.rope, n * d);
+  Grow(ws.qkv, n * qkv_dim);
+  Grow(ws.attn, n * shard_.num_q_heads * d);
+  Grow(ws.gate_up, n * 2 * shard_.inter_size);
+  Grow(ws.act, n * shard_.inter_size);
+  Embed(batch);
+  // Every layer rotates by the same positions: the cos/sin table is computed once per step.
+  kc::RotaryTable(batch.positions.data(), n, c.head_dim, c.rope_theta, ws.rope.data());
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, cache);
   ComputeLogits(batch);
   return ws.logits;
 }
 
+void Qwen2Model::Embed(const ForwardBatch& batch) {
+  const int64_t hidden = config_.hidden_size;
+  float* x = ws_->x.data();
+  const float* table = embed_f32_.empty() ? lm_head_->fp32_weight() : embed_f32_.data();
+  for (int64_t t = 0; t < batch.num_tokens(); ++t) {
+    const int64_t row = int64_t{batch.token_ids[t]} * hidden;
+    if (!embed_bf16_.empty()) {
+      for (int64_t i = 0; i < hidden; ++i) {
+        const uint32_t bits = uint32_t{embed_bf16_[row + i]} << 16;
+        std::memcpy(x + t * hidden + i, &bits, sizeof(float));
+      }
+    } else {
+      std::memcpy(x + t * hidden, table + row, hidden * sizeof(float));
+    }
+  }
+}
+
 void Qwen2Model::RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache) {
-  const Layer& l = layers_[index];
+  Layer& l = layers_[index];
   const int64_t n = batch.num_tokens(), hidden = config_.hidden_size;
   Workspace& ws = *ws_;
   kc::RmsNorm(ws.x.data(), l.input_norm.data(), ws.h.data(), n, hidden, config_.rms_norm_eps);
   Attention(index, batch, cache);
-  // Residual add folded into the GEMM (beta = 1).
-  const int64_t q_dim = int64_t{config_.num_attention_heads} * config_.head_dim;
-  Linear(ws.attn.data(), l.o_w.data(), nullptr, ws.x.data(), n, hidden, q_dim, 1.f);
+  AddToResidual(*l.o_proj, ws.attn.data(), n);
   kc::RmsNorm(ws.x.data(), l.post_norm.data(), ws.h.data(), n, hidden, config_.rms_norm_eps);
-  Mlp(index, static_cast<int32_t>(n));
+  l.gate_up->Forward(ws.h.data(), ws.gate_up.data(), n);
+  kc::SiluAndMul(ws.gate_up.data(), ws.act.data(), n, shard_.inter_size);
+  AddToResidual(*l.down, ws.act.data(), n);
+}
+
+// x += proj(in). Unsharded the projection accumulates into x itself; sharded, each rank holds
+// a partial sum over its slice of the input, summed across ranks first (bitwise identical on
+// every rank, so the replicated residual stream stays identical too).
+void Qwen2Model::AddToResidual(Linear& proj, const float* in, int64_t num_tokens) {
+  Workspace& ws = *ws_;
+  if (options_.comm == nullptr) {
+    proj.Forward(in, ws.x.data(), num_tokens);
+    return;
+  }
+  const int64_t count = num_tokens * config_.hidden_size;
+  proj.Forward(in, ws.partial.data(), num_tokens);
+  options_.comm->AllReduceSum(ws.partial.data(), static_cast<size_t>(count));
+  kc::AddInPlace(ws.x.data(), ws.partial.data(), count);
 }
 
 void Qwen2Model::Attention(int32_t index, const ForwardBatch& batch, KvCache& cache) {
   const Qwen2Config& c = config_;
-  const Layer& l = layers_[index];
-  const int64_t n = batch.num_tokens(), hidden = c.hidden_size;
-  const int64_t q_dim = int64_t{c.num_attention_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_key_value_heads} * c.head_dim;
+  const int64_t n = batch.num_tokens(), d = c.head_dim;
+  const int64_t q_dim = int64_t{shard_.num_q_heads} * d, kv_dim = int64_t{shard_.num_kv_heads} * d;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
   Workspace& ws = *ws_;
-  Linear(ws.h.data(), l.q_w.data(), l.q_b.data(), ws.q.data(), n, q_dim, hidden);
-  Linear(ws.h.data(), l.k_w.data(), l.k_b.data(), ws.k.data(), n, kv_dim, hidden);
-  Linear(ws.h.data(), l.v_w.data(), l.v_b.data(), ws.v.data(), n, kv_dim, hidden);
-  kc::RotaryParams rope{n, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rope_theta};
-  kc::ApplyRotary(rope, batch.positions.data(), ws.q.data(), ws.k.data());
-  const kc::KvCacheShape shape{cache.num_blocks(), cache.block_size(), c.num_key_value_heads,
-                               c.head_dim};
-  kc::WriteKvCache(shape, ws.k.data(), ws.v.data(), batch.slot_mapping.data(), n,
-                   cache.k(index), cache.v(index));
+  layers_[index].qkv->Forward(ws.h.data(), ws.qkv.data(), n);
+  float* q = ws.qkv.data();  // q, k and v are column ranges of each qkv row
+  float* k = q + q_dim;
+  float* v = k + kv_dim;
+  kc::RotaryParams rope{n, shard_.num_q_heads, shard_.num_kv_heads, c.head_dim, c.rope_theta,
+                        qkv_dim, qkv_dim};
+  kc::ApplyRotaryTable(rope, ws.rope.data(), q, k);
+  const kc::KvCacheShape shape{cache.num_blocks(), cache.block_size(), shard_.num_kv_heads,
+                               c.head_dim, cache.layout().dtype};
+  kc::WriteKvCache(shape, k, v, batch.slot_mapping.data(), n, cache.k(index), cache.v(index),
+                   qkv_dim);
   kc::PagedAttentionParams p;
   p.cache = shape;
   p.num_seqs = batch.num_seqs();
-  p.num_heads = c.num_attention_heads;
+  p.num_heads = shard_.num_q_heads;
   p.max_blocks_per_seq = batch.max_blocks_per_seq;
   p.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-  p.q = ws.q.data();
+  p.q_stride = qkv_dim;
+  p.out_stride = q_dim;
+  p.q = q;
   p.k_cache = cache.k(index);
   p.v_cache = cache.v(index);
   p.block_tables = batch.block_tables.data();
@@ -228,16 +211,6 @@ void Qwen2Model::Attention(int32_t index, const ForwardBatch& batch, KvCache& ca
   p.context_lens = batch.context_lens.data();
   p.out = ws.attn.data();
   kc::PagedAttention(p);
-}
-
-void Qwen2Model::Mlp(int32_t index, int32_t num_tokens) {
-  const Layer& l = layers_[index];
-  const int64_t hidden = config_.hidden_size, inter = config_.intermediate_size;
-  Workspace& ws = *ws_;
-  Linear(ws.h.data(), l.gate_up_w.data(), nullptr, ws.gate_up.data(), num_tokens, 2 * inter,
-         hidden);
-  kc::SiluAndMul(ws.gate_up.data(), ws.act.data(), num_tokens, inter);
-  Linear(ws.act.data(), l.down_w.data(), nullptr, ws.x.data(), num_tokens, hidden, inter, 1.f);
 }
 
 void Qwen2Model::ComputeLogits(const ForwardBatch& batch) {
@@ -253,8 +226,26 @@ void Qwen2Model::ComputeLogits(const ForwardBatch& batch) {
   }
   kc::RmsNorm(ws.last.data(), final_norm_.data(), ws.last.data(), rows, hidden,
               config_.rms_norm_eps);
-  const float* head = lm_head_.empty() ? embed_tokens_.data() : lm_head_.data();
-  Linear(ws.last.data(), head, nullptr, ws.logits.data(), rows, vocab, hidden);
+  if (options_.comm == nullptr) {
+    lm_head_->Forward(ws.last.data(), ws.logits.data(), rows);
+    return;
+  }
+  // Vocab-parallel: each rank computes its (padded) slice, then every rank gathers all slices
+  // and drops the padding. Copies only, so the logits are bitwise identical on every rank.
+  const int64_t slice = shard_.vocab_rows, size = shard_.size;
+  Grow(ws.local_logits, rows * slice);
+  Grow(ws.gathered, size * rows * slice);
+  if (rows == 0) return;
+  lm_head_->Forward(ws.last.data(), ws.local_logits.data(), rows);
+  options_.comm->AllGather(ws.local_logits.data(), static_cast<size_t>(rows * slice),
+                           ws.gathered.data());
+  for (int64_t rank = 0; rank < size; ++rank) {
+    const int64_t begin = rank * slice, count = std::min(vocab, begin + slice) - begin;
+    for (int64_t r = 0; r < rows && count > 0; ++r) {
+      std::memcpy(ws.logits.data() + r * vocab + begin,
+                  ws.gathered.data() + (rank * rows + r) * slice, count * sizeof(float));
+    }
+  }
 }
 
 }  // namespace ferry::worker

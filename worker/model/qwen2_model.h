@@ -1,6 +1,9 @@
-// Qwen2 decoder forward pass in fp32 on the CPU, over a ragged batch that mixes prefill chunks
-// and decode tokens, with K/V kept in a paged cache. Knows nothing of sequences or sampling:
-// the runner (qwen2_runner.h) turns per-sequence state into a ForwardBatch.
+// Qwen2 decoder forward pass on the CPU over a ragged batch that mixes prefill chunks and
+// decode tokens, with K/V kept in a paged cache. Matrix products in fp32 (exact) or bf16
+// (linear.h); everything else in fp32. Optionally one tensor-parallel shard (Megatron
+// layout): column-parallel QKV and gate/up, row-parallel o_proj and down_proj followed by an
+// all-reduce, vocab-parallel LM head followed by an all-gather. Knows nothing of sequences or
+// sampling: the runner (qwen2_runner.h) turns per-sequence state into a ForwardBatch.
 #pragma once
 
 #include <cstdint>
@@ -8,30 +11,48 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/paged_attention.h"
+#include "worker/model/linear.h"
 #include "worker/model/qwen2_config.h"
 
 namespace ferry::worker {
 
+class Checkpoint;    // worker/model/safetensors.h
+class Communicator;  // worker/comm/communicator.h
+
+// What one rank's cache holds per layer and slot.
+struct KvCacheLayout {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;  // this rank's KV heads
+  int32_t head_dim = 0;
+  kernels::cpu::KvDtype dtype = kernels::cpu::KvDtype::kFloat32;
+};
+
 // K and V for every layer: each [num_layers, num_blocks, block_size, num_kv_heads, head_dim].
 class KvCache {
  public:
+  KvCache(const KvCacheLayout& layout, int32_t num_blocks, int32_t block_size);
+  // fp32, all of the config's KV heads (an unsharded fp32 model's layout).
   KvCache(const Qwen2Config& config, int32_t num_blocks, int32_t block_size);
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
+  const KvCacheLayout& layout() const { return layout_; }
   // Bytes one block takes across all layers, K and V.
-  static int64_t BytesPerBlock(const Qwen2Config& config, int32_t block_size);
+  static int64_t BytesPerBlock(const KvCacheLayout& layout, int32_t block_size);
+  static int64_t BytesPerBlock(const Qwen2Config& config, int32_t block_size);  // fp32, unsharded
 
-  float* k(int32_t layer) { return k_.get() + layer * layer_stride_; }  // [blocks, bs, kvh, d]
-  float* v(int32_t layer) { return v_.get() + layer * layer_stride_; }  // [blocks, bs, kvh, d]
+  void* k(int32_t layer) { return k_.get() + layer * layer_bytes_; }  // [blocks, bs, kvh, d]
+  void* v(int32_t layer) { return v_.get() + layer * layer_bytes_; }  // [blocks, bs, kvh, d]
 
  private:
+  KvCacheLayout layout_;
   int32_t num_blocks_;
   int32_t block_size_;
-  int64_t layer_stride_;
+  int64_t layer_bytes_;
   // Left uninitialised: a slot is only read after the step that wrote it.
-  std::unique_ptr<float[]> k_;
-  std::unique_ptr<float[]> v_;
+  std::unique_ptr<uint8_t[]> k_;
+  std::unique_ptr<uint8_t[]> v_;
 };
 
 // One step's tokens, flattened over sequences. Sequence s owns token rows
@@ -54,34 +75,66 @@ struct ForwardBatch {
                    bool want_last_logits);
 };
 
+struct ModelOptions {
+  MatmulDtype dtype = MatmulDtype::kFloat32;
+  // Tensor parallelism: load and run shard comm->rank() of comm->size(). Not owned.
+  Communicator* comm = nullptr;
+};
+
+// This rank's slice of the heads, the MLP and the vocabulary (all of them when unsharded).
+struct ShardPlan {
+  int32_t rank = 0;
+  int32_t size = 1;
+  int32_t q_head_begin = 0, num_q_heads = 0;    // query heads [begin, begin + num)
+  int32_t kv_head_begin = 0, num_kv_heads = 0;  // KV heads; replicated when fewer than ranks
+  int64_t inter_begin = 0, inter_size = 0;      // intermediate columns
+  int64_t vocab_begin = 0, vocab_rows = 0;      // LM head rows; vocab_rows * size >= vocab
+};
+// Throws std::runtime_error when the model cannot be split that way.
+ShardPlan PlanShard(const Qwen2Config& config, int32_t rank, int32_t size);
+
 class Qwen2Model {
  public:
-  // Reads config.json, generation_config.json and the safetensors weights (converted to fp32).
-  // Throws std::runtime_error naming the file and tensor on any problem.
-  static std::unique_ptr<Qwen2Model> Load(const std::string& dir);
+  // Reads config.json, generation_config.json and this rank's share of the safetensors
+  // weights. Throws std::runtime_error naming the file and tensor on any problem.
+  static std::unique_ptr<Qwen2Model> Load(const std::string& dir,
+                                          const ModelOptions& options = {});
   ~Qwen2Model();
 
   const Qwen2Config& config() const { return config_; }
+  const ShardPlan& shard() const { return shard_; }
+  MatmulDtype dtype() const { return context_.dtype(); }
+  // The cache this model's Forward expects (bf16 K/V for a bf16 model).
+  KvCacheLayout kv_layout() const;
 
   // Runs every layer for the batch, writing its K/V into the cache, and returns the logits of
-  // batch.logits_rows: [logits_rows.size(), vocab_size], valid until the next call.
-  // The batch must be consistent (the runner validates it); this does not re-check.
+  // batch.logits_rows: [logits_rows.size(), vocab_size], valid until the next call; identical
+  // on every rank. The batch must be consistent (the runner validates it); this does not
+  // re-check.
   const std::vector<float>& Forward(const ForwardBatch& batch, KvCache& cache);
 
  private:
   struct Layer;
   struct Workspace;
-  explicit Qwen2Model(Qwen2Config config);
+  Qwen2Model(Qwen2Config config, const ModelOptions& options);
 
   void LoadWeights(const std::string& dir);
+  void LoadLayer(const Checkpoint& ckpt, int32_t index);
+  void Embed(const ForwardBatch& batch);
   void RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void Attention(int32_t index, const ForwardBatch& batch, KvCache& cache);
-  void Mlp(int32_t index, int32_t num_tokens);
+  void AddToResidual(Linear& proj, const float* in, int64_t num_tokens);
   void ComputeLogits(const ForwardBatch& batch);
 
   Qwen2Config config_;
-  std::vector<float> embed_tokens_;  // [vocab, hidden]
-  std::vector<float> lm_head_;       // [vocab, hidden]; empty when tied to embed_tokens_
+  ModelOptions options_;
+  ShardPlan shard_;
+  MatmulContext context_;
+  // Token embeddings, replicated on every rank: fp32 or bf16 [vocab, hidden]. Both empty for
+  // an unsharded fp32 model with tied embeddings, which reads the LM head's weights instead.
+  std::vector<float> embed_f32_;
+  std::vector<uint16_t> embed_bf16_;
+  std::unique_ptr<Linear> lm_head_;  // this rank's [vocab_rows, hidden]
   std::vector<float> final_norm_;    // [hidden]
   std::vector<Layer> layers_;
   std::unique_ptr<Workspace> ws_;

@@ -16,9 +16,10 @@ std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq_id); }
 
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 
-int32_t DeriveNumBlocks(const RunnerOptions& options, const Qwen2Config& config) {
+int32_t DeriveNumBlocks(const RunnerOptions& options, const KvCacheLayout& layout) {
   if (options.num_kv_blocks > 0) return options.num_kv_blocks;
-  const int64_t per_block = KvCache::BytesPerBlock(config, options.block_size);
+  // Per rank: a tensor-parallel rank caches only its KV heads, so the budget holds more blocks.
+  const int64_t per_block = KvCache::BytesPerBlock(layout, options.block_size);
   const int64_t blocks = options.kv_cache_bytes / per_block;
   if (blocks < 1) {
     throw std::runtime_error(options.model_dir + ": kv_cache_bytes " +
@@ -35,26 +36,33 @@ std::unique_ptr<ModelRunner> ModelRunner::Create(const RunnerOptions& options) {
 }
 
 Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
-  if (options.dtype != "float32") {
-    throw std::runtime_error(options.model_dir + ": compute dtype " + options.dtype +
-                             " unsupported on CPU (only float32)");
+  ModelOptions model_options;
+  try {
+    model_options.dtype = ParseMatmulDtype(options.dtype);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(options.model_dir + ": " + e.what());
   }
+  model_options.comm = options.comm;
   if (options.block_size <= 0) throw std::runtime_error("block_size must be positive");
   if (options.num_threads > 0) {
     omp_set_num_threads(options.num_threads);
     openblas_set_num_threads(options.num_threads);
   }
-  model_ = Qwen2Model::Load(options.model_dir);
+  model_ = Qwen2Model::Load(options.model_dir, model_options);
   const Qwen2Config& c = model_->config();
   info_.model = c.name;
-  info_.dtype = "float32";
+  info_.dtype = options.dtype;
+  info_.tp_rank = model_->shard().rank;
+  info_.tp_size = model_->shard().size;
   info_.block_size = options.block_size;
-  info_.num_kv_blocks = DeriveNumBlocks(options, c);
+  info_.num_kv_blocks = DeriveNumBlocks(options, model_->kv_layout());
   info_.max_model_len = options.max_model_len > 0 ? options.max_model_len
                                                   : c.max_position_embeddings;
   info_.vocab_size = c.vocab_size;
   info_.eos_token_ids = c.eos_token_ids;
-  cache_ = std::make_unique<KvCache>(c, info_.num_kv_blocks, info_.block_size);
+  info_.generation_defaults = {c.default_temperature, c.default_top_p, c.default_top_k, c.default_min_p,
+                               c.default_repetition_penalty};
+  cache_ = std::make_unique<KvCache>(model_->kv_layout(), info_.num_kv_blocks, info_.block_size);
 }
 
 std::vector<SampledTokenOut> Qwen2Runner::Step(const StepSpec& step) {
@@ -83,11 +91,8 @@ void Qwen2Runner::ValidateNew(const NewSequenceSpec& seq) const {
     Invalid(Id(seq.seq_id) + ": num_generated " + std::to_string(seq.num_generated) +
             " outside [0, " + std::to_string(seq.token_ids.size()) + "]");
   }
-  const SamplingOptions& s = seq.sampling;
-  if (!(s.temperature >= 0.f) || !(s.top_p > 0.f && s.top_p <= 1.f) || s.top_k < 0) {
-    Invalid(Id(seq.seq_id) + ": bad sampling options (temperature " +
-            std::to_string(s.temperature) + ", top_p " + std::to_string(s.top_p) + ", top_k " +
-            std::to_string(s.top_k) + ")");
+  if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
+    Invalid(Id(seq.seq_id) + ": bad sampling options: " + bad);
   }
 }
 
@@ -152,7 +157,9 @@ void Qwen2Runner::Apply(const StepSpec& step) {
   for (uint64_t id : step.finished_ids) seqs_.erase(id);
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
   for (const NewSequenceSpec& n : step.new_sequences) {
-    seqs_[n.seq_id] = Sequence{n.token_ids, 0, {}, n.sampling, n.num_generated};
+    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, 0, {}, n.sampling, n.num_generated};
+    // After a preemption token_ids ends with the num_generated tokens sampled before it.
+    if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -184,11 +191,13 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   const int32_t vocab = info_.vocab_size;
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];
-    const int32_t token =
-        sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling, seq.num_generated);
-    seq.token_ids.push_back(token);
+    SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
+                                     &seq.counts, seq.num_generated);
+    seq.token_ids.push_back(r.token_id);
     ++seq.num_generated;
-    out.push_back({sampling_ids[i], token});
+    if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);
+    out.push_back({sampling_ids[i], r.token_id, seq.sampling.logprobs >= 0, r.logprob,
+                   std::move(r.top_logprobs)});
   }
   return out;
 }

@@ -33,6 +33,9 @@ class Qwen2Runner final : public ModelRunner {
     std::vector<int32_t> block_table;  // physical block ids, in position order
     SamplingOptions sampling;
     int32_t num_generated = 0;         // index of the next draw in the seeded stream
+    // Occurrences of token_ids for penalties, rebuilt when (re)sent and extended per sample;
+    // left empty when the options have no penalty.
+    TokenCounts counts;
   };
 
   // Throws std::invalid_argument (state untouched) unless the whole step can be applied.

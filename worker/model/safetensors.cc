@@ -225,6 +225,27 @@ void SafetensorsFile::ReadFloat32(const std::string& name, float* dst) const {
   }
 }
 
+void SafetensorsFile::ReadFloat32Block(const std::string& name, int64_t row_begin,
+                                       int64_t row_end, int64_t col_begin, int64_t col_end,
+                                       float* dst) const {
+  const TensorInfo& info = Info(name);
+  const int64_t rows = info.shape.empty() ? 1 : info.shape[0];
+  const int64_t cols = rows == 0 ? 0 : info.num_elements() / rows;
+  if (row_begin < 0 || row_end > rows || row_begin > row_end || col_begin < 0 ||
+      col_end > cols || col_begin > col_end) {
+    throw std::runtime_error(path_ + ": tensor " + name + ": block [" +
+                             std::to_string(row_begin) + ", " + std::to_string(row_end) + ") x [" +
+                             std::to_string(col_begin) + ", " + std::to_string(col_end) +
+                             ") outside " + ShapeString(info.shape));
+  }
+  const size_t element = DtypeSize(info.dtype);
+  const int64_t width = col_end - col_begin;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* src = data_ + info.begin + (r * cols + col_begin) * element;
+    ConvertToFloat(info.dtype, src, static_cast<size_t>(width), dst + (r - row_begin) * width);
+  }
+}
+
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
@@ -272,6 +293,22 @@ void Checkpoint::Read(const std::string& name, const std::vector<int64_t>& shape
                              ShapeString(info.shape) + ", expected " + ShapeString(shape));
   }
   it->second->ReadFloat32(name, dst);
+}
+
+void Checkpoint::ReadBlock(const std::string& name, const std::vector<int64_t>& shape,
+                           int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
+                           float* dst) const {
+  const auto it = owner_.find(name);
+  if (it == owner_.end()) {
+    const std::string where = files_.size() == 1 ? files_[0]->path() : dir_ + " (sharded)";
+    throw std::runtime_error(where + ": missing tensor " + name);
+  }
+  const TensorInfo& info = it->second->Info(name);
+  if (info.shape != shape) {
+    throw std::runtime_error(it->second->path() + ": tensor " + name + " has shape " +
+                             ShapeString(info.shape) + ", expected " + ShapeString(shape));
+  }
+  it->second->ReadFloat32Block(name, row_begin, row_end, col_begin, col_end, dst);
 }
 
 std::vector<float> Checkpoint::Read(const std::string& name,

@@ -54,6 +54,11 @@ class SafetensorsFile {
   const TensorInfo& Info(const std::string& name) const;
   // Copies the tensor, converted to fp32, into dst (num_elements floats).
   void ReadFloat32(const std::string& name, float* dst) const;
+  // Copies rows [row_begin, row_end) x columns [col_begin, col_end) of the tensor viewed as
+  // [shape[0], product of the other dims] (a 1-D tensor has one column), as fp32, into dst:
+  // [row_end - row_begin, col_end - col_begin]. Ranges must be in bounds.
+  void ReadFloat32Block(const std::string& name, int64_t row_begin, int64_t row_end,
+                        int64_t col_begin, int64_t col_end, float* dst) const;
 
  private:
   std::string path_;
@@ -74,6 +79,10 @@ class Checkpoint {
   // naming the file and tensor when it is missing or its shape differs.
   void Read(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
   std::vector<float> Read(const std::string& name, const std::vector<int64_t>& shape) const;
+  // A block of a tensor that must have exactly `shape` (see SafetensorsFile::ReadFloat32Block):
+  // how a tensor-parallel rank reads only its shard.
+  void ReadBlock(const std::string& name, const std::vector<int64_t>& shape, int64_t row_begin,
+                 int64_t row_end, int64_t col_begin, int64_t col_end, float* dst) const;
 
  private:
   std::string dir_;

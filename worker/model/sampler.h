@@ -1,9 +1,12 @@
-// Token sampling from one row of logits. Deterministic given (logits, options, sample index):
-// the random draw is a pure function of (seed, index), so a sequence samples the same tokens
-// whatever else shares its batch and after preemption and recompute.
+// Token sampling from one row of logits. Deterministic given (logits, options, history, sample
+// index): the random draw is a pure function of (seed, index) and the history is rebuilt from
+// the tokens a sequence is (re)sent with, so a sequence samples the same tokens whatever else
+// shares its batch and after preemption and recompute.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -14,17 +17,81 @@ namespace ferry::worker {
 // Uniform in [0, 1) from a counter-based generator: splitmix64 over the pair. No state.
 double CounterUniform(uint64_t seed, uint64_t counter);
 
-class Sampler {
+// Largest SamplingOptions.logprobs accepted.
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// Empty when the options are within the documented ranges, else what is wrong with them.
+std::string CheckSamplingOptions(const SamplingOptions& options);
+
+// Whether any penalty is on, i.e. whether sampling needs the sequence's TokenCounts.
+bool HasPenalties(const SamplingOptions& options);
+
+// The distinct tokens a sequence has seen, with how often each was generated, kept up to date
+// one token at a time so a penalty step costs O(distinct tokens), never O(vocab) or O(length).
+class TokenCounts {
  public:
-  // temperature 0 (or below 1e-5): argmax, lowest id on ties. Otherwise logits / temperature,
-  // keep the top_k most likely (when top_k > 0), then the smallest most-likely set whose
-  // probability mass reaches top_p, renormalise and draw with CounterUniform(seed, index).
-  int32_t Sample(const float* logits,  // [vocab]
-                 int32_t vocab, const SamplingOptions& options, int32_t sample_index);
+  struct Entry {
+    int32_t token_id = 0;
+    int32_t num_generated = 0;  // occurrences among generated tokens
+    bool in_prompt = false;
+  };
+
+  // token_ids: the prompt followed by the last num_generated tokens, which were generated.
+  void Reset(const std::vector<int32_t>& token_ids, int32_t num_generated);
+  void AddGenerated(int32_t token_id);
+  // One entry per distinct token, in first-seen order.
+  const std::vector<Entry>& entries() const { return entries_; }
 
  private:
-  std::vector<std::pair<float, int32_t>> candidates_;  // (scaled logit, id), reused
-  std::vector<double> probs_;                          // reused
+  Entry& Find(int32_t token_id);
+
+  std::vector<Entry> entries_;
+  std::unordered_map<int32_t, int32_t> index_;  // token id -> position in entries_
+};
+
+// Applies repetition, then frequency and presence penalties (vLLM's order) to logits in place,
+// touching only the tokens in counts.
+void ApplyPenalties(float* logits,  // [vocab]
+                    const SamplingOptions& options, const TokenCounts& counts);
+
+struct SampleResult {
+  int32_t token_id = 0;
+  float logprob = 0.f;  // of token_id under the raw logits; set when options.logprobs >= 0
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // most likely first, ties by lower id
+};
+
+class Sampler {
+ public:
+  // Order: penalties, temperature, top-k, top-p, min-p, draw. Temperature 0 (or below 1e-5):
+  // argmax of the penalised logits, lowest id on ties. Otherwise logits / temperature, keep the
+  // top_k most likely (when top_k > 0), then the smallest most-likely set whose mass reaches
+  // top_p, then drop tokens with p < min_p * max p, renormalise and draw with
+  // CounterUniform(seed, sample_index). Logprobs are of the raw logits. A null history
+  // skips the penalties.
+  SampleResult Sample(const float* logits,  // [vocab]
+                      int32_t vocab, const SamplingOptions& options, const TokenCounts* history,
+                      int32_t sample_index);
+  // The token only, without history (penalties are then no-ops).
+  int32_t Sample(const float* logits, int32_t vocab, const SamplingOptions& options,
+                 int32_t sample_index) {
+    return Sample(logits, vocab, options, nullptr, sample_index).token_id;
+  }
+
+ private:
+  struct Candidate {
+    float logit;  // after penalties and temperature
+    int32_t id;
+  };
+  int32_t Draw(int32_t vocab, const SamplingOptions& options, int32_t sample_index);
+  size_t SelectTopK(size_t k, int32_t vocab);
+  size_t NucleusSize(size_t end, float max_logit, double target);
+  void FillLogprobs(const float* logits, int32_t vocab, int32_t num_top, SampleResult* out);
+
+  // Scratch reused across calls so a call allocates nothing vocab-sized once warm.
+  std::vector<float> penalized_;       // [vocab]
+  std::vector<Candidate> candidates_;  // [vocab]
+  std::vector<double> weights_;        // [kept] exp(logit - max)
+  std::vector<Candidate> top_;         // bounded heap for small top-k and logprobs
 };
 
 // argmax with the lowest id winning ties.

@@ -1,0 +1,149 @@
+#include "worker/model/linear.h"
+
+#include <cblas.h>
+
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace ferry::worker {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// Row count whose primitive chooses the weight layout at load. oneDNN's brgemm matmul picks
+// the same blocked layout for every m on the shapes measured (1..512); a primitive for another
+// m that would want a different one is created with this layout forced instead.
+constexpr int64_t kLayoutRows = 16;
+
+}  // namespace
+
+MatmulDtype ParseMatmulDtype(const std::string& dtype) {
+  if (dtype == "float32") return MatmulDtype::kFloat32;
+  if (dtype == "bfloat16") return MatmulDtype::kBfloat16;
+  throw std::invalid_argument("unsupported CPU dtype " + dtype + " (float32 or bfloat16)");
+}
+
+struct MatmulContext::Dnnl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+MatmulContext::MatmulContext(MatmulDtype dtype) : dtype_(dtype) {
+  if (dtype == MatmulDtype::kBfloat16) dnnl_ = std::make_unique<Dnnl>();
+}
+
+MatmulContext::~MatmulContext() = default;
+
+// The weights in oneDNN's layout and one primitive per row count seen so far. A step has
+// few distinct row counts (decode batch sizes, prefill chunk sizes), each created once
+// (~0.3 ms) and kept.
+struct Linear::Primitives {
+  dnnl::memory::desc weights_md;
+  dnnl::memory weights;
+  dnnl::memory bias;  // empty when the layer has none
+  std::unordered_map<int64_t, dnnl::matmul> by_rows;
+};
+
+Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int64_t k,
+               std::vector<float> bias, bool accumulate)
+    : context_(context), n_(n), k_(k), accumulate_(accumulate), bias_(std::move(bias)) {
+  if (static_cast<int64_t>(weight.size()) != n * k) {
+    throw std::invalid_argument("Linear: weight has " + std::to_string(weight.size()) +
+                                " values, expected " + std::to_string(n * k));
+  }
+  if (context->dtype() == MatmulDtype::kFloat32) {
+    weight_f32_ = std::move(weight);
+    return;
+  }
+  MatmulContext::Dnnl& d = *context->dnnl_;
+  prims_ = std::make_unique<Primitives>();
+  // [n, k] row-major is oneDNN's {k, n} weights in tag ba.
+  std::vector<uint16_t> plain(weight.size());
+  kernels::cpu::ConvertToBf16(weight.data(), plain.data(), n * k);
+  std::vector<float>().swap(weight);
+  dnnl::memory plain_mem({{k, n}, dt::bf16, tag::ba}, d.engine, plain.data());
+  const dnnl::memory::desc any({k, n}, dt::bf16, tag::any);
+  const dnnl::memory::desc src({kLayoutRows, k}, dt::bf16, tag::ab);
+  const dnnl::memory::desc dst({kLayoutRows, n}, dt::f32, tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, any, dst), d.engine);
+  prims_->weights_md = pd.weights_desc();
+  prims_->weights = dnnl::memory(prims_->weights_md, d.engine);
+  dnnl::reorder(plain_mem, prims_->weights).execute(d.stream, plain_mem, prims_->weights);
+  if (!bias_.empty()) {
+    prims_->bias = dnnl::memory({{1, n}, dt::f32, tag::ab}, d.engine);
+    std::memcpy(prims_->bias.get_data_handle(), bias_.data(), n * sizeof(float));
+  }
+  d.stream.wait();
+}
+
+Linear::~Linear() = default;
+Linear::Linear(Linear&&) noexcept = default;
+Linear& Linear::operator=(Linear&&) noexcept = default;
+
+int64_t Linear::weight_bytes() const {
+  return prims_ ? static_cast<int64_t>(prims_->weights_md.get_size())
+                : static_cast<int64_t>(weight_f32_.size() * sizeof(float));
+}
+
+void Linear::Forward(const float* x, float* out, int64_t m) {
+  if (m == 0) return;
+  if (prims_) {
+    ForwardBfloat16(x, out, m);
+  } else {
+    ForwardFloat32(x, out, m);
+  }
+}
+
+void Linear::ForwardFloat32(const float* x, float* out, int64_t m) const {
+  float beta = accumulate_ ? 1.f : 0.f;
+  if (!bias_.empty()) {
+    for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * n_, bias_.data(), n_ * sizeof(float));
+    beta = 1.f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n_),
+              static_cast<int>(k_), 1.f, x, static_cast<int>(k_), weight_f32_.data(),
+              static_cast<int>(k_), beta, out, static_cast<int>(n_));
+}
+
+void Linear::ForwardBfloat16(const float* x, float* out, int64_t m) {
+  MatmulContext::Dnnl& d = *context_->dnnl_;
+  const dnnl::memory::desc src_md({m, k_}, dt::bf16, tag::ab);
+  const dnnl::memory::desc dst_md({m, n_}, dt::f32, tag::ab);
+  auto it = prims_->by_rows.find(m);
+  if (it == prims_->by_rows.end()) {
+    dnnl::primitive_attr attr;
+    if (accumulate_) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.f);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::memory::desc bias_md =
+        bias_.empty() ? dnnl::memory::desc() : dnnl::memory::desc({1, n_}, dt::f32, tag::ab);
+    const dnnl::memory::desc any({k_, n_}, dt::bf16, tag::any);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, any, bias_md, dst_md), attr,
+                                    d.engine);
+    if (pd.weights_desc() != prims_->weights_md) {
+      pd = dnnl::matmul::primitive_desc(
+          dnnl::matmul::desc(src_md, prims_->weights_md, bias_md, dst_md), attr, d.engine);
+    }
+    it = prims_->by_rows.emplace(m, dnnl::matmul(pd)).first;
+  }
+  std::vector<uint16_t>& x_bf16 = context_->x_bf16_;
+  if (static_cast<int64_t>(x_bf16.size()) < m * k_) x_bf16.resize(m * k_);
+  kernels::cpu::ConvertToBf16(x, x_bf16.data(), m * k_);
+  dnnl::memory src(src_md, d.engine, x_bf16.data());
+  dnnl::memory dst(dst_md, d.engine, out);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, prims_->weights}, {DNNL_ARG_DST, dst}};
+  if (!bias_.empty()) args.emplace(DNNL_ARG_BIAS, prims_->bias);
+  it->second.execute(d.stream, args);
+  d.stream.wait();
+}
+
+}  // namespace ferry::worker

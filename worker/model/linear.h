@@ -1,0 +1,73 @@
+// Dense layers y = x W^T (+ bias) (+ y) for the CPU engine, in one of two numeric modes:
+//  - kFloat32: fp32 weights and activations through OpenBLAS sgemm. Exact; the parity tests
+//    with transformers use it.
+//  - kBfloat16: weights converted to bf16 once at load and reordered into the blocked layout
+//    oneDNN picks for them; activations rounded to bf16 per call; fp32 accumulation and output.
+//    oneDNN primitives are created once per distinct row count and reused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ferry::worker {
+
+enum class MatmulDtype { kFloat32, kBfloat16 };
+
+// "float32" | "bfloat16" -> MatmulDtype; throws std::invalid_argument otherwise.
+MatmulDtype ParseMatmulDtype(const std::string& dtype);
+
+// Shared by every Linear of one model: the oneDNN engine and stream, and a grow-only bf16
+// scratch for the activations of the current call. Not thread-safe (one model, one caller).
+class MatmulContext {
+ public:
+  explicit MatmulContext(MatmulDtype dtype);
+  ~MatmulContext();
+  MatmulDtype dtype() const { return dtype_; }
+
+ private:
+  friend class Linear;
+  struct Dnnl;
+  MatmulDtype dtype_;
+  std::unique_ptr<Dnnl> dnnl_;  // null in kFloat32 mode
+  std::vector<uint16_t> x_bf16_;  // [m, k] of the call in progress
+};
+
+class Linear {
+ public:
+  // weight: [n, k] row-major (Hugging Face's [out_features, in_features]); bias: [n] or empty.
+  // accumulate: Forward adds into out (the residual stream) instead of overwriting it.
+  Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int64_t k,
+         std::vector<float> bias, bool accumulate);
+  ~Linear();
+  Linear(Linear&&) noexcept;
+  Linear& operator=(Linear&&) noexcept;
+
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  // The fp32 weights, [n, k]; nullptr in bf16 mode (they were converted and released).
+  const float* fp32_weight() const { return weight_f32_.empty() ? nullptr : weight_f32_.data(); }
+  // Bytes the weights occupy.
+  int64_t weight_bytes() const;
+
+  // out = x W^T + bias, or out += x W^T when accumulating.
+  void Forward(const float* x,  // [m, k]
+               float* out,      // [m, n]
+               int64_t m);
+
+ private:
+  struct Primitives;
+  void ForwardFloat32(const float* x, float* out, int64_t m) const;
+  void ForwardBfloat16(const float* x, float* out, int64_t m);
+
+  MatmulContext* context_;
+  int64_t n_ = 0;
+  int64_t k_ = 0;
+  bool accumulate_ = false;
+  std::vector<float> weight_f32_;  // [n, k]; kFloat32 only
+  std::vector<float> bias_;        // [n] or empty
+  std::unique_ptr<Primitives> prims_;  // kBfloat16 only: blocked weights + per-m primitives
+};
+
+}  // namespace ferry::worker

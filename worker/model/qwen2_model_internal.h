@@ -1,0 +1,41 @@
+// Qwen2Model's per-layer weights and activation workspace, shared by qwen2_model.cc (forward)
+// and qwen2_weights.cc (loading). Not for other users.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "worker/model/linear.h"
+#include "worker/model/qwen2_model.h"
+
+namespace ferry::worker {
+
+// One decoder layer as this rank holds it (see ShardPlan). Fused projections: qkv produces
+// [q | k | v] per row, gate_up produces [gate | up] per row.
+struct Qwen2Model::Layer {
+  std::vector<float> input_norm;  // [hidden]
+  std::vector<float> post_norm;   // [hidden]
+  std::optional<Linear> qkv;      // [(q_heads + 2 * kv_heads) * d, hidden], with bias
+  std::optional<Linear> o_proj;   // [hidden, q_heads * d]
+  std::optional<Linear> gate_up;  // [2 * inter, hidden]
+  std::optional<Linear> down;     // [hidden, inter]
+};
+
+// Activation buffers reused across steps; they only grow, so steady decoding allocates
+// nothing. Sizes are per this rank's shard.
+struct Qwen2Model::Workspace {
+  std::vector<float> x;        // [num_tokens, hidden] residual stream
+  std::vector<float> h;        // [num_tokens, hidden] normed input of a block
+  std::vector<float> partial;  // [num_tokens, hidden] a row-parallel projection before all-reduce
+  std::vector<float> rope;     // [num_tokens, head_dim] cos | sin per token
+  std::vector<float> qkv;      // [num_tokens, (q_heads + 2 * kv_heads) * d]
+  std::vector<float> attn;     // [num_tokens, q_heads * d]
+  std::vector<float> gate_up;  // [num_tokens, 2 * inter]
+  std::vector<float> act;      // [num_tokens, inter]
+  std::vector<float> last;     // [num_logits_rows, hidden]
+  std::vector<float> local_logits;  // [num_logits_rows, vocab_rows] this rank's vocab slice
+  std::vector<float> gathered;      // [size, num_logits_rows, vocab_rows]
+  std::vector<float> logits;        // [num_logits_rows, vocab]
+};
+
+}  // namespace ferry::worker
