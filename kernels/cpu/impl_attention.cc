@@ -36,10 +36,57 @@ inline void LoadRow(const void* cache, KvDtype dtype, int64_t element, int32_t d
   for (; i < padded; ++i) dst[i] = 0.f;
 }
 
-inline float Dot(const float* a, const float* b, int64_t padded) {  // a, b [padded]
-  V16 acc = Load(a) * Load(b);
-  for (int64_t i = kLanes; i < padded; i += kLanes) acc += Load(a + i) * Load(b + i);
-  return ReduceAdd(acc);
+// out[k] = sum of the lanes of v[k]: four rounds of pairwise shuffles, so 16 dot products
+// cost one reduction instead of sixteen.
+inline V16 TransposeSum(const V16* v) {  // v [16]
+  V16 s1[8], s2[4], s3[2];
+  for (int m = 0; m < 8; ++m) {
+    const V16 a = v[2 * m], b = v[2 * m + 1];
+    s1[m] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const V16 a = s1[2 * m], b = s1[2 * m + 1];
+    s2[m] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+            __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+  for (int m = 0; m < 2; ++m) {
+    const V16 a = s2[2 * m], b = s2[2 * m + 1];
+    s3[m] = __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+            __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  }
+  return __builtin_shufflevector(s3[0], s3[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(s3[0], s3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// Scores of one query row against 16 consecutive keys. kVecs = padded head_dim / 16, a
+// template parameter so the query and the accumulators stay in registers.
+template <int kVecs>
+inline V16 Scores16(const float* q, const float* k, int64_t dim) {  // q [dim], k [16, dim]
+  V16 qv[kVecs];
+  for (int i = 0; i < kVecs; ++i) qv[i] = Load(q + i * kLanes);
+  V16 acc[16];
+  for (int kk = 0; kk < 16; ++kk) {
+    const float* row = k + kk * dim;
+    V16 a = qv[0] * Load(row);
+    for (int i = 1; i < kVecs; ++i) a += qv[i] * Load(row + i * kLanes);
+    acc[kk] = a;
+  }
+  return TransposeSum(acc);
+}
+
+// acc[0..kVecs) = sum over keys j < visible of w[j] * v[j]; the accumulators stay in registers.
+template <int kVecs>
+inline void WeightedSum(const float* w, const float* v, int32_t visible, int64_t dim,
+                        float* out) {  // w [visible], v [keys, dim], out [dim]
+  V16 acc[kVecs];
+  for (int i = 0; i < kVecs; ++i) acc[i] = Splat(0.f);
+  for (int32_t j = 0; j < visible; ++j) {
+    const V16 wj = Splat(w[j]);
+    const float* row = v + j * dim;
+    for (int i = 0; i < kVecs; ++i) acc[i] += wj * Load(row + i * kLanes);
+  }
+  for (int i = 0; i < kVecs; ++i) Store(out + i * kLanes, acc[i]);
 }
 
 struct TaskView {
@@ -59,19 +106,21 @@ struct TaskView {
                          pos % c.block_size;
     return (slot * c.num_kv_heads + kv_head) * c.head_dim;
   }
-  // First row that sees key position j (causal).
-  int64_t FirstRow(int32_t j) const { return j <= first_pos ? 0 : (j - first_pos) * group; }
+  // Keys visible to row r (causal).
+  int32_t Visible(int64_t r) const { return first_pos + static_cast<int32_t>(r / group) + 1; }
 };
 
-void Scores(const TaskView& t, int32_t kv_head, int32_t num_keys, const float* q,  // [rows, dim]
-            float* row_buf, float* scores) {  // row_buf [dim], scores [rows, keys]
+// Converts the task's K and V rows to fp32 once (zero past num_keys): every query row of the
+// task reuses them from L1/L2.
+void GatherKv(const TaskView& t, int32_t kv_head, int32_t num_keys, float* k,
+              float* v) {  // k, v [keys, dim]
   const PagedAttentionParams& p = *t.p;
   for (int32_t j = 0; j < num_keys; ++j) {
-    LoadRow(p.k_cache, p.cache.dtype, t.Element(j, kv_head), p.cache.head_dim, t.dim, row_buf);
-    for (int64_t r = t.FirstRow(j); r < t.rows; ++r) {
-      scores[r * t.keys + j] = Dot(q + r * t.dim, row_buf, t.dim) * p.scale;
-    }
+    const int64_t element = t.Element(j, kv_head);
+    LoadRow(p.k_cache, p.cache.dtype, element, p.cache.head_dim, t.dim, k + j * t.dim);
+    LoadRow(p.v_cache, p.cache.dtype, element, p.cache.head_dim, t.dim, v + j * t.dim);
   }
+  std::memset(k + num_keys * t.dim, 0, (t.keys - num_keys) * t.dim * sizeof(float));
 }
 
 // Softmax numerators in place (zero past each row's last visible key); returns 1 / sum.
@@ -96,6 +145,39 @@ float SoftmaxRow(float* scores, int32_t visible, int64_t padded) {  // scores [p
   return 1.f / ReduceAdd(sum);
 }
 
+// One query row: scores, softmax, weighted sum of values into out (unnormalised); returns the
+// softmax's 1 / sum. Depends only on this row's query and visible keys, so a query's result is
+// the same whatever else shares its task or batch.
+template <int kVecs>
+float AttendRow(const TaskView& t, int32_t visible, const float* q, const float* k, const float* v,
+                float* scores, float* out) {  // q [dim], k/v [keys, dim], scores [keys], out [dim]
+  const int64_t blocks = RoundUpLanes(visible);
+  for (int64_t j = 0; j < blocks; j += kLanes) {
+    Store(scores + j, Scores16<kVecs>(q, k + j * t.dim, t.dim) * t.p->scale);
+  }
+  const float inv_sum = SoftmaxRow(scores, visible, blocks);
+  WeightedSum<kVecs>(scores, v, visible, t.dim, out);
+  return inv_sum;
+}
+
+using AttendRowFn = float (*)(const TaskView&, int32_t, const float*, const float*, const float*,
+                              float*, float*);
+
+AttendRowFn PickAttendRow(int64_t dim) {
+  switch (dim / kLanes) {
+    case 4: return AttendRow<4>;   // head_dim 64 (Qwen2.5-0.5B)
+    case 8: return AttendRow<8>;   // head_dim 128
+    case 1: return AttendRow<1>;
+    case 2: return AttendRow<2>;
+    case 3: return AttendRow<3>;
+    case 5: return AttendRow<5>;
+    case 6: return AttendRow<6>;
+    case 7: return AttendRow<7>;
+    case 16: return AttendRow<16>;  // head_dim 256
+    default: return nullptr;
+  }
+}
+
 void RunTask(const PagedAttentionParams& p, const AttentionTask& task, float* scratch) {
   TaskView t;
   t.p = &p;
@@ -108,35 +190,21 @@ void RunTask(const PagedAttentionParams& p, const AttentionTask& task, float* sc
   t.keys = RoundUpLanes(num_keys);
   t.dim = RoundUpLanes(p.cache.head_dim);
   const int32_t d = p.cache.head_dim;
-  float* scores = scratch;                 // [rows, keys]
-  float* q = scores + t.rows * t.keys;     // [rows, dim]
-  float* acc = q + t.rows * t.dim;         // [rows, dim]
-  float* row_buf = acc + t.rows * t.dim;   // [dim]
-  float* inv_sum = row_buf + t.dim;        // [rows]
+  float* scores = scratch;                 // [keys]
+  float* q = scores + t.keys;              // [dim]
+  float* out = q + t.dim;                  // [dim]
+  float* k = out + t.dim;                  // [keys, dim]
+  float* v = k + t.keys * t.dim;           // [keys, dim]
+  GatherKv(t, task.kv_head, num_keys, k, v);
+  const AttendRowFn attend = PickAttendRow(t.dim);
   for (int64_t r = 0; r < t.rows; ++r) {
     const int64_t head = int64_t{task.kv_head} * t.group + r % t.group;
     const float* src = p.q + (t.first_token + r / t.group) * p.q_stride + head * d;
-    std::memcpy(q + r * t.dim, src, d * sizeof(float));
-    std::memset(q + r * t.dim + d, 0, (t.dim - d) * sizeof(float));
-  }
-  Scores(t, task.kv_head, num_keys, q, row_buf, scores);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    const int32_t visible = t.first_pos + static_cast<int32_t>(r / t.group) + 1;
-    inv_sum[r] = SoftmaxRow(scores + r * t.keys, visible, t.keys);
-  }
-  std::memset(acc, 0, t.rows * t.dim * sizeof(float));
-  for (int32_t j = 0; j < num_keys; ++j) {
-    LoadRow(p.v_cache, p.cache.dtype, t.Element(j, task.kv_head), d, t.dim, row_buf);
-    for (int64_t r = t.FirstRow(j); r < t.rows; ++r) {
-      const V16 w = Splat(scores[r * t.keys + j]);
-      float* a = acc + r * t.dim;
-      for (int64_t i = 0; i < t.dim; i += kLanes) Store(a + i, Load(a + i) + w * Load(row_buf + i));
-    }
-  }
-  for (int64_t r = 0; r < t.rows; ++r) {
-    const int64_t head = int64_t{task.kv_head} * t.group + r % t.group;
+    std::memcpy(q, src, d * sizeof(float));
+    std::memset(q + d, 0, (t.dim - d) * sizeof(float));
+    const float inv_sum = attend(t, t.Visible(r), q, k, v, scores, out);
     float* dst = p.out + (t.first_token + r / t.group) * p.out_stride + head * d;
-    for (int32_t i = 0; i < d; ++i) dst[i] = acc[r * t.dim + i] * inv_sum[r];
+    for (int32_t i = 0; i < d; ++i) dst[i] = out[i] * inv_sum;
   }
 }
 

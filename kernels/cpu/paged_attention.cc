@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/impl.h"
@@ -28,8 +30,9 @@ int64_t AttentionScratchFloats(const PagedAttentionParams& p, const AttentionTas
   const int64_t keys = Lanes16(int64_t{p.context_lens[task.seq]} + task.query_begin +
                                task.num_queries);
   const int64_t dim = Lanes16(p.cache.head_dim);
-  // scores [rows, keys], q and acc [rows, dim], one K/V row [dim], inverse sums [rows].
-  return rows * keys + 2 * rows * dim + dim + Lanes16(rows);
+  // scores [keys], q and out [dim], K and V converted to fp32 [keys, dim] each.
+  (void)rows;
+  return keys + 2 * dim + 2 * keys * dim;
 }
 
 void WriteKvCache(const KvCacheShape& shape, const float* k, const float* v,
@@ -44,6 +47,11 @@ void WriteKvCache(const KvCacheShape& shape, const float* k, const float* v,
 }
 
 void PagedAttention(const PagedAttentionParams& params) {
+  // The row kernels are instantiated for padded head dims up to 256 (impl_attention.cc).
+  if (params.cache.head_dim <= 0 || Lanes16(params.cache.head_dim) > 256) {
+    throw std::invalid_argument("PagedAttention: head_dim " + std::to_string(params.cache.head_dim) +
+                                " is outside [1, 256]");
+  }
   PagedAttentionParams p = params;
   const int64_t dense = int64_t{p.num_heads} * p.cache.head_dim;
   if (p.q_stride == 0) p.q_stride = dense;
