@@ -75,6 +75,7 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.seq_id = n.seq_id();
     s.token_ids.assign(n.token_ids().begin(), n.token_ids().end());
     s.num_generated = n.num_generated();
+    s.num_cached_tokens = n.num_cached_tokens();
     s.sampling.temperature = n.temperature();
     s.sampling.top_p = n.top_p();
     s.sampling.top_k = n.top_k();

@@ -78,6 +78,9 @@ struct NewSequenceSpec {
   std::vector<int32_t> token_ids;  // prompt (+ tokens generated before a preemption)
   int32_t num_generated = 0;       // index of the next sample in the seeded stream
   SamplingOptions sampling;
+  // Leading tokens whose K/V are already in the sequence's first blocks (prefix
+  // caching): computation starts at this position. < token_ids.size().
+  int32_t num_cached_tokens = 0;
 };
 
 // One sequence's share of a step (mirrors ferry.v1.ScheduledSequence).

@@ -91,6 +91,12 @@ void Qwen2Runner::ValidateNew(const NewSequenceSpec& seq) const {
     Invalid(Id(seq.seq_id) + ": num_generated " + std::to_string(seq.num_generated) +
             " outside [0, " + std::to_string(seq.token_ids.size()) + "]");
   }
+  // A cached prefix (prefix caching) is already in the blocks it is sent with; at least one
+  // token is always left to compute so there are logits to sample from.
+  if (seq.num_cached_tokens < 0 || seq.num_cached_tokens >= static_cast<int32_t>(seq.token_ids.size())) {
+    Invalid(Id(seq.seq_id) + ": num_cached_tokens " + std::to_string(seq.num_cached_tokens) +
+            " outside [0, " + std::to_string(seq.token_ids.size()) + ")");
+  }
   if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
     Invalid(Id(seq.seq_id) + ": bad sampling options: " + bad);
   }
@@ -133,7 +139,7 @@ void Qwen2Runner::Validate(const StepSpec& step) const {
     if (fresh.count(n.seq_id) || (seqs_.count(n.seq_id) && !erased.count(n.seq_id))) {
       Invalid(Id(n.seq_id) + ": sent as new but already known");
     }
-    fresh[n.seq_id] = Sequence{n.token_ids, 0, {}, n.sampling, n.num_generated};
+    fresh[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated};
   }
   std::unordered_set<uint64_t> scheduled;
   for (const ScheduledSpec& s : step.scheduled) {
@@ -157,7 +163,7 @@ void Qwen2Runner::Apply(const StepSpec& step) {
   for (uint64_t id : step.finished_ids) seqs_.erase(id);
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
   for (const NewSequenceSpec& n : step.new_sequences) {
-    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, 0, {}, n.sampling, n.num_generated};
+    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated};
     // After a preemption token_ids ends with the num_generated tokens sampled before it.
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
   }

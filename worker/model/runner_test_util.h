@@ -75,7 +75,7 @@ class MiniScheduler {
     for (auto [id, max_tokens] : work) {
       Seq& s = seqs_.at(id);
       if (!s.sent) {
-        spec.new_sequences.push_back({id, s.tokens, s.num_generated(), s.sampling});
+        spec.new_sequences.push_back({.seq_id = id, .token_ids = s.tokens, .num_generated = s.num_generated(), .sampling = s.sampling});
         s.sent = true;
       }
       const int32_t n = std::min<int32_t>(max_tokens, int32_t(s.tokens.size()) - s.num_computed);
