@@ -41,6 +41,7 @@ FinishReason ToFinishReason(ferry::v1::FinishKind kind) {
     case ferry::v1::FINISH_KIND_LENGTH: return ferry::v1::FINISH_REASON_LENGTH;
     case ferry::v1::FINISH_KIND_EOS: return ferry::v1::FINISH_REASON_EOS;
     case ferry::v1::FINISH_KIND_STOP_TOKEN: return ferry::v1::FINISH_REASON_STOP;
+    case ferry::v1::FINISH_KIND_TIMEOUT: return ferry::v1::FINISH_REASON_TIMEOUT;
     default: return ferry::v1::FINISH_REASON_ERROR;
   }
 }

@@ -146,6 +146,7 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
   sub.set_ignore_eos(s.ignore_eos());
   sub.set_priority(lane->priority);
+  sub.set_lane(lane->name);
   out.stop.assign(s.stop().begin(), s.stop().end());
   out.lane = lane->name;
   return out;

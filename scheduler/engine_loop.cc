@@ -1,74 +1,39 @@
 #include "scheduler/engine_loop.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "common/metrics.h"
+#include "scheduler/loop_metrics.h"
 
 namespace ferry::scheduler {
 
 namespace {
-const char* FinishName(FinishKind kind) {
-  switch (kind) {
-    case FinishKind::kNone: return "none";
-    case FinishKind::kLength: return "length";
-    case FinishKind::kEos: return "eos";
-    case FinishKind::kStopToken: return "stop";
-    case FinishKind::kAborted: return "aborted";
-    case FinishKind::kCancelled: return "cancelled";
-  }
-  return "unknown";
+
+ControllerOptions StaticCap(const SchedulerConfig& config) {
+  ControllerOptions options;
+  options.mode = ControllerMode::kStatic;
+  options.min_num_seqs = 1;
+  options.max_num_seqs = config.max_num_seqs;
+  return options;
 }
+
 }  // namespace
 
-struct LoopMetrics {
-  explicit LoopMetrics(prometheus::Registry& r)
-      : requests(prometheus::BuildGauge().Name("ferry_scheduler_requests")
-                     .Help("Requests in the scheduler by state").Register(r)),
-        running(requests.Add({{"state", "running"}})),
-        waiting(requests.Add({{"state", "waiting"}})),
-        blocks(prometheus::BuildGauge().Name("ferry_scheduler_kv_blocks")
-                   .Help("KV cache blocks by state").Register(r)),
-        blocks_used(blocks.Add({{"state", "used"}})),
-        blocks_free(blocks.Add({{"state", "free"}})),
-        kv_usage(prometheus::BuildGauge().Name("ferry_scheduler_kv_cache_usage_ratio")
-                     .Help("Fraction of KV blocks in use").Register(r).Add({})),
-        finished(prometheus::BuildCounter().Name("ferry_scheduler_requests_finished_total")
-                     .Help("Requests ended, by reason").Register(r)),
-        steps(prometheus::BuildCounter().Name("ferry_scheduler_steps_total")
-                  .Help("Engine steps run").Register(r).Add({})),
-        step_seconds(prometheus::BuildHistogram().Name("ferry_scheduler_step_duration_seconds")
-                         .Help("Wall time of one step, plan to commit").Register(r)
-                         .Add({}, LatencyBucketsSeconds())),
-        scheduled_tokens(prometheus::BuildCounter().Name("ferry_scheduler_scheduled_tokens_total")
-                             .Help("Tokens scheduled for computation").Register(r).Add({})),
-        max_num_seqs(prometheus::BuildGauge().Name("ferry_scheduler_max_num_seqs")
-                         .Help("Current cap on sequences per step").Register(r).Add({})) {}
-  prometheus::Family<prometheus::Gauge>& requests;
-  prometheus::Gauge& running;
-  prometheus::Gauge& waiting;
-  prometheus::Family<prometheus::Gauge>& blocks;
-  prometheus::Gauge& blocks_used;
-  prometheus::Gauge& blocks_free;
-  prometheus::Gauge& kv_usage;
-  prometheus::Family<prometheus::Counter>& finished;
-  prometheus::Counter& steps;
-  prometheus::Histogram& step_seconds;
-  prometheus::Counter& scheduled_tokens;
-  prometheus::Gauge& max_num_seqs;
-};
-
 EngineLoop::EngineLoop(const SchedulerConfig& config, WorkerGroup& workers, prometheus::Registry& registry)
-    : config_(config), workers_(workers), metrics_(std::make_unique<LoopMetrics>(registry)), core_(config) {
-  // Pre-create every outcome so the series exist (at 0) before the first one.
-  for (auto kind : {FinishKind::kLength, FinishKind::kEos, FinishKind::kStopToken, FinishKind::kAborted,
-                    FinishKind::kCancelled}) {
-    metrics_->finished.Add({{"reason", FinishName(kind)}});
-  }
-  metrics_->max_num_seqs.Set(config.max_num_seqs);
-  UpdateGauges();
+    : EngineLoop(config, StaticCap(config), workers, registry) {}
+
+EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& controller, WorkerGroup& workers,
+                       prometheus::Registry& registry)
+    : config_(config),
+      workers_(workers),
+      metrics_(std::make_unique<LoopMetrics>(registry)),
+      start_(Clock::now()),
+      core_(config),
+      controller_(controller) {
+  Publish();
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -81,6 +46,14 @@ EngineLoop::~EngineLoop() {
   thread_.join();
 }
 
+void EngineLoop::Push(Command command) {
+  {
+    std::lock_guard lock(inbox_mu_);
+    inbox_.push_back(std::move(command));
+  }
+  inbox_cv_.notify_one();
+}
+
 std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestSpec spec) {
   const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
   if (total > config_.max_model_len) {
@@ -89,23 +62,26 @@ std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestS
         spec.max_tokens, total, config_.max_model_len));
   }
   spec.seq_id = next_seq_id_.fetch_add(1);
-  auto channel = std::make_shared<RequestChannel>();
   const uint64_t id = spec.seq_id;
+  auto channel = std::make_shared<RequestChannel>();
   num_live_.fetch_add(1);
-  {
-    std::lock_guard lock(inbox_mu_);
-    inbox_.push_back(AddCommand{std::move(spec), channel});
-  }
-  inbox_cv_.notify_one();
+  Push(AddCommand{std::move(spec), channel});
   return {id, channel};
 }
 
-void EngineLoop::Cancel(uint64_t seq_id) {
-  {
-    std::lock_guard lock(inbox_mu_);
-    inbox_.push_back(CancelCommand{seq_id});
-  }
-  inbox_cv_.notify_one();
+void EngineLoop::Cancel(uint64_t seq_id) { Push(CancelCommand{seq_id}); }
+
+LoopState EngineLoop::SetMaxNumSeqs(int32_t max_num_seqs) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto applied = done->get_future();
+  Push(SetCapCommand{max_num_seqs, done});
+  applied.wait();
+  return State();
+}
+
+LoopState EngineLoop::State() const {
+  std::lock_guard lock(state_mu_);
+  return state_;
 }
 
 void EngineLoop::Run() {
@@ -113,97 +89,170 @@ void EngineLoop::Run() {
   while (true) {
     {
       std::unique_lock lock(inbox_mu_);
-      // Idle: sleep until a command arrives. Busy: take what is there and step.
-      const bool idle = !core_.has_work();
-      if (idle) inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+      // Idle: sleep until a command arrives (or the batch delay window ends).
+      if (!core_.has_work() || core_.retry_at()) {
+        auto ready = [&] { return stopping_ || !inbox_.empty(); };
+        if (auto until = core_.retry_at()) {
+          inbox_cv_.wait_until(lock, *until, ready);
+        } else {
+          inbox_cv_.wait(lock, ready);
+        }
+      }
       if (stopping_) break;
       commands.swap(inbox_);
     }
-    DrainInbox(commands);
+    for (Command& command : commands) Apply(command);
+    commands.clear();
     RunStep();
   }
-  Dispatch(core_.AbortAll());
-}
-
-void EngineLoop::DrainInbox(std::vector<Command>& commands) {
-  for (Command& command : commands) Apply(command);
-  commands.clear();
+  const TimePoint now = Clock::now();
+  Dispatch(core_.AbortAll(), now);
 }
 
 void EngineLoop::Apply(Command& command) {
+  const TimePoint now = Clock::now();
   if (auto* add = std::get_if<AddCommand>(&command)) {
     const uint64_t id = add->spec.seq_id;
+    Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0};
     try {
       core_.Add(std::move(add->spec));
-      channels_.emplace(id, add->channel);
+      live_.emplace(id, std::move(live));
+      ++arrivals_since_step_;
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
       num_live_.fetch_sub(1);
-      metrics_->finished.Add({{"reason", "aborted"}}).Increment();
+      metrics_->Finished(FinishKind::kAborted);
       add->channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
     }
-    return;
+  } else if (auto* cancel = std::get_if<CancelCommand>(&command)) {
+    if (!live_.count(cancel->seq_id)) return;  // already ended
+    core_.Cancel(cancel->seq_id);
+    End(cancel->seq_id, FinishKind::kCancelled, now);
+  } else {
+    auto& set = std::get<SetCapCommand>(command);
+    controller_.Set(set.max_num_seqs, Seconds(now));
+    NextCap(now);  // log and export the change now, not at the next step
+    Publish();
+    set.done->set_value();
   }
-  const uint64_t id = std::get<CancelCommand>(command).seq_id;
-  auto it = channels_.find(id);
-  if (it == channels_.end()) return;  // already ended
-  core_.Cancel(id);
-  auto channel = it->second;
-  channels_.erase(it);
-  num_live_.fetch_sub(1);
-  metrics_->finished.Add({{"reason", "cancelled"}}).Increment();
-  channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kCancelled});
+}
+
+// Asks the controller for the cap of the next step; logs and exports its changes.
+int32_t EngineLoop::NextCap(TimePoint now) {
+  StepObservation obs;
+  obs.now_s = Seconds(now);
+  obs.num_running = core_.num_running();
+  obs.num_waiting = core_.num_waiting();
+  const double total = core_.num_total_blocks();
+  obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
+  obs.last_step_s = last_step_s_;
+  obs.last_step_tokens = last_step_tokens_;
+  obs.num_arrivals = std::exchange(arrivals_since_step_, 0);
+  obs.num_preemptions = static_cast<int32_t>(core_.num_preemptions() - preemptions_seen_);
+  const int32_t cap = controller_.Step(obs);
+  for (const CapChange& change : controller_.TakeChanges()) {
+    spdlog::info("max_num_seqs {} -> {} ({}): {}", change.from, change.to, change.level, change.reason);
+    metrics_->cap_changes.Add({{"kind", change.level}}).Increment();
+  }
+  metrics_->max_num_seqs.Set(cap);
+  const std::string level = controller_.status().level;
+  metrics_->SetLevel(level.empty() ? ControllerModeName(controller_.options().mode) : level);
+  return cap;
 }
 
 void EngineLoop::RunStep() {
-  const auto start = Clock::now();
-  StepPlan plan = core_.Plan(Budget{config_.max_num_seqs, config_.max_num_batched_tokens}, start);
+  const TimePoint start = Clock::now();
+  const int32_t cap = NextCap(start);
+  StepPlan plan = core_.Plan(Budget{cap, config_.max_num_batched_tokens}, start);
+  Dispatch(core_.TakeEvents(), start);  // requests past their deadline
   if (plan.empty()) {
-    UpdateGauges();
+    Publish();
     return;
   }
   for (const auto& seq : plan.new_sequences) {
-    auto it = channels_.find(seq.seq_id);
-    if (it != channels_.end()) it->second->MarkStarted(start);
+    if (auto it = live_.find(seq.seq_id); it != live_.end()) it->second.channel->MarkStarted(start);
   }
   std::vector<SeqEvent> events;
   try {
     events = core_.Commit(plan, workers_.Execute(plan.step_id, plan));
   } catch (const std::exception& e) {
-    spdlog::error("step failed, aborting all sequences: {}", e.what());
+    spdlog::error("step {} failed, aborting all sequences: {}", plan.step_id, e.what());
     events = core_.AbortAll();
   }
-  int64_t tokens = 0;
-  for (const auto& s : plan.scheduled) tokens += s.num_tokens;
-  metrics_->scheduled_tokens.Increment(static_cast<double>(tokens));
+  const TimePoint end = Clock::now();
+  last_step_s_ = std::chrono::duration<double>(end - start).count();
+  last_step_tokens_ = plan.num_scheduled_tokens();
+  metrics_->scheduled_tokens.Increment(last_step_tokens_);
   metrics_->steps.Increment();
-  metrics_->step_seconds.Observe(std::chrono::duration<double>(Clock::now() - start).count());
-  Dispatch(events);
-  UpdateGauges();
+  metrics_->step_seconds.Observe(last_step_s_);
+  if (!plan.scheduled.empty()) metrics_->step_sequences.Observe(static_cast<double>(plan.scheduled.size()));
+  Dispatch(events, end);
+  Publish();
 }
 
-void EngineLoop::Dispatch(const std::vector<SeqEvent>& events) {
+void EngineLoop::Dispatch(const std::vector<SeqEvent>& events, TimePoint now) {
   for (const SeqEvent& event : events) {
-    auto it = channels_.find(event.seq_id);
-    if (it == channels_.end()) continue;
-    auto channel = it->second;
-    if (event.finish != FinishKind::kNone) {
-      // Bookkeeping before the push: whoever sees the final event sees it done.
-      metrics_->finished.Add({{"reason", FinishName(event.finish)}}).Increment();
-      channels_.erase(it);
-      num_live_.fetch_sub(1);
-    }
+    auto it = live_.find(event.seq_id);
+    if (it == live_.end()) continue;
+    Live& live = it->second;
+    if (!event.new_tokens.empty() && !live.first_token) live.first_token = now;
+    live.num_tokens += static_cast<int32_t>(event.new_tokens.size());
+    auto channel = live.channel;
+    if (event.finish != FinishKind::kNone) End(event.seq_id, event.finish, now);
     channel->Push(event);
   }
 }
 
-void EngineLoop::UpdateGauges() {
-  metrics_->running.Set(static_cast<double>(core_.num_running()));
-  metrics_->waiting.Set(static_cast<double>(core_.num_waiting()));
+// Bookkeeping of a request's end, before its final event is visible to anyone:
+// whoever sees the final event sees the request gone.
+void EngineLoop::End(uint64_t seq_id, FinishKind kind, TimePoint now) {
+  auto it = live_.find(seq_id);
+  if (it == live_.end()) return;
+  const Live& live = it->second;
+  const bool served = kind == FinishKind::kLength || kind == FinishKind::kEos || kind == FinishKind::kStopToken ||
+                      kind == FinishKind::kTimeout;
+  if (served && live.first_token) {
+    RequestCompletion done;
+    done.now_s = Seconds(now);
+    done.ttft_s = std::chrono::duration<double>(*live.first_token - live.arrival).count();
+    done.tpot_s = live.num_tokens > 1
+                      ? std::chrono::duration<double>(now - *live.first_token).count() / (live.num_tokens - 1)
+                      : 0.0;
+    done.lane = live.lane;
+    controller_.OnCompletion(done);
+  }
+  if (kind == FinishKind::kCancelled) live.channel->Push(SeqEvent{.seq_id = seq_id, .finish = kind});
+  live_.erase(it);
+  num_live_.fetch_sub(1);
+  metrics_->Finished(kind);
+}
+
+void EngineLoop::Publish() {
   const double total = core_.num_total_blocks(), free = core_.num_free_blocks();
+  metrics_->running.Set(core_.num_running());
+  metrics_->waiting.Set(core_.num_waiting());
   metrics_->blocks_used.Set(total - free);
   metrics_->blocks_free.Set(free);
   metrics_->kv_usage.Set(total > 0 ? (total - free) / total : 0.0);
+  metrics_->preemptions.Increment(static_cast<double>(core_.num_preemptions() - preemptions_seen_));
+  preemptions_seen_ = core_.num_preemptions();
+  metrics_->prefix_queries.Increment(static_cast<double>(core_.num_prefix_cache_queries() - prefix_queries_seen_));
+  prefix_queries_seen_ = core_.num_prefix_cache_queries();
+  metrics_->prefix_hits.Increment(static_cast<double>(core_.num_prefix_cache_hits() - prefix_hits_seen_));
+  prefix_hits_seen_ = core_.num_prefix_cache_hits();
+
+  const ControllerStatus status = controller_.status();
+  std::lock_guard lock(state_mu_);
+  state_.max_num_seqs = controller_.num_seqs();
+  state_.controller_mode = ControllerModeName(status.mode);
+  state_.load_level = status.level;
+  state_.num_running = core_.num_running();
+  state_.num_waiting = core_.num_waiting();
+  state_.kv_cache_usage = total > 0 ? (total - free) / total : 0.0;
+  state_.num_preemptions = core_.num_preemptions();
+  state_.prefix_cache_queries = core_.num_prefix_cache_queries();
+  state_.prefix_cache_hits = core_.num_prefix_cache_hits();
+  state_.num_cap_changes = status.num_changes;
 }
 
 }  // namespace ferry::scheduler

@@ -1,12 +1,15 @@
-// The scheduler's engine loop: one thread owns the planner state and drives
-// the workers step by step. Other threads talk to it only through Submit and
-// Cancel (messages into its inbox) and read results from RequestChannels.
+// The scheduler's engine loop: one thread owns the planner state and the cap
+// controller and drives the workers step by step. Other threads talk to it only
+// through Submit, Cancel and SetMaxNumSeqs (messages into its inbox), read
+// results from RequestChannels, and read State() (a snapshot the loop publishes).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <variant>
@@ -14,6 +17,7 @@
 
 #include <prometheus/registry.h>
 
+#include "scheduler/core/controller.h"
 #include "scheduler/core/scheduler_core.h"
 #include "scheduler/request_channel.h"
 
@@ -30,8 +34,26 @@ class WorkerGroup {
 
 struct LoopMetrics;
 
+// The batching picture, published by the loop after every step.
+struct LoopState {
+  int32_t max_num_seqs = 0;
+  std::string controller_mode;
+  std::string load_level;
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  double kv_cache_usage = 0;
+  uint64_t num_preemptions = 0;
+  uint64_t prefix_cache_queries = 0;
+  uint64_t prefix_cache_hits = 0;
+  uint64_t num_cap_changes = 0;
+};
+
 class EngineLoop {
  public:
+  // controller.max_num_seqs bounds the cap; config.max_num_seqs is ignored in
+  // favour of it. The one-argument form runs a static cap of config.max_num_seqs.
+  EngineLoop(const SchedulerConfig& config, const ControllerOptions& controller, WorkerGroup& workers,
+             prometheus::Registry& registry);
   EngineLoop(const SchedulerConfig& config, WorkerGroup& workers, prometheus::Registry& registry);
   ~EngineLoop();
 
@@ -40,6 +62,9 @@ class EngineLoop {
   std::pair<uint64_t, std::shared_ptr<RequestChannel>> Submit(RequestSpec spec);
   // The sequence leaves the batch at the next step and its blocks are freed.
   void Cancel(uint64_t seq_id);
+  // Admin: sets the cap (clamped to the controller's bounds); returns once applied.
+  LoopState SetMaxNumSeqs(int32_t max_num_seqs);
+  LoopState State() const;
 
   const SchedulerConfig& config() const { return config_; }
   // Number of requests the loop has not yet ended (for tests and metrics).
@@ -53,18 +78,35 @@ class EngineLoop {
   struct CancelCommand {
     uint64_t seq_id;
   };
-  using Command = std::variant<AddCommand, CancelCommand>;
+  struct SetCapCommand {
+    int32_t max_num_seqs;
+    std::shared_ptr<std::promise<void>> done;
+  };
+  using Command = std::variant<AddCommand, CancelCommand, SetCapCommand>;
 
+  // A request the loop has not ended yet.
+  struct Live {
+    std::shared_ptr<RequestChannel> channel;
+    std::string lane;
+    TimePoint arrival;
+    std::optional<TimePoint> first_token;
+    int32_t num_tokens = 0;
+  };
+
+  void Push(Command command);
   void Run();
-  void DrainInbox(std::vector<Command>& commands);
   void Apply(Command& command);
   void RunStep();
-  void Dispatch(const std::vector<SeqEvent>& events);
-  void UpdateGauges();
+  int32_t NextCap(TimePoint now);
+  void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);
+  void End(uint64_t seq_id, FinishKind kind, TimePoint now);
+  void Publish();
+  double Seconds(TimePoint t) const { return std::chrono::duration<double>(t - start_).count(); }
 
   const SchedulerConfig config_;
   WorkerGroup& workers_;
   std::unique_ptr<LoopMetrics> metrics_;
+  const TimePoint start_;
 
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
@@ -73,7 +115,17 @@ class EngineLoop {
 
   // Owned by the loop thread alone.
   SchedulerCore core_;
-  std::unordered_map<uint64_t, std::shared_ptr<RequestChannel>> channels_;
+  Controller controller_;
+  std::unordered_map<uint64_t, Live> live_;
+  int32_t arrivals_since_step_ = 0;
+  uint64_t preemptions_seen_ = 0;
+  uint64_t prefix_queries_seen_ = 0;
+  uint64_t prefix_hits_seen_ = 0;
+  double last_step_s_ = 0;
+  int32_t last_step_tokens_ = 0;
+
+  mutable std::mutex state_mu_;
+  LoopState state_;  // guarded by state_mu_
 
   std::atomic<uint64_t> next_seq_id_{1};
   std::atomic<int64_t> num_live_{0};

@@ -17,6 +17,16 @@ struct Flags {
   ferry::ServiceFlags service;
   std::vector<std::string> workers;
   int max_num_seqs = 256;
+  int min_num_seqs = 1;
+  std::string controller_mode = "static";
+  double slo_ttft_ms = 1000;
+  double slo_tpot_ms = 50;
+  double slo_percentile = 95;
+  std::vector<std::string> slo_lanes;
+  bool enable_prefix_caching = false;
+  int aging_interval_ms = 0;
+  int max_batch_delay_ms = 0;
+  std::vector<std::string> lane_reservations;
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;
   int worker_timeout_s = 600;
@@ -26,11 +36,48 @@ void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service);
   app.add_option("--worker", f.workers, "Worker address host:port, one per tensor-parallel rank, rank 0 first")
       ->required();
-  app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step")->check(CLI::Range(1, 65536));
+  app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
+  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: static, load-level, slo")
+      ->check(CLI::IsMember({"static", "load-level", "slo"}));
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "slo mode: time-to-first-token target");
+  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: time-per-output-token target");
+  app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");
+  app.add_option("--slo-lane", f.slo_lanes, "slo mode: only these lanes' requests count (repeatable; default all)");
+  app.add_flag("--enable-prefix-caching", f.enable_prefix_caching, "Share full KV blocks of identical prefixes");
+  app.add_option("--aging-interval-ms", f.aging_interval_ms, "Each interval waited raises priority by one (0: off)");
+  app.add_option("--max-batch-delay-ms", f.max_batch_delay_ms, "When idle, wait up to this to gather a batch (0: off)");
+  app.add_option("--lane-reservation", f.lane_reservations,
+                 "LANE=SEQS_FRACTION:BLOCKS_FRACTION kept for a lane while it has waiting work (repeatable)");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "Most tokens computed in one step")
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--max-model-len", f.max_model_len, "Longest sequence (0: the worker's)");
   app.add_option("--worker-timeout-s", f.worker_timeout_s, "How long to wait for workers at start");
+}
+
+std::vector<ferry::scheduler::LaneReservation> ParseReservations(const std::vector<std::string>& specs) {
+  std::vector<ferry::scheduler::LaneReservation> out;
+  for (const std::string& spec : specs) {
+    const auto eq = spec.find('='), colon = spec.find(':');
+    if (eq == std::string::npos || colon == std::string::npos || colon < eq) {
+      throw std::invalid_argument("--lane-reservation " + spec + ": want LANE=SEQS_FRACTION:BLOCKS_FRACTION");
+    }
+    out.push_back({spec.substr(0, eq), std::stod(spec.substr(eq + 1, colon - eq - 1)), std::stod(spec.substr(colon + 1))});
+  }
+  return out;
+}
+
+ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
+  ferry::scheduler::ControllerOptions c;
+  c.mode = ferry::scheduler::ParseControllerMode(f.controller_mode);
+  c.min_num_seqs = std::min(f.min_num_seqs, f.max_num_seqs);
+  c.max_num_seqs = f.max_num_seqs;
+  c.slo.ttft_target_s = f.slo_ttft_ms / 1000.0;
+  c.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
+  c.slo.percentile = f.slo_percentile;
+  c.slo.lanes = f.slo_lanes;
+  return c;
 }
 
 }  // namespace
@@ -58,6 +105,17 @@ int main(int argc, char** argv) {
                                                  : worker_info.max_model_len();
   config.block_size = worker_info.block_size();
   config.num_kv_blocks = worker_info.num_kv_blocks();
+  config.enable_prefix_caching = flags.enable_prefix_caching;
+  config.aging_interval_ms = flags.aging_interval_ms;
+  config.max_batch_delay_ms = flags.max_batch_delay_ms;
+  ferry::scheduler::ControllerOptions controller;
+  try {
+    config.lane_reservations = ParseReservations(flags.lane_reservations);
+    controller = ControllerFlags(flags);
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 2;
+  }
 
   ferry::v1::SchedulerInfo info;
   info.set_model(worker_info.model());
@@ -68,12 +126,13 @@ int main(int argc, char** argv) {
   info.set_block_size(config.block_size);
   *info.mutable_generation_defaults() = worker_info.generation_defaults();
   info.set_tensor_parallel_size(static_cast<int>(flags.workers.size()));
-  spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
-               info.model(), config.num_kv_blocks, config.block_size, config.max_model_len,
-               config.max_num_seqs, config.max_num_batched_tokens);
+  spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {} ({}), max_num_batched_tokens {}, "
+               "prefix caching {}", info.model(), config.num_kv_blocks, config.block_size, config.max_model_len,
+               config.max_num_seqs, flags.controller_mode, config.max_num_batched_tokens,
+               config.enable_prefix_caching ? "on" : "off");
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
-  ferry::scheduler::EngineLoop loop(config, workers, metrics.registry());
+  ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry());
   ferry::scheduler::SchedulerService service(loop, info);
   return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(2));
 }

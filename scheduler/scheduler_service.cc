@@ -25,8 +25,30 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   spec.eos_token_ids = eos_ids;
   spec.ignore_eos = r.ignore_eos();
   spec.priority = r.priority();
+  spec.lane = r.lane();
   spec.arrival = Clock::now();
   return spec;
+}
+
+// The client's gRPC deadline (propagated by the gateway) as a steady-clock time.
+TimePoint SteadyDeadline(const grpc::ServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return TimePoint::max();
+  const auto left = deadline - std::chrono::system_clock::now();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
+
+void ToProto(const LoopState& s, ferry::v1::SchedulerState* out) {
+  out->set_max_num_seqs(s.max_num_seqs);
+  out->set_controller_mode(s.controller_mode);
+  out->set_load_level(s.load_level);
+  out->set_num_running(s.num_running);
+  out->set_num_waiting(s.num_waiting);
+  out->set_kv_cache_usage(s.kv_cache_usage);
+  out->set_num_preemptions(s.num_preemptions);
+  out->set_prefix_cache_queries(s.prefix_cache_queries);
+  out->set_prefix_cache_hits(s.prefix_cache_hits);
+  out->set_num_cap_changes(s.num_cap_changes);
 }
 
 ferry::v1::FinishKind ToProto(FinishKind kind) {
@@ -35,8 +57,8 @@ ferry::v1::FinishKind ToProto(FinishKind kind) {
     case FinishKind::kLength: return ferry::v1::FINISH_KIND_LENGTH;
     case FinishKind::kEos: return ferry::v1::FINISH_KIND_EOS;
     case FinishKind::kStopToken: return ferry::v1::FINISH_KIND_STOP_TOKEN;
-    case FinishKind::kAborted:
-    case FinishKind::kCancelled: return ferry::v1::FINISH_KIND_ABORTED;
+    case FinishKind::kTimeout: return ferry::v1::FINISH_KIND_TIMEOUT;
+    default: return ferry::v1::FINISH_KIND_ABORTED;
   }
   return ferry::v1::FINISH_KIND_ABORTED;
 }
@@ -56,7 +78,9 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
   uint64_t seq_id = 0;
   std::shared_ptr<RequestChannel> channel;
   try {
-    std::tie(seq_id, channel) = loop_.Submit(ToRequestSpec(*request, eos));
+    RequestSpec spec = ToRequestSpec(*request, eos);
+    spec.deadline = SteadyDeadline(*context);
+    std::tie(seq_id, channel) = loop_.Submit(std::move(spec));
   } catch (const std::invalid_argument& e) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
   }
@@ -75,6 +99,9 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
       continue;
     }
     if (event->finish == FinishKind::kCancelled) return grpc::Status::CANCELLED;
+    if (event->finish == FinishKind::kDeadlineExceeded) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed before the request started");
+    }
     if (event->finish == FinishKind::kAborted) {
       return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");
     }
@@ -105,6 +132,23 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
       return grpc::Status::OK;
     }
   }
+}
+
+grpc::Status SchedulerService::GetState(grpc::ServerContext*, const ferry::v1::GetStateRequest*,
+                                        ferry::v1::SchedulerState* out) {
+  ToProto(loop_.State(), out);
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::SetMaxNumSeqs(grpc::ServerContext*, const ferry::v1::SetMaxNumSeqsRequest* request,
+                                             ferry::v1::SchedulerState* out) {
+  if (request->max_num_seqs() <= 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "max_num_seqs = " + std::to_string(request->max_num_seqs()) + " must be > 0");
+  }
+  spdlog::info("admin: max_num_seqs set to {}", request->max_num_seqs());
+  ToProto(loop_.SetMaxNumSeqs(request->max_num_seqs()), out);
+  return grpc::Status::OK;
 }
 
 }  // namespace ferry::scheduler

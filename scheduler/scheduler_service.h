@@ -15,6 +15,10 @@ class SchedulerService final : public ferry::v1::Scheduler::Service {
                     ferry::v1::SchedulerInfo* out) override;
   grpc::Status Submit(grpc::ServerContext* context, const ferry::v1::SubmitRequest* request,
                       grpc::ServerWriter<ferry::v1::TokenEvent>* writer) override;
+  grpc::Status GetState(grpc::ServerContext*, const ferry::v1::GetStateRequest*,
+                        ferry::v1::SchedulerState* out) override;
+  grpc::Status SetMaxNumSeqs(grpc::ServerContext*, const ferry::v1::SetMaxNumSeqsRequest* request,
+                             ferry::v1::SchedulerState* out) override;
 
  private:
   EngineLoop& loop_;

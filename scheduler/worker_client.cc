@@ -81,6 +81,7 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->set_seq_id(seq.seq_id);
     out->mutable_token_ids()->Add(seq.token_ids.begin(), seq.token_ids.end());
     out->set_num_generated(seq.num_generated);
+    out->set_num_cached_tokens(seq.num_cached_tokens);
     const SamplingParams& p = seq.sampling;
     out->set_temperature(p.temperature);
     out->set_top_p(p.top_p);

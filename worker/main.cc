@@ -9,6 +9,7 @@
 #include "common/service_main.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/model_runner.h"
+#include "worker/sim_runner.h"
 #include "worker/worker_service.h"
 
 namespace {
@@ -16,6 +17,9 @@ namespace {
 struct Flags {
   ferry::ServiceFlags service;
   std::string model;
+  std::string backend = "cpu";
+  std::string cost_model;
+  int sim_live_tokens = 0;
   int tensor_parallel_size = 1;
   int tp_rank = 0;
   std::string dist_store_dir;
@@ -27,6 +31,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--model", f.model, "Hugging Face checkpoint directory")->required();
   app.add_option("--dtype", f.runner.dtype, "Matmul dtype: bfloat16 (fast) or float32 (exact)")
       ->check(CLI::IsMember({"bfloat16", "float32"}));
+  app.add_option("--backend", f.backend, "cpu: the real engine; sim: sleep for a cost model's step time")
+      ->check(CLI::IsMember({"cpu", "sim"}));
+  app.add_option("--cost-model", f.cost_model, "Cost model JSON for --backend sim (e.g. scheduler/sim/presets/)");
+  app.add_option("--sim-live-tokens", f.sim_live_tokens, "--backend sim samples ids below this (0: vocab size)");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Ranks sharing the model")->check(CLI::Range(1, 64));
   app.add_option("--tp-rank", f.tp_rank, "This worker's rank in [0, --tensor-parallel-size)");
   app.add_option("--dist-store-dir", f.dist_store_dir, "Rendezvous directory shared by all ranks (Gloo FileStore)");
@@ -35,6 +43,19 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--kv-cache-memory-bytes", f.runner.kv_cache_bytes, "KV cache budget when --num-kv-blocks is 0");
   app.add_option("--max-model-len", f.runner.max_model_len, "Longest sequence (0: from config.json)");
   app.add_option("--num-threads", f.runner.num_threads, "Compute threads (0: all cores)");
+}
+
+std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags) {
+  if (flags.backend == "cpu") return ferry::worker::ModelRunner::Create(flags.runner);
+  if (flags.cost_model.empty()) throw std::invalid_argument("--backend sim needs --cost-model");
+  ferry::worker::SimOptions sim;
+  sim.model_dir = flags.model;
+  sim.cost = ferry::LoadCostModelParams(flags.cost_model);
+  sim.block_size = flags.runner.block_size;
+  sim.num_kv_blocks = flags.runner.num_kv_blocks;
+  sim.max_model_len = flags.runner.max_model_len;
+  sim.num_live_tokens = flags.sim_live_tokens;
+  return std::make_unique<ferry::worker::SimRunner>(sim);
 }
 
 }  // namespace
@@ -70,7 +91,7 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<ferry::worker::ModelRunner> runner;
   try {
-    runner = ferry::worker::ModelRunner::Create(flags.runner);
+    runner = MakeRunner(flags);
   } catch (const std::exception& e) {
     spdlog::critical("cannot load model: {}", e.what());
     return 1;

@@ -1,20 +1,32 @@
 #include "scheduler/core/block_manager.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 namespace ferry::scheduler {
+namespace {
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> tokens) {
+  return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent_hash);
+}
 
 BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
-    : block_size_(block_size), ref_counts_(num_blocks < 0 ? 0 : num_blocks, 0) {
+    : block_size_(block_size),
+      ref_counts_(num_blocks < 0 ? 0 : num_blocks, 0),
+      meta_(num_blocks < 0 ? 0 : num_blocks) {
   if (num_blocks <= 0) {
-    throw std::invalid_argument("num_kv_blocks = " + std::to_string(num_blocks) +
-                                ", must be > 0");
+    throw std::invalid_argument("num_kv_blocks = " + Num(num_blocks) + ", must be > 0");
   }
   if (block_size <= 0) {
-    throw std::invalid_argument("block_size = " + std::to_string(block_size) +
-                                ", must be > 0");
+    throw std::invalid_argument("block_size = " + Num(block_size) + ", must be > 0");
   }
   for (BlockId id = 0; id < num_blocks; ++id) free_list_.push_back(id);
 }
@@ -22,23 +34,133 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
 KvLease BlockManager::NewLease() { return KvLease(this); }
 
 BlockId BlockManager::AllocateBlock() {
-  if (free_list_.empty()) throw std::logic_error("AllocateBlock: no free KV block");
-  BlockId id = free_list_.front();
-  free_list_.pop_front();
+  BlockId id;
+  if (!free_list_.empty()) {
+    id = free_list_.front();
+    free_list_.pop_front();
+  } else if (!lru_.empty()) {
+    id = lru_.front();  // evict the least recently used cached block
+    Unpublish(id);      // moves it to the free list's tail
+    free_list_.pop_back();
+  } else {
+    throw std::logic_error("AllocateBlock: no free KV block");
+  }
+  BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  ++meta.generation;
   ref_counts_[static_cast<size_t>(id)] = 1;
   return id;
 }
 
 void BlockManager::AddRef(BlockId id) {
   int32_t& ref = ref_counts_.at(static_cast<size_t>(id));
-  if (ref <= 0) throw std::logic_error("AddRef on free block " + std::to_string(id));
+  BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  if (ref == 0) {
+    if (!meta.is_published) throw std::logic_error("AddRef on free block " + Num(id));
+    lru_.erase(meta.lru_pos);
+  }
   ++ref;
 }
 
 void BlockManager::Release(BlockId id) {
   int32_t& ref = ref_counts_.at(static_cast<size_t>(id));
-  if (ref <= 0) throw std::logic_error("Release of free block " + std::to_string(id));
-  if (--ref == 0) free_list_.push_back(id);
+  if (ref <= 0) throw std::logic_error("Release of free block " + Num(id));
+  if (--ref > 0) return;
+  BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  if (meta.is_published) {
+    meta.lru_pos = lru_.insert(lru_.end(), id);
+  } else {
+    free_list_.push_back(id);
+  }
+}
+
+void BlockManager::Unpublish(BlockId id) {
+  BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  if (!meta.is_published) return;
+  by_hash_.erase(meta.hash);
+  meta.is_published = false;
+  meta.tokens.clear();
+  meta.parent = kNoBlock;
+  ++meta.generation;  // children published on top of it can no longer match
+  if (ref_counts_[static_cast<size_t>(id)] == 0) {
+    lru_.erase(meta.lru_pos);
+    free_list_.push_back(id);
+  }
+}
+
+bool BlockManager::Matches(BlockId id, std::span<const int32_t> tokens, BlockId parent) const {
+  const BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  if (!meta.is_published || meta.parent != parent) return false;
+  if (parent != kNoBlock &&
+      meta.parent_generation != meta_[static_cast<size_t>(parent)].generation) {
+    return false;
+  }
+  return std::equal(meta.tokens.begin(), meta.tokens.end(), tokens.begin(), tokens.end());
+}
+
+std::vector<BlockId> BlockManager::FindCachedPrefix(std::span<const int32_t> tokens,
+                                                    std::span<const uint64_t> hashes,
+                                                    int32_t max_blocks) const {
+  std::vector<BlockId> found;
+  BlockId parent = kNoBlock;
+  for (int32_t i = 0; i < max_blocks; ++i) {
+    auto it = by_hash_.find(hashes[static_cast<size_t>(i)]);
+    if (it == by_hash_.end()) break;
+    auto block_tokens = tokens.subspan(static_cast<size_t>(i) * block_size_,
+                                       static_cast<size_t>(block_size_));
+    if (!Matches(it->second, block_tokens, parent)) break;  // a hash collision
+    parent = it->second;
+    found.push_back(parent);
+  }
+  return found;
+}
+
+BlockId BlockManager::Publish(BlockId id, uint64_t hash, std::span<const int32_t> tokens,
+                              BlockId parent) {
+  BlockMeta& meta = meta_.at(static_cast<size_t>(id));
+  if (ref_counts_[static_cast<size_t>(id)] <= 0) {
+    throw std::logic_error("Publish of unheld block " + Num(id));
+  }
+  if (meta.is_published) return id;  // shared from the cache: already canonical
+  auto it = by_hash_.find(hash);
+  if (it != by_hash_.end()) {
+    if (Matches(it->second, tokens, parent)) return it->second;
+    // A different content under this hash. An unreferenced one (stale: its
+    // parent was evicted) gives way; a held one wins and `id` stays private.
+    if (ref_counts_[static_cast<size_t>(it->second)] > 0) return kNoBlock;
+    Unpublish(it->second);
+  }
+  meta.is_published = true;
+  meta.hash = hash;
+  meta.tokens.assign(tokens.begin(), tokens.end());
+  meta.parent = parent;
+  meta.parent_generation = parent == kNoBlock ? 0 : meta_[static_cast<size_t>(parent)].generation;
+  by_hash_.emplace(hash, id);
+  return id;
+}
+
+void BlockManager::CheckConsistency() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("block manager: " + what); };
+  std::vector<int> listed(ref_counts_.size(), 0);
+  for (BlockId b : free_list_) {
+    if (listed.at(static_cast<size_t>(b))++) fail("block " + Num(b) + " listed twice");
+    if (ref_count(b) != 0 || is_cached(b)) fail("free block " + Num(b) + " is held or cached");
+  }
+  for (BlockId b : lru_) {
+    if (listed.at(static_cast<size_t>(b))++) fail("block " + Num(b) + " listed twice");
+    if (ref_count(b) != 0 || !is_cached(b)) fail("LRU block " + Num(b) + " is held or uncached");
+  }
+  size_t num_published = 0;
+  for (BlockId b = 0; b < num_total_blocks(); ++b) {
+    const BlockMeta& meta = meta_[static_cast<size_t>(b)];
+    if (ref_count(b) < 0) fail("block " + Num(b) + " has a negative ref count");
+    if (ref_count(b) == 0 && !listed[static_cast<size_t>(b)]) fail("unheld block " + Num(b) + " unlisted");
+    if (!meta.is_published) continue;
+    ++num_published;
+    auto it = by_hash_.find(meta.hash);
+    if (it == by_hash_.end() || it->second != b) fail("cached block " + Num(b) + " not in map");
+    if (static_cast<int32_t>(meta.tokens.size()) != block_size_) fail("cached block " + Num(b) + " not full");
+  }
+  if (num_published != by_hash_.size()) fail("hash map and cached blocks differ");
 }
 
 KvLease::KvLease(KvLease&& other) noexcept
@@ -72,10 +194,21 @@ bool KvLease::Cover(int32_t num_tokens, std::vector<BlockId>* new_block_ids) {
   return true;
 }
 
+void KvLease::ShareCached(std::span<const BlockId> blocks) {
+  if (manager_ == nullptr || !block_ids_.empty()) {
+    throw std::logic_error("ShareCached: lease unbound or not empty");
+  }
+  for (BlockId id : blocks) {
+    if (!manager_->is_cached(id)) throw std::logic_error("ShareCached: block not cached");
+    manager_->AddRef(id);
+    block_ids_.push_back(id);
+  }
+}
+
 void KvLease::Reset() {
   if (manager_ == nullptr) return;
-  // Release in reverse so the tail blocks (least likely to be a shared prefix
-  // once prefix caching exists) are reused first.
+  // Release in reverse so a sequence's tail blocks (the least likely to be a
+  // shared prefix) are the first evicted from the LRU list.
   for (auto it = block_ids_.rbegin(); it != block_ids_.rend(); ++it) manager_->Release(*it);
   block_ids_.clear();
 }

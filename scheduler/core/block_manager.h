@@ -1,20 +1,25 @@
-// KV block accounting: which physical block ids are free and who holds the
-// others. Knows nothing of CUDA or of what a block contains.
+// KV block accounting: which physical block ids are free, which hold a cached
+// prefix, and who holds the others. Knows nothing of CUDA or of KV contents.
 //
 // Ownership: BlockManager owns the pool; a KvLease is one sequence's block
 // table and holds one reference on each of its blocks. Destroying or Reset()ting
 // a lease drops those references, so freeing cannot be forgotten. The manager
 // must outlive every lease it hands out.
 //
-// Prefix caching (not implemented) slots in here without changing the lease API:
-// full blocks get a chained hash and a hash -> block map; KvLease gains a way to
-// adopt cached blocks (AddRef); Release of a hashed block to ref 0 parks it on
-// an LRU list that AllocateBlock evicts from after the free list is empty.
+// Prefix cache: a full, computed block may be published under the chained hash
+// of its tokens (HashBlock). Every block is in exactly one of these states:
+//   free:     ref 0, not published, on the FIFO free list;
+//   held:     ref = number of leases holding it (published or not);
+//   cached:   ref 0, published, on the LRU list (evicted, least recently
+//             released first, when a block is needed and the free list is empty).
+// num_free_blocks() counts free + cached: both can be allocated.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "scheduler/core/types.h"
@@ -23,6 +28,13 @@ namespace ferry::scheduler {
 
 class KvLease;
 
+inline constexpr BlockId kNoBlock = -1;
+inline constexpr uint64_t kRootBlockHash = 0x9e3779b97f4a7c15ull;
+
+// Chained hash of one full block: xxh3 of its token ids seeded with the hash of
+// the block before it (kRootBlockHash for the first block).
+uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> tokens);
+
 class BlockManager {
  public:
   BlockManager(int32_t num_blocks, int32_t block_size);
@@ -30,9 +42,20 @@ class BlockManager {
   BlockManager& operator=(const BlockManager&) = delete;
 
   int32_t num_total_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
-  int32_t num_free_blocks() const { return static_cast<int32_t>(free_list_.size()); }
+  // Blocks that can be allocated: free plus cached-unreferenced (evictable).
+  int32_t num_free_blocks() const {
+    return static_cast<int32_t>(free_list_.size() + lru_.size());
+  }
+  int32_t num_evictable_blocks() const { return static_cast<int32_t>(lru_.size()); }
+  int32_t num_cached_blocks() const { return static_cast<int32_t>(by_hash_.size()); }
   int32_t block_size() const { return block_size_; }
   int32_t ref_count(BlockId id) const { return ref_counts_.at(static_cast<size_t>(id)); }
+  bool is_cached(BlockId id) const { return meta_.at(static_cast<size_t>(id)).is_published; }
+  uint64_t cached_hash(BlockId id) const { return meta_.at(static_cast<size_t>(id)).hash; }
+  // The token ids a cached block holds (empty if not cached).
+  std::span<const int32_t> cached_tokens(BlockId id) const {
+    return meta_.at(static_cast<size_t>(id)).tokens;
+  }
   // Blocks needed to hold positions [0, num_tokens).
   int32_t BlocksFor(int32_t num_tokens) const {
     return (num_tokens + block_size_ - 1) / block_size_;
@@ -41,16 +64,49 @@ class BlockManager {
   // An empty block table bound to this pool.
   KvLease NewLease();
 
+  // The longest run of cached blocks holding exactly the first blocks of
+  // `tokens`, at most `max_blocks`. `hashes[i]` is the chained hash of block i
+  // (hashes.size() >= max_blocks). Every hit is verified: its token ids and its
+  // parent (the block matched before it, same generation) must be equal.
+  std::vector<BlockId> FindCachedPrefix(std::span<const int32_t> tokens,
+                                        std::span<const uint64_t> hashes,
+                                        int32_t max_blocks) const;
+  // Publishes held block `id`, fully computed with `tokens` after block
+  // `parent` (kNoBlock for the first). Returns the cached block that now stands
+  // for this content: `id`, an equal block cached earlier (`id` stays private),
+  // or kNoBlock when another content holds the hash (nothing published).
+  BlockId Publish(BlockId id, uint64_t hash, std::span<const int32_t> tokens, BlockId parent);
+
+  // Throws std::logic_error naming the first inconsistency of the free list,
+  // the LRU list or the hash map. O(blocks).
+  void CheckConsistency() const;
+
  private:
   friend class KvLease;
-  // Precondition: num_free_blocks() > 0. The block comes back with ref 1.
+  struct BlockMeta {
+    bool is_published = false;
+    uint64_t hash = 0;
+    uint64_t generation = 0;  // bumped on every allocation: content may change
+    BlockId parent = kNoBlock;
+    uint64_t parent_generation = 0;
+    std::vector<int32_t> tokens;  // the block's token ids while published
+    std::list<BlockId>::iterator lru_pos;
+  };
+
+  // Precondition: num_free_blocks() > 0. Takes the free list's head, else
+  // evicts the least recently used cached block. Comes back with ref 1.
   BlockId AllocateBlock();
-  void AddRef(BlockId id);
+  void AddRef(BlockId id);  // from 0 (cached) revives the block off the LRU list
   void Release(BlockId id);
+  void Unpublish(BlockId id);
+  bool Matches(BlockId id, std::span<const int32_t> tokens, BlockId parent) const;
 
   int32_t block_size_;
-  std::vector<int32_t> ref_counts_;  // indexed by block id; 0 == free
+  std::vector<int32_t> ref_counts_;  // indexed by block id
+  std::vector<BlockMeta> meta_;      // indexed by block id
   std::deque<BlockId> free_list_;    // FIFO: least recently freed first
+  std::list<BlockId> lru_;           // cached, ref 0: least recently released first
+  std::unordered_map<uint64_t, BlockId> by_hash_;
 };
 
 // One sequence's block table. Move-only; returns its blocks when destroyed.
@@ -71,6 +127,9 @@ class KvLease {
   // block ids to *new_block_ids. All or nothing: false (and no change) when the
   // pool has too few free blocks. Never shrinks.
   bool Cover(int32_t num_tokens, std::vector<BlockId>* new_block_ids);
+  // Takes a reference on each cached block (from FindCachedPrefix) as the
+  // start of the table. Precondition: the table is empty.
+  void ShareCached(std::span<const BlockId> blocks);
   // Returns every block to the pool; the lease stays bound and reusable.
   void Reset();
 

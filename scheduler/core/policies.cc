@@ -1,13 +1,40 @@
 #include "scheduler/core/policies.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 
 namespace ferry::scheduler {
+namespace {
+
+size_t Lane(const Sequence& seq) { return static_cast<size_t>(seq.lane_index); }
+
+LaneUsage CountLaneUsage(const SchedulerState& state, const Budget& budget) {
+  LaneUsage usage;
+  const auto& reservations = state.config.lane_reservations;
+  const size_t n = reservations.size();
+  if (n == 0) return usage;
+  for (const LaneReservation& r : reservations) {
+    usage.reserved_seats.push_back(static_cast<int32_t>(std::floor(r.min_seqs_fraction * budget.max_num_seqs)));
+    usage.reserved_blocks.push_back(
+        static_cast<int32_t>(std::floor(r.min_blocks_fraction * state.config.num_kv_blocks)));
+  }
+  usage.num_seats.assign(n, 0);
+  usage.num_blocks.assign(n, 0);
+  usage.num_admitted.assign(n, 0);
+  for (const Sequence* seq : state.running) {
+    if (seq->lane_index < 0) continue;
+    ++usage.num_seats[Lane(*seq)];
+    usage.num_blocks[Lane(*seq)] += seq->lease.num_blocks();
+  }
+  return usage;
+}
+
+}  // namespace
 
 bool ServesBefore(const Sequence& a, const Sequence& b) {
-  if (a.spec.priority != b.spec.priority) return a.spec.priority > b.spec.priority;
+  if (a.effective_priority != b.effective_priority) return a.effective_priority > b.effective_priority;
   return a.start_order < b.start_order;
 }
 
@@ -15,11 +42,35 @@ int32_t TokensThatFit(const Sequence& seq, int32_t want) {
   return std::max(0, std::min(want, seq.lease.MaxCoverableTokens() - seq.num_computed));
 }
 
-StepPlanner::StepPlanner(SchedulerState& state, const Budget& budget, StepPlan& plan)
-    : state_(state), budget_(budget), plan_(plan),
-      tokens_left_(budget.max_num_batched_tokens) {}
+void PublishComputedBlocks(BlockManager& blocks, Sequence& seq) {
+  const int32_t bs = blocks.block_size();
+  const int32_t num_full = seq.num_computed / bs;
+  if (seq.is_publishing_stopped || num_full <= seq.num_published_blocks) return;
+  const auto hashes = seq.BlockHashes(num_full, bs);
+  const auto table = seq.lease.block_ids();
+  const std::span<const int32_t> tokens(seq.tokens);
+  for (int32_t i = seq.num_published_blocks; i < num_full; ++i) {
+    const auto at = static_cast<size_t>(i);
+    const BlockId canonical = blocks.Publish(table[at], hashes[at], tokens.subspan(at * bs, bs),
+                                             seq.last_published);
+    if (canonical == kNoBlock) {  // a held block of other content has this hash
+      seq.is_publishing_stopped = true;
+      return;
+    }
+    seq.last_published = canonical;
+    seq.num_published_blocks = i + 1;
+  }
+}
+
+StepPlanner::StepPlanner(SchedulerState& state, const Budget& budget, StepPlan& plan,
+                         TimePoint now)
+    : state_(state), budget_(budget), plan_(plan), now_(now),
+      lanes_(CountLaneUsage(state, budget)), tokens_left_(budget.max_num_batched_tokens) {}
 
 void StepPlanner::ScheduleRunning() {
+  for (Sequence* seq : state_.running) {
+    seq->effective_priority = EffectivePriority(*seq, now_, state_.config.aging_interval_ms);
+  }
   std::vector<Sequence*> order = state_.running;
   std::stable_sort(order.begin(), order.end(),
                    [](const Sequence* a, const Sequence* b) { return ServesBefore(*a, *b); });
@@ -42,9 +93,8 @@ void StepPlanner::ScheduleRunning() {
   }
 }
 
-int32_t StepPlanner::GrowOrPreempt(Sequence& seq, int32_t want,
-                                   const std::vector<Sequence*>& order, size_t self,
-                                   size_t* end, std::vector<BlockId>* new_blocks) {
+int32_t StepPlanner::GrowOrPreempt(Sequence& seq, int32_t want, std::vector<Sequence*>& order,
+                                   size_t self, size_t* end, std::vector<BlockId>* new_blocks) {
   const bool decode = seq.is_decode();
   while (true) {
     int32_t fit = TokensThatFit(seq, want);
@@ -54,38 +104,118 @@ int32_t StepPlanner::GrowOrPreempt(Sequence& seq, int32_t want,
       }
       return fit;
     }
-    if (*end - 1 > self) {
-      Preempt(*order[--*end]);
+    if (size_t victim = FindVictim(seq, order, self, *end); victim != 0) {
+      Preempt(*order[victim]);
+      order.erase(order.begin() + static_cast<ptrdiff_t>(victim));
+      --*end;
       continue;
     }
-    // Nobody less deserving is left. A decode gives up its blocks (recompute
+    // Nobody it may preempt is left. A decode gives up its blocks (recompute
     // later); a partial prefill keeps its progress and waits a step.
-    if (decode) {
-      Preempt(seq);
-      --*end;
-    }
+    if (decode) Preempt(seq);  // stays in `order` before the loop's cursor: never a victim
     return 0;
   }
 }
 
+size_t StepPlanner::FindVictim(const Sequence& seq, const std::vector<Sequence*>& order,
+                               size_t self, size_t end) const {
+  for (size_t j = end; j-- > self + 1;) {
+    if (!IsProtected(*order[j], seq)) return j;
+  }
+  return 0;
+}
+
+bool StepPlanner::IsProtected(const Sequence& victim, const Sequence& by) const {
+  if (!lanes_.is_active() || victim.lane_index < 0 || victim.lane_index == by.lane_index) {
+    return false;
+  }
+  const size_t l = Lane(victim);
+  return lanes_.num_seats[l] <= lanes_.reserved_seats[l] ||
+         lanes_.num_blocks[l] <= lanes_.reserved_blocks[l];
+}
+
+int32_t StepPlanner::ReservedForOthers(int32_t lane, bool seats) const {
+  int32_t total = 0;
+  for (size_t l = 0; l < lanes_.reserved_seats.size(); ++l) {
+    if (static_cast<int32_t>(l) == lane) continue;
+    const int32_t waiting = state_.waiting.num_waiting_in_lane(static_cast<int32_t>(l)) -
+                            lanes_.num_admitted[l];
+    if (waiting <= 0) continue;
+    total += seats ? std::max(0, lanes_.reserved_seats[l] - lanes_.num_seats[l])
+                   : std::max(0, lanes_.reserved_blocks[l] - lanes_.num_blocks[l]);
+  }
+  return total;
+}
+
 void StepPlanner::AdmitWaiting() {
   // After a preemption blocks are short: admitting now would only be undone.
-  if (did_preempt_) return;
+  if (did_preempt_ || state_.waiting.empty()) return;
   const auto max_seqs = static_cast<size_t>(budget_.max_num_seqs);
-  while (!state_.waiting.empty() && num_scheduled_ < budget_.max_num_seqs &&
-         state_.running.size() < max_seqs && tokens_left_ > 0) {
-    Sequence& seq = *state_.waiting.front();
-    int32_t fit = TokensThatFit(seq, std::min(seq.num_uncomputed(), tokens_left_));
-    if (fit <= 0) break;
-    std::vector<BlockId> new_blocks;
-    if (!seq.lease.Cover(seq.num_computed + fit, &new_blocks)) {
-      throw std::logic_error("AdmitWaiting: Cover failed after fit check");
+  std::vector<Sequence*> admitted;
+  state_.waiting.VisitInOrder(now_, state_.config.aging_interval_ms, [&](Sequence& seq) {
+    if (num_scheduled_ >= budget_.max_num_seqs || state_.running.size() >= max_seqs ||
+        tokens_left_ <= 0) {
+      return false;
     }
-    state_.waiting.PopFront();
-    state_.running.push_back(&seq);
-    seq.start_order = ++state_.num_admissions;
-    Schedule(seq, fit, std::move(new_blocks));
+    const Admission result = TryAdmit(seq);
+    if (result == Admission::kAdmitted) admitted.push_back(&seq);
+    return result != Admission::kStop;
+  });
+  for (Sequence* seq : admitted) state_.waiting.Remove(seq);
+}
+
+std::vector<BlockId> StepPlanner::FindCachedPrefix(Sequence& seq) {
+  if (!state_.config.enable_prefix_caching) return {};
+  const int32_t bs = state_.blocks.block_size();
+  // Only blocks wholly before the last token: at least one token is computed
+  // (for logits), and never into a shared block.
+  const int32_t max_blocks = (seq.num_tokens() - 1) / bs;
+  if (max_blocks <= 0) return {};
+  return state_.blocks.FindCachedPrefix(seq.tokens, seq.BlockHashes(max_blocks, bs), max_blocks);
+}
+
+StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
+  BlockManager& blocks = state_.blocks;
+  const int32_t bs = blocks.block_size();
+  std::vector<BlockId> cached = FindCachedPrefix(seq);
+  const auto num_cached = static_cast<int32_t>(cached.size()) * bs;
+  // Cached blocks nobody holds count as free until this sequence takes them.
+  const auto num_revived = static_cast<int32_t>(
+      std::count_if(cached.begin(), cached.end(), [&](BlockId b) { return blocks.ref_count(b) == 0; }));
+  int32_t num_available = blocks.num_free_blocks() - num_revived;
+  int32_t fit = std::min({seq.num_tokens() - num_cached, tokens_left_, num_available * bs});
+  if (fit <= 0) return Admission::kStop;
+  if (lanes_.is_active()) {
+    // Only another lane's reservation keeps it out: skip, later ones may fit.
+    if (state_.running.size() + 1 + static_cast<size_t>(ReservedForOthers(seq.lane_index, true)) >
+        static_cast<size_t>(budget_.max_num_seqs)) {
+      return Admission::kSkipped;
+    }
+    num_available -= ReservedForOthers(seq.lane_index, false);
+    fit = std::min(fit, num_available * bs);
+    if (fit <= 0) return Admission::kSkipped;
   }
+  if (state_.config.enable_prefix_caching) {
+    state_.num_prefix_cache_queries += static_cast<uint64_t>((seq.num_tokens() - 1) / bs);
+    state_.num_prefix_cache_hits += cached.size();
+  }
+  seq.lease.ShareCached(cached);
+  seq.num_computed = num_cached;
+  seq.num_published_blocks = static_cast<int32_t>(cached.size());
+  seq.last_published = cached.empty() ? kNoBlock : cached.back();
+  std::vector<BlockId> new_blocks = std::move(cached);
+  if (!seq.lease.Cover(num_cached + fit, &new_blocks)) {
+    throw std::logic_error("TryAdmit: Cover failed after fit check");
+  }
+  state_.running.push_back(&seq);
+  seq.start_order = ++state_.num_admissions;
+  seq.effective_priority = EffectivePriority(seq, now_, state_.config.aging_interval_ms);
+  if (lanes_.is_active() && seq.lane_index >= 0) {
+    ++lanes_.num_seats[Lane(seq)];
+    ++lanes_.num_admitted[Lane(seq)];
+  }
+  Schedule(seq, fit, std::move(new_blocks));
+  return Admission::kAdmitted;
 }
 
 void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks) {
@@ -95,8 +225,12 @@ void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockI
         .token_ids = seq.tokens,
         .num_generated = seq.num_generated(),
         .sampling = seq.spec.sampling,
+        .num_cached_tokens = seq.num_computed,
     });
     seq.is_on_worker = true;
+  }
+  if (lanes_.is_active() && seq.lane_index >= 0) {
+    lanes_.num_blocks[Lane(seq)] += static_cast<int32_t>(new_blocks.size());  // shared ones too
   }
   plan_.scheduled.push_back(ScheduledSequence{
       .seq_id = seq.spec.seq_id, .num_tokens = num_tokens, .new_block_ids = std::move(new_blocks)});
@@ -107,8 +241,11 @@ void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockI
 void StepPlanner::Preempt(Sequence& seq) {
   auto& running = state_.running;
   running.erase(std::find(running.begin(), running.end(), &seq));
-  seq.lease.Reset();
-  seq.num_computed = 0;
+  if (lanes_.is_active() && seq.lane_index >= 0) {
+    --lanes_.num_seats[Lane(seq)];
+    lanes_.num_blocks[Lane(seq)] -= seq.lease.num_blocks();
+  }
+  seq.ResetProgress();
   if (seq.is_on_worker) plan_.preempted_ids.push_back(seq.spec.seq_id);
   seq.is_on_worker = false;
   ++seq.num_preemptions;

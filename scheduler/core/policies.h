@@ -1,11 +1,10 @@
 // The planning policies, as functions over the scheduler state. Plan() runs
-// them in order: ScheduleRunning (with preemption), then AdmitWaiting. Later
-// policies (priority aging, lane reservations, prefix caching, deadlines,
-// adaptive caps) replace ServesBefore, the chunk sizing or the admission test
-// here without touching the facade.
+// them in order: ScheduleRunning (with preemption), then AdmitWaiting (skipped
+// by the facade during a batch delay window). Rules in README.md.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -27,43 +26,71 @@ struct SchedulerState {
   WaitingQueue waiting;              // holds no blocks
   std::vector<Sequence*> running;    // admitted, hold blocks; in admission order
   std::vector<uint64_t> pending_finished_ids;  // for the next plan's finished_ids
+  std::multimap<TimePoint, uint64_t> deadlines;  // live sequences with a finite deadline
   uint64_t num_admissions = 0;
   uint64_t num_preemptions = 0;
+  uint64_t num_prefix_cache_queries = 0;  // full blocks looked up at admission
+  uint64_t num_prefix_cache_hits = 0;     // of those, blocks reused from the cache
 };
 
-// Service order among running sequences: higher priority first, then the one
-// started earlier. The preemption victim is the last in this order (lowest
-// priority, most recently started).
+// Service order among running sequences: higher effective priority first, then
+// the one started earlier. The preemption victim is the last in this order
+// that its lane's reservation does not protect.
 bool ServesBefore(const Sequence& a, const Sequence& b);
 
 // How many of `want` tokens the sequence can compute with its blocks plus the
 // free pool.
 int32_t TokensThatFit(const Sequence& seq, int32_t want);
 
+// Publishes the sequence's fully computed blocks not yet in the prefix cache
+// (after Commit advanced num_computed).
+void PublishComputedBlocks(BlockManager& blocks, Sequence& seq);
+
+// Per reserved lane: its reservation for this step and what its running
+// sequences use. Empty when no lane is reserved.
+struct LaneUsage {
+  std::vector<int32_t> reserved_seats, reserved_blocks;
+  std::vector<int32_t> num_seats, num_blocks;  // of running sequences
+  std::vector<int32_t> num_admitted;           // this step, still in the waiting queue
+  bool is_active() const { return !reserved_seats.empty(); }
+};
+
 // Builds one StepPlan, tracking what is left of the step's budget.
 class StepPlanner {
  public:
-  StepPlanner(SchedulerState& state, const Budget& budget, StepPlan& plan);
+  StepPlanner(SchedulerState& state, const Budget& budget, StepPlan& plan, TimePoint now);
 
   // Running sequences in service order: decodes get one token each, partial
   // prefills a chunk of what the decodes leave. Out of blocks, the least
-  // deserving running sequence not yet served this step is preempted.
+  // deserving unprotected running sequence not yet served this step is preempted.
   void ScheduleRunning();
-  // Waiting sequences by priority then arrival, while seats, tokens and blocks
-  // last. Strict order: stops at the first that does not fit.
+  // Waiting sequences in queue order (effective priority, then arrival), while
+  // seats, tokens and blocks last. Stops at the first that does not fit; skips
+  // one that only another lane's reservation keeps out.
   void AdmitWaiting();
 
  private:
+  enum class Admission { kAdmitted, kSkipped, kStop };
+  Admission TryAdmit(Sequence& seq);
+  std::vector<BlockId> FindCachedPrefix(Sequence& seq);
   // Covers `want` tokens (a prefill may take fewer), preempting from the tail
   // of order[0, *end) as needed. Returns the tokens granted; 0 if none.
-  int32_t GrowOrPreempt(Sequence& seq, int32_t want, const std::vector<Sequence*>& order,
+  int32_t GrowOrPreempt(Sequence& seq, int32_t want, std::vector<Sequence*>& order,
                         size_t self, size_t* end, std::vector<BlockId>* new_blocks);
+  // The last of order(self, end) that `seq` may preempt; 0 if none.
+  size_t FindVictim(const Sequence& seq, const std::vector<Sequence*>& order, size_t self,
+                    size_t end) const;
+  bool IsProtected(const Sequence& victim, const Sequence& by) const;
+  // Unused reserved seats (or blocks) of lanes other than `lane` with waiting work.
+  int32_t ReservedForOthers(int32_t lane, bool seats) const;
   void Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks);
   void Preempt(Sequence& seq);
 
   SchedulerState& state_;
   Budget budget_;
   StepPlan& plan_;
+  TimePoint now_;
+  LaneUsage lanes_;
   int32_t tokens_left_;
   int32_t num_scheduled_ = 0;
   bool did_preempt_ = false;

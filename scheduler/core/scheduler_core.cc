@@ -30,12 +30,46 @@ FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t max_model_len
   return FinishKind::kNone;
 }
 
+void RequireNonNegative(const char* field, int64_t value) {
+  if (value < 0) {
+    throw std::invalid_argument(std::string(field) + " = " + Num(value) + ", must be >= 0");
+  }
+}
+
+void ValidateLanes(const std::vector<LaneReservation>& lanes) {
+  double seqs = 0, blocks = 0;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const LaneReservation& r = lanes[i];
+    const std::string name = "lane_reservations[" + std::to_string(i) + "]";
+    if (r.lane.empty()) throw std::invalid_argument(name + ".lane is empty");
+    for (size_t j = 0; j < i; ++j) {
+      if (lanes[j].lane == r.lane) throw std::invalid_argument(name + ".lane '" + r.lane + "' repeats");
+    }
+    for (auto [field, v] : {std::pair{".min_seqs_fraction", r.min_seqs_fraction},
+                            std::pair{".min_blocks_fraction", r.min_blocks_fraction}}) {
+      if (!(v >= 0.0 && v <= 1.0)) {
+        throw std::invalid_argument(name + field + " = " + std::to_string(v) + ", must be in [0, 1]");
+      }
+    }
+    seqs += r.min_seqs_fraction;
+    blocks += r.min_blocks_fraction;
+  }
+  if (seqs > 1.0 || blocks > 1.0) {
+    throw std::invalid_argument("lane_reservations: fractions sum to " + std::to_string(seqs) +
+                                " of seats and " + std::to_string(blocks) + " of blocks, must be <= 1");
+  }
+}
+
 const SchedulerConfig& Validated(const SchedulerConfig& config) {
   RequirePositive("max_num_seqs", config.max_num_seqs);
   RequirePositive("max_num_batched_tokens", config.max_num_batched_tokens);
   RequirePositive("max_model_len", config.max_model_len);
   RequirePositive("block_size", config.block_size);
   RequirePositive("num_kv_blocks", config.num_kv_blocks);
+  RequireNonNegative("aging_interval_ms", config.aging_interval_ms);
+  RequireNonNegative("max_batch_delay_ms", config.max_batch_delay_ms);
+  RequireNonNegative("batch_delay_min_seqs", config.batch_delay_min_seqs);
+  ValidateLanes(config.lane_reservations);
   return config;
 }
 
@@ -66,6 +100,13 @@ void SchedulerCore::Add(RequestSpec request) {
   }
   const uint64_t seq_id = request.seq_id;
   auto seq = std::make_unique<Sequence>(std::move(request), state_.blocks.NewLease());
+  const auto& lanes = cfg.lane_reservations;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    if (lanes[i].lane == seq->spec.lane) seq->lane_index = static_cast<int32_t>(i);
+  }
+  if (seq->spec.deadline != TimePoint::max()) {
+    seq->deadline_pos = state_.deadlines.emplace(seq->spec.deadline, seq_id);
+  }
   state_.waiting.PushByArrival(seq.get());
   state_.sequences.emplace(seq_id, std::move(seq));
 }
@@ -75,22 +116,51 @@ void SchedulerCore::Cancel(uint64_t seq_id) {
   if (seq != nullptr) Retire(*seq);
 }
 
-StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint /*now*/) {
+StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
   if (in_flight_step_) {
     throw std::logic_error("Plan called before Commit of step " + std::to_string(*in_flight_step_));
   }
   RequirePositive("budget.max_num_seqs", budget.max_num_seqs);
   RequirePositive("budget.max_num_batched_tokens", budget.max_num_batched_tokens);
+  ExpireDeadlines(now);  // first: their ids go into this plan's finished_ids
   StepPlan plan;
   plan.finished_ids = std::exchange(state_.pending_finished_ids, {});
-  StepPlanner planner(state_, budget, plan);
+  StepPlanner planner(state_, budget, plan, now);
   planner.ScheduleRunning();
-  planner.AdmitWaiting();
+  if (!HoldsForBatch(now)) planner.AdmitWaiting();
   if (!plan.empty()) {
     plan.step_id = ++num_steps_;
     in_flight_step_ = plan.step_id;
   }
   return plan;
+}
+
+void SchedulerCore::ExpireDeadlines(TimePoint now) {
+  auto& deadlines = state_.deadlines;
+  while (!deadlines.empty() && deadlines.begin()->first <= now) {
+    Sequence& seq = *Find(deadlines.begin()->second);
+    const FinishKind kind =
+        seq.has_started() ? FinishKind::kTimeout : FinishKind::kDeadlineExceeded;
+    events_.push_back(SeqEvent{.seq_id = seq.spec.seq_id, .new_tokens = {}, .logprobs = {}, .finish = kind});
+    Retire(seq);  // erases the deadline entry
+  }
+}
+
+bool SchedulerCore::HoldsForBatch(TimePoint now) {
+  retry_at_.reset();
+  const SchedulerConfig& cfg = state_.config;
+  if (cfg.max_batch_delay_ms <= 0 || !state_.running.empty() || state_.waiting.empty() ||
+      state_.waiting.size() >= static_cast<size_t>(cfg.batch_delay_min_seqs)) {
+    return false;
+  }
+  const TimePoint until =
+      state_.waiting.OldestArrival() + std::chrono::milliseconds(cfg.max_batch_delay_ms);
+  if (now >= until) return false;
+  // Wake for a deadline inside the window too.
+  const TimePoint next_deadline =
+      state_.deadlines.empty() ? TimePoint::max() : state_.deadlines.begin()->first;
+  retry_at_ = std::min(until, next_deadline);
+  return true;
 }
 
 void SchedulerCore::ValidateCommit(const StepPlan& plan,
@@ -130,11 +200,13 @@ std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
     Sequence* seq = Find(entry.seq_id);
     if (seq == nullptr) continue;
     seq->num_computed += entry.num_tokens;
+    // Published only now: the step that filled these blocks is done.
+    if (state_.config.enable_prefix_caching) PublishComputedBlocks(state_.blocks, *seq);
     auto it = token_of.find(entry.seq_id);
     if (it == token_of.end()) continue;  // a prefill chunk short of the end
     const int32_t token = it->second->token_id;
     seq->tokens.push_back(token);
-    SeqEvent event{.seq_id = entry.seq_id, .new_tokens = {token},
+    SeqEvent event{.seq_id = entry.seq_id, .new_tokens = {token}, .logprobs = {},
                    .finish = FinishAfter(*seq, token, state_.config.max_model_len)};
     if (it->second->logprob) event.logprobs.push_back(*it->second->logprob);
     if (event.finish != FinishKind::kNone) Retire(*seq);
@@ -153,7 +225,7 @@ std::vector<SeqEvent> SchedulerCore::AbortAll() {
   events.reserve(ids.size());
   for (uint64_t id : ids) {
     Retire(*Find(id));
-    events.push_back(SeqEvent{.seq_id = id, .new_tokens = {}, .finish = FinishKind::kAborted});
+    events.push_back(SeqEvent{.seq_id = id, .new_tokens = {}, .logprobs = {}, .finish = FinishKind::kAborted});
   }
   in_flight_step_.reset();
   return events;
@@ -181,7 +253,39 @@ void SchedulerCore::Retire(Sequence& seq) {
     running.erase(it);
   }
   if (seq.is_on_worker) state_.pending_finished_ids.push_back(seq.spec.seq_id);
+  if (seq.spec.deadline != TimePoint::max()) state_.deadlines.erase(seq.deadline_pos);
   state_.sequences.erase(seq.spec.seq_id);  // the lease returns its blocks here
+}
+
+void SchedulerCore::CheckSequence(const Sequence& seq) const {
+  auto fail = [&](const std::string& what) {
+    throw std::logic_error("invariant: seq_id " + std::to_string(seq.spec.seq_id) + " " + what);
+  };
+  const BlockManager& blocks = state_.blocks;
+  const auto table = seq.lease.block_ids();
+  if (!in_flight_step_ && seq.lease.num_blocks() != blocks.BlocksFor(seq.num_computed)) {
+    fail("holds " + Num(seq.lease.num_blocks()) + " blocks for " + Num(seq.num_computed) +
+         " computed tokens");
+  }
+  if (seq.num_published_blocks > seq.lease.num_blocks()) fail("published past its table");
+  // A cached block in its table is one of its full, computed blocks.
+  const int32_t bs = blocks.block_size();
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (!blocks.is_cached(table[i])) continue;
+    if (static_cast<int32_t>(i + 1) * bs > seq.num_computed) {
+      fail("holds cached block " + Num(table[i]) + " at an uncomputed position");
+    }
+    const auto mine = std::span<const int32_t>(seq.tokens).subspan(i * bs, static_cast<size_t>(bs));
+    const auto cached = blocks.cached_tokens(table[i]);
+    if (!std::equal(mine.begin(), mine.end(), cached.begin(), cached.end())) {
+      fail("holds cached block " + Num(table[i]) + " of other tokens at block " + Num(int64_t(i)));
+    }
+    if (i < seq.block_hashes.size() && seq.block_hashes[i] != blocks.cached_hash(table[i])) {
+      fail("holds cached block " + Num(table[i]) + " under another chained hash");
+    }
+  }
+  const bool has_deadline = seq.spec.deadline != TimePoint::max();
+  if (has_deadline && seq.deadline_pos->second != seq.spec.seq_id) fail("deadline entry is wrong");
 }
 
 void SchedulerCore::CheckInvariants() const {
@@ -196,30 +300,27 @@ void SchedulerCore::CheckInvariants() const {
   });
   for (const Sequence* s : state_.running) ++places[s];
   if (places.size() != state_.sequences.size()) fail("queues and live sequences differ");
-  // Every block is free or owned by exactly one live lease, which covers
-  // exactly the computed tokens between steps.
+  // Every block is free, or held with ref count = number of leases holding it,
+  // or cached with ref count 0.
   const BlockManager& blocks = state_.blocks;
   std::vector<int32_t> owners(static_cast<size_t>(blocks.num_total_blocks()), 0);
+  size_t num_deadlines = 0;
   for (const auto& [id, seq] : state_.sequences) {
     if (places[seq.get()] != 1) fail("seq_id " + std::to_string(id) + " is queued twice or not");
     for (BlockId b : seq->lease.block_ids()) ++owners.at(static_cast<size_t>(b));
-    if (!in_flight_step_ && seq->lease.num_blocks() != blocks.BlocksFor(seq->num_computed)) {
-      fail("seq_id " + std::to_string(id) + " holds " + Num(seq->lease.num_blocks()) +
-           " blocks for " + Num(seq->num_computed) + " computed tokens");
-    }
+    CheckSequence(*seq);
+    if (seq->spec.deadline != TimePoint::max()) ++num_deadlines;
   }
-  int32_t num_unowned = 0;
+  if (num_deadlines != state_.deadlines.size()) fail("deadline index and sequences differ");
   for (BlockId b = 0; b < blocks.num_total_blocks(); ++b) {
     const int32_t n = owners[static_cast<size_t>(b)];
-    if (n > 1 || blocks.ref_count(b) != n) {
+    if (blocks.ref_count(b) != n) {
       fail("block " + Num(b) + " has ref_count " + Num(blocks.ref_count(b)) + " and " + Num(n) +
            " owners");
     }
-    if (n == 0) ++num_unowned;
+    if (n > 1 && !blocks.is_cached(b)) fail("block " + Num(b) + " is shared but not cached");
   }
-  if (num_unowned != blocks.num_free_blocks()) {
-    fail(Num(num_unowned) + " unowned blocks but " + Num(blocks.num_free_blocks()) + " free");
-  }
+  blocks.CheckConsistency();  // unheld blocks are on the free or LRU list, the map is exact
 }
 
 }  // namespace ferry::scheduler

@@ -3,8 +3,9 @@
 // loop and calls, from one thread:
 //
 //   Add / Cancel            at any time
-//   plan = Plan(budget, now)
+//   plan = Plan(budget, now); deliver TakeEvents()   (deadline ends)
 //   if (!plan.empty()) { send plan; events = Commit(plan, result.sampled); }
+//   else if (retry_at()) sleep until *retry_at() or the next Add
 //   on a worker failure:    events = AbortAll()
 //
 // See scheduler/core/README.md for the contract and invariants.
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "scheduler/core/policies.h"
@@ -34,10 +36,17 @@ class SchedulerCore {
   // for it, its id goes into the next plan's finished_ids. Unknown ids are ignored.
   void Cancel(uint64_t seq_id);
   // Decides the next step. Every non-empty plan must be sent and then passed to
-  // Commit before the next Plan (std::logic_error otherwise). `now` is unused
-  // for now (deadlines will use it). Throws std::invalid_argument on a budget
-  // with a non-positive limit.
+  // Commit before the next Plan (std::logic_error otherwise). `now` drives
+  // deadlines (sequences whose deadline <= now end first; their events wait in
+  // TakeEvents), aging and the batch delay window. Throws std::invalid_argument
+  // on a budget with a non-positive limit.
   StepPlan Plan(const Budget& budget, TimePoint now);
+  // Events produced outside Commit since the last call (deadline ends from
+  // Plan: kDeadlineExceeded / kTimeout, no tokens), in the order they happened.
+  std::vector<SeqEvent> TakeEvents() { return std::exchange(events_, {}); }
+  // Set when the last Plan held admission back for the batch delay window:
+  // plan again at this time (or on the next Add). nullopt otherwise.
+  std::optional<TimePoint> retry_at() const { return retry_at_; }
   // Applies the worker's samples for `plan`. Every scheduled, still-live
   // sequence whose computed count reaches the end of its known tokens needs
   // exactly one sample, and no other sequence may have one (std::invalid_argument,
@@ -51,10 +60,16 @@ class SchedulerCore {
 
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
+  // Allocatable blocks: free plus cached ones no sequence holds.
   int32_t num_free_blocks() const { return state_.blocks.num_free_blocks(); }
   int32_t num_total_blocks() const { return state_.blocks.num_total_blocks(); }
   uint64_t num_steps() const { return num_steps_; }  // non-empty plans issued
   uint64_t num_preemptions() const { return state_.num_preemptions; }
+  // Prefix cache counters, in blocks: looked up at admission / reused.
+  uint64_t num_prefix_cache_queries() const { return state_.num_prefix_cache_queries; }
+  uint64_t num_prefix_cache_hits() const { return state_.num_prefix_cache_hits; }
+  // Blocks published in the prefix cache (held or evictable).
+  int32_t num_cached_blocks() const { return state_.blocks.num_cached_blocks(); }
   bool is_live(uint64_t seq_id) const { return state_.sequences.contains(seq_id); }
   // Anything to plan: waiting or running sequences, or finished ids to send.
   bool has_work() const;
@@ -72,8 +87,14 @@ class SchedulerCore {
   void ValidateCommit(const StepPlan& plan, const std::vector<SampledToken>& sampled) const;
   // Removes a live sequence (its lease frees the blocks); `seq` dangles after.
   void Retire(Sequence& seq);
+  void ExpireDeadlines(TimePoint now);
+  // Whether the batch delay window holds admission back now (sets retry_at_).
+  bool HoldsForBatch(TimePoint now);
+  void CheckSequence(const Sequence& seq) const;
 
   SchedulerState state_;
+  std::vector<SeqEvent> events_;
+  std::optional<TimePoint> retry_at_;
   std::optional<uint64_t> in_flight_step_;
   uint64_t num_steps_ = 0;
 };

@@ -37,6 +37,8 @@ inline SchedulerConfig MakeConfig(int32_t num_kv_blocks = 256, int32_t block_siz
   return cfg;
 }
 
+inline TimePoint Ms(int64_t ms) { return TimePoint(std::chrono::milliseconds(ms)); }
+
 inline Budget MakeBudget(int32_t max_num_seqs = 256, int32_t max_num_batched_tokens = 8192) {
   return Budget{.max_num_seqs = max_num_seqs, .max_num_batched_tokens = max_num_batched_tokens};
 }
@@ -49,6 +51,9 @@ struct RequestOptions {
   int64_t arrival_ms = 0;
   std::vector<int32_t> stop_token_ids = {};
   bool ignore_eos = false;
+  std::string lane = "";
+  int64_t deadline_ms = -1;          // -1: none
+  std::vector<int32_t> prefix = {};  // shared tokens placed before the prompt_len own ones
 };
 
 inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
@@ -58,6 +63,7 @@ inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
   for (int32_t i = 0; i < o.prompt_len; ++i) {
     r.prompt.push_back(10 + static_cast<int32_t>((seq_id * 31 + static_cast<uint64_t>(i) * 7) % 900));
   }
+  r.prompt.insert(r.prompt.begin(), o.prefix.begin(), o.prefix.end());
   if (o.eos_after >= 0) r.prompt[0] = kEosAfterBase + o.eos_after;
   r.max_tokens = o.max_tokens;
   r.sampling.seed = seq_id;
@@ -66,6 +72,8 @@ inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
   r.ignore_eos = o.ignore_eos;
   r.priority = o.priority;
   r.arrival = TimePoint(std::chrono::milliseconds(o.arrival_ms));
+  r.lane = o.lane;
+  if (o.deadline_ms >= 0) r.deadline = TimePoint(std::chrono::milliseconds(o.deadline_ms));
   return r;
 }
 
@@ -109,7 +117,7 @@ class FakeWorker {
  public:
   FakeWorker(int32_t num_blocks, int32_t block_size)
       : block_size_(block_size), kv_(static_cast<size_t>(num_blocks) * block_size, -1),
-        owner_(static_cast<size_t>(num_blocks), kNoOwner) {}
+        holders_(static_cast<size_t>(num_blocks), 0) {}
 
   std::vector<SampledToken> Execute(const StepPlan& plan) {
     for (uint64_t id : plan.finished_ids) Forget(id, "finished");
@@ -120,8 +128,14 @@ class FakeWorker {
       if (n.num_generated < 0 || n.num_generated >= static_cast<int32_t>(n.token_ids.size())) {
         Fail(plan, n.seq_id, "bad num_generated");
       }
+      if (n.num_cached_tokens < 0 || n.num_cached_tokens % block_size_ != 0 ||
+          n.num_cached_tokens >= static_cast<int32_t>(n.token_ids.size())) {
+        Fail(plan, n.seq_id, "bad num_cached_tokens " + std::to_string(n.num_cached_tokens));
+      }
       seqs_[n.seq_id] = WorkerSeq{n.token_ids,
-                                  static_cast<int32_t>(n.token_ids.size()) - n.num_generated, 0, {}};
+                                  static_cast<int32_t>(n.token_ids.size()) - n.num_generated,
+                                  n.num_cached_tokens, {}, n.num_cached_tokens / block_size_};
+      num_cached_tokens_ += n.num_cached_tokens;
       fresh.insert(n.seq_id);
     }
     std::vector<SampledToken> sampled;
@@ -136,16 +150,17 @@ class FakeWorker {
   }
 
   bool knows(uint64_t id) const { return seqs_.contains(id); }
+  int64_t num_cached_tokens() const { return num_cached_tokens_; }  // skipped via the cache
   size_t num_known() const { return seqs_.size(); }
   std::vector<BlockId> block_table(uint64_t id) const { return seqs_.at(id).blocks; }
 
  private:
-  static constexpr uint64_t kNoOwner = ~0ull;
   struct WorkerSeq {
     std::vector<int32_t> tokens;
     int32_t num_prompt = 0;
     int32_t num_computed = 0;
     std::vector<BlockId> blocks;
+    int32_t num_shared_blocks = 0;  // leading blocks from the prefix cache: read-only
   };
 
   [[noreturn]] static void Fail(const StepPlan& plan, uint64_t id, const std::string& what) {
@@ -158,7 +173,7 @@ class FakeWorker {
     if (it == seqs_.end()) {
       throw std::runtime_error(std::string(why) + " id " + std::to_string(id) + " is unknown");
     }
-    for (BlockId b : it->second.blocks) owner_[static_cast<size_t>(b)] = kNoOwner;
+    for (BlockId b : it->second.blocks) --holders_[static_cast<size_t>(b)];
     seqs_.erase(it);
   }
 
@@ -171,14 +186,20 @@ class FakeWorker {
       Fail(plan, s.seq_id, "num_tokens " + std::to_string(s.num_tokens) + " out of range");
     }
     for (BlockId b : s.new_block_ids) {
-      if (owner_.at(static_cast<size_t>(b)) != kNoOwner) Fail(plan, s.seq_id, "block in use");
-      owner_[static_cast<size_t>(b)] = s.seq_id;
+      // Only the cached prefix may be a block another sequence holds.
+      const bool shared = static_cast<int32_t>(w.blocks.size()) < w.num_shared_blocks;
+      if (!shared && holders_.at(static_cast<size_t>(b)) != 0) Fail(plan, s.seq_id, "block in use");
+      ++holders_.at(static_cast<size_t>(b));
       w.blocks.push_back(b);
     }
     if (static_cast<int32_t>(w.blocks.size()) != (end + block_size_ - 1) / block_size_) {
       Fail(plan, s.seq_id, "block table does not cover exactly the computed positions");
     }
-    for (int32_t p = w.num_computed; p < end; ++p) Slot(w, p) = w.tokens[static_cast<size_t>(p)];
+    for (int32_t p = w.num_computed; p < end; ++p) {
+      const BlockId b = w.blocks[static_cast<size_t>(p / block_size_)];
+      if (holders_[static_cast<size_t>(b)] != 1) Fail(plan, s.seq_id, "writes a shared block");
+      Slot(w, p) = w.tokens[static_cast<size_t>(p)];
+    }
     w.num_computed = end;
     if (end < static_cast<int32_t>(w.tokens.size())) return std::nullopt;
     // Sample from what the KV pool holds, so clobbered blocks change the output.
@@ -197,7 +218,8 @@ class FakeWorker {
 
   int32_t block_size_;
   std::vector<int32_t> kv_;
-  std::vector<uint64_t> owner_;
+  std::vector<int32_t> holders_;  // worker sequences whose table has the block
+  int64_t num_cached_tokens_ = 0;
   std::unordered_map<uint64_t, WorkerSeq> seqs_;
 };
 
@@ -218,8 +240,9 @@ class Harness {
   }
   // One Plan -> Execute -> Commit cycle; checks budgets and invariants.
   StepPlan Step(const Budget& budget = MakeBudget()) {
-    StepPlan plan = core.Plan(budget, TimePoint{});
+    StepPlan plan = core.Plan(budget, now);
     ++num_iterations;
+    for (const SeqEvent& e : core.TakeEvents()) Record(e);
     if (plan.empty()) return plan;
     if (static_cast<int32_t>(plan.scheduled.size()) > budget.max_num_seqs) {
       throw std::runtime_error("max_num_seqs exceeded at step " + std::to_string(plan.step_id));
@@ -229,6 +252,7 @@ class Harness {
                                std::to_string(plan.step_id));
     }
     for (const auto& n : plan.new_sequences) ++times_sent[n.seq_id];
+    num_scheduled_tokens += plan.num_scheduled_tokens();
     for (uint64_t id : plan.preempted_ids) ++times_preempted[id];
     std::vector<SampledToken> sampled = worker.Execute(plan);
     for (const SeqEvent& e : core.Commit(plan, sampled)) Record(e);
@@ -254,7 +278,8 @@ class Harness {
       SCOPED_TRACE("seq_id " + std::to_string(id));
       EXPECT_EQ(o.num_ends, 1);
       Outcome ref = Reference(requests.at(id), max_model_len_);
-      if (o.finish == FinishKind::kCancelled || o.finish == FinishKind::kAborted) {
+      if (o.finish == FinishKind::kCancelled || o.finish == FinishKind::kAborted ||
+          o.finish == FinishKind::kTimeout || o.finish == FinishKind::kDeadlineExceeded) {
         ASSERT_LE(o.tokens.size(), ref.tokens.size());
         EXPECT_TRUE(std::equal(o.tokens.begin(), o.tokens.end(), ref.tokens.begin()));
       } else {
@@ -271,6 +296,8 @@ class Harness {
   std::map<uint64_t, int> times_sent;
   std::map<uint64_t, int> times_preempted;
   int num_iterations = 0;
+  int64_t num_scheduled_tokens = 0;
+  TimePoint now{};  // passed to Plan; tests move it
 
  private:
   void End(uint64_t id, FinishKind kind) {

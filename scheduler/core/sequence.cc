@@ -12,15 +12,42 @@ const char* FinishKindName(FinishKind kind) {
     case FinishKind::kStopToken: return "stop_token";
     case FinishKind::kAborted: return "aborted";
     case FinishKind::kCancelled: return "cancelled";
+    case FinishKind::kDeadlineExceeded: return "deadline_exceeded";
+    case FinishKind::kTimeout: return "timeout";
   }
   return "unknown";
 }
 
-void WaitingQueue::PopFront() {
-  auto it = by_priority_.begin();
-  it->second.pop_front();
-  if (it->second.empty()) by_priority_.erase(it);
-  --size_;
+std::span<const uint64_t> Sequence::BlockHashes(int32_t num_blocks, int32_t block_size) {
+  while (static_cast<int32_t>(block_hashes.size()) < num_blocks) {
+    const size_t i = block_hashes.size();
+    const uint64_t parent = i == 0 ? kRootBlockHash : block_hashes.back();
+    block_hashes.push_back(HashBlock(
+        parent, std::span<const int32_t>(tokens).subspan(i * static_cast<size_t>(block_size),
+                                                         static_cast<size_t>(block_size))));
+  }
+  return std::span<const uint64_t>(block_hashes).first(static_cast<size_t>(num_blocks));
+}
+
+void Sequence::ResetProgress() {
+  lease.Reset();
+  num_computed = 0;
+  num_published_blocks = 0;
+  last_published = kNoBlock;
+  is_publishing_stopped = false;
+}
+
+int64_t EffectivePriority(const Sequence& seq, TimePoint now, int32_t aging_interval_ms) {
+  if (aging_interval_ms <= 0 || now <= seq.spec.arrival) return seq.spec.priority;
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - seq.spec.arrival);
+  return seq.spec.priority + waited.count() / aging_interval_ms;
+}
+
+void WaitingQueue::CountLane(const Sequence* seq, int32_t delta) {
+  if (seq->lane_index < 0) return;
+  const auto i = static_cast<size_t>(seq->lane_index);
+  if (lane_counts_.size() <= i) lane_counts_.resize(i + 1, 0);
+  lane_counts_[i] += delta;
 }
 
 void WaitingQueue::PushByArrival(Sequence* seq) {
@@ -29,11 +56,13 @@ void WaitingQueue::PushByArrival(Sequence* seq) {
   auto pos = queue.end();
   while (pos != queue.begin() && (*std::prev(pos))->spec.arrival > seq->spec.arrival) --pos;
   queue.insert(pos, seq);
+  CountLane(seq, 1);
   ++size_;
 }
 
 void WaitingQueue::PushFront(Sequence* seq) {
   by_priority_[seq->spec.priority].push_front(seq);
+  CountLane(seq, 1);
   ++size_;
 }
 
@@ -45,8 +74,47 @@ bool WaitingQueue::Remove(const Sequence* seq) {
   if (pos == queue.end()) return false;
   queue.erase(pos);
   if (queue.empty()) by_priority_.erase(it);
+  CountLane(seq, -1);
   --size_;
   return true;
+}
+
+TimePoint WaitingQueue::OldestArrival() const {
+  TimePoint oldest = TimePoint::max();
+  ForEach([&](const Sequence* s) { oldest = std::min(oldest, s->spec.arrival); });
+  return oldest;
+}
+
+void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms,
+                                const std::function<bool(Sequence&)>& fn) const {
+  // A merge of the per-priority deques by their heads' effective priority.
+  struct Cursor {
+    const std::deque<Sequence*>* queue;
+    size_t next;
+  };
+  std::vector<Cursor> cursors;
+  cursors.reserve(by_priority_.size());
+  for (const auto& [priority, queue] : by_priority_) cursors.push_back(Cursor{&queue, 0});
+  while (true) {
+    Cursor* best = nullptr;
+    int64_t best_priority = 0;
+    for (Cursor& c : cursors) {
+      if (c.next >= c.queue->size()) continue;
+      const Sequence& head = *(*c.queue)[c.next];
+      const int64_t p = EffectivePriority(head, now, aging_interval_ms);
+      const Sequence* best_head = best == nullptr ? nullptr : (*best->queue)[best->next];
+      // Deques are visited by base priority, highest first: a tie in effective
+      // priority goes to the earlier arrival, then to the higher base priority.
+      if (best == nullptr || p > best_priority ||
+          (p == best_priority && head.spec.arrival < best_head->spec.arrival)) {
+        best = &c;
+        best_priority = p;
+      }
+    }
+    if (best == nullptr) return;
+    Sequence* seq = (*best->queue)[best->next++];
+    if (!fn(*seq)) return;
+  }
 }
 
 }  // namespace ferry::scheduler

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "scheduler/core/block_manager.h"
@@ -16,6 +17,7 @@ namespace ferry::scheduler {
 struct Sequence {
   Sequence(RequestSpec request, KvLease kv) : spec(std::move(request)), lease(std::move(kv)) {
     tokens = spec.prompt;
+    effective_priority = spec.priority;
   }
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
@@ -24,6 +26,12 @@ struct Sequence {
   int32_t num_uncomputed() const { return num_tokens() - num_computed; }
   // One token left to compute: it runs as a decode and samples.
   bool is_decode() const { return num_uncomputed() == 1; }
+  bool has_started() const { return start_order != 0; }
+  // Chained hashes of the first `num_blocks` full blocks of `tokens` (computed
+  // once; tokens only ever grow). Precondition: that many full blocks exist.
+  std::span<const uint64_t> BlockHashes(int32_t num_blocks, int32_t block_size);
+  // Drops what the worker held: blocks, progress and the published chain.
+  void ResetProgress();
 
   RequestSpec spec;
   std::vector<int32_t> tokens;  // prompt, then every sampled token
@@ -34,22 +42,45 @@ struct Sequence {
   // The worker holds state for this sequence: it was sent in new_sequences and
   // not since in preempted_ids. Decides finished_ids and re-sending.
   bool is_on_worker = false;
-  uint64_t start_order = 0;  // when last admitted; larger == more recent
+  uint64_t start_order = 0;  // when last admitted; larger == more recent; 0: never
   int32_t num_preemptions = 0;
+  int32_t lane_index = -1;  // index in config.lane_reservations; -1: no reservation
+  // spec.priority plus aging, as of the current Plan (ServesBefore uses it).
+  int64_t effective_priority = 0;
+  // Prefix caching: hashes of full blocks, and how far the lease's blocks are
+  // published (or found equal to a cached block).
+  std::vector<uint64_t> block_hashes;
+  int32_t num_published_blocks = 0;
+  BlockId last_published = kNoBlock;  // the cached block standing for block num_published - 1
+  bool is_publishing_stopped = false;  // a hash collision with a held block
+  std::multimap<TimePoint, uint64_t>::iterator deadline_pos;  // valid iff deadline is finite
 };
 
-// Waiting sequences by priority (larger first), then arrival. Holds no blocks.
+// spec.priority raised by one step per full aging interval waited since arrival.
+int64_t EffectivePriority(const Sequence& seq, TimePoint now, int32_t aging_interval_ms);
+
+// Waiting sequences. Holds no blocks. Order: effective priority (larger first),
+// then arrival; within one base priority the deque order (arrival, preempted
+// sequences in front) is kept. Also counts waiting sequences per reserved lane.
 class WaitingQueue {
  public:
   bool empty() const { return size_ == 0; }
   size_t size() const { return size_; }
-  Sequence* front() const { return by_priority_.begin()->second.front(); }
-  void PopFront();
   // By arrival within its priority; ties keep the order of Add.
   void PushByArrival(Sequence* seq);
   // Ahead of everything of its priority (a preempted sequence resumes first).
   void PushFront(Sequence* seq);
   bool Remove(const Sequence* seq);
+  int32_t num_waiting_in_lane(int32_t lane_index) const {
+    return lane_index >= 0 && static_cast<size_t>(lane_index) < lane_counts_.size()
+               ? lane_counts_[static_cast<size_t>(lane_index)] : 0;
+  }
+  // The earliest arrival among waiting sequences. Precondition: !empty(). O(n).
+  TimePoint OldestArrival() const;
+  // Visits waiting sequences in queue order at `now` until `fn` returns false.
+  // `fn` must not change the queue.
+  void VisitInOrder(TimePoint now, int32_t aging_interval_ms,
+                    const std::function<bool(Sequence&)>& fn) const;
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (const auto& [priority, queue] : by_priority_) {
@@ -58,7 +89,10 @@ class WaitingQueue {
   }
 
  private:
+  void CountLane(const Sequence* seq, int32_t delta);
+
   std::map<int32_t, std::deque<Sequence*>, std::greater<>> by_priority_;
+  std::vector<int32_t> lane_counts_;
   size_t size_ = 0;
 };
 

@@ -16,12 +16,33 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 using BlockId = int32_t;
 
+// A share of the seats and KV blocks kept for one lane (RequestSpec::lane):
+// while the lane has waiting work, other lanes may not be admitted into the
+// part of its share it does not use. Rule in scheduler/core/README.md.
+struct LaneReservation {
+  std::string lane;                  // non-empty, unique
+  double min_seqs_fraction = 0.0;    // of the step's max_num_seqs, rounded down
+  double min_blocks_fraction = 0.0;  // of num_kv_blocks, rounded down
+};
+
 struct SchedulerConfig {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
   int32_t max_model_len = 0;  // prompt + generated tokens may not exceed this
   int32_t block_size = 16;    // tokens per KV block
   int32_t num_kv_blocks = 0;  // KV blocks the worker holds
+  // vLLM's --enable-prefix-caching: full computed blocks are shared by hash.
+  bool enable_prefix_caching = false;
+  // Each full interval waited since arrival raises a sequence's effective
+  // priority by one. 0: no aging (strict priority).
+  int32_t aging_interval_ms = 0;
+  // Fractions summing to at most 1; lanes without an entry reserve nothing.
+  std::vector<LaneReservation> lane_reservations;
+  // Batch delay window: with nothing running and fewer than
+  // batch_delay_min_seqs waiting, Plan admits nothing until the oldest waiting
+  // request has waited max_batch_delay_ms (see SchedulerCore::retry_at). 0: off.
+  int32_t max_batch_delay_ms = 0;
+  int32_t batch_delay_min_seqs = 8;
 };
 
 // Per-step limits; passed to every Plan so a controller can change them per step.
@@ -61,8 +82,12 @@ struct RequestSpec {
   std::vector<int32_t> stop_token_ids;
   std::vector<int32_t> eos_token_ids;
   bool ignore_eos = false;
-  int32_t priority = 0;  // larger runs first
+  int32_t priority = 0;  // larger runs first (raised by aging while it waits)
   TimePoint arrival{};
+  std::string lane;  // reservation lane (SchedulerConfig::lane_reservations); "" none
+  // Waiting at this time: ends with kDeadlineExceeded (never started) or
+  // kTimeout (started: its tokens so far were delivered). Running: kTimeout.
+  TimePoint deadline = TimePoint::max();
 };
 
 // A sequence the worker has no state for, sent in full once (ferry.v1.NewSequence).
@@ -71,6 +96,11 @@ struct NewSequence {
   std::vector<int32_t> token_ids;  // prompt + tokens generated before a preemption
   int32_t num_generated = 0;       // how many of token_ids were generated
   SamplingParams sampling;
+  // Positions [0, num_cached_tokens) are already in the first blocks of this
+  // sequence's first new_block_ids (shared prefix-cache blocks, which it must
+  // not write); computing starts here. Always a multiple of block_size and
+  // < token_ids.size().
+  int32_t num_cached_tokens = 0;
 };
 
 // One sequence's share of a step (ferry.v1.ScheduledSequence).
@@ -107,9 +137,13 @@ struct SampledToken {
   std::optional<TokenLogprob> logprob;  // when the request asked for logprobs
 };
 
-enum class FinishKind { kNone, kLength, kEos, kStopToken, kAborted, kCancelled };
+// kDeadlineExceeded: dropped while waiting, before it ever started.
+// kTimeout: stopped at its deadline after it started (running or preempted).
+enum class FinishKind {
+  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout
+};
 
-// What a sequence produced in one Commit (or AbortAll). A finished sequence
+// What a sequence produced in one Commit (or AbortAll, or a deadline in Plan). A finished sequence
 // gets exactly one event with finish != kNone, its last.
 struct SeqEvent {
   uint64_t seq_id = 0;

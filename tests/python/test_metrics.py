@@ -10,7 +10,10 @@ EXPECTED = {
                 "ferry_gateway_requests_in_flight"},
     "scheduler": {"ferry_scheduler_requests", "ferry_scheduler_kv_blocks", "ferry_scheduler_kv_cache_usage_ratio",
                   "ferry_scheduler_requests_finished", "ferry_scheduler_steps",
-                  "ferry_scheduler_step_duration_seconds", "ferry_scheduler_max_num_seqs"},
+                  "ferry_scheduler_step_duration_seconds", "ferry_scheduler_max_num_seqs",
+                  "ferry_scheduler_step_sequences", "ferry_scheduler_load_level", "ferry_scheduler_preemptions",
+                  "ferry_scheduler_prefix_cache_queries", "ferry_scheduler_prefix_cache_hits",
+                  "ferry_scheduler_scheduled_tokens"},
     "worker-0": {"ferry_worker_steps", "ferry_worker_step_duration_seconds", "ferry_worker_tokens",
                  "ferry_worker_step_sequences"},
 }

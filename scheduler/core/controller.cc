@@ -1,0 +1,254 @@
+#include "scheduler/core/controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace ferry::scheduler {
+namespace {
+
+// Percentile by nearest rank over the window's values; 0 when empty.
+double Percentile(const std::deque<double>& values, double pct) {
+  if (values.empty()) return 0.0;
+  std::vector<double> v(values.begin(), values.end());
+  const double rank = std::ceil(pct / 100.0 * static_cast<double>(v.size()));
+  const size_t k = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
+  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+template <typename Deque>
+std::deque<double> Values(const Deque& d) {
+  std::deque<double> out;
+  for (const auto& e : d) out.push_back(e.value);
+  return out;
+}
+
+std::string Fmt(const char* format, double a, double b = 0, double c = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), format, a, b, c);
+  return buf;
+}
+
+void Validate(const ControllerOptions& o) {
+  if (o.min_num_seqs < 1) throw std::invalid_argument("controller min_num_seqs must be >= 1");
+  if (o.max_num_seqs < o.min_num_seqs) {
+    throw std::invalid_argument("controller max_num_seqs = " + std::to_string(o.max_num_seqs) +
+                                " is below min_num_seqs = " + std::to_string(o.min_num_seqs));
+  }
+  if (o.load.levels.empty()) throw std::invalid_argument("controller load levels are empty");
+  for (size_t i = 1; i < o.load.levels.size(); ++i) {
+    if (o.load.levels[i].num_seqs < o.load.levels[i - 1].num_seqs) {
+      throw std::invalid_argument("controller load level \"" + o.load.levels[i].name +
+                                  "\" has a smaller cap than the level below it");
+    }
+  }
+  if (!(o.slo.ttft_target_s > 0) || !(o.slo.tpot_target_s > 0)) {
+    throw std::invalid_argument("controller SLO targets must be > 0");
+  }
+  if (!(o.slo.percentile > 0 && o.slo.percentile <= 100)) {
+    throw std::invalid_argument("controller SLO percentile must be in (0, 100]");
+  }
+  if (!(o.slo.decrease_factor > 0 && o.slo.decrease_factor < 1)) {
+    throw std::invalid_argument("controller decrease_factor must be in (0, 1)");
+  }
+}
+
+}  // namespace
+
+const char* ControllerModeName(ControllerMode mode) {
+  switch (mode) {
+    case ControllerMode::kStatic: return "static";
+    case ControllerMode::kLoadLevel: return "load-level";
+    case ControllerMode::kSlo: return "slo";
+  }
+  return "?";
+}
+
+ControllerMode ParseControllerMode(const std::string& name) {
+  if (name == "static") return ControllerMode::kStatic;
+  if (name == "load-level") return ControllerMode::kLoadLevel;
+  if (name == "slo") return ControllerMode::kSlo;
+  throw std::invalid_argument("controller mode \"" + name +
+                              "\" is not one of static, load-level, slo");
+}
+
+Controller::Controller(ControllerOptions options) : options_(std::move(options)) {
+  Validate(options_);
+  auto clamp = [&](int32_t n) {
+    return std::clamp(n, options_.min_num_seqs, options_.max_num_seqs);
+  };
+  switch (options_.mode) {
+    case ControllerMode::kStatic: num_seqs_ = options_.max_num_seqs; break;
+    case ControllerMode::kLoadLevel: num_seqs_ = clamp(options_.load.levels[0].num_seqs); break;
+    case ControllerMode::kSlo:
+      num_seqs_ = clamp(options_.initial_num_seqs > 0 ? options_.initial_num_seqs
+                                                      : options_.max_num_seqs / 4);
+      break;
+  }
+}
+
+void Controller::OnCompletion(const RequestCompletion& done) {
+  if (options_.mode != ControllerMode::kSlo || !CountsLane(done.lane)) return;
+  ttft_.push_back({done.now_s, done.ttft_s});
+  tpot_.push_back({done.now_s, done.tpot_s});
+}
+
+bool Controller::CountsLane(const std::string& lane) const {
+  const auto& lanes = options_.slo.lanes;
+  return lanes.empty() || std::find(lanes.begin(), lanes.end(), lane) != lanes.end();
+}
+
+int32_t Controller::Step(const StepObservation& obs) {
+  if (obs.num_arrivals > 0) arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals)});
+  if (obs.last_step_s > 0 && obs.last_step_tokens > 0) steps_.push_back({obs.now_s, obs.last_step_s});
+  preemptions_since_adjust_ += obs.num_preemptions;
+  Expire(obs.now_s);
+  switch (options_.mode) {
+    case ControllerMode::kStatic: break;
+    case ControllerMode::kLoadLevel: StepLoadLevel(obs); break;
+    case ControllerMode::kSlo: StepSlo(obs); break;
+  }
+  return num_seqs_;
+}
+
+void Controller::Expire(double now_s) {
+  const double rate_from = now_s - options_.load.rate_window_s;
+  while (!arrivals_.empty() && arrivals_.front().time_s < rate_from) arrivals_.pop_front();
+  const double slo_from = now_s - options_.slo.window_s;
+  for (auto* d : {&ttft_, &tpot_, &steps_}) {
+    while (!d->empty() && d->front().time_s < slo_from) d->pop_front();
+  }
+}
+
+double Controller::ArrivalRate(double /*now_s*/) const {
+  double n = 0;
+  for (const auto& a : arrivals_) n += a.value;
+  return n / options_.load.rate_window_s;
+}
+
+void Controller::StepLoadLevel(const StepObservation& obs) {
+  const auto& levels = options_.load.levels;
+  const double rate = ArrivalRate(obs.now_s);
+  auto reaches = [&](const LoadLevel& l, double scale, std::string* why) {
+    auto hit = [&](double value, double threshold, const char* what) {
+      if (threshold <= 0 || value < threshold * scale) return false;
+      if (why) *why = Fmt(what, value, threshold * scale);
+      return true;
+    };
+    return hit(obs.num_waiting, l.min_queue_depth, "queue depth %.0f >= %.1f") ||
+           hit(rate, l.min_arrival_rate_per_s, "arrival rate %.1f/s >= %.1f/s") ||
+           hit(obs.kv_usage, l.min_kv_usage, "kv usage %.2f >= %.2f");
+  };
+  // Up: the highest level any metric reaches, at once (a spike should not wait).
+  for (size_t i = levels.size() - 1; i > level_; --i) {
+    std::string why;
+    if (reaches(levels[i], 1.0, &why)) {
+      level_ = i;
+      level_since_s_ = obs.now_s;
+      Change(obs.now_s, levels[i].num_seqs, levels[i].name, "up: " + why);
+      return;
+    }
+  }
+  // Down: only after the dwell time, to the highest level still reached with
+  // the thresholds lowered by the hysteresis.
+  if (level_ == 0 || obs.now_s - level_since_s_ < options_.load.min_dwell_s) return;
+  const double scale = 1.0 - options_.load.hysteresis;
+  size_t target = 0;
+  for (size_t i = level_; i > 0; --i) {
+    if (reaches(levels[i], scale, nullptr)) {
+      target = i;
+      break;
+    }
+  }
+  if (target == level_) return;
+  const LoadLevel& from = levels[level_];
+  level_ = target;
+  level_since_s_ = obs.now_s;
+  Change(obs.now_s, levels[target].num_seqs, levels[target].name,
+         "down: below " + from.name + " thresholds x" + Fmt("%.2f", scale) +
+             Fmt(" (queue %.0f, rate %.1f/s, kv %.2f)", obs.num_waiting, rate, obs.kv_usage));
+}
+
+void Controller::StepSlo(const StepObservation& obs) {
+  const SloOptions& o = options_.slo;
+  if (obs.now_s - last_adjust_s_ < o.adjust_interval_s) return;
+  const bool has_samples = static_cast<int32_t>(ttft_.size()) >= o.min_samples;
+  ttft_p_s_ = has_samples ? Percentile(Values(ttft_), o.percentile) : 0.0;
+  tpot_p_s_ = has_samples ? Percentile(Values(tpot_), o.percentile) : 0.0;
+  // Step durations lead per-request TPOT (a request's TPOT averages its steps).
+  const double step_p = Percentile(Values(steps_), o.percentile);
+  const int32_t running = std::max(1, std::min(num_seqs_, obs.num_running));
+  const int32_t cut = std::max(options_.min_num_seqs,
+                               static_cast<int32_t>(std::floor(running * o.decrease_factor)));
+  const int32_t preempted = preemptions_since_adjust_;
+  preemptions_since_adjust_ = 0;
+  last_adjust_s_ = obs.now_s;
+  if (preempted > 0 || obs.kv_usage > o.kv_high_usage) {
+    if (cut < num_seqs_) {
+      Change(obs.now_s, cut, "cut",
+             Fmt("kv pressure: %.0f preemptions, kv usage %.2f (limit %.2f)", preempted,
+                 obs.kv_usage, o.kv_high_usage));
+    }
+    return;
+  }
+  if (tpot_p_s_ > o.tpot_target_s || step_p > o.tpot_target_s) {
+    if (cut < num_seqs_) {
+      Change(obs.now_s, cut, "cut",
+             Fmt("tpot p%.0f %.1f ms (steps %.1f ms) > target", o.percentile,
+                 1e3 * tpot_p_s_, 1e3 * step_p) +
+                 Fmt(" %.1f ms", 1e3 * o.tpot_target_s));
+    }
+    return;
+  }
+  // TPOT and KV hold. Work waiting behind a full cap: more seats. (A TTFT
+  // miss with a full cap and a queue is queueing, which more seats relieve;
+  // with seats free, a smaller cap would not help TTFT either.)
+  const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
+  if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit || num_seqs_ >= options_.max_num_seqs) {
+    return;
+  }
+  int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);
+  if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 2);  // deep queue: faster
+  const int32_t to = std::min(options_.max_num_seqs, num_seqs_ + step);
+  Change(obs.now_s, to, "raise",
+         Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting, o.percentile,
+             1e3 * ttft_p_s_) +
+             Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, step_p),
+                 1e3 * o.tpot_target_s));
+}
+
+void Controller::Set(int32_t num_seqs, double now_s) {
+  const int32_t to = std::clamp(num_seqs, options_.min_num_seqs, options_.max_num_seqs);
+  last_adjust_s_ = now_s;
+  level_since_s_ = now_s;
+  Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + ")");
+}
+
+void Controller::Change(double now_s, int32_t to, std::string level, std::string reason) {
+  if (to == num_seqs_) return;
+  changes_.push_back(CapChange{now_s, num_seqs_, to, std::move(level), std::move(reason)});
+  num_seqs_ = to;
+}
+
+ControllerStatus Controller::status() const {
+  ControllerStatus s;
+  s.mode = options_.mode;
+  s.num_seqs = num_seqs_;
+  s.level = options_.mode == ControllerMode::kLoadLevel ? options_.load.levels[level_].name
+                                                        : ControllerModeName(options_.mode);
+  s.ttft_p_s = ttft_p_s_;
+  s.tpot_p_s = tpot_p_s_;
+  s.arrival_rate_per_s = ArrivalRate(0);
+  s.num_changes = changes_.size();
+  return s;
+}
+
+std::vector<CapChange> Controller::TakeChanges() {
+  std::vector<CapChange> out(changes_.begin() + static_cast<ptrdiff_t>(num_taken_), changes_.end());
+  num_taken_ = changes_.size();
+  return out;
+}
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,172 @@
+// Adaptive max_num_seqs: picks the seat cap passed in Budget.max_num_seqs
+// before every Plan. Pure: no clock reads, threads or I/O; the caller passes
+// the time (seconds on any monotonic base) with every observation, so the same
+// controller runs in the service (wall time) and in ferry-sim (virtual time).
+//
+//   controller.OnCompletion(done)        // for each finished request
+//   int32_t cap = controller.Step(obs);  // once per engine step, before Plan
+//   budget.max_num_seqs = cap;
+//   for (auto& c : controller.TakeChanges()) { log / export metrics }
+//
+// Modes:
+//   static      cap = max_num_seqs (or the last Set()).
+//   load-level  named levels, each with a cap; the level is chosen from queue
+//               depth, arrival rate and KV usage, with hysteresis and a
+//               minimum dwell time.
+//   slo         targets a percentile of TTFT and TPOT over a sliding window;
+//               raises the cap while the targets hold and work waits behind a
+//               full cap, cuts it (multiplicatively) when TPOT or KV pressure
+//               says the batch is too large. See controller.cc for the rules.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ferry::scheduler {
+
+enum class ControllerMode { kStatic, kLoadLevel, kSlo };
+
+const char* ControllerModeName(ControllerMode mode);
+// "static", "load-level", "slo"; throws std::invalid_argument otherwise.
+ControllerMode ParseControllerMode(const std::string& name);
+
+// A level is entered when any of its thresholds is reached (0 disables a
+// threshold) and left when every metric has fallen below
+// threshold * (1 - hysteresis) and the dwell time has passed.
+struct LoadLevel {
+  std::string name;
+  int32_t num_seqs = 16;
+  double min_queue_depth = 0;       // waiting requests
+  double min_arrival_rate_per_s = 0;
+  double min_kv_usage = 0;          // fraction of KV blocks in use
+};
+
+struct LoadLevelOptions {
+  // Ordered lowest load first. The first level has no thresholds (the floor).
+  std::vector<LoadLevel> levels = {
+      {"low", 8, 0, 0, 0},
+      {"medium", 16, 4, 20, 0.5},
+      {"high", 32, 16, 40, 0.8},
+  };
+  double hysteresis = 0.3;
+  double min_dwell_s = 5.0;
+  double rate_window_s = 10.0;  // arrival rate = arrivals in this window / its length
+};
+
+struct SloOptions {
+  double ttft_target_s = 1.0;
+  double tpot_target_s = 0.050;
+  double percentile = 95.0;
+  double window_s = 20.0;          // completions and steps older than this are dropped
+  int32_t min_samples = 20;        // completions needed before the TTFT/TPOT percentiles count
+  double adjust_interval_s = 0.5;  // at most one change per interval
+  double decrease_factor = 0.75;   // multiplicative decrease
+  int32_t increase_step = 0;       // additive increase; 0: max(1, cap / 8)
+  double kv_high_usage = 0.92;     // above this, or on a preemption: cut the cap
+  double kv_raise_limit = 0.85;    // raise only while KV usage is below this
+  // Only completions of these lanes count toward the targets (empty: all).
+  std::vector<std::string> lanes;
+};
+
+struct ControllerOptions {
+  ControllerMode mode = ControllerMode::kStatic;
+  int32_t min_num_seqs = 1;
+  int32_t max_num_seqs = 64;
+  int32_t initial_num_seqs = 0;  // slo mode's starting cap; 0: max_num_seqs / 4
+  LoadLevelOptions load;
+  SloOptions slo;
+};
+
+// What the service saw at one step, taken just before Plan.
+struct StepObservation {
+  double now_s = 0;
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  double kv_usage = 0;             // used / total KV blocks, [0, 1]
+  double last_step_s = 0;          // duration of the previous step (0: none)
+  int32_t last_step_tokens = 0;    // tokens computed in the previous step
+  int32_t num_arrivals = 0;        // requests added since the previous observation
+  int32_t num_preemptions = 0;     // preemptions since the previous observation
+};
+
+// One finished request.
+struct RequestCompletion {
+  double now_s = 0;
+  double ttft_s = 0;
+  double tpot_s = 0;  // (end - first token) / (output tokens - 1); 0 for one token
+  std::string lane;
+};
+
+struct CapChange {
+  double time_s = 0;
+  int32_t from = 0;
+  int32_t to = 0;
+  std::string level;   // load-level: the new level; slo: "raise"/"cut"; admin: "admin"
+  std::string reason;  // human-readable, with the numbers that triggered it
+};
+
+// The controller's state for metrics and the admin RPC.
+struct ControllerStatus {
+  ControllerMode mode = ControllerMode::kStatic;
+  int32_t num_seqs = 0;
+  std::string level;
+  double ttft_p_s = 0;  // windowed percentile (slo mode; 0 without samples)
+  double tpot_p_s = 0;
+  double arrival_rate_per_s = 0;
+  uint64_t num_changes = 0;
+};
+
+class Controller {
+ public:
+  // Throws std::invalid_argument on min < 1, max < min, levels unsorted by
+  // cap or empty, or a non-positive SLO target.
+  explicit Controller(ControllerOptions options);
+
+  // Records a finished request (slo mode uses it; others ignore it).
+  void OnCompletion(const RequestCompletion& done);
+  // Returns the cap for the next Plan. Observations must come in time order.
+  int32_t Step(const StepObservation& obs);
+  // Admin override: the cap becomes `num_seqs` clamped to [min, max], and in
+  // static mode stays there; adaptive modes continue from it.
+  void Set(int32_t num_seqs, double now_s);
+
+  int32_t num_seqs() const { return num_seqs_; }
+  ControllerStatus status() const;
+  // Every change since construction, oldest first.
+  const std::vector<CapChange>& changes() const { return changes_; }
+  // The changes not yet taken (for log lines); clears that list.
+  std::vector<CapChange> TakeChanges();
+  const ControllerOptions& options() const { return options_; }
+
+ private:
+  struct TimedValue {
+    double time_s;
+    double value;
+  };
+  void Change(double now_s, int32_t to, std::string level, std::string reason);
+  void StepLoadLevel(const StepObservation& obs);
+  void StepSlo(const StepObservation& obs);
+  double ArrivalRate(double now_s) const;
+  void Expire(double now_s);
+  bool CountsLane(const std::string& lane) const;
+
+  ControllerOptions options_;
+  int32_t num_seqs_ = 0;
+  size_t level_ = 0;
+  double level_since_s_ = 0;
+  double last_adjust_s_ = -1e300;
+  std::deque<TimedValue> arrivals_;  // (time, count)
+  std::deque<TimedValue> ttft_;      // (completion time, ttft)
+  std::deque<TimedValue> tpot_;
+  std::deque<TimedValue> steps_;     // (time, step duration)
+  int32_t preemptions_since_adjust_ = 0;
+  double ttft_p_s_ = 0;
+  double tpot_p_s_ = 0;
+  std::vector<CapChange> changes_;
+  size_t num_taken_ = 0;
+};
+
+}  // namespace ferry::scheduler

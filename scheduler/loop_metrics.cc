@@ -1,0 +1,56 @@
+#include "scheduler/loop_metrics.h"
+
+#include "common/metrics.h"
+
+namespace ferry::scheduler {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+LoopMetrics::LoopMetrics(prometheus::Registry& r)
+    : requests(BuildGauge().Name("ferry_scheduler_requests").Help("Requests in the scheduler by state").Register(r)),
+      running(requests.Add({{"state", "running"}})),
+      waiting(requests.Add({{"state", "waiting"}})),
+      blocks(BuildGauge().Name("ferry_scheduler_kv_blocks").Help("KV cache blocks by state").Register(r)),
+      blocks_used(blocks.Add({{"state", "used"}})),
+      blocks_free(blocks.Add({{"state", "free"}})),
+      kv_usage(BuildGauge().Name("ferry_scheduler_kv_cache_usage_ratio").Help("Fraction of KV blocks in use")
+                   .Register(r).Add({})),
+      finished(BuildCounter().Name("ferry_scheduler_requests_finished_total").Help("Requests ended, by reason")
+                   .Register(r)),
+      steps(BuildCounter().Name("ferry_scheduler_steps_total").Help("Engine steps run").Register(r).Add({})),
+      step_seconds(BuildHistogram().Name("ferry_scheduler_step_duration_seconds")
+                       .Help("Wall time of one step, plan to commit").Register(r)
+                       .Add({}, LatencyBucketsSeconds())),
+      step_sequences(BuildHistogram().Name("ferry_scheduler_step_sequences").Help("Sequences in one step")
+                         .Register(r).Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      scheduled_tokens(BuildCounter().Name("ferry_scheduler_scheduled_tokens_total")
+                           .Help("Tokens scheduled for computation").Register(r).Add({})),
+      max_num_seqs(BuildGauge().Name("ferry_scheduler_max_num_seqs").Help("Current cap on sequences per step")
+                       .Register(r).Add({})),
+      level(BuildGauge().Name("ferry_scheduler_load_level").Help("1 for the controller's current level")
+                .Register(r)),
+      cap_changes(BuildCounter().Name("ferry_scheduler_cap_changes_total")
+                      .Help("Changes of max_num_seqs by the controller or admin, by kind").Register(r)),
+      preemptions(BuildCounter().Name("ferry_scheduler_preemptions_total")
+                      .Help("Sequences preempted (recomputed later) for lack of KV blocks").Register(r).Add({})),
+      prefix_queries(BuildCounter().Name("ferry_scheduler_prefix_cache_queries_total")
+                         .Help("Full KV blocks looked up in the prefix cache").Register(r).Add({})),
+      prefix_hits(BuildCounter().Name("ferry_scheduler_prefix_cache_hits_total")
+                      .Help("Full KV blocks reused from the prefix cache").Register(r).Add({})) {
+  // Every outcome exists (at 0) before the first one happens.
+  for (auto kind : {FinishKind::kLength, FinishKind::kEos, FinishKind::kStopToken, FinishKind::kAborted,
+                    FinishKind::kCancelled}) {
+    finished.Add({{"reason", FinishKindName(kind)}});
+  }
+}
+
+void LoopMetrics::SetLevel(const std::string& name) {
+  if (name == current_level_) return;
+  if (!current_level_.empty()) level.Add({{"level", current_level_}}).Set(0);
+  level.Add({{"level", name}}).Set(1);
+  current_level_ = name;
+}
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,45 @@
+// The scheduler's Prometheus series. Owned by the engine loop, touched only by its thread.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <string>
+
+#include "scheduler/core/types.h"
+
+namespace ferry::scheduler {
+
+struct LoopMetrics {
+  explicit LoopMetrics(prometheus::Registry& r);
+
+  void Finished(FinishKind kind) { finished.Add({{"reason", FinishKindName(kind)}}).Increment(); }
+  // Exactly one level series is 1 at a time.
+  void SetLevel(const std::string& level);
+
+  prometheus::Family<prometheus::Gauge>& requests;
+  prometheus::Gauge& running;
+  prometheus::Gauge& waiting;
+  prometheus::Family<prometheus::Gauge>& blocks;
+  prometheus::Gauge& blocks_used;
+  prometheus::Gauge& blocks_free;
+  prometheus::Gauge& kv_usage;
+  prometheus::Family<prometheus::Counter>& finished;
+  prometheus::Counter& steps;
+  prometheus::Histogram& step_seconds;
+  prometheus::Histogram& step_sequences;
+  prometheus::Counter& scheduled_tokens;
+  prometheus::Gauge& max_num_seqs;
+  prometheus::Family<prometheus::Gauge>& level;
+  prometheus::Family<prometheus::Counter>& cap_changes;
+  prometheus::Counter& preemptions;
+  prometheus::Counter& prefix_queries;
+  prometheus::Counter& prefix_hits;
+
+ private:
+  std::string current_level_;
+};
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,161 @@
+// ferry-sim: runs the scheduler core and the max_num_seqs controller in
+// virtual time over a generated or replayed workload. See
+// docs/benchmarks/scheduler.md for the commands behind the published tables.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "scheduler/sim/report.h"
+#include "scheduler/sim/scenarios.h"
+
+namespace {
+
+using namespace ferry::sim;
+using ferry::scheduler::ControllerMode;
+
+struct Flags {
+  std::string preset = "rtx4090d-tp4";
+  std::string trace, write_trace, json_path, scenario = "steady", arrival;
+  double rate_per_s = 0, duration_s = 0, burst_cv = 0, spike_multiplier = 3.0;
+  uint64_t seed = 0;
+  std::string mode = "slo";
+  int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
+  int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
+  double ttft_target_s = 1.0, tpot_target_s = 0.050, slo_percentile = 95;
+  bool sweep = false, compare = false;
+  std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
+  double timeout_s = 0.5;
+};
+
+double WallSeconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<TraceRequest> LoadWorkload(const Flags& f) {
+  if (!f.trace.empty()) return ReadTrace(f.trace);
+  WorkloadOptions w = ScenarioWorkload(f.scenario, f.spike_multiplier);
+  if (!f.arrival.empty()) w.arrivals.kind = ParseArrivalKind(f.arrival);
+  if (f.rate_per_s > 0) w.arrivals.rate_per_s = f.rate_per_s;
+  if (f.duration_s > 0) w.arrivals.duration_s = f.duration_s;
+  if (f.burst_cv > 0) w.arrivals.burst_cv = f.burst_cv;
+  if (f.seed > 0) w.seed = f.seed;
+  return GenerateWorkload(w);
+}
+
+SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, ControllerMode mode, int32_t cap) {
+  SimOptions sim;
+  sim.scheduler = DefaultSchedulerConfig(cost.params());
+  if (f.max_num_batched_tokens > 0) sim.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
+  if (f.num_kv_blocks > 0) sim.scheduler.num_kv_blocks = f.num_kv_blocks;
+  sim.controller = ControllerFor(mode, cap);
+  sim.controller.min_num_seqs = std::min(f.min_num_seqs, cap);
+  sim.controller.initial_num_seqs = f.initial_num_seqs;
+  sim.controller.slo.ttft_target_s = f.ttft_target_s;
+  sim.controller.slo.tpot_target_s = f.tpot_target_s;
+  sim.controller.slo.percentile = f.slo_percentile;
+  sim.lanes = StandardLanes();
+  return sim;
+}
+
+int RunSweepMode(const Flags& f, const ferry::CostModel& cost) {
+  SweepOptions o;
+  o.caps = f.caps;
+  o.timeout_s = f.timeout_s;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<SweepRow> rows = RunSweep(cost, o);
+  const double wall = WallSeconds(start);
+  double sim_s = 0;
+  for (const SweepRow& r : rows) sim_s += r.sim_s;
+  std::printf("preset %s; closed loop of max_num_seqs clients, input ~512 (32..2048), output 128; "
+              "success = e2e <= %.3f s\n%s", cost.params().name.c_str(), f.timeout_s,
+              FormatSweep(rows).c_str());
+  std::printf("simulated %.1f s in %.2f s wall: %.0fx real time\n", sim_s, wall, sim_s / wall);
+  return 0;
+}
+
+int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vector<TraceRequest>& trace) {
+  std::printf("| controller | goodput req | goodput %% | interactive good %% | batch good %% | "
+              "int. TTFT p99 ms | tok/s | preemptions | cap changes |\n|---|---|---|---|---|---|---|---|---|\n");
+  auto row = [&](const std::string& name, ControllerMode mode, int32_t cap) {
+    SimResult r = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, cap));
+    SimReport rep = Summarize(r, StandardLanes());
+    auto lane = [&](const char* n) {
+      for (const LaneReport& l : rep.lanes) if (l.lane == n) return l;
+      return LaneReport{};
+    };
+    auto pct = [](const LaneReport& l) { return l.num_requests ? 100.0 * l.num_good / l.num_requests : 0.0; };
+    std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.0f | %.0f | %llu | %zu |\n", name.c_str(),
+                static_cast<long long>(rep.all().num_good), 100 * rep.goodput_fraction(),
+                pct(lane("interactive")), pct(lane("batch")), 1e3 * lane("interactive").ttft_s.p99,
+                rep.output_tokens_per_s, static_cast<unsigned long long>(rep.num_preemptions),
+                rep.num_cap_changes);
+  };
+  for (int32_t cap : f.caps) row("static " + std::to_string(cap), ControllerMode::kStatic, cap);
+  row("load-level", ControllerMode::kLoadLevel, f.max_num_seqs);
+  row("slo", ControllerMode::kSlo, f.max_num_seqs);
+  return 0;
+}
+
+int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<TraceRequest>& trace) {
+  const ControllerMode mode = ferry::scheduler::ParseControllerMode(f.mode);
+  const auto start = std::chrono::steady_clock::now();
+  SimResult result = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, f.max_num_seqs));
+  const double wall = WallSeconds(start);
+  SimReport rep = Summarize(result, StandardLanes());
+  std::printf("preset %s, mode %s, max_num_seqs %d, %zu requests\n%s", cost.params().name.c_str(),
+              f.mode.c_str(), f.max_num_seqs, trace.size(), FormatReport(rep).c_str());
+  std::printf("cap changes:\n%s", FormatCapChanges(result, 40).c_str());
+  std::printf("simulated %.1f s in %.3f s wall: %.0fx real time\n", result.sim_s, wall, result.sim_s / wall);
+  if (!f.json_path.empty()) {
+    std::ofstream(f.json_path) << ReportToJson(rep, result).dump(2) << '\n';
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferry-sim: the Ferry scheduler and max_num_seqs controller in virtual time"};
+  Flags f;
+  app.add_option("--preset", f.preset, "cost model: rtx4090d-tp4, h200, or a JSON path");
+  app.add_option("--trace", f.trace, "replay a JSONL trace instead of generating");
+  app.add_option("--write-trace", f.write_trace, "write the workload as a JSONL trace");
+  app.add_option("--scenario", f.scenario, "steady, bursty, diurnal, spike");
+  app.add_option("--arrival", f.arrival, "override the arrival process: poisson, bursty, diurnal, spike");
+  app.add_option("--rate", f.rate_per_s, "mean arrival rate, requests/s");
+  app.add_option("--duration-s", f.duration_s, "length of the arrival window");
+  app.add_option("--burst-cv", f.burst_cv, "bursty: coefficient of variation of the gaps");
+  app.add_option("--spike-multiplier", f.spike_multiplier, "spike: rate multiplier during the spike");
+  app.add_option("--seed", f.seed, "workload seed (0: the scenario's)");
+  app.add_option("--mode", f.mode, "controller: static, load-level, slo");
+  app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");
+  app.add_option("--min-num-seqs", f.min_num_seqs, "lower bound for adaptive modes");
+  app.add_option("--initial-num-seqs", f.initial_num_seqs, "slo mode's starting cap (0: max/4)");
+  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step");
+  app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
+  app.add_option("--ttft-target-s", f.ttft_target_s, "slo mode TTFT target");
+  app.add_option("--tpot-target-s", f.tpot_target_s, "slo mode TPOT target");
+  app.add_option("--slo-percentile", f.slo_percentile, "slo mode percentile");
+  app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
+  app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and slo");
+  app.add_option("--caps", f.caps, "caps for --sweep/--compare")->delimiter(',');
+  app.add_option("--timeout-s", f.timeout_s, "--sweep success: e2e latency within this");
+  app.add_option("--json", f.json_path, "write the report as JSON");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const ferry::CostModel cost(LoadPreset(f.preset));
+    if (f.sweep) return RunSweepMode(f, cost);
+    const std::vector<TraceRequest> trace = LoadWorkload(f);
+    if (!f.write_trace.empty()) WriteTrace(f.write_trace, trace);
+    if (f.compare) return RunCompareMode(f, cost, trace);
+    return RunOnce(f, cost, trace);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-sim: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,130 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "scheduler/sim/report.h"
+#include "scheduler/sim/scenarios.h"
+#include "scheduler/sim/simulator.h"
+#include "scheduler/sim/workload.h"
+
+namespace ferry::sim {
+namespace {
+
+TEST(WorkloadTest, GeneratedIsDeterministicSortedAndNearTheRate) {
+  for (const std::string& name : ScenarioNames()) {
+    SCOPED_TRACE(name);
+    const WorkloadOptions w = ScenarioWorkload(name);
+    const auto a = GenerateWorkload(w), b = GenerateWorkload(w);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(TraceLine(a[i]), TraceLine(b[i]));
+    for (size_t i = 1; i < a.size(); ++i) ASSERT_LE(a[i - 1].arrival_s, a[i].arrival_s);
+    const double expected = w.arrivals.rate_per_s * w.arrivals.duration_s *
+                            (name == "spike" ? 1.0 + 2.0 * w.arrivals.spike_duration_s / w.arrivals.duration_s : 1.0);
+    EXPECT_NEAR(static_cast<double>(a.size()), expected, 0.15 * expected);
+  }
+}
+
+TEST(WorkloadTest, SpikeTripleRateInsideTheWindow) {
+  const WorkloadOptions w = ScenarioWorkload("spike");
+  int inside = 0, before = 0;
+  for (const auto& r : GenerateWorkload(w)) {
+    if (r.arrival_s >= 40 && r.arrival_s < 60) ++inside;
+    if (r.arrival_s >= 10 && r.arrival_s < 30) ++before;
+  }
+  EXPECT_NEAR(static_cast<double>(inside) / before, 3.0, 0.3);
+}
+
+TEST(WorkloadTest, TraceRoundTrip) {
+  const auto trace = GenerateWorkload(ScenarioWorkload("bursty"));
+  const std::string path = (std::filesystem::temp_directory_path() / "ferry_sim_trace_test.jsonl").string();
+  WriteTrace(path, trace);
+  const auto back = ReadTrace(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(back.size(), trace.size());
+  for (size_t i = 0; i < trace.size(); ++i) EXPECT_EQ(TraceLine(back[i]), TraceLine(trace[i]));
+  EXPECT_THROW(ParseTraceLine(R"({"arrival_s": 1, "prompt_tokens": 0, "output_tokens": 3})"),
+               std::invalid_argument);
+  const TraceRequest r = ParseTraceLine(R"({"arrival_s": 1, "prompt_tokens": 300, "output_tokens": 3, "prefix_id": 2})");
+  EXPECT_EQ(r.lane, "default");
+  EXPECT_EQ(r.prefix_tokens, 256);
+}
+
+SimOptions Options(const CostModel& cost, scheduler::ControllerMode mode, int32_t cap) {
+  SimOptions o;
+  o.scheduler = DefaultSchedulerConfig(cost.params());
+  o.controller = ControllerFor(mode, cap);
+  o.lanes = StandardLanes();
+  return o;
+}
+
+TEST(SimulatorTest, EveryRequestFinishesWithItsOutputAndSaneTimes) {
+  const CostModel cost(LoadPreset("rtx4090d-tp4"));
+  const auto trace = GenerateWorkload(ScenarioWorkload("steady"));
+  const SimResult r = RunSimulation(trace, cost, Options(cost, scheduler::ControllerMode::kSlo, 64));
+  int64_t tokens = 0;
+  for (const RequestResult& q : r.requests) {
+    ASSERT_TRUE(q.is_finished());
+    EXPECT_EQ(q.num_output, q.request.output_tokens);
+    EXPECT_DOUBLE_EQ(q.arrival_s, q.request.arrival_s);
+    EXPECT_GT(q.first_token_s, q.arrival_s);
+    EXPECT_GE(q.end_s, q.first_token_s);
+    tokens += q.num_output;
+  }
+  EXPECT_EQ(tokens, r.num_output_tokens);
+  EXPECT_LE(r.busy_s, r.sim_s + 1e-9);
+  EXPECT_GE(r.sim_s, trace.back().arrival_s);
+}
+
+TEST(SimulatorTest, StaticCapBoundsConcurrencyAndClosedLoopKeepsClientsBusy) {
+  const CostModel cost(LoadPreset("h200"));
+  SimOptions o = Options(cost, scheduler::ControllerMode::kStatic, 4);
+  o.closed_loop_concurrency = 4;
+  const auto trace = SweepWorkload(100, 3);
+  const SimResult r = RunSimulation(trace, cost, o);
+  // 4 clients: at most 4 requests in flight at any time.
+  for (const RequestResult& q : r.requests) {
+    int overlapping = 0;
+    for (const RequestResult& p : r.requests) overlapping += p.arrival_s <= q.arrival_s && p.end_s > q.arrival_s;
+    ASSERT_LE(overlapping, 4);
+  }
+  EXPECT_GT(r.steady_output_tokens, 0);
+  EXPECT_LT(r.steady_end_s, r.sim_s);
+  EXPECT_TRUE(r.changes.empty());
+}
+
+TEST(SimulatorTest, RunsAtLeast100xFasterThanRealTime) {
+  const CostModel cost(LoadPreset("rtx4090d-tp4"));
+  const auto trace = GenerateWorkload(ScenarioWorkload("spike"));
+  const auto start = std::chrono::steady_clock::now();
+  const SimResult r = RunSimulation(trace, cost, Options(cost, scheduler::ControllerMode::kSlo, 64));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("simulated %.1f s in %.3f s: %.0fx real time\n", r.sim_s, wall, r.sim_s / wall);
+  EXPECT_GE(r.sim_s / wall, 100.0);
+}
+
+TEST(ReportTest, PercentilesAndGoodput) {
+  const Percentiles p = ComputePercentiles({5, 1, 4, 2, 3});
+  EXPECT_EQ(p.p50, 3);
+  EXPECT_EQ(p.p99, 5);
+  EXPECT_DOUBLE_EQ(p.mean, 3);
+  SimResult r;
+  RequestResult a;
+  a.request.lane = "interactive";
+  a.arrival_s = 0;
+  a.first_token_s = 0.5;
+  a.end_s = 1.5;
+  a.num_output = 11;  // TPOT 100 ms > 50 ms: not good
+  RequestResult b = a;
+  b.end_s = 0.9;      // TPOT 40 ms: good
+  r.requests = {a, b};
+  r.sim_s = 2;
+  const SimReport rep = Summarize(r, StandardLanes());
+  EXPECT_EQ(rep.all().num_good, 1);
+  EXPECT_DOUBLE_EQ(rep.goodput_fraction(), 0.5);
+  EXPECT_DOUBLE_EQ(SuccessRate(r, 1.0), 0.5);
+}
+
+}  // namespace
+}  // namespace ferry::sim

@@ -1,0 +1,188 @@
+#include "scheduler/sim/workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace ferry::sim {
+namespace {
+
+// Our own samplers over mt19937_64 bits, so traces are the same on every
+// standard library (std::*_distribution algorithms are unspecified).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  double Uniform() {  // (0, 1)
+    return (static_cast<double>(gen_() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  }
+  double Exponential(double rate) { return -std::log(Uniform()) / rate; }
+  double Normal() {
+    return std::sqrt(-2.0 * std::log(Uniform())) * std::cos(2.0 * std::numbers::pi * Uniform());
+  }
+  // Marsaglia-Tsang; shape > 0, scale 1.
+  double Gamma(double shape) {
+    if (shape < 1.0) return Gamma(shape + 1.0) * std::pow(Uniform(), 1.0 / shape);
+    const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
+    while (true) {
+      double x = Normal(), v = 1.0 + c * x;
+      if (v <= 0) continue;
+      v = v * v * v;
+      if (std::log(Uniform()) < 0.5 * x * x + d - d * v + d * std::log(v)) return d * v;
+    }
+  }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+int32_t SampleLength(Rng& rng, const LengthDist& d) {
+  double x = d.mean;
+  if (d.sigma > 0) x = d.mean * std::exp(d.sigma * rng.Normal() - 0.5 * d.sigma * d.sigma);
+  return std::clamp(static_cast<int32_t>(std::lround(x)), d.min, d.max);
+}
+
+double RateAt(const ArrivalOptions& a, double t) {
+  switch (a.kind) {
+    case ArrivalKind::kDiurnal:
+      return a.rate_per_s *
+             (1.0 - a.diurnal_amplitude * std::cos(2.0 * std::numbers::pi * t / a.diurnal_period_s));
+    case ArrivalKind::kSpike:
+      return (t >= a.spike_start_s && t < a.spike_start_s + a.spike_duration_s)
+                 ? a.rate_per_s * a.spike_multiplier
+                 : a.rate_per_s;
+    default: return a.rate_per_s;
+  }
+}
+
+std::vector<double> ArrivalTimes(const ArrivalOptions& a, Rng& rng) {
+  if (!(a.rate_per_s > 0) || !(a.duration_s > 0)) {
+    throw std::invalid_argument("workload rate_per_s and duration_s must be > 0");
+  }
+  std::vector<double> times;
+  if (a.kind == ArrivalKind::kBursty) {
+    const double shape = 1.0 / (a.burst_cv * a.burst_cv);  // cv of gamma = 1/sqrt(shape)
+    for (double t = 0;;) {
+      t += rng.Gamma(shape) / (shape * a.rate_per_s);
+      if (t >= a.duration_s) break;
+      times.push_back(t);
+    }
+    return times;
+  }
+  // Thinning (Lewis-Shedler) against the peak rate.
+  double peak = a.rate_per_s;
+  if (a.kind == ArrivalKind::kDiurnal) peak *= 1.0 + a.diurnal_amplitude;
+  if (a.kind == ArrivalKind::kSpike) peak *= std::max(1.0, a.spike_multiplier);
+  for (double t = 0;;) {
+    t += rng.Exponential(peak);
+    if (t >= a.duration_s) break;
+    if (rng.Uniform() * peak < RateAt(a, t)) times.push_back(t);
+  }
+  return times;
+}
+
+}  // namespace
+
+const char* ArrivalKindName(ArrivalKind kind) {
+  switch (kind) {
+    case ArrivalKind::kPoisson: return "poisson";
+    case ArrivalKind::kBursty: return "bursty";
+    case ArrivalKind::kDiurnal: return "diurnal";
+    case ArrivalKind::kSpike: return "spike";
+  }
+  return "?";
+}
+
+ArrivalKind ParseArrivalKind(const std::string& name) {
+  for (ArrivalKind k : {ArrivalKind::kPoisson, ArrivalKind::kBursty, ArrivalKind::kDiurnal,
+                        ArrivalKind::kSpike}) {
+    if (name == ArrivalKindName(k)) return k;
+  }
+  throw std::invalid_argument("arrival process \"" + name +
+                              "\" is not one of poisson, bursty, diurnal, spike");
+}
+
+std::vector<TraceRequest> GenerateWorkload(const WorkloadOptions& options) {
+  if (options.lanes.empty()) throw std::invalid_argument("workload has no lanes");
+  Rng rng(options.seed);
+  double total_share = 0;
+  for (const LaneMix& l : options.lanes) total_share += l.share;
+  std::vector<TraceRequest> out;
+  for (double t : ArrivalTimes(options.arrivals, rng)) {
+    double pick = rng.Uniform() * total_share;
+    const LaneMix* lane = &options.lanes.back();
+    for (const LaneMix& l : options.lanes) {
+      if (pick < l.share) { lane = &l; break; }
+      pick -= l.share;
+    }
+    TraceRequest r;
+    r.arrival_s = t;
+    r.lane = lane->name;
+    r.prompt_tokens = SampleLength(rng, lane->prompt);
+    r.output_tokens = SampleLength(rng, lane->output);
+    if (lane->prefix_share > 0 && lane->prefix_tokens > 0 && rng.Uniform() < lane->prefix_share) {
+      r.prefix_id = static_cast<int64_t>(rng.Uniform() * std::max(1, lane->num_prefixes));
+      r.prefix_tokens = std::min(lane->prefix_tokens, r.prompt_tokens);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string TraceLine(const TraceRequest& r) {
+  nlohmann::json j = {{"arrival_s", r.arrival_s},
+                      {"prompt_tokens", r.prompt_tokens},
+                      {"output_tokens", r.output_tokens},
+                      {"lane", r.lane}};
+  if (r.prefix_id >= 0) {
+    j["prefix_id"] = r.prefix_id;
+    j["prefix_tokens"] = r.prefix_tokens;
+  }
+  return j.dump();
+}
+
+TraceRequest ParseTraceLine(const std::string& line) {
+  const auto j = nlohmann::json::parse(line);
+  TraceRequest r;
+  r.arrival_s = j.at("arrival_s").get<double>();
+  r.prompt_tokens = j.at("prompt_tokens").get<int32_t>();
+  r.output_tokens = j.at("output_tokens").get<int32_t>();
+  r.lane = j.value("lane", std::string("default"));
+  r.prefix_id = j.value("prefix_id", int64_t{-1});
+  r.prefix_tokens = j.value("prefix_tokens", r.prefix_id >= 0 ? std::min(r.prompt_tokens, 256) : 0);
+  if (r.prompt_tokens < 1 || r.output_tokens < 1 || r.arrival_s < 0) {
+    throw std::invalid_argument("prompt_tokens and output_tokens must be >= 1, arrival_s >= 0");
+  }
+  r.prefix_tokens = std::clamp(r.prefix_tokens, 0, r.prompt_tokens);
+  return r;
+}
+
+std::vector<TraceRequest> ReadTrace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read trace " + path);
+  std::vector<TraceRequest> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      out.push_back(ParseTraceLine(line));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + ":" + std::to_string(n) + ": " + e.what());
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TraceRequest& a, const TraceRequest& b) { return a.arrival_s < b.arrival_s; });
+  return out;
+}
+
+void WriteTrace(const std::string& path, const std::vector<TraceRequest>& requests) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write trace " + path);
+  for (const TraceRequest& r : requests) out << TraceLine(r) << '\n';
+}
+
+}  // namespace ferry::sim

@@ -1,0 +1,47 @@
+// --backend sim: a ModelRunner that runs no model. Each step sleeps for the time a
+// CostModel gives for what the step computes, and returns tokens that depend only on the
+// sequence's own tokens (so batching and preemption cannot change them). The real gateway and
+// scheduler then run at GPU-like speed on a CPU machine.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+
+#include "common/cost_model.h"
+#include "worker/model/model_runner.h"
+
+namespace ferry::worker {
+
+struct SimOptions {
+  std::string model_dir;         // config.json and generation_config.json only (no weights)
+  CostModelParams cost;
+  int32_t block_size = 16;
+  int32_t num_kv_blocks = 0;     // 0: cost.kv_capacity_tokens / block_size, else 4096
+  int32_t max_model_len = 0;     // 0: config.json's max_position_embeddings
+  int32_t num_live_tokens = 0;   // sampled ids are below this (0: vocab_size); e.g. the tokenizer's size
+};
+
+class SimRunner final : public ModelRunner {
+ public:
+  explicit SimRunner(const SimOptions& options);
+
+  const ModelInfo& info() const override { return info_; }
+  std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+
+  // The step time the cost model gives for `step` (what Step sleeps).
+  double ModelledSeconds(const StepSpec& step) const;
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> tokens;
+    int32_t num_computed = 0;
+  };
+  int32_t NextToken(const Sequence& seq) const;
+
+  ModelInfo info_;
+  CostModel cost_;
+  int32_t num_live_tokens_;
+  std::unordered_map<uint64_t, Sequence> seqs_;
+};
+
+}  // namespace ferry::worker
