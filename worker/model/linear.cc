@@ -1,7 +1,5 @@
 #include "worker/model/linear.h"
 
-#include <cblas.h>
-
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
@@ -34,9 +32,7 @@ struct MatmulContext::Dnnl {
   dnnl::stream stream{engine};
 };
 
-MatmulContext::MatmulContext(MatmulDtype dtype) : dtype_(dtype) {
-  if (dtype == MatmulDtype::kBfloat16) dnnl_ = std::make_unique<Dnnl>();
-}
+MatmulContext::MatmulContext(MatmulDtype dtype) : dtype_(dtype), dnnl_(std::make_unique<Dnnl>()) {}
 
 MatmulContext::~MatmulContext() = default;
 
@@ -57,12 +53,20 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
     throw std::invalid_argument("Linear: weight has " + std::to_string(weight.size()) +
                                 " values, expected " + std::to_string(n * k));
   }
-  if (context->dtype() == MatmulDtype::kFloat32) {
-    weight_f32_ = std::move(weight);
-    return;
-  }
   MatmulContext::Dnnl& d = *context->dnnl_;
   prims_ = std::make_unique<Primitives>();
+  if (!bias_.empty()) {
+    prims_->bias = dnnl::memory({{1, n}, dt::f32, tag::ab}, d.engine);
+    std::memcpy(prims_->bias.get_data_handle(), bias_.data(), n * sizeof(float));
+  }
+  if (context->dtype() == MatmulDtype::kFloat32) {
+    // The exact path keeps the plain [n, k] weights (oneDNN's {k, n} in tag ba) in place: no
+    // second copy, and fp32_weight() can serve them (a tied embedding).
+    weight_f32_ = std::move(weight);
+    prims_->weights_md = dnnl::memory::desc({k, n}, dt::f32, tag::ba);
+    prims_->weights = dnnl::memory(prims_->weights_md, d.engine, weight_f32_.data());
+    return;
+  }
   // [n, k] row-major is oneDNN's {k, n} weights in tag ba.
   std::vector<uint16_t> plain(weight.size());
   kernels::cpu::ConvertToBf16(weight.data(), plain.data(), n * k);
@@ -75,10 +79,6 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
   prims_->weights_md = pd.weights_desc();
   prims_->weights = dnnl::memory(prims_->weights_md, d.engine);
   dnnl::reorder(plain_mem, prims_->weights).execute(d.stream, plain_mem, prims_->weights);
-  if (!bias_.empty()) {
-    prims_->bias = dnnl::memory({{1, n}, dt::f32, tag::ab}, d.engine);
-    std::memcpy(prims_->bias.get_data_handle(), bias_.data(), n * sizeof(float));
-  }
   d.stream.wait();
 }
 
@@ -86,34 +86,16 @@ Linear::~Linear() = default;
 Linear::Linear(Linear&&) noexcept = default;
 Linear& Linear::operator=(Linear&&) noexcept = default;
 
-int64_t Linear::weight_bytes() const {
-  return prims_ ? static_cast<int64_t>(prims_->weights_md.get_size())
-                : static_cast<int64_t>(weight_f32_.size() * sizeof(float));
-}
+int64_t Linear::weight_bytes() const { return static_cast<int64_t>(prims_->weights_md.get_size()); }
 
+// Both dtypes go through oneDNN matmul: its kernels reduce each output row in an order that
+// does not depend on the number of rows (tested bitwise), so batching never changes a row's
+// result. OpenBLAS's sgemm did not have that property (it takes a gemv path for one row).
 void Linear::Forward(const float* x, float* out, int64_t m) {
   if (m == 0) return;
-  if (prims_) {
-    ForwardBfloat16(x, out, m);
-  } else {
-    ForwardFloat32(x, out, m);
-  }
-}
-
-void Linear::ForwardFloat32(const float* x, float* out, int64_t m) const {
-  float beta = accumulate_ ? 1.f : 0.f;
-  if (!bias_.empty()) {
-    for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * n_, bias_.data(), n_ * sizeof(float));
-    beta = 1.f;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n_),
-              static_cast<int>(k_), 1.f, x, static_cast<int>(k_), weight_f32_.data(),
-              static_cast<int>(k_), beta, out, static_cast<int>(n_));
-}
-
-void Linear::ForwardBfloat16(const float* x, float* out, int64_t m) {
   MatmulContext::Dnnl& d = *context_->dnnl_;
-  const dnnl::memory::desc src_md({m, k_}, dt::bf16, tag::ab);
+  const bool bf16 = context_->dtype() == MatmulDtype::kBfloat16;
+  const dnnl::memory::desc src_md({m, k_}, bf16 ? dt::bf16 : dt::f32, tag::ab);
   const dnnl::memory::desc dst_md({m, n_}, dt::f32, tag::ab);
   auto it = prims_->by_rows.find(m);
   if (it == prims_->by_rows.end()) {
@@ -125,19 +107,23 @@ void Linear::ForwardBfloat16(const float* x, float* out, int64_t m) {
     }
     const dnnl::memory::desc bias_md =
         bias_.empty() ? dnnl::memory::desc() : dnnl::memory::desc({1, n_}, dt::f32, tag::ab);
-    const dnnl::memory::desc any({k_, n_}, dt::bf16, tag::any);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, any, bias_md, dst_md), attr,
-                                    d.engine);
+    const dnnl::memory::desc any({k_, n_}, bf16 ? dt::bf16 : dt::f32, tag::any);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, bf16 ? any : prims_->weights_md, bias_md, dst_md),
+                                    attr, d.engine);
     if (pd.weights_desc() != prims_->weights_md) {
       pd = dnnl::matmul::primitive_desc(
           dnnl::matmul::desc(src_md, prims_->weights_md, bias_md, dst_md), attr, d.engine);
     }
     it = prims_->by_rows.emplace(m, dnnl::matmul(pd)).first;
   }
-  std::vector<uint16_t>& x_bf16 = context_->x_bf16_;
-  if (static_cast<int64_t>(x_bf16.size()) < m * k_) x_bf16.resize(m * k_);
-  kernels::cpu::ConvertToBf16(x, x_bf16.data(), m * k_);
-  dnnl::memory src(src_md, d.engine, x_bf16.data());
+  void* src_data = const_cast<float*>(x);
+  if (bf16) {
+    std::vector<uint16_t>& x_bf16 = context_->x_bf16_;
+    if (static_cast<int64_t>(x_bf16.size()) < m * k_) x_bf16.resize(m * k_);
+    kernels::cpu::ConvertToBf16(x, x_bf16.data(), m * k_);
+    src_data = x_bf16.data();
+  }
+  dnnl::memory src(src_md, d.engine, src_data);
   dnnl::memory dst(dst_md, d.engine, out);
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, prims_->weights}, {DNNL_ARG_DST, dst}};

@@ -1,6 +1,6 @@
 // Dense layers y = x W^T (+ bias) (+ y) for the CPU engine, in one of two numeric modes:
-//  - kFloat32: fp32 weights and activations through OpenBLAS sgemm. Exact; the parity tests
-//    with transformers use it.
+//  - kFloat32: fp32 weights (plain layout, kept in place) and activations through oneDNN's fp32
+//    matmul. Exact; the parity tests with transformers use it.
 //  - kBfloat16: weights converted to bf16 once at load and reordered into the blocked layout
 //    oneDNN picks for them; activations rounded to bf16 per call; fp32 accumulation and output.
 //    oneDNN primitives are created once per distinct row count and reused.
@@ -30,7 +30,7 @@ class MatmulContext {
   friend class Linear;
   struct Dnnl;
   MatmulDtype dtype_;
-  std::unique_ptr<Dnnl> dnnl_;  // null in kFloat32 mode
+  std::unique_ptr<Dnnl> dnnl_;
   std::vector<uint16_t> x_bf16_;  // [m, k] of the call in progress
 };
 
@@ -47,6 +47,7 @@ class Linear {
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
   // The fp32 weights, [n, k]; nullptr in bf16 mode (they were converted and released).
+  // Both modes run through oneDNN; a row's result does not depend on how many rows share a call.
   const float* fp32_weight() const { return weight_f32_.empty() ? nullptr : weight_f32_.data(); }
   // Bytes the weights occupy.
   int64_t weight_bytes() const;
@@ -58,8 +59,6 @@ class Linear {
 
  private:
   struct Primitives;
-  void ForwardFloat32(const float* x, float* out, int64_t m) const;
-  void ForwardBfloat16(const float* x, float* out, int64_t m);
 
   MatmulContext* context_;
   int64_t n_ = 0;
@@ -67,7 +66,7 @@ class Linear {
   bool accumulate_ = false;
   std::vector<float> weight_f32_;  // [n, k]; kFloat32 only
   std::vector<float> bias_;        // [n] or empty
-  std::unique_ptr<Primitives> prims_;  // kBfloat16 only: blocked weights + per-m primitives
+  std::unique_ptr<Primitives> prims_;  // weights in oneDNN's memory + per-m primitives
 };
 
 }  // namespace ferry::worker
