@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   }
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
-  ferry::gateway::GenerationService service(*tokenizer, channel, options, metrics.registry());
+  ferry::gateway::Generator generator(*tokenizer, channel, options, metrics.registry());
+  ferry::gateway::GenerationService service(generator);
   return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(5));
 }

@@ -1,0 +1,42 @@
+// Tenants, API keys and rate limits, shared by every front (gRPC, OpenAI HTTP, jobs).
+// Keys are stored hashed (SHA-256) in a file; a key maps to a tenant, which has allowed lanes and
+// token-bucket rate limits (requests per second, tokens per minute). Keys never appear in logs.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace ferry::gateway {
+
+enum class AuthCode {
+  kOk,
+  kUnauthenticated,    // missing or unknown key -> gRPC UNAUTHENTICATED / HTTP 401
+  kPermissionDenied,   // lane not allowed for the tenant -> PERMISSION_DENIED / 403
+  kRateLimited,        // over requests/s or tokens/min -> RESOURCE_EXHAUSTED / 429 + retry hint
+};
+
+struct AuthResult {
+  AuthCode code = AuthCode::kOk;
+  std::string tenant;          // set when the key is valid
+  std::string message;         // for the client; never contains the key
+  int64_t retry_after_ms = 0;  // kRateLimited: when a retry may succeed
+};
+
+class Authenticator {
+ public:
+  virtual ~Authenticator() = default;
+  // bearer: the token from "authorization: Bearer <key>" (nullopt when absent); lane: the
+  // resolved lane name; prompt_tokens: charged to the tenant's tokens-per-minute bucket along
+  // with max_tokens up front (refunded by Refund when the request ends shorter).
+  virtual AuthResult Admit(const std::optional<std::string>& bearer, const std::string& lane,
+                           int64_t prompt_tokens, int64_t max_tokens) = 0;
+  // Returns unused tokens of an admitted request to its tenant's bucket.
+  virtual void Refund(const std::string& tenant, int64_t tokens) = 0;
+};
+
+// Authentication off (the local default): every request is admitted as tenant "anonymous".
+std::unique_ptr<Authenticator> MakeOpenAuthenticator();
+
+}  // namespace ferry::gateway

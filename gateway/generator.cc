@@ -1,0 +1,204 @@
+#include "gateway/generator.h"
+
+#include <chrono>
+#include <random>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/metrics.h"
+#include "gateway/completion_text.h"
+
+namespace ferry::gateway {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ferry::v1::FinishReason;
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+uint64_t RandomU64() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+std::string StatusName(grpc::StatusCode code) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+std::string NewRequestId() { return fmt::format("req-{:016x}", RandomU64()); }
+
+FinishReason ToFinishReason(ferry::v1::FinishKind kind) {
+  switch (kind) {
+    case ferry::v1::FINISH_KIND_LENGTH: return ferry::v1::FINISH_REASON_LENGTH;
+    case ferry::v1::FINISH_KIND_EOS: return ferry::v1::FINISH_REASON_EOS;
+    case ferry::v1::FINISH_KIND_STOP_TOKEN: return ferry::v1::FINISH_REASON_STOP;
+    case ferry::v1::FINISH_KIND_TIMEOUT: return ferry::v1::FINISH_REASON_TIMEOUT;
+    default: return ferry::v1::FINISH_REASON_ERROR;
+  }
+}
+
+}  // namespace
+
+struct GatewayMetrics {
+  explicit GatewayMetrics(prometheus::Registry& r)
+      : requests(prometheus::BuildCounter().Name("ferry_gateway_requests_total")
+                     .Help("Requests answered, by lane and gRPC status code").Register(r)),
+        rejections(prometheus::BuildCounter().Name("ferry_gateway_rejections_total")
+                       .Help("Requests refused before reaching the scheduler, by reason").Register(r)),
+        invalid(rejections.Add({{"reason", "invalid"}})),
+        ttft(prometheus::BuildHistogram().Name("ferry_gateway_time_to_first_token_seconds")
+                 .Help("Arrival to first token").Register(r)),
+        e2e(prometheus::BuildHistogram().Name("ferry_gateway_request_duration_seconds")
+                .Help("Arrival to last token").Register(r)),
+        tokens(prometheus::BuildCounter().Name("ferry_gateway_tokens_total")
+                   .Help("Prompt and completion tokens of answered requests").Register(r)),
+        prompt_tokens(tokens.Add({{"kind", "prompt"}})),
+        completion_tokens(tokens.Add({{"kind", "completion"}})),
+        in_flight(prometheus::BuildGauge().Name("ferry_gateway_requests_in_flight")
+                      .Help("Requests being served").Register(r).Add({})) {}
+  prometheus::Family<prometheus::Counter>& requests;
+  prometheus::Family<prometheus::Counter>& rejections;
+  prometheus::Counter& invalid;
+  prometheus::Family<prometheus::Histogram>& ttft;
+  prometheus::Family<prometheus::Histogram>& e2e;
+  prometheus::Family<prometheus::Counter>& tokens;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& completion_tokens;
+  prometheus::Gauge& in_flight;
+};
+
+Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc::Channel> scheduler,
+                     GatewayOptions options, prometheus::Registry& registry)
+    : tokenizer_(tokenizer),
+      scheduler_(ferry::v1::Scheduler::NewStub(std::move(scheduler))),
+      options_(std::move(options)),
+      metrics_(std::make_unique<GatewayMetrics>(registry)) {}
+
+Generator::~Generator() = default;
+
+grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientContext& downstream,
+                            const std::function<bool()>& client_cancelled, const ChunkSink& sink) {
+  const auto arrival = Clock::now();
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  const std::string id = request.request_id();
+  auto validated = ValidateRequest(request, options_.limits, options_.lanes, tokenizer_);
+  if (auto* error = std::get_if<ValidationError>(&validated)) {
+    spdlog::info("req={} invalid: {}", id, error->message);
+    metrics_->invalid.Increment();
+    metrics_->requests.Add({{"lane", request.lane()}, {"code", "INVALID_ARGUMENT"}}).Increment();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error->message);
+  }
+  ValidatedRequest& v = std::get<ValidatedRequest>(validated);
+  v.submit.set_request_id(id);
+  if (v.submit.seed() == 0) v.submit.set_seed(RandomU64() | 1);
+  const int prompt_tokens = v.submit.prompt_token_ids_size();
+  spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, prompt_tokens, v.submit.max_tokens());
+  metrics_->in_flight.Increment();
+
+  auto reader = scheduler_->Submit(&downstream, v.submit);
+  StreamProgress progress{CompletionText(tokenizer_, v.stop)};
+  progress.final_chunk.set_request_id(id);
+  ferry::v1::TokenEvent event;
+  bool client_gone = false;
+  while (reader->Read(&event)) {
+    if (progress.completion_tokens == 0) {
+      progress.queue_s = event.queue_s();
+      progress.first_token_s = Seconds(arrival, Clock::now());
+      metrics_->ttft.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(progress.first_token_s);
+    }
+    ferry::v1::GenerateChunk chunk = progress.Consume(event, tokenizer_);
+    chunk.set_request_id(id);
+    if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+      progress.final_chunk = std::move(chunk);
+      if (progress.text.stopped()) downstream.TryCancel();  // the scheduler frees the sequence
+      break;
+    }
+    if (!sink(chunk)) {
+      client_gone = true;
+      downstream.TryCancel();
+      break;
+    }
+    event.Clear();
+  }
+  const grpc::Status status = reader->Finish();
+  metrics_->in_flight.Decrement();
+  grpc::Status result = Conclude(client_cancelled(), status, client_gone, progress);
+  if (result.ok()) {
+    auto& last = progress.final_chunk;
+    last.set_finish_reason(progress.reason);
+    last.mutable_usage()->set_prompt_tokens(prompt_tokens);
+    last.mutable_usage()->set_completion_tokens(progress.completion_tokens);
+    const double total_s = Seconds(arrival, Clock::now());
+    last.mutable_timings()->set_queue_s(progress.queue_s);
+    last.mutable_timings()->set_first_token_s(progress.first_token_s);
+    last.mutable_timings()->set_total_s(total_s);
+    sink(last);
+    metrics_->e2e.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(total_s);
+    metrics_->prompt_tokens.Increment(prompt_tokens);
+    metrics_->completion_tokens.Increment(progress.completion_tokens);
+    spdlog::debug("req={} finished: {} completion tokens in {:.3f}s ({})", id, progress.completion_tokens,
+                  total_s, ferry::v1::FinishReason_Name(progress.reason));
+  } else {
+    spdlog::info("req={} ended: {} {}", id, static_cast<int>(result.error_code()), result.error_message());
+  }
+  metrics_->requests.Add({{"lane", v.lane}, {"code", StatusName(result.error_code())}}).Increment();
+  return result;
+}
+
+grpc::Status Generator::Conclude(bool client_cancelled, const grpc::Status& downstream, bool client_gone,
+                                 StreamProgress& progress) {
+  if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) return grpc::Status::OK;
+  // The scheduler call ended without a finish: deadline, cancellation or failure.
+  if (downstream.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    progress.reason = ferry::v1::FINISH_REASON_TIMEOUT;
+    progress.final_chunk.mutable_text()->append(progress.text.Finish());
+    return grpc::Status::OK;
+  }
+  if (client_cancelled) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  if (downstream.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "scheduler ended the stream without a finish");
+  const auto code = downstream.error_code() == grpc::StatusCode::ABORTED ? grpc::StatusCode::INTERNAL
+                                                                          : downstream.error_code();
+  return grpc::Status(code, "scheduler: " + downstream.error_message());
+}
+
+ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& event,
+                                                const tokenizer::Tokenizer& tokenizer) {
+  ferry::v1::GenerateChunk chunk;
+  for (int i = 0; i < event.token_ids_size(); ++i) {
+    const int32_t token = event.token_ids(i);
+    chunk.add_token_ids(token);
+    if (i < event.logprobs_size()) {
+      // The token's own text, as OpenAI's logprobs show it.
+      auto* lp = chunk.add_logprobs();
+      *lp = event.logprobs(i);
+      lp->set_token(tokenizer.Decode(std::span<const int32_t>(&token, 1)));
+      for (auto& top : *lp->mutable_top()) {
+        const int32_t id = top.token_id();
+        top.set_token(tokenizer.Decode(std::span<const int32_t>(&id, 1)));
+      }
+    }
+    ++completion_tokens;
+    chunk.mutable_text()->append(text.Add(token));
+    if (text.stopped()) {
+      reason = ferry::v1::FINISH_REASON_STOP;
+      return chunk;
+    }
+  }
+  if (event.finish() != ferry::v1::FINISH_KIND_NONE) {
+    reason = ToFinishReason(event.finish());
+    chunk.mutable_text()->append(text.Finish());
+  }
+  return chunk;
+}
+
+}  // namespace ferry::gateway
