@@ -1,8 +1,10 @@
 // What every Ferry service's main shares: the listen/metrics/ready-file flags,
-// and serving until SIGTERM/SIGINT.
+// and serving until SIGTERM/SIGINT with grpc.health.v1, server reflection and a
+// graceful drain.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,16 +21,25 @@ struct ServiceFlags {
   int metrics_port = 0;
   std::string ready_file;
   std::string log_level = "info";
+  int drain_grace_s = -1;  // -1: the service's own default (the grace passed to ServeUntilSignal)
 
   std::string metrics_bind() const { return host + ":" + std::to_string(metrics_port); }
 };
 
 void AddServiceFlags(CLI::App& app, ServiceFlags& flags);
 
-// Serves services on flags.host:flags.port, writes the ready file
-// ({grpc_port, metrics_port}), blocks until SIGTERM or SIGINT, then shuts down
-// giving in-flight calls `grace`. Returns the process exit code.
+struct ServeHooks {
+  // Whether the whole path behind this service is ready; grpc.health.v1 reports SERVING only
+  // while it is true (polled every 500 ms). Unset: always ready.
+  std::function<bool()> is_ready;
+};
+
+// Serves services on flags.host:flags.port with grpc.health.v1 and reflection, writes the
+// ready file ({grpc_port, metrics_port}), blocks until SIGTERM or SIGINT, then drains: health
+// goes NOT_SERVING, new calls are refused, in-flight calls get up to flags.drain_grace_s to
+// finish (flags.drain_grace_s, or `grace` when that is unset). Returns the process exit code
+// (0 after a clean drain).
 int ServeUntilSignal(const ServiceFlags& flags, const std::vector<grpc::Service*>& services,
-                     const MetricsServer& metrics, std::chrono::seconds grace);
+                     const MetricsServer& metrics, std::chrono::seconds grace, const ServeHooks& hooks = {});
 
 }  // namespace ferry

@@ -1,19 +1,13 @@
 #include "gateway/generation_service.h"
 
+#include "gateway/auth/grpc_admission.h"
+
 namespace ferry::gateway {
 
 grpc::Status GenerationService::Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
                                          ferry::v1::GenerateResponse* response) {
   grpc::Status status = Run(context, *request, [&](const ferry::v1::GenerateChunk& chunk) {
-    response->set_request_id(chunk.request_id());
-    response->mutable_text()->append(chunk.text());
-    response->mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
-    response->mutable_logprobs()->MergeFrom(chunk.logprobs());
-    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-      response->set_finish_reason(chunk.finish_reason());
-      *response->mutable_usage() = chunk.usage();
-      *response->mutable_timings() = chunk.timings();
-    }
+    AppendChunk(chunk, *response);
     return true;
   });
   // A unary call that ran out of time must end with DEADLINE_EXCEEDED (gRPC's
@@ -31,9 +25,23 @@ grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context, con
 
 grpc::Status GenerationService::Run(grpc::ServerContext* context, const ferry::v1::GenerateRequest& request,
                                     const Generator::ChunkSink& sink) {
+  const Admission admission = AdmitCall(auth_, generator_, *context, request);
+  if (!admission.status.ok()) return admission.status;
+  // Counts what was generated, for the refund.
+  ferry::v1::GenerateResponse generated;
+  auto counting_sink = [&](const ferry::v1::GenerateChunk& chunk) {
+    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) *generated.mutable_usage() = chunk.usage();
+    return sink(chunk);
+  };
   // Propagates the client's deadline and cancellation to the scheduler call.
   auto downstream = grpc::ClientContext::FromServerContext(*context);
-  return generator_.Run(request, *downstream, [context] { return context->IsCancelled(); }, sink);
+  int64_t retry_after_ms = 0;
+  grpc::Status status = generator_.Run(request, *downstream, [context] { return context->IsCancelled(); },
+                                       counting_sink, &retry_after_ms);
+  // gRPC's retry design: the server tells the client when to retry a refused call.
+  if (retry_after_ms > 0) context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(retry_after_ms));
+  RefundUnused(auth_, admission, generated);
+  return status;
 }
 
 }  // namespace ferry::gateway

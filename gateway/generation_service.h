@@ -2,13 +2,14 @@
 #pragma once
 
 #include "ferry/v1/generation.grpc.pb.h"
+#include "gateway/auth/authenticator.h"
 #include "gateway/generator.h"
 
 namespace ferry::gateway {
 
 class GenerationService final : public ferry::v1::Generation::Service {
  public:
-  explicit GenerationService(Generator& generator) : generator_(generator) {}
+  GenerationService(Generator& generator, Authenticator& auth) : generator_(generator), auth_(auth) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
                         ferry::v1::GenerateResponse* response) override;
@@ -16,10 +17,12 @@ class GenerationService final : public ferry::v1::Generation::Service {
                               grpc::ServerWriter<ferry::v1::GenerateChunk>* writer) override;
 
  private:
+  // Admits the call (authorization metadata), runs it, and refunds unused tokens.
   grpc::Status Run(grpc::ServerContext* context, const ferry::v1::GenerateRequest& request,
                    const Generator::ChunkSink& sink);
 
   Generator& generator_;
+  Authenticator& auth_;
 };
 
 }  // namespace ferry::gateway

@@ -55,6 +55,7 @@ struct GatewayMetrics {
         rejections(prometheus::BuildCounter().Name("ferry_gateway_rejections_total")
                        .Help("Requests refused before reaching the scheduler, by reason").Register(r)),
         invalid(rejections.Add({{"reason", "invalid"}})),
+        lane_full(rejections.Add({{"reason", "lane_full"}})),
         ttft(prometheus::BuildHistogram().Name("ferry_gateway_time_to_first_token_seconds")
                  .Help("Arrival to first token").Register(r)),
         e2e(prometheus::BuildHistogram().Name("ferry_gateway_request_duration_seconds")
@@ -68,6 +69,7 @@ struct GatewayMetrics {
   prometheus::Family<prometheus::Counter>& requests;
   prometheus::Family<prometheus::Counter>& rejections;
   prometheus::Counter& invalid;
+  prometheus::Counter& lane_full;
   prometheus::Family<prometheus::Histogram>& ttft;
   prometheus::Family<prometheus::Histogram>& e2e;
   prometheus::Family<prometheus::Counter>& tokens;
@@ -81,12 +83,14 @@ Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc
     : tokenizer_(tokenizer),
       scheduler_(ferry::v1::Scheduler::NewStub(std::move(scheduler))),
       options_(std::move(options)),
-      metrics_(std::make_unique<GatewayMetrics>(registry)) {}
+      metrics_(std::make_unique<GatewayMetrics>(registry)),
+      queues_(options_.lanes) {}
 
 Generator::~Generator() = default;
 
 grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientContext& downstream,
-                            const std::function<bool()>& client_cancelled, const ChunkSink& sink) {
+                            const std::function<bool()>& client_cancelled, const ChunkSink& sink,
+                            int64_t* retry_after_ms) {
   const auto arrival = Clock::now();
   if (request.request_id().empty()) request.set_request_id(NewRequestId());
   const std::string id = request.request_id();
@@ -100,6 +104,23 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientCont
   ValidatedRequest& v = std::get<ValidatedRequest>(validated);
   v.submit.set_request_id(id);
   if (v.submit.seed() == 0) v.submit.set_seed(RandomU64() | 1);
+  // A full lane answers at once; the ticket holds the place until the request starts.
+  auto ticket = queues_.TryEnter(v.lane_rules);
+  if (!ticket) {
+    const int64_t hint = std::max<int64_t>(100, v.lane_rules.queue_timeout_ms / 10);
+    if (retry_after_ms) *retry_after_ms = hint;
+    metrics_->lane_full.Increment();
+    metrics_->requests.Add({{"lane", v.lane}, {"code", "RESOURCE_EXHAUSTED"}}).Increment();
+    spdlog::info("req={} lane {} full ({} queued)", id, v.lane, v.lane_rules.max_queued);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        fmt::format("lane \"{}\" is full ({} requests waiting); retry after {} ms", v.lane,
+                                    v.lane_rules.max_queued, hint));
+  }
+  if (v.lane_rules.default_deadline_ms > 0) {
+    const auto lane_deadline =
+        std::chrono::system_clock::now() + std::chrono::milliseconds(v.lane_rules.default_deadline_ms);
+    if (lane_deadline < downstream.deadline()) downstream.set_deadline(lane_deadline);
+  }
   const int prompt_tokens = v.submit.prompt_token_ids_size();
   spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, prompt_tokens, v.submit.max_tokens());
   metrics_->in_flight.Increment();
@@ -110,8 +131,13 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientCont
   ferry::v1::TokenEvent event;
   bool client_gone = false;
   while (reader->Read(&event)) {
-    if (progress.completion_tokens == 0) {
+    // The first event says the sequence left the scheduler's queue (it may carry no tokens).
+    if (!progress.started) {
+      progress.started = true;
       progress.queue_s = event.queue_s();
+      ticket->Release();
+    }
+    if (progress.completion_tokens == 0 && event.token_ids_size() > 0) {
       progress.first_token_s = Seconds(arrival, Clock::now());
       metrics_->ttft.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(progress.first_token_s);
     }
@@ -122,7 +148,7 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientCont
       if (progress.text.stopped()) downstream.TryCancel();  // the scheduler frees the sequence
       break;
     }
-    if (!sink(chunk)) {
+    if ((chunk.token_ids_size() > 0 || !chunk.text().empty()) && !sink(chunk)) {
       client_gone = true;
       downstream.TryCancel();
       break;
@@ -169,6 +195,18 @@ grpc::Status Generator::Conclude(bool client_cancelled, const grpc::Status& down
   const auto code = downstream.error_code() == grpc::StatusCode::ABORTED ? grpc::StatusCode::INTERNAL
                                                                           : downstream.error_code();
   return grpc::Status(code, "scheduler: " + downstream.error_message());
+}
+
+void AppendChunk(const ferry::v1::GenerateChunk& chunk, ferry::v1::GenerateResponse& response) {
+  response.set_request_id(chunk.request_id());
+  response.mutable_text()->append(chunk.text());
+  response.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+  response.mutable_logprobs()->MergeFrom(chunk.logprobs());
+  if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+    response.set_finish_reason(chunk.finish_reason());
+    *response.mutable_usage() = chunk.usage();
+    *response.mutable_timings() = chunk.timings();
+  }
 }
 
 ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& event,

@@ -6,6 +6,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
@@ -33,6 +36,7 @@ struct StreamProgress {
   ferry::v1::GenerateChunk final_chunk;  // sent last, with finish reason, usage and timings
   ferry::v1::FinishReason reason = ferry::v1::FINISH_REASON_UNSPECIFIED;
   int completion_tokens = 0;
+  bool started = false;  // the scheduler has scheduled the sequence
   double queue_s = 0;
   double first_token_s = 0;
   // Folds one scheduler event into a chunk; sets reason when it ends the request.
@@ -51,11 +55,19 @@ class Generator {
   // Runs one request to its end. `downstream` is the scheduler call's context (its deadline
   // and cancellation are the front's business); `client_cancelled` tells whether the client
   // gave up. The last chunk carries finish reason, usage and timings.
+  // retry_after_ms (optional): set with a retry hint when the lane is full (RESOURCE_EXHAUSTED).
   grpc::Status Run(ferry::v1::GenerateRequest request, grpc::ClientContext& downstream,
-                   const std::function<bool()>& client_cancelled, const ChunkSink& sink);
+                   const std::function<bool()>& client_cancelled, const ChunkSink& sink,
+                   int64_t* retry_after_ms = nullptr);
 
   const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
   const GatewayOptions& options() const { return options_; }
+  // The lane a request's `lane` field names, as Run resolves it (empty: the default lane);
+  // nullopt for an unknown name (Run then answers INVALID_ARGUMENT).
+  std::optional<std::string> ResolveLane(std::string_view name) const {
+    auto lane = options_.lanes.Find(name);
+    return lane ? std::optional<std::string>(lane->name) : std::nullopt;
+  }
 
  private:
   // Decides the call's status once the scheduler stream has ended.
@@ -66,6 +78,11 @@ class Generator {
   std::unique_ptr<ferry::v1::Scheduler::Stub> scheduler_;
   const GatewayOptions options_;
   std::unique_ptr<GatewayMetrics> metrics_;
+  LaneQueues queues_;
 };
+
+// Folds one chunk into a unary response (text, ids and logprobs appended; the last chunk's
+// finish reason, usage and timings copied).
+void AppendChunk(const ferry::v1::GenerateChunk& chunk, ferry::v1::GenerateResponse& response);
 
 }  // namespace ferry::gateway

@@ -10,7 +10,12 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/service_main.h"
+#include "gateway/auth/authenticator.h"
 #include "gateway/generation_service.h"
+#include "gateway/jobs/job_runner.h"
+#include "gateway/jobs/job_store.h"
+#include "gateway/jobs/jobs_service.h"
+#include "gateway/http/openai_http_server.h"
 
 namespace {
 
@@ -19,6 +24,11 @@ struct Flags {
   std::string scheduler;
   std::string tokenizer;
   int scheduler_timeout_s = 600;
+  std::string lanes_file;
+  std::string api_keys_file;   // empty: authentication off
+  int job_store_size = 1000;   // async jobs kept at most
+  int job_retention_s = 3600;  // finished jobs kept this long
+  int job_workers = 8;         // async jobs running at once
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -26,6 +36,12 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--scheduler", f.scheduler, "Scheduler address host:port")->required();
   app.add_option("--tokenizer", f.tokenizer, "tokenizer.json, or the model directory holding it")->required();
   app.add_option("--scheduler-timeout-s", f.scheduler_timeout_s, "How long to wait for the scheduler at start");
+  app.add_option("--lanes-file", f.lanes_file, "Lanes as JSON (default: interactive and batch; see gateway/lanes.h)");
+  app.add_option("--api-keys-file", f.api_keys_file, "Tenants and hashed API keys (YAML); absent: auth off");
+  app.add_option("--job-store-size", f.job_store_size, "Async jobs kept at most")->check(CLI::PositiveNumber);
+  app.add_option("--job-retention-s", f.job_retention_s, "How long finished jobs are kept")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--job-workers", f.job_workers, "Async jobs running at once")->check(CLI::PositiveNumber);
 }
 
 // The gateway validates against the model's limits, so it needs the scheduler
@@ -53,6 +69,9 @@ int main(int argc, char** argv) {
   CLI::App app{"ferry-gateway: public gRPC API of Ferry"};
   Flags flags;
   AddFlags(app, flags);
+  int http_port = -1;  // OpenAI-compatible HTTP front
+  app.add_option("--http-port", http_port, "OpenAI-compatible HTTP port (-1: off; 0: kernel chooses; "
+                 "written to <ready-file>.http.json)");
   CLI11_PARSE(app, argc, argv);
   ferry::InitLogging("gateway", flags.service.log_level);
 
@@ -70,6 +89,7 @@ int main(int argc, char** argv) {
   ferry::gateway::GatewayOptions options;
   try {
     auto stub = ferry::v1::Scheduler::NewStub(channel);
+    if (!flags.lanes_file.empty()) options.lanes = ferry::gateway::LaneTable::FromFile(flags.lanes_file);
     const auto info = WaitForScheduler(*stub, flags.scheduler_timeout_s);
     options.limits.max_model_len = info.max_model_len();
     options.limits.vocab_size = info.vocab_size();
@@ -89,6 +109,49 @@ int main(int argc, char** argv) {
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
   ferry::gateway::Generator generator(*tokenizer, channel, options, metrics.registry());
-  ferry::gateway::GenerationService service(generator);
-  return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(5));
+  // One Authenticator for every front, so a tenant's limits hold across them.
+  std::unique_ptr<ferry::gateway::Authenticator> auth;
+  try {
+    auth = flags.api_keys_file.empty() ? ferry::gateway::MakeOpenAuthenticator()
+                                       : ferry::gateway::LoadKeyFileAuthenticator(flags.api_keys_file);
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 1;
+  }
+  spdlog::info("authentication {}", flags.api_keys_file.empty() ? "off" : "on: " + flags.api_keys_file);
+  ferry::gateway::GenerationService service(generator, *auth);
+  ferry::gateway::JobStore job_store(
+      {static_cast<size_t>(flags.job_store_size), std::chrono::seconds(flags.job_retention_s)});
+  ferry::gateway::JobRunner job_runner(job_store, generator, *auth, flags.job_workers);
+  ferry::gateway::JobsService jobs_service(job_store, job_runner, generator, *auth);
+  // OpenAI-compatible HTTP front over the same Generator; stopped before the Generator goes.
+  ferry::gateway::Authenticator* http_auth = auth.get();
+  std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
+  if (http_port >= 0) {
+    http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
+        generator, *http_auth,
+        ferry::gateway::http::HttpServerOptions{
+            flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer)});
+    const int bound = http->Start(flags.service.host, http_port);
+    if (bound < 0) {
+      spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, http_port);
+      return 1;
+    }
+    spdlog::info("OpenAI-compatible HTTP on {}:{}", flags.service.host, bound);
+    if (!flags.service.ready_file.empty()) {
+      ferry::WriteReadyFile(flags.service.ready_file + ".http.json", {{"http_port", bound}});
+    }
+  }
+  // SERVING only while the scheduler behind answers (which in turn needs its workers).
+  ferry::ServeHooks hooks;
+  auto health_stub = ferry::v1::Scheduler::NewStub(channel);
+  hooks.is_ready = [&health_stub] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+    ferry::v1::GetStateRequest request;
+    ferry::v1::SchedulerState state;
+    return health_stub->GetState(&context, request, &state).ok();
+  };
+  return ferry::ServeUntilSignal(flags.service, {&service, &jobs_service}, metrics, std::chrono::seconds(30),
+                                 hooks);
 }

@@ -113,7 +113,14 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   std::vector<int32_t> ids;
   if (std::string e = PreparePrompt(r, limits, tokenizer, ids); !e.empty()) return ValidationError{e};
 
-  const int32_t max_tokens = s.has_max_tokens() ? s.max_tokens() : kDefaultMaxTokens;
+  int32_t max_tokens = s.has_max_tokens() ? s.max_tokens() : kDefaultMaxTokens;
+  if (lane->max_tokens > 0 && max_tokens > lane->max_tokens) {
+    if (s.has_max_tokens()) {
+      return ValidationError{FieldMessage("sampling.max_tokens", max_tokens,
+                                          fmt::format("exceeds lane \"{}\"'s cap of {}", lane->name, lane->max_tokens))};
+    }
+    max_tokens = lane->max_tokens;
+  }
   const int64_t total = static_cast<int64_t>(ids.size()) + max_tokens;
   if (total > limits.max_model_len) {
     return ValidationError{fmt::format(
@@ -149,6 +156,8 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   sub.set_lane(lane->name);
   out.stop.assign(s.stop().begin(), s.stop().end());
   out.lane = lane->name;
+  out.lane_rules = *lane;
+  sub.set_queue_timeout_ms(lane->queue_timeout_ms);
   return out;
 }
 

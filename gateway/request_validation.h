@@ -38,6 +38,7 @@ struct ValidatedRequest {
   ferry::v1::SubmitRequest submit;  // prompt tokenised, defaults filled in
   std::vector<std::string> stop;    // stop strings, valid UTF-8
   std::string lane;
+  Lane lane_rules;  // the lane's admission rules
 };
 
 struct ValidationError {

@@ -54,7 +54,7 @@ void EngineLoop::Push(Command command) {
   inbox_cv_.notify_one();
 }
 
-std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestSpec spec) {
+std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestSpec spec, TimePoint queue_deadline) {
   const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
   if (total > config_.max_model_len) {
     throw std::invalid_argument(fmt::format(
@@ -65,7 +65,7 @@ std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestS
   const uint64_t id = spec.seq_id;
   auto channel = std::make_shared<RequestChannel>();
   num_live_.fetch_add(1);
-  Push(AddCommand{std::move(spec), channel});
+  Push(AddCommand{std::move(spec), channel, queue_deadline});
   return {id, channel};
 }
 
@@ -113,7 +113,14 @@ void EngineLoop::Apply(Command& command) {
   const TimePoint now = Clock::now();
   if (auto* add = std::get_if<AddCommand>(&command)) {
     const uint64_t id = add->spec.seq_id;
-    Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0};
+    Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0, add->queue_deadline, false};
+    // The deadline is checked between steps: end a step early enough that the final event
+    // still reaches the client before its own deadline cancels the call.
+    if (add->spec.deadline != TimePoint::max()) {
+      const auto margin = std::max(deadline_margin_, std::chrono::duration_cast<Clock::duration>(
+                                                         std::chrono::duration<double>(2 * last_step_s_)));
+      add->spec.deadline -= margin;
+    }
     try {
       core_.Add(std::move(add->spec));
       live_.emplace(id, std::move(live));
@@ -148,7 +155,11 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.last_step_s = last_step_s_;
   obs.last_step_tokens = last_step_tokens_;
   obs.num_arrivals = std::exchange(arrivals_since_step_, 0);
-  obs.num_preemptions = static_cast<int32_t>(core_.num_preemptions() - preemptions_seen_);
+  // Only preemptions for lack of KV blocks say the batch is too large; those that make room for
+  // a higher-priority request (counted apart) do not, and must not shrink the cap.
+  const uint64_t kv_preemptions = core_.num_preemptions() - core_.num_priority_preemptions();
+  obs.num_preemptions = static_cast<int32_t>(kv_preemptions - kv_preemptions_seen_);
+  kv_preemptions_seen_ = kv_preemptions;
   const int32_t cap = controller_.Step(obs);
   for (const CapChange& change : controller_.TakeChanges()) {
     spdlog::info("max_num_seqs {} -> {} ({}): {}", change.from, change.to, change.level, change.reason);
@@ -160,8 +171,24 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   return cap;
 }
 
+// Requests still waiting past their queue deadline leave with DEADLINE_EXCEEDED (the lane's
+// queue timeout); running ones are unaffected.
+void EngineLoop::ExpireQueued(TimePoint now) {
+  std::vector<uint64_t> expired;
+  for (const auto& [id, live] : live_) {
+    if (!live.started && live.queue_deadline <= now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    core_.Cancel(id);
+    auto channel = live_.at(id).channel;
+    End(id, FinishKind::kDeadlineExceeded, now);
+    channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kDeadlineExceeded});
+  }
+}
+
 void EngineLoop::RunStep() {
   const TimePoint start = Clock::now();
+  ExpireQueued(start);
   const int32_t cap = NextCap(start);
   StepPlan plan = core_.Plan(Budget{cap, config_.max_num_batched_tokens}, start);
   Dispatch(core_.TakeEvents(), start);  // requests past their deadline
@@ -170,7 +197,10 @@ void EngineLoop::RunStep() {
     return;
   }
   for (const auto& seq : plan.new_sequences) {
-    if (auto it = live_.find(seq.seq_id); it != live_.end()) it->second.channel->MarkStarted(start);
+    if (auto it = live_.find(seq.seq_id); it != live_.end()) {
+      it->second.started = true;
+      it->second.channel->MarkStarted(start, seq.seq_id);
+    }
   }
   std::vector<SeqEvent> events;
   try {

@@ -59,7 +59,9 @@ class EngineLoop {
 
   // Queues a request; returns its sequence id and the channel its events
   // arrive on. Throws std::invalid_argument naming the field and the limit.
-  std::pair<uint64_t, std::shared_ptr<RequestChannel>> Submit(RequestSpec spec);
+  // queue_deadline: if still waiting then, it ends with DEADLINE_EXCEEDED (a lane's queue timeout).
+  std::pair<uint64_t, std::shared_ptr<RequestChannel>> Submit(RequestSpec spec,
+                                                              TimePoint queue_deadline = TimePoint::max());
   // The sequence leaves the batch at the next step and its blocks are freed.
   void Cancel(uint64_t seq_id);
   // Admin: sets the cap (clamped to the controller's bounds); returns once applied.
@@ -74,6 +76,7 @@ class EngineLoop {
   struct AddCommand {
     RequestSpec spec;
     std::shared_ptr<RequestChannel> channel;
+    TimePoint queue_deadline;
   };
   struct CancelCommand {
     uint64_t seq_id;
@@ -91,12 +94,15 @@ class EngineLoop {
     TimePoint arrival;
     std::optional<TimePoint> first_token;
     int32_t num_tokens = 0;
+    TimePoint queue_deadline = TimePoint::max();
+    bool started = false;  // first scheduled
   };
 
   void Push(Command command);
   void Run();
   void Apply(Command& command);
   void RunStep();
+  void ExpireQueued(TimePoint now);
   int32_t NextCap(TimePoint now);
   void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);
   void End(uint64_t seq_id, FinishKind kind, TimePoint now);
@@ -118,10 +124,12 @@ class EngineLoop {
   Controller controller_;
   std::unordered_map<uint64_t, Live> live_;
   int32_t arrivals_since_step_ = 0;
-  uint64_t preemptions_seen_ = 0;
+  uint64_t preemptions_seen_ = 0;     // for the metric (all preemptions)
+  uint64_t kv_preemptions_seen_ = 0;  // for the controller (KV pressure only)
   uint64_t prefix_queries_seen_ = 0;
   uint64_t prefix_hits_seen_ = 0;
   double last_step_s_ = 0;
+  Clock::duration deadline_margin_ = std::chrono::milliseconds(20);
   int32_t last_step_tokens_ = 0;
 
   mutable std::mutex state_mu_;

@@ -134,5 +134,8 @@ int main(int argc, char** argv) {
   ferry::MetricsServer metrics(flags.service.metrics_bind());
   ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry());
   ferry::scheduler::SchedulerService service(loop, info);
-  return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(2));
+  // SERVING only while every worker rank answers its health check.
+  ferry::ServeHooks hooks;
+  hooks.is_ready = [&workers] { return workers.Healthy(std::chrono::milliseconds(300)); };
+  return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(5), hooks);
 }

@@ -23,9 +23,16 @@ class RequestChannel {
     cv_.notify_one();
   }
 
-  void MarkStarted(TimePoint when) {
-    std::lock_guard lock(mu_);
-    if (!started_) started_ = when;
+  // First call only: records when the sequence was first scheduled and queues an
+  // empty event, so the handler can tell the gateway it left the queue.
+  void MarkStarted(TimePoint when, uint64_t seq_id) {
+    {
+      std::lock_guard lock(mu_);
+      if (started_) return;
+      started_ = when;
+      events_.push_back(SeqEvent{.seq_id = seq_id});
+    }
+    cv_.notify_one();
   }
 
   // Waits up to timeout for events; returns all queued ones merged (tokens

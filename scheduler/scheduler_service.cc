@@ -80,7 +80,10 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
   try {
     RequestSpec spec = ToRequestSpec(*request, eos);
     spec.deadline = SteadyDeadline(*context);
-    std::tie(seq_id, channel) = loop_.Submit(std::move(spec));
+    const TimePoint queue_deadline = request->queue_timeout_ms() > 0
+                                         ? arrival + std::chrono::milliseconds(request->queue_timeout_ms())
+                                         : TimePoint::max();
+    std::tie(seq_id, channel) = loop_.Submit(std::move(spec), queue_deadline);
   } catch (const std::invalid_argument& e) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
   }
@@ -100,7 +103,8 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
     }
     if (event->finish == FinishKind::kCancelled) return grpc::Status::CANCELLED;
     if (event->finish == FinishKind::kDeadlineExceeded) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed before the request started");
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the request was not started within its deadline or its lane's queue timeout");
     }
     if (event->finish == FinishKind::kAborted) {
       return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");

@@ -30,6 +30,16 @@ GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
 
 GrpcWorkerGroup::~GrpcWorkerGroup() { CloseStreams(); }
 
+bool GrpcWorkerGroup::Healthy(std::chrono::milliseconds timeout) const {
+  for (const auto& rank : ranks_) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + timeout);
+    ferry::v1::HealthResponse response;
+    if (!rank->stub->Health(&context, {}, &response).ok() || !response.ok()) return false;
+  }
+  return true;
+}
+
 ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout) {
   const auto deadline = std::chrono::system_clock::now() + timeout;
   ferry::v1::WorkerInfo first;

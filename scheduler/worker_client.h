@@ -24,6 +24,8 @@ class GrpcWorkerGroup final : public WorkerGroup {
   ferry::v1::WorkerInfo WaitForInfo(std::chrono::seconds timeout);
 
   std::vector<SampledToken> Execute(uint64_t step_id, const StepPlan& plan) override;
+  // Whether every rank answers Health within timeout (thread-safe: only uses the stubs).
+  bool Healthy(std::chrono::milliseconds timeout) const;
 
  private:
   struct Rank;

@@ -9,7 +9,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libutf8proc-dev
-  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev
+  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev libssl-dev
   prometheus python3 python3-venv python3-pip
 )
 # Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
@@ -17,6 +17,7 @@ APT_PACKAGES=(
 PIP_PACKAGES=(
   "tokenizers==0.20.3" "transformers==4.46.3" "safetensors==0.4.5"
   "grpcio==1.68.1" "grpcio-tools==1.68.1" "prometheus-client==0.21.1" "pytest==8.3.4"
+  "openai==1.57.0" "jinja2==3.1.6" "grpcio-health-checking==1.68.1" "grpcio-reflection==1.68.1"
 )
 
 missing=()

@@ -34,9 +34,16 @@ class Authenticator {
                            int64_t prompt_tokens, int64_t max_tokens) = 0;
   // Returns unused tokens of an admitted request to its tenant's bucket.
   virtual void Refund(const std::string& tenant, int64_t tokens) = 0;
+  // The tenant of a key, without charging any bucket (for reads such as polling a job);
+  // nullopt when the key is missing or unknown.
+  virtual std::optional<std::string> Identify(const std::optional<std::string>& bearer) = 0;
 };
 
 // Authentication off (the local default): every request is admitted as tenant "anonymous".
 std::unique_ptr<Authenticator> MakeOpenAuthenticator();
+
+// Authentication on: tenants and hashed keys from a YAML file (format: gateway/auth/README.md).
+// Throws std::runtime_error naming the file, line and field when the file is invalid.
+std::unique_ptr<Authenticator> LoadKeyFileAuthenticator(const std::string& path);
 
 }  // namespace ferry::gateway

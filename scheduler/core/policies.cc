@@ -148,20 +148,101 @@ int32_t StepPlanner::ReservedForOthers(int32_t lane, bool seats) const {
 }
 
 void StepPlanner::AdmitWaiting() {
-  // After a preemption blocks are short: admitting now would only be undone.
-  if (did_preempt_ || state_.waiting.empty()) return;
+  // Bounds the work of one step; each round admits the sequence it preempted for.
+  constexpr int kMaxPriorityRounds = 8;
+  for (int round = 0; round <= kMaxPriorityRounds; ++round) {
+    Sequence* blocked = AdmitPass();
+    if (blocked == nullptr || round == kMaxPriorityRounds || !PreemptFor(*blocked)) return;
+  }
+}
+
+Sequence* StepPlanner::AdmitPass() {
+  if (state_.waiting.empty()) return nullptr;
   const auto max_seqs = static_cast<size_t>(budget_.max_num_seqs);
+  const int32_t aging = state_.config.aging_interval_ms;
   std::vector<Sequence*> admitted;
-  state_.waiting.VisitInOrder(now_, state_.config.aging_interval_ms, [&](Sequence& seq) {
-    if (num_scheduled_ >= budget_.max_num_seqs || state_.running.size() >= max_seqs ||
-        tokens_left_ <= 0) {
+  Sequence* blocked = nullptr;
+  state_.waiting.VisitInOrder(now_, aging, [&](Sequence& seq) {
+    if (tokens_left_ <= 0) return false;
+    // After a preemption blocks are short: admitting a sequence not above the
+    // preempted ones would only be undone (and a victim never resumes in the
+    // step that preempted it).
+    if (did_preempt_ && EffectivePriority(seq, now_, aging) <= max_preempted_priority_) return false;
+    if (num_scheduled_ >= budget_.max_num_seqs || state_.running.size() >= max_seqs) {
+      blocked = &seq;
       return false;
     }
     const Admission result = TryAdmit(seq);
     if (result == Admission::kAdmitted) admitted.push_back(&seq);
+    if (result == Admission::kStop) blocked = &seq;
     return result != Admission::kStop;
   });
   for (Sequence* seq : admitted) state_.waiting.Remove(seq);
+  return blocked;
+}
+
+bool StepPlanner::PreemptFor(const Sequence& seq) {
+  const int64_t priority = EffectivePriority(seq, now_, state_.config.aging_interval_ms);
+  std::vector<Sequence*> candidates;
+  for (Sequence* r : state_.running) {
+    if (r->effective_priority < priority && !IsProtected(*r, seq)) candidates.push_back(r);
+  }
+  // Worst first: lowest effective priority, then the latest started.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Sequence* a, const Sequence* b) { return ServesBefore(*b, *a); });
+  const BlockManager& blocks = state_.blocks;
+  const auto tokens_of = [&](const Sequence& r) {
+    for (const ScheduledSequence& s : plan_.scheduled) {
+      if (s.seq_id == r.spec.seq_id) return s.num_tokens;
+    }
+    return 0;
+  };
+  // What the victims chosen so far give back. Blocks another lease shares
+  // stay held, so only singly held ones count.
+  int32_t num_seats = static_cast<int32_t>(state_.running.size());
+  int32_t num_sched = num_scheduled_, tokens = tokens_left_;
+  int32_t free_blocks = blocks.num_free_blocks() - ReservedForOthers(seq.lane_index, false);
+  size_t num_victims = 0;
+  const auto fits = [&] {
+    const int32_t chunk = std::min(seq.num_tokens(), tokens);
+    return num_seats < budget_.max_num_seqs && num_sched < budget_.max_num_seqs && chunk > 0 &&
+           blocks.BlocksFor(chunk) <= free_blocks;
+  };
+  while (!fits()) {
+    if (num_victims == candidates.size()) return false;
+    const Sequence& v = *candidates[num_victims++];
+    --num_seats;
+    if (const int32_t t = tokens_of(v); t > 0) {
+      --num_sched;
+      tokens += t;
+    }
+    for (BlockId b : v.lease.block_ids()) free_blocks += blocks.ref_count(b) == 1;
+  }
+  for (size_t i = 0; i < num_victims; ++i) {
+    Sequence& v = *candidates[i];
+    Unschedule(v);
+    Preempt(v);
+    ++state_.num_priority_preemptions;
+  }
+  return true;
+}
+
+void StepPlanner::Unschedule(Sequence& seq) {
+  auto& scheduled = plan_.scheduled;
+  auto it = std::find_if(scheduled.begin(), scheduled.end(),
+                         [&](const ScheduledSequence& s) { return s.seq_id == seq.spec.seq_id; });
+  if (it == scheduled.end()) return;
+  tokens_left_ += it->num_tokens;
+  --num_scheduled_;
+  scheduled.erase(it);
+  // Sent first in this plan: the worker never sees it, so it is not preempted there.
+  auto& fresh = plan_.new_sequences;
+  auto n = std::find_if(fresh.begin(), fresh.end(),
+                        [&](const NewSequence& s) { return s.seq_id == seq.spec.seq_id; });
+  if (n != fresh.end()) {
+    fresh.erase(n);
+    seq.is_on_worker = false;
+  }
 }
 
 std::vector<BlockId> StepPlanner::FindCachedPrefix(Sequence& seq) {
@@ -251,6 +332,8 @@ void StepPlanner::Preempt(Sequence& seq) {
   ++seq.num_preemptions;
   ++state_.num_preemptions;
   state_.waiting.PushFront(&seq);
+  max_preempted_priority_ = did_preempt_ ? std::max(max_preempted_priority_, seq.effective_priority)
+                                         : seq.effective_priority;
   did_preempt_ = true;
 }
 

@@ -29,6 +29,7 @@ struct SchedulerState {
   std::multimap<TimePoint, uint64_t> deadlines;  // live sequences with a finite deadline
   uint64_t num_admissions = 0;
   uint64_t num_preemptions = 0;
+  uint64_t num_priority_preemptions = 0;  // of those, to admit a higher-priority request
   uint64_t num_prefix_cache_queries = 0;  // full blocks looked up at admission
   uint64_t num_prefix_cache_hits = 0;     // of those, blocks reused from the cache
 };
@@ -66,12 +67,23 @@ class StepPlanner {
   void ScheduleRunning();
   // Waiting sequences in queue order (effective priority, then arrival), while
   // seats, tokens and blocks last. Stops at the first that does not fit; skips
-  // one that only another lane's reservation keeps out.
+  // one that only another lane's reservation keeps out. Priority preemption:
+  // the first that lacks a seat or blocks preempts running sequences of
+  // strictly lower effective priority, when that makes it fit.
   void AdmitWaiting();
 
  private:
   enum class Admission { kAdmitted, kSkipped, kStop };
+  // One pass over the waiting queue; returns the sequence that stopped it for
+  // lack of a seat or blocks (nullptr if none).
+  Sequence* AdmitPass();
   Admission TryAdmit(Sequence& seq);
+  // Preempts the fewest running sequences of strictly lower effective
+  // priority (worst first, unprotected) that give `seq` a seat and blocks for
+  // its first chunk. Preempts nothing and returns false if they cannot.
+  bool PreemptFor(const Sequence& seq);
+  // Removes a sequence scheduled in this plan from it (before preempting it).
+  void Unschedule(Sequence& seq);
   std::vector<BlockId> FindCachedPrefix(Sequence& seq);
   // Covers `want` tokens (a prefill may take fewer), preempting from the tail
   // of order[0, *end) as needed. Returns the tokens granted; 0 if none.
@@ -94,6 +106,9 @@ class StepPlanner {
   int32_t tokens_left_;
   int32_t num_scheduled_ = 0;
   bool did_preempt_ = false;
+  // Highest effective priority preempted this step: only waiting sequences
+  // above it are admitted afterwards (the others would be undone).
+  int64_t max_preempted_priority_ = 0;
 };
 
 }  // namespace ferry::scheduler

@@ -65,6 +65,9 @@ class SchedulerCore {
   int32_t num_total_blocks() const { return state_.blocks.num_total_blocks(); }
   uint64_t num_steps() const { return num_steps_; }  // non-empty plans issued
   uint64_t num_preemptions() const { return state_.num_preemptions; }
+  // Of num_preemptions, those that made room for a waiting request of higher
+  // effective priority (not a sign of KV pressure).
+  uint64_t num_priority_preemptions() const { return state_.num_priority_preemptions; }
   // Prefix cache counters, in blocks: looked up at admission / reused.
   uint64_t num_prefix_cache_queries() const { return state_.num_prefix_cache_queries; }
   uint64_t num_prefix_cache_hits() const { return state_.num_prefix_cache_hits; }

@@ -289,5 +289,86 @@ TEST(SchedulerTimelineTest, RandomisedInvariantsHold) {
   h.ExpectOutcomesMatchReference();  // also: every request ended exactly once
 }
 
+// Priority preemption: a waiting request short of a seat or blocks preempts
+// the lowest-priority, latest-started running sequence of strictly lower
+// priority, and starts in the same step.
+bool Has(const std::vector<uint64_t>& ids, uint64_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+bool IsScheduled(const StepPlan& plan, uint64_t id) {
+  return std::any_of(plan.scheduled.begin(), plan.scheduled.end(),
+                     [&](const ScheduledSequence& s) { return s.seq_id == id; });
+}
+
+TEST(PriorityPreemptionTest, HigherPriorityTakesASeatWithinOneStep) {
+  Harness h(MakeConfig());
+  const Budget two_seats = MakeBudget(/*max_num_seqs=*/2);
+  h.Add(MakeRequest(1, {.prompt_len = 8, .max_tokens = 40, .ignore_eos = true}));
+  h.Add(MakeRequest(2, {.prompt_len = 8, .max_tokens = 40, .ignore_eos = true}));
+  h.Step(two_seats);
+  h.Step(two_seats);
+  h.Add(MakeRequest(3, {.prompt_len = 8, .max_tokens = 8, .priority = 1, .ignore_eos = true}));
+  const StepPlan plan = h.Step(two_seats);
+  EXPECT_EQ(plan.preempted_ids, std::vector<uint64_t>{2});  // the later started of equal priority
+  EXPECT_TRUE(IsScheduled(plan, 3));
+  EXPECT_TRUE(IsScheduled(plan, 1));
+  EXPECT_FALSE(IsScheduled(plan, 2));
+  EXPECT_EQ(h.core.num_priority_preemptions(), 1u);
+  h.RunToCompletion(two_seats);
+  h.ExpectOutcomesMatchReference();  // the resumed sequence's output is identical
+}
+
+TEST(PriorityPreemptionTest, EqualPriorityNeverPreempts) {
+  Harness h(MakeConfig());
+  const Budget two_seats = MakeBudget(/*max_num_seqs=*/2);
+  h.Add(MakeRequest(1, {.prompt_len = 8, .max_tokens = 20, .priority = 1, .ignore_eos = true}));
+  h.Add(MakeRequest(2, {.prompt_len = 8, .max_tokens = 20, .ignore_eos = true}));
+  h.Step(two_seats);
+  h.Add(MakeRequest(3, {.prompt_len = 8, .max_tokens = 8, .ignore_eos = true}));  // = 2's priority
+  for (int i = 0; i < 5; ++i) {
+    const StepPlan plan = h.Step(two_seats);
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(plan.preempted_ids.empty());
+    EXPECT_FALSE(IsScheduled(plan, 3));
+  }
+  h.RunToCompletion(two_seats);
+  EXPECT_EQ(h.core.num_preemptions(), 0u);
+  h.ExpectOutcomesMatchReference();
+}
+
+TEST(PriorityPreemptionTest, HigherPriorityTakesBlocksWithinOneStep) {
+  // 12 blocks of 4 tokens: two low-priority sequences hold 5 each.
+  Harness h(MakeConfig(/*num_kv_blocks=*/12, /*block_size=*/4, /*max_model_len=*/44));
+  h.Add(MakeRequest(1, {.prompt_len = 20, .max_tokens = 20, .ignore_eos = true}));
+  h.Add(MakeRequest(2, {.prompt_len = 20, .max_tokens = 20, .ignore_eos = true}));
+  h.Step();
+  h.Add(MakeRequest(3, {.prompt_len = 12, .max_tokens = 4, .priority = 2, .ignore_eos = true}));
+  const StepPlan plan = h.Step();
+  EXPECT_TRUE(Has(plan.preempted_ids, 2));
+  EXPECT_FALSE(Has(plan.preempted_ids, 1));
+  EXPECT_TRUE(IsScheduled(plan, 3));
+  h.RunToCompletion();
+  h.ExpectOutcomesMatchReference();
+}
+
+TEST(PriorityPreemptionTest, RandomPrioritiesKeepInvariantsAndOutput) {
+  Harness h(MakeConfig(/*num_kv_blocks=*/48, /*block_size=*/4, /*max_model_len=*/96));
+  std::mt19937 rng(5);
+  uint64_t id = 0;
+  for (int step = 0; step < 3000 && (id < 300 || h.core.has_work()); ++step) {
+    SCOPED_TRACE(step);
+    if (id < 300 && rng() % 3 == 0) {
+      ++id;
+      h.Add(MakeRequest(id, {.prompt_len = 1 + static_cast<int32_t>(rng() % 40),
+                             .max_tokens = 1 + static_cast<int32_t>(rng() % 40),
+                             .priority = static_cast<int32_t>(rng() % 3), .ignore_eos = true}));
+    }
+    ASSERT_NO_THROW(h.Step(MakeBudget(1 + static_cast<int32_t>(rng() % 6), 16 + static_cast<int32_t>(rng() % 64))));
+  }
+  EXPECT_FALSE(h.core.has_work());
+  EXPECT_GT(h.core.num_priority_preemptions(), 0u);
+  h.ExpectOutcomesMatchReference();
+}
+
 }  // namespace
 }  // namespace ferry::scheduler

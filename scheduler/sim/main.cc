@@ -20,7 +20,7 @@ using ferry::scheduler::ControllerMode;
 
 struct Flags {
   std::string preset = "rtx4090d-tp4";
-  std::string trace, write_trace, json_path, scenario = "steady", arrival;
+  std::string trace, write_trace, json_path, scenario = "steady", arrival, spike_lane = "-";
   double rate_per_s = 0, duration_s = 0, burst_cv = 0, spike_multiplier = 3.0;
   uint64_t seed = 0;
   std::string mode = "slo";
@@ -43,6 +43,7 @@ std::vector<TraceRequest> LoadWorkload(const Flags& f) {
   if (f.rate_per_s > 0) w.arrivals.rate_per_s = f.rate_per_s;
   if (f.duration_s > 0) w.arrivals.duration_s = f.duration_s;
   if (f.burst_cv > 0) w.arrivals.burst_cv = f.burst_cv;
+  if (f.spike_lane != "-") w.arrivals.spike_lane = f.spike_lane;
   if (f.seed > 0) w.seed = f.seed;
   return GenerateWorkload(w);
 }
@@ -131,6 +132,8 @@ int main(int argc, char** argv) {
   app.add_option("--duration-s", f.duration_s, "length of the arrival window");
   app.add_option("--burst-cv", f.burst_cv, "bursty: coefficient of variation of the gaps");
   app.add_option("--spike-multiplier", f.spike_multiplier, "spike: rate multiplier during the spike");
+  app.add_option("--spike-lane", f.spike_lane,
+                 "spike: lane that takes the excess (\"\": scale every lane; default: the scenario's)");
   app.add_option("--seed", f.seed, "workload seed (0: the scenario's)");
   app.add_option("--mode", f.mode, "controller: static, load-level, slo");
   app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");

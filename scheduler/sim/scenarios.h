@@ -18,7 +18,7 @@ std::vector<std::string> PresetNames();
 // A preset name or a path to a JSON file.
 CostModelParams LoadPreset(const std::string& name_or_path);
 
-// block_size 16, max_num_batched_tokens 8192, max_model_len 4096, and the KV
+// block_size 16, max_num_batched_tokens 2048, max_model_len 4096, and the KV
 // pool from the preset's kv_capacity_tokens (or 1M tokens when unknown).
 scheduler::SchedulerConfig DefaultSchedulerConfig(const CostModelParams& params);
 
@@ -49,8 +49,9 @@ std::vector<TraceRequest> SweepWorkload(int32_t num_requests, uint64_t seed);
 std::vector<SweepRow> RunSweep(const CostModel& cost, const SweepOptions& options);
 std::string FormatSweep(const std::vector<SweepRow>& rows);
 
-// "steady", "bursty", "diurnal", "spike" (3x overload); `spike_multiplier`
-// only affects "spike" (1: the same trace's base load, no spike).
+// "steady", "bursty", "diurnal", "spike" (3x overload: a bulk flood, the
+// excess all in the batch lane); `spike_multiplier` only affects "spike" (1:
+// the same trace's base load, no spike).
 std::vector<std::string> ScenarioNames();
 WorkloadOptions ScenarioWorkload(const std::string& name, double spike_multiplier = 3.0);
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -34,6 +35,26 @@ TEST(WorkloadTest, SpikeTripleRateInsideTheWindow) {
     if (r.arrival_s >= 10 && r.arrival_s < 30) ++before;
   }
   EXPECT_NEAR(static_cast<double>(inside) / before, 3.0, 0.3);
+}
+
+// The spike is a bulk flood: the excess goes to the batch lane and the
+// interactive lane keeps its base rate; without the spike the trace is the
+// base load.
+TEST(WorkloadTest, SpikeExcessGoesToTheBatchLane) {
+  auto count = [](const std::vector<TraceRequest>& trace, const std::string& lane, double from, double to) {
+    return std::count_if(trace.begin(), trace.end(), [&](const TraceRequest& r) {
+      return r.lane == lane && r.arrival_s >= from && r.arrival_s < to;
+    });
+  };
+  const auto spike = GenerateWorkload(ScenarioWorkload("spike"));
+  const double interactive_in = static_cast<double>(count(spike, "interactive", 40, 60));
+  const double interactive_before = static_cast<double>(count(spike, "interactive", 10, 30));
+  EXPECT_NEAR(interactive_in / interactive_before, 1.0, 0.15);
+  const double batch_in = static_cast<double>(count(spike, "batch", 40, 60));
+  const double all_before = static_cast<double>(count(spike, "batch", 10, 30)) + interactive_before;
+  EXPECT_NEAR((batch_in + interactive_in) / all_before, 3.0, 0.3);
+  const auto base = GenerateWorkload(ScenarioWorkload("spike", 1.0));
+  EXPECT_NEAR(static_cast<double>(count(base, "batch", 40, 60)) / count(base, "batch", 10, 30), 1.0, 0.3);
 }
 
 TEST(WorkloadTest, TraceRoundTrip) {

@@ -143,8 +143,10 @@ class Simulation {
     obs.last_step_s = last_step_s_;
     obs.last_step_tokens = last_step_tokens_;
     obs.num_arrivals = arrivals_since_obs_;
-    obs.num_preemptions = static_cast<int32_t>(core_.num_preemptions() - preemptions_seen_);
-    preemptions_seen_ = core_.num_preemptions();
+    // KV pressure only: priority preemptions say nothing about the batch size.
+    const uint64_t pressure = core_.num_preemptions() - core_.num_priority_preemptions();
+    obs.num_preemptions = static_cast<int32_t>(pressure - preemptions_seen_);
+    preemptions_seen_ = pressure;
     arrivals_since_obs_ = 0;
     last_step_s_ = 0;
     last_step_tokens_ = 0;

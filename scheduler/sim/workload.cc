@@ -85,6 +85,15 @@ std::vector<double> ArrivalTimes(const ArrivalOptions& a, Rng& rng) {
   return times;
 }
 
+const LaneMix* PickLane(const std::vector<LaneMix>& lanes, double total_share, Rng& rng) {
+  double pick = rng.Uniform() * total_share;
+  for (const LaneMix& l : lanes) {
+    if (pick < l.share) return &l;
+    pick -= l.share;
+  }
+  return &lanes.back();
+}
+
 }  // namespace
 
 const char* ArrivalKindName(ArrivalKind kind) {
@@ -112,12 +121,25 @@ std::vector<TraceRequest> GenerateWorkload(const WorkloadOptions& options) {
   double total_share = 0;
   for (const LaneMix& l : options.lanes) total_share += l.share;
   std::vector<TraceRequest> out;
-  for (double t : ArrivalTimes(options.arrivals, rng)) {
-    double pick = rng.Uniform() * total_share;
-    const LaneMix* lane = &options.lanes.back();
+  const ArrivalOptions& a = options.arrivals;
+  const LaneMix* flood_lane = nullptr;
+  if (a.kind == ArrivalKind::kSpike && !a.spike_lane.empty()) {
     for (const LaneMix& l : options.lanes) {
-      if (pick < l.share) { lane = &l; break; }
-      pick -= l.share;
+      if (l.name == a.spike_lane) flood_lane = &l;
+    }
+    if (flood_lane == nullptr) {
+      throw std::invalid_argument("spike_lane \"" + a.spike_lane + "\" is not a lane of the workload");
+    }
+  }
+  for (double t : ArrivalTimes(a, rng)) {
+    const LaneMix* lane = PickLane(options.lanes, total_share, rng);
+    // In a bulk flood an arrival in the spike is excess with probability
+    // (m - 1) / m: the other lanes keep their base rate. Drawn only when the
+    // spike adds load, so the base trace (m <= 1) is unchanged.
+    if (flood_lane != nullptr && a.spike_multiplier > 1 && t >= a.spike_start_s &&
+        t < a.spike_start_s + a.spike_duration_s &&
+        rng.Uniform() * a.spike_multiplier >= 1.0) {
+      lane = flood_lane;
     }
     TraceRequest r;
     r.arrival_s = t;

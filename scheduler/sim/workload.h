@@ -45,7 +45,7 @@ enum class ArrivalKind {
   kPoisson,  // constant rate
   kBursty,   // gamma-distributed gaps with coefficient of variation burst_cv
   kDiurnal,  // Poisson with rate * (1 + amplitude * sin(2 pi t / period)), starting at the trough
-  kSpike,    // Poisson at rate, times spike_multiplier during the spike
+  kSpike,    // Poisson at rate, times spike_multiplier during the spike (excess: spike_lane)
 };
 
 const char* ArrivalKindName(ArrivalKind kind);
@@ -61,6 +61,11 @@ struct ArrivalOptions {
   double spike_start_s = 20;
   double spike_duration_s = 10;
   double spike_multiplier = 3.0;
+  // Spike: "" scales every lane by spike_multiplier (the lane mix is kept);
+  // a lane name sends the excess (multiplier - 1 of every multiplier arrivals
+  // in the spike) to that lane, so the other lanes keep their normal rate (a
+  // bulk flood).
+  std::string spike_lane;
 };
 
 struct WorkloadOptions {

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -32,8 +33,10 @@ struct Flags {
   std::string log_level = "info";
   int tensor_parallel_size = 1;
   int ready_timeout_s = 600;
+  int http_port = -1;  // gateway's OpenAI-compatible HTTP port; -1: off
   std::vector<std::string> worker_args;     // passed through
   std::vector<std::string> scheduler_args;  // passed through
+  std::vector<std::string> gateway_args;    // passed through
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -48,8 +51,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Worker processes sharing the model (Gloo on CPU)")
       ->check(CLI::Range(1, 64));
   app.add_option("--ready-timeout-s", f.ready_timeout_s, "How long each service may take to become ready");
+  app.add_option("--http-port", f.http_port, "Gateway OpenAI-compatible HTTP port (-1: off; 0: kernel chooses)");
   app.add_option("--worker-arg", f.worker_args, "Extra flag for every worker, e.g. --worker-arg=--num-kv-blocks=512");
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
+  app.add_option("--gateway-arg", f.gateway_args, "Extra flag for the gateway, e.g. --gateway-arg=--api-keys-file=keys.yaml");
 }
 
 std::string SelfDir() { return fs::read_symlink("/proc/self/exe").parent_path().string(); }
@@ -109,18 +114,28 @@ void StartAll(const Flags& f, Stack& stack) {
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
   stack.ports["scheduler"] = WaitReady(f, Spawn(f, stack, "scheduler", scheduler_argv));
   const int scheduler_port = stack.ports["scheduler"]["grpc_port"];
-  stack.ports["gateway"] = WaitReady(
-      f, Spawn(f, stack, "gateway",
-               {f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port),
-                "--tokenizer", f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port",
-                std::to_string(f.metrics_port)}));
+  std::vector<std::string> gateway_argv = {
+      f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port), "--tokenizer",
+      f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port", std::to_string(f.metrics_port)};
+  // The gateway writes its HTTP port beside its ready file, before the ready file itself.
+  const std::string http_ready = f.run_dir + "/gateway.json.http.json";
+  fs::remove(http_ready);
+  if (f.http_port >= 0) gateway_argv.insert(gateway_argv.end(), {"--http-port", std::to_string(f.http_port)});
+  gateway_argv.insert(gateway_argv.end(), f.gateway_args.begin(), f.gateway_args.end());
+  stack.ports["gateway"] = WaitReady(f, Spawn(f, stack, "gateway", gateway_argv));
+  if (f.http_port >= 0) {
+    std::ifstream in(http_ready);
+    stack.ports["gateway"]["http_port"] = nlohmann::json::parse(in).at("http_port");
+  }
 }
 
 // Stops children in reverse start order: the gateway stops taking requests
 // before the engine behind it goes away.
 void StopAll(Stack& stack) {
   for (auto it = stack.children.rbegin(); it != stack.children.rend(); ++it) {
-    const std::string how = (*it)->Stop(std::chrono::seconds(10));
+    // The gateway drains in-flight generations (its --drain-grace-s, 30 s by default).
+    const auto grace = (*it)->name() == "gateway" ? std::chrono::seconds(40) : std::chrono::seconds(10);
+    const std::string how = (*it)->Stop(grace);
     spdlog::info("{} (pid {}) {}", (*it)->name(), (*it)->pid(), how);
   }
 }

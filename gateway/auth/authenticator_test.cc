@@ -1,0 +1,89 @@
+#include "gateway/auth/authenticator.h"
+
+#include <gtest/gtest.h>
+
+#include "gateway/auth/key_file.h"
+
+namespace ferry::gateway {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Fixture {
+  Clock::time_point now{};
+  std::unique_ptr<Authenticator> auth;
+  Fixture() {
+    KeyFile f = ParseKeyFile(R"(
+tenants:
+  - name: acme
+    lanes: [interactive]
+    requests_per_second: 2
+    tokens_per_minute: 600
+    burst: 2
+  - name: free
+keys:
+  - {sha256: )" + Sha256Hex("acme-key") + R"(, tenant: acme}
+  - {sha256: )" + Sha256Hex("free-key") + R"(, tenant: free}
+)");
+    auth = MakeKeyFileAuthenticator(std::move(f), [this] { return now; });
+  }
+};
+
+TEST(OpenAuthenticatorTest, AdmitsEveryoneAsAnonymous) {
+  auto auth = MakeOpenAuthenticator();
+  for (int i = 0; i < 1000; ++i) {
+    const AuthResult r = auth->Admit(std::nullopt, "batch", 100000, 100000);
+    ASSERT_EQ(r.code, AuthCode::kOk);
+    ASSERT_EQ(r.tenant, "anonymous");
+  }
+  EXPECT_EQ(auth->Identify(std::string("whatever")), "anonymous");
+}
+
+TEST(KeyFileAuthenticatorTest, UnknownOrMissingKeyIsUnauthenticated) {
+  Fixture f;
+  EXPECT_EQ(f.auth->Admit(std::nullopt, "interactive", 1, 1).code, AuthCode::kUnauthenticated);
+  const AuthResult r = f.auth->Admit(std::string("wrong-key"), "interactive", 1, 1);
+  EXPECT_EQ(r.code, AuthCode::kUnauthenticated);
+  EXPECT_EQ(r.message.find("wrong-key"), std::string::npos);
+  EXPECT_EQ(f.auth->Identify(std::string("free-key")), "free");
+  EXPECT_EQ(f.auth->Identify(std::string("")), std::nullopt);
+}
+
+TEST(KeyFileAuthenticatorTest, LaneNotAllowedIsPermissionDenied) {
+  Fixture f;
+  const AuthResult r = f.auth->Admit(std::string("acme-key"), "batch", 1, 1);
+  EXPECT_EQ(r.code, AuthCode::kPermissionDenied);
+  EXPECT_EQ(r.tenant, "acme");
+  EXPECT_EQ(f.auth->Admit(std::string("free-key"), "batch", 1, 1).code, AuthCode::kOk);
+}
+
+TEST(KeyFileAuthenticatorTest, RequestRateLimitWithRetryHint) {
+  Fixture f;
+  EXPECT_EQ(f.auth->Admit(std::string("acme-key"), "interactive", 1, 1).code, AuthCode::kOk);
+  EXPECT_EQ(f.auth->Admit(std::string("acme-key"), "interactive", 1, 1).code, AuthCode::kOk);
+  AuthResult r = f.auth->Admit(std::string("acme-key"), "interactive", 1, 1);
+  EXPECT_EQ(r.code, AuthCode::kRateLimited);
+  EXPECT_EQ(r.retry_after_ms, 500);  // 2 per second
+  f.now += 500ms;
+  EXPECT_EQ(f.auth->Admit(std::string("acme-key"), "interactive", 1, 1).code, AuthCode::kOk);
+  // Other tenants are not affected.
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(f.auth->Admit(std::string("free-key"), "x", 1, 1).code, AuthCode::kOk);
+}
+
+TEST(KeyFileAuthenticatorTest, TokenRateLimitAndRefund) {
+  Fixture f;
+  EXPECT_EQ(f.auth->Admit(std::string("acme-key"), "interactive", 100, 400).code, AuthCode::kOk);  // 100 left
+  f.now += 1s;  // +10 tokens, +2 requests
+  AuthResult r = f.auth->Admit(std::string("acme-key"), "interactive", 100, 100);
+  EXPECT_EQ(r.code, AuthCode::kRateLimited);
+  EXPECT_EQ(r.retry_after_ms, 9000);  // 90 tokens at 10/s
+  f.auth->Refund("acme", 300);  // the first request used only 100 of its 400
+  EXPECT_EQ(f.auth->Admit(std::string("acme-key"), "interactive", 100, 100).code, AuthCode::kOk);
+  // A request larger than a minute's tokens never fits.
+  r = f.auth->Admit(std::string("acme-key"), "interactive", 500, 500);
+  EXPECT_EQ(r.code, AuthCode::kRateLimited);
+}
+
+}  // namespace
+}  // namespace ferry::gateway

@@ -1,0 +1,39 @@
+// Renders chat messages into a prompt with the model's chat template. Only ChatML (Qwen's
+// template, recognised by "<|im_start|>") is rendered, natively: no Jinja interpreter. The output
+// equals transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+// for Qwen2.5's template without tools.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ferry::gateway::http {
+
+struct ChatMessage {
+  std::string role;  // system, user or assistant
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // Reads chat_template from tokenizer_config.json (a file, or the model directory holding it).
+  // A missing file or template gives a template that refuses every request with a reason.
+  static ChatTemplate FromTokenizerConfig(const std::string& path);
+  // template_text: the Jinja source; ChatML when it contains "<|im_start|>".
+  static ChatTemplate FromTemplateText(const std::string& template_text);
+
+  bool is_supported() const { return unsupported_reason_.empty(); }
+  // Why chat requests are refused; empty when supported.
+  const std::string& unsupported_reason() const { return unsupported_reason_; }
+
+  // The prompt, ending with the assistant's generation prompt. Call only when supported.
+  std::string Render(const std::vector<ChatMessage>& messages) const;
+
+ private:
+  std::string unsupported_reason_;
+  std::string default_system_;  // empty: no system message is added
+};
+
+}  // namespace ferry::gateway::http

@@ -1,0 +1,296 @@
+#include "gateway/http/openai_format.h"
+
+#include <fmt/format.h>
+
+namespace ferry::gateway::http {
+
+namespace {
+
+using ferry::v1::SamplingParams;
+using Error = std::optional<ApiError>;
+
+// Validation messages start with the proto field ("sampling.top_p = 2 must be ..."); the
+// OpenAI parameter is its last component without an index.
+std::string ParamFromMessage(const std::string& message) {
+  std::string field = message.substr(0, message.find_first_of(" ("));
+  if (field.rfind("sampling.", 0) == 0) field = field.substr(9);
+  field = field.substr(0, field.find('['));
+  if (field == "text" || field == "token_ids.ids" || field == "prompt") return "prompt";
+  return field;
+}
+
+std::string TypeName(const json& v) { return v.type_name(); }
+
+Error WrongType(const std::string& param, const json& v, const std::string& want) {
+  return InvalidField(param, fmt::format("{} must be {}, got {} ({})", param, want, TypeName(v), v.dump()));
+}
+
+// Reads body[key] into out when present and not null; the type must match.
+Error GetNumber(const json& body, const char* key, std::optional<double>& out) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_number()) return WrongType(key, body[key], "a number");
+  out = body[key].get<double>();
+  return std::nullopt;
+}
+
+Error GetInt(const json& body, const char* key, std::optional<int64_t>& out) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_number_integer()) return WrongType(key, body[key], "an integer");
+  out = body[key].get<int64_t>();
+  return std::nullopt;
+}
+
+Error GetBool(const json& body, const char* key, std::optional<bool>& out) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_boolean()) return WrongType(key, body[key], "a boolean");
+  out = body[key].get<bool>();
+  return std::nullopt;
+}
+
+Error GetString(const json& body, const char* key, std::optional<std::string>& out) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_string()) return WrongType(key, body[key], "a string");
+  out = body[key].get<std::string>();
+  return std::nullopt;
+}
+
+// int32 fields: out-of-range values are refused here rather than wrapped.
+Error GetInt32(const json& body, const char* key, std::optional<int32_t>& out) {
+  std::optional<int64_t> v;
+  if (Error e = GetInt(body, key, v)) return e;
+  if (v && (*v < INT32_MIN || *v > INT32_MAX)) return InvalidField(key, fmt::format("{} = {} is out of range", key, *v));
+  if (v) out = static_cast<int32_t>(*v);
+  return std::nullopt;
+}
+
+Error ParseStop(const json& body, SamplingParams& s) {
+  if (!body.contains("stop") || body["stop"].is_null()) return std::nullopt;
+  const json& stop = body["stop"];
+  if (stop.is_string()) {
+    s.add_stop(stop.get<std::string>());
+    return std::nullopt;
+  }
+  if (!stop.is_array()) return WrongType("stop", stop, "a string or a list of strings");
+  for (const json& item : stop) {
+    if (!item.is_string()) return WrongType("stop", item, "a string");
+    s.add_stop(item.get<std::string>());
+  }
+  return std::nullopt;
+}
+
+Error ParseStopTokenIds(const json& body, SamplingParams& s) {
+  if (!body.contains("stop_token_ids") || body["stop_token_ids"].is_null()) return std::nullopt;
+  const json& ids = body["stop_token_ids"];
+  if (!ids.is_array()) return WrongType("stop_token_ids", ids, "a list of integers");
+  for (const json& id : ids) {
+    if (!id.is_number_integer()) return WrongType("stop_token_ids", id, "an integer");
+    s.add_stop_token_ids(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// Floats and the sampling fields both endpoints share.
+Error ParseSamplingFloats(const json& body, SamplingParams& s) {
+  std::optional<double> temperature, top_p, min_p, repetition, presence, frequency;
+  for (auto [key, out] : {std::pair{"temperature", &temperature}, {"top_p", &top_p}, {"min_p", &min_p},
+                          {"repetition_penalty", &repetition}, {"presence_penalty", &presence},
+                          {"frequency_penalty", &frequency}}) {
+    if (Error e = GetNumber(body, key, *out)) return e;
+  }
+  if (temperature) s.set_temperature(static_cast<float>(*temperature));
+  if (top_p) s.set_top_p(static_cast<float>(*top_p));
+  if (min_p) s.set_min_p(static_cast<float>(*min_p));
+  if (repetition) s.set_repetition_penalty(static_cast<float>(*repetition));
+  if (presence) s.set_presence_penalty(static_cast<float>(*presence));
+  if (frequency) s.set_frequency_penalty(static_cast<float>(*frequency));
+  return std::nullopt;
+}
+
+Error ParseSampling(const json& body, SamplingParams& s) {
+  if (Error e = ParseSamplingFloats(body, s)) return e;
+  std::optional<int32_t> max_tokens, top_k;
+  std::optional<int64_t> seed, n;
+  std::optional<bool> ignore_eos;
+  if (Error e = GetInt32(body, "max_tokens", max_tokens)) return e;
+  if (Error e = GetInt32(body, "top_k", top_k)) return e;
+  if (Error e = GetInt(body, "seed", seed)) return e;
+  if (Error e = GetInt(body, "n", n)) return e;
+  if (Error e = GetBool(body, "ignore_eos", ignore_eos)) return e;
+  if (n && *n != 1) return InvalidField("n", fmt::format("n = {} is not supported: must be 1", *n));
+  if (max_tokens) s.set_max_tokens(*max_tokens);
+  if (top_k) s.set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM's "off" is -1
+  if (seed) s.set_seed(static_cast<uint64_t>(*seed));
+  if (ignore_eos) s.set_ignore_eos(*ignore_eos);
+  if (Error e = ParseStop(body, s)) return e;
+  return ParseStopTokenIds(body, s);
+}
+
+// Fields every generation request shares: model, stream, lane, timeout, sampling.
+Error ParseCommon(const json& body, OpenAiRequest& r) {
+  if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
+  std::optional<std::string> model, lane;
+  std::optional<bool> stream;
+  std::optional<int64_t> timeout_ms;
+  if (Error e = GetString(body, "model", model)) return e;
+  if (Error e = GetString(body, "lane", lane)) return e;
+  if (Error e = GetBool(body, "stream", stream)) return e;
+  if (Error e = GetInt(body, "timeout_ms", timeout_ms)) return e;
+  if (timeout_ms && *timeout_ms <= 0) {
+    return InvalidField("timeout_ms", fmt::format("timeout_ms = {} must be > 0", *timeout_ms));
+  }
+  r.model = model.value_or("");
+  if (lane) r.generate.set_lane(*lane);
+  r.stream = stream.value_or(false);
+  r.timeout_ms = timeout_ms;
+  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+    const json& options = body["stream_options"];
+    r.include_usage = options.contains("include_usage") && options["include_usage"].is_boolean() &&
+                      options["include_usage"].get<bool>();
+  }
+  return ParseSampling(body, *r.generate.mutable_sampling());
+}
+
+bool IsTokenList(const json& v) {
+  if (!v.is_array() || v.empty()) return false;
+  for (const json& x : v) {
+    if (!x.is_number_integer()) return false;
+  }
+  return true;
+}
+
+Error ParsePrompt(const json& body, ferry::v1::GenerateRequest& g) {
+  if (!body.contains("prompt") || body["prompt"].is_null()) return InvalidField("prompt", "prompt is required");
+  json prompt = body["prompt"];
+  // A list holding one prompt (string or token list) is that prompt; batches are refused.
+  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) prompt = prompt[0];
+  if (prompt.is_string()) {
+    g.set_text(prompt.get<std::string>());
+    return std::nullopt;
+  }
+  if (IsTokenList(prompt)) {
+    for (const json& id : prompt) g.mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
+    return std::nullopt;
+  }
+  if (prompt.is_array() && prompt.size() > 1 && (prompt[0].is_string() || prompt[0].is_array())) {
+    return InvalidField("prompt", fmt::format("a batch of {} prompts is not supported: send one", prompt.size()));
+  }
+  return WrongType("prompt", prompt, "a string or a non-empty list of token ids");
+}
+
+std::variant<ChatMessage, ApiError> ParseMessage(const json& m, size_t i) {
+  const std::string where = fmt::format("messages[{}]", i);
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+    return InvalidField("messages", where + " must be an object with a string role");
+  }
+  ChatMessage out{m["role"].get<std::string>(), ""};
+  if (out.role != "system" && out.role != "user" && out.role != "assistant") {
+    return InvalidField("messages", fmt::format("{}.role = \"{}\" is not supported (system, user, assistant)",
+                                                 where, out.role));
+  }
+  const json content = m.contains("content") ? m["content"] : json();
+  if (content.is_string()) {
+    out.content = content.get<std::string>();
+  } else if (content.is_array()) {  // content parts: text only, joined as vLLM does
+    for (const json& part : content) {
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+        return InvalidField("messages", where + ".content: only parts of type \"text\" are supported");
+      }
+      out.content += (out.content.empty() ? "" : "\n") + part["text"].get<std::string>();
+    }
+  } else if (!(content.is_null() && out.role == "assistant")) {
+    return InvalidField("messages", where + ".content must be a string or a list of text parts");
+  }
+  return out;
+}
+
+// logprobs (bool) and top_logprobs (0..20) in chat style become sampling.logprobs.
+Error ParseChatLogprobs(const json& body, SamplingParams& s) {
+  std::optional<bool> logprobs;
+  std::optional<int32_t> top;
+  if (Error e = GetBool(body, "logprobs", logprobs)) return e;
+  if (Error e = GetInt32(body, "top_logprobs", top)) return e;
+  if (top && !logprobs.value_or(false)) return InvalidField("top_logprobs", "top_logprobs requires logprobs: true");
+  if (logprobs.value_or(false)) s.set_logprobs(top.value_or(0));
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiError InvalidField(const std::string& param, const std::string& message) {
+  ApiError e;
+  e.message = message;
+  e.param = param;
+  return e;
+}
+
+json ErrorJson(const ApiError& e) {
+  json error = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) error["param"] = e.param;
+  if (!e.code.empty()) error["code"] = e.code;
+  return json{{"error", error}};
+}
+
+ApiError ErrorFromStatus(const grpc::Status& status) {
+  ApiError e;
+  e.message = status.error_message();
+  switch (status.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      e.param = ParamFromMessage(e.message);
+      return e;
+    case grpc::StatusCode::UNAUTHENTICATED: e.http_status = 401; e.type = "authentication_error"; break;
+    case grpc::StatusCode::PERMISSION_DENIED: e.http_status = 403; e.type = "permission_error"; break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.retry_after_s = 1;
+      break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: e.http_status = 504; e.type = "timeout"; break;
+    case grpc::StatusCode::UNAVAILABLE: e.http_status = 503; e.type = "service_unavailable"; break;
+    case grpc::StatusCode::CANCELLED: e.http_status = 499; e.type = "cancelled"; break;
+    default: e.http_status = 500; e.type = "internal_error"; break;
+  }
+  e.code = std::to_string(e.http_status);
+  return e;
+}
+
+std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body) {
+  OpenAiRequest r;
+  r.endpoint = Endpoint::kCompletions;
+  if (Error e = ParseCommon(body, r)) return *e;
+  if (Error e = ParsePrompt(body, r.generate)) return *e;
+  std::optional<int32_t> logprobs;
+  std::optional<bool> echo;
+  if (Error e = GetInt32(body, "logprobs", logprobs)) return *e;
+  if (Error e = GetBool(body, "echo", echo)) return *e;
+  if (echo.value_or(false)) return InvalidField("echo", "echo = true is not supported");
+  if (body.contains("suffix") && !body["suffix"].is_null()) return InvalidField("suffix", "suffix is not supported");
+  if (logprobs) r.generate.mutable_sampling()->set_logprobs(*logprobs);
+  return r;
+}
+
+std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat) {
+  OpenAiRequest r;
+  r.endpoint = Endpoint::kChat;
+  if (Error e = ParseCommon(body, r)) return *e;
+  auto& s = *r.generate.mutable_sampling();
+  std::optional<int32_t> max_completion_tokens;
+  if (Error e = GetInt32(body, "max_completion_tokens", max_completion_tokens)) return *e;
+  if (max_completion_tokens && !s.has_max_tokens()) s.set_max_tokens(*max_completion_tokens);
+  r.is_max_tokens_set = s.has_max_tokens();
+  if (Error e = ParseChatLogprobs(body, s)) return *e;
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    return InvalidField("messages", "messages must be a non-empty list");
+  }
+  if (!chat.is_supported()) return InvalidField("messages", chat.unsupported_reason());
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < body["messages"].size(); ++i) {
+    auto m = ParseMessage(body["messages"][i], i);
+    if (auto* e = std::get_if<ApiError>(&m)) return *e;
+    messages.push_back(std::move(std::get<ChatMessage>(m)));
+  }
+  r.generate.set_text(chat.Render(messages));
+  return r;
+}
+
+}  // namespace ferry::gateway::http

@@ -1,0 +1,89 @@
+// OpenAI-compatible JSON <-> Ferry's public request and chunk types, for /v1/completions and
+// /v1/chat/completions. Plain functions on JSON and protobuf values: no sockets, testable alone.
+//
+// Semantics follow vLLM's OpenAI server where OpenAI leaves room:
+// - finish_reason: "stop" for a stop string, stop token or end-of-sequence; "length" for
+//   max_tokens or max_model_len; a request deadline (timeout_ms) that ends a *streamed* request
+//   early also gives "length" (generation was cut by a limit); a non-streamed request that runs
+//   out of time is answered 504 instead, as gRPC's unary call ends DEADLINE_EXCEEDED.
+// - vendor extras accepted as vLLM does: top_k (-1 or 0: off), min_p, repetition_penalty,
+//   ignore_eos, stop_token_ids; plus Ferry's lane and timeout_ms.
+// - seed: 0 or absent picks a random seed (Ferry's rule); any other value is reproducible.
+// - chat without max_tokens may use the rest of the context (max_model_len - prompt), as vLLM.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include <grpcpp/support/status.h>
+#include <nlohmann/json.hpp>
+
+#include "ferry/v1/generation.pb.h"
+#include "gateway/http/chat_template.h"
+
+namespace ferry::gateway::http {
+
+using nlohmann::json;
+
+// An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  int64_t retry_after_s = 0;  // 429: sent as Retry-After
+};
+
+json ErrorJson(const ApiError& error);
+ApiError InvalidField(const std::string& param, const std::string& message);
+// Maps the Generator's (or the authenticator's) gRPC status to an HTTP error.
+ApiError ErrorFromStatus(const grpc::Status& status);
+
+enum class Endpoint { kCompletions, kChat };
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  ferry::v1::GenerateRequest generate;
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;           // stream_options.include_usage
+  std::optional<int64_t> timeout_ms;    // body field timeout_ms
+  bool is_max_tokens_set = true;        // chat: false when the client left it to the context
+};
+
+std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body);
+// The chat prompt is rendered to text with `chat`; messages must be system/user/assistant.
+std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat);
+
+// Identity of one response: the same in every chunk of a stream.
+struct ResponseContext {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;  // cmpl-... or chatcmpl-...
+  int64_t created = 0;
+  std::string model;
+};
+
+// Whole (non-streamed) response from the accumulated chunks.
+json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response);
+
+// Per-stream state for SSE chunks (chat sends the role once; completions logprobs carry
+// text offsets across chunks).
+struct StreamState {
+  bool is_role_sent = false;
+  int64_t text_offset = 0;
+};
+// One streamed chunk object (without the "data: " framing). For the last chunk,
+// finish_reason is set.
+json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state);
+// The extra final chunk for stream_options.include_usage: empty choices and usage.
+json StreamUsageJson(const ResponseContext& ctx, const ferry::v1::Usage& usage);
+// "data: <json>\n\n"
+std::string SseEvent(const json& data);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+std::string FinishReasonName(ferry::v1::FinishReason reason);
+
+}  // namespace ferry::gateway::http

@@ -1,0 +1,192 @@
+#include "gateway/http/openai_format.h"
+
+#include <gtest/gtest.h>
+
+namespace ferry::gateway::http {
+namespace {
+
+OpenAiRequest ParseOk(const json& body) {
+  auto r = ParseCompletionRequest(body);
+  if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << e->message;
+  return std::get<OpenAiRequest>(r);
+}
+
+ApiError ParseError(const json& body) {
+  auto r = ParseCompletionRequest(body);
+  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << body.dump();
+  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+}
+
+const ChatTemplate& Qwen() {
+  static const ChatTemplate t = ChatTemplate::FromTemplateText(
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>");
+  return t;
+}
+
+TEST(ParseCompletion, MapsEveryField) {
+  const OpenAiRequest r = ParseOk({{"model", "m"}, {"prompt", "Hello"}, {"max_tokens", 7}, {"temperature", 0.5},
+                                   {"top_p", 0.9}, {"n", 1}, {"stop", "\n"}, {"seed", 42}, {"logprobs", 3},
+                                   {"presence_penalty", 0.1}, {"frequency_penalty", 0.2}, {"stream", true},
+                                   {"top_k", -1}, {"min_p", 0.05}, {"repetition_penalty", 1.1},
+                                   {"ignore_eos", true}, {"stop_token_ids", {5, 6}}, {"lane", "batch"},
+                                   {"timeout_ms", 1500}, {"stream_options", {{"include_usage", true}}}});
+  const auto& s = r.generate.sampling();
+  EXPECT_EQ(r.generate.text(), "Hello");
+  EXPECT_EQ(s.max_tokens(), 7);
+  EXPECT_FLOAT_EQ(s.temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
+  ASSERT_EQ(s.stop_size(), 1);
+  EXPECT_EQ(s.stop(0), "\n");
+  EXPECT_EQ(s.seed(), 42u);
+  EXPECT_EQ(s.logprobs(), 3);
+  EXPECT_FLOAT_EQ(s.presence_penalty(), 0.1f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty(), 0.2f);
+  EXPECT_EQ(s.top_k(), 0);  // vLLM's -1 is "off"
+  EXPECT_FLOAT_EQ(s.min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.1f);
+  EXPECT_TRUE(s.ignore_eos());
+  EXPECT_EQ(s.stop_token_ids_size(), 2);
+  EXPECT_EQ(r.generate.lane(), "batch");
+  EXPECT_EQ(r.timeout_ms, 1500);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(ParseCompletion, UnsetFieldsStayUnset) {
+  const OpenAiRequest r = ParseOk({{"prompt", "x"}, {"temperature", nullptr}});
+  EXPECT_FALSE(r.generate.sampling().has_max_tokens());
+  EXPECT_FALSE(r.generate.sampling().has_temperature());
+  EXPECT_FALSE(r.generate.sampling().has_logprobs());
+  EXPECT_FALSE(r.stream);
+}
+
+TEST(ParseCompletion, PromptForms) {
+  EXPECT_EQ(ParseOk({{"prompt", {1, 2, 3}}}).generate.token_ids().ids_size(), 3);
+  EXPECT_EQ(ParseOk({{"prompt", {{1, 2}}}}).generate.token_ids().ids_size(), 2);
+  EXPECT_EQ(ParseOk({{"prompt", {"one"}}}).generate.text(), "one");
+}
+
+TEST(ParseCompletion, ErrorsNameTheField) {
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"n", 2}}).param, "n");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"temperature", "hot"}}).param, "temperature");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"max_tokens", 1.5}}).param, "max_tokens");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"stop", {1}}}).param, "stop");
+  EXPECT_EQ(ParseError({{"max_tokens", 3}}).param, "prompt");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"echo", true}}).param, "echo");
+  EXPECT_EQ(ParseError(json::array()).http_status, 400);
+  const ApiError e = ParseError({{"prompt", "x"}, {"timeout_ms", 0}});
+  EXPECT_EQ(e.param, "timeout_ms");
+  EXPECT_NE(e.message.find("0"), std::string::npos);
+}
+
+TEST(ParseChat, RendersChatMlAndMapsLogprobs) {
+  auto parsed = ParseChatRequest({{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"logprobs", true},
+                                  {"top_logprobs", 2}, {"max_completion_tokens", 9}},
+                                 Qwen());
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(parsed));
+  const OpenAiRequest& r = std::get<OpenAiRequest>(parsed);
+  EXPECT_EQ(r.endpoint, Endpoint::kChat);
+  EXPECT_EQ(r.generate.text(),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(r.generate.sampling().logprobs(), 2);
+  EXPECT_EQ(r.generate.sampling().max_tokens(), 9);
+  EXPECT_TRUE(r.is_max_tokens_set);
+}
+
+TEST(ParseChat, Refusals) {
+  auto error = [](const json& body, const ChatTemplate& t) {
+    auto r = ParseChatRequest(body, t);
+    return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{0, "parsed"};
+  };
+  const json hi = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  EXPECT_EQ(error(hi, ChatTemplate::FromTemplateText("[INST]")).http_status, 400);
+  EXPECT_EQ(error({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, Qwen()).param, "messages");
+  EXPECT_EQ(error({{"messages", json::array()}}, Qwen()).param, "messages");
+  json top_only = hi;
+  top_only["top_logprobs"] = 2;
+  EXPECT_EQ(error(top_only, Qwen()).param, "top_logprobs");
+  auto ok = ParseChatRequest(hi, Qwen());
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(ok));
+  EXPECT_FALSE(std::get<OpenAiRequest>(ok).is_max_tokens_set);
+}
+
+TEST(ErrorFromStatus, MapsCodesAndParam) {
+  const ApiError invalid =
+      ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p = 2 must be in (0, 1]"});
+  EXPECT_EQ(invalid.http_status, 400);
+  EXPECT_EQ(invalid.param, "top_p");
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "sampling.stop[1] (bytes) 99"}).param, "stop");
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::UNAUTHENTICATED, ""}).http_status, 401);
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::PERMISSION_DENIED, ""}).http_status, 403);
+  const ApiError full = ErrorFromStatus({grpc::StatusCode::RESOURCE_EXHAUSTED, "lane full"});
+  EXPECT_EQ(full.http_status, 429);
+  EXPECT_GT(full.retry_after_s, 0);
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, ""}).http_status, 504);
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::UNAVAILABLE, ""}).http_status, 503);
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INTERNAL, ""}).http_status, 500);
+  const json j = ErrorJson(invalid);
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+ferry::v1::GenerateChunk Chunk(const std::string& text, ferry::v1::FinishReason reason) {
+  ferry::v1::GenerateChunk c;
+  c.set_text(text);
+  c.add_token_ids(1);
+  auto* lp = c.add_logprobs();
+  lp->set_token(text);
+  lp->set_logprob(-0.5f);
+  auto* top = lp->add_top();
+  top->set_token(text);
+  top->set_logprob(-0.5f);
+  c.set_finish_reason(reason);
+  c.mutable_usage()->set_prompt_tokens(3);
+  c.mutable_usage()->set_completion_tokens(2);
+  return c;
+}
+
+TEST(Responses, CompletionWholeAndChunks) {
+  const ResponseContext ctx{Endpoint::kCompletions, "cmpl-1", 123, "m"};
+  ferry::v1::GenerateResponse whole;
+  whole.set_text("ab");
+  whole.set_finish_reason(ferry::v1::FINISH_REASON_EOS);
+  whole.mutable_usage()->set_prompt_tokens(3);
+  whole.mutable_usage()->set_completion_tokens(2);
+  const json j = CompletionResponseJson(ctx, whole);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "ab");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["total_tokens"], 5);
+
+  StreamState state;
+  const json first = StreamChunkJson(ctx, Chunk("a", ferry::v1::FINISH_REASON_UNSPECIFIED), state);
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(first["choices"][0]["logprobs"]["text_offset"][0], 0);
+  const json last = StreamChunkJson(ctx, Chunk("bc", ferry::v1::FINISH_REASON_LENGTH), state);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(last["choices"][0]["logprobs"]["text_offset"][0], 1);
+  EXPECT_EQ(last["choices"][0]["logprobs"]["top_logprobs"][0]["bc"], -0.5);
+  EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+TEST(Responses, ChatChunksSendRoleOnceAndChatLogprobs) {
+  const ResponseContext ctx{Endpoint::kChat, "chatcmpl-1", 123, "m"};
+  StreamState state;
+  const json first = StreamChunkJson(ctx, Chunk("Hi", ferry::v1::FINISH_REASON_UNSPECIFIED), state);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "Hi");
+  EXPECT_EQ(first["choices"][0]["logprobs"]["content"][0]["top_logprobs"][0]["token"], "Hi");
+  const json last = StreamChunkJson(ctx, Chunk("", ferry::v1::FINISH_REASON_STOP), state);
+  EXPECT_FALSE(last["choices"][0]["delta"].contains("role"));
+  EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  const json usage = StreamUsageJson(ctx, Chunk("", ferry::v1::FINISH_REASON_STOP).usage());
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+}
+
+}  // namespace
+}  // namespace ferry::gateway::http

@@ -1,0 +1,265 @@
+#include "gateway/http/openai_http_server.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+namespace ferry::gateway::http {
+
+namespace {
+
+using ferry::v1::GenerateChunk;
+
+std::string NewId(const char* prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}-{:016x}", prefix, rng());
+}
+
+void SendError(httplib::Response& res, const ApiError& error) {
+  res.status = error.http_status;
+  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
+  res.set_content(ErrorJson(error).dump(), "application/json");
+}
+
+std::optional<std::string> Bearer(const httplib::Request& req) {
+  const std::string header = req.get_header_value("Authorization");
+  constexpr std::string_view kPrefix = "Bearer ";
+  if (header.rfind(kPrefix, 0) != 0) return std::nullopt;
+  return header.substr(kPrefix.size());
+}
+
+ApiError FromAuth(const AuthResult& auth) {
+  switch (auth.code) {
+    case AuthCode::kUnauthenticated: return ErrorFromStatus({grpc::StatusCode::UNAUTHENTICATED, auth.message});
+    case AuthCode::kPermissionDenied: return ErrorFromStatus({grpc::StatusCode::PERMISSION_DENIED, auth.message});
+    default: {
+      ApiError e = ErrorFromStatus({grpc::StatusCode::RESOURCE_EXHAUSTED, auth.message});
+      e.retry_after_s = std::max<int64_t>(1, (auth.retry_after_ms + 999) / 1000);
+      return e;
+    }
+  }
+}
+
+// One streamed generation: the Generator runs on `producer` and hands chunks to the HTTP
+// writer through a queue. When the client goes away the scheduler call is cancelled, which
+// frees the sequence. Destroying the call waits for the producer.
+class StreamCall {
+ public:
+  ~StreamCall() {
+    ClientGone();
+    if (producer.joinable()) producer.join();
+  }
+  bool Sink(const GenerateChunk& chunk) {
+    if (is_client_gone_) return false;
+    std::lock_guard lock(mu_);
+    chunks_.push_back(chunk);
+    cv_.notify_all();
+    return true;
+  }
+  void Close(grpc::Status status) {
+    std::lock_guard lock(mu_);
+    status_ = std::move(status);
+    cv_.notify_all();
+  }
+  // Waits for the next chunk; false once the call has ended and every chunk was taken.
+  bool Next(GenerateChunk& out) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !chunks_.empty() || status_; });
+    if (chunks_.empty()) return false;
+    out = std::move(chunks_.front());
+    chunks_.pop_front();
+    return true;
+  }
+  // Waits for the first chunk or the end; returns the error when it failed before any chunk.
+  std::optional<grpc::Status> WaitStarted() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !chunks_.empty() || status_; });
+    if (chunks_.empty() && !status_->ok()) return *status_;
+    return std::nullopt;
+  }
+  grpc::Status status() {
+    std::lock_guard lock(mu_);
+    return status_.value_or(grpc::Status::OK);
+  }
+  void ClientGone() {
+    is_client_gone_ = true;
+    context.TryCancel();
+  }
+  bool is_client_gone() const { return is_client_gone_; }
+
+  grpc::ClientContext context;
+  std::thread producer;
+  int completion_tokens = 0;  // set by the producer before Close
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerateChunk> chunks_;
+  std::optional<grpc::Status> status_;
+  std::atomic<bool> is_client_gone_{false};
+};
+
+void SetDeadline(grpc::ClientContext& context, const std::optional<int64_t>& timeout_ms) {
+  if (timeout_ms) context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms));
+}
+
+// Writes the SSE events of one call; false when the client went away.
+bool WriteStream(StreamCall& call, const ResponseContext& ctx, bool include_usage, httplib::DataSink& sink) {
+  auto write = [&](const std::string& s) {
+    if (sink.write(s.data(), s.size())) return true;
+    call.ClientGone();
+    return false;
+  };
+  StreamState state;
+  GenerateChunk chunk;
+  while (call.Next(chunk)) {
+    if (!write(SseEvent(StreamChunkJson(ctx, chunk, state)))) return false;
+    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED && include_usage &&
+        !write(SseEvent(StreamUsageJson(ctx, chunk.usage())))) {
+      return false;
+    }
+  }
+  const grpc::Status status = call.status();
+  if (!status.ok() && !write(SseEvent(ErrorJson(ErrorFromStatus(status))))) return false;
+  if (!write(std::string(kSseDone))) return false;
+  sink.done();
+  return true;
+}
+
+}  // namespace
+
+OpenAiHttpServer::OpenAiHttpServer(Generator& generator, Authenticator& authenticator, HttpServerOptions options)
+    : generator_(generator), authenticator_(authenticator), options_(std::move(options)) {}
+
+OpenAiHttpServer::~OpenAiHttpServer() { Stop(); }
+
+int OpenAiHttpServer::Start(const std::string& host, int port) {
+  server_ = std::make_unique<httplib::Server>();
+  const int num_threads = options_.num_threads;
+  server_->new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
+  server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(req, res, Endpoint::kCompletions);
+  });
+  server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(req, res, Endpoint::kChat);
+  });
+  server_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json model = {{"id", options_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "ferry"},
+                  {"max_model_len", generator_.options().limits.max_model_len}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+  });
+  server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
+  int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return -1;
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return bound;
+}
+
+void OpenAiHttpServer::Stop() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return SendError(res, InvalidField("", "the request body is not valid JSON"));
+  auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(body, options_.chat_template)
+                                            : ParseCompletionRequest(body);
+  if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(res, *error);
+  OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
+  std::string tenant;
+  int64_t max_tokens = 0;
+  if (auto error = Admit(req, request, tenant, max_tokens)) return SendError(res, *error);
+  ResponseContext ctx{endpoint, NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
+                      static_cast<int64_t>(std::time(nullptr)), options_.model_name};
+  request.generate.set_request_id(ctx.id);
+  if (request.stream) return RespondStream(std::move(request), ctx, res, tenant, max_tokens);
+  RespondWhole(std::move(request), ctx, res, tenant, max_tokens);
+}
+
+std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, OpenAiRequest& request,
+                                                std::string& tenant, int64_t& charged_max_tokens) {
+  if (req.has_header("X-Ferry-Lane")) request.generate.set_lane(req.get_header_value("X-Ferry-Lane"));
+  if (req.has_header("X-Ferry-Timeout-Ms")) {
+    const std::string value = req.get_header_value("X-Ferry-Timeout-Ms");
+    char* end = nullptr;
+    const long long ms = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || ms <= 0) {
+      return InvalidField("X-Ferry-Timeout-Ms", "X-Ferry-Timeout-Ms = \"" + value + "\" must be an integer > 0");
+    }
+    request.timeout_ms = ms;
+  }
+  const auto& g = request.generate;
+  const int64_t prompt_tokens = g.has_token_ids() ? g.token_ids().ids_size()
+                                                  : static_cast<int64_t>(generator_.tokenizer().Encode(g.text()).size());
+  auto& sampling = *request.generate.mutable_sampling();
+  const int32_t max_model_len = generator_.options().limits.max_model_len;
+  if (!request.is_max_tokens_set && prompt_tokens < max_model_len) {
+    sampling.set_max_tokens(static_cast<int32_t>(max_model_len - prompt_tokens));  // chat: the rest of the context
+  }
+  charged_max_tokens = sampling.has_max_tokens() ? sampling.max_tokens() : kDefaultMaxTokens;
+  const auto lane = generator_.options().lanes.Find(request.generate.lane());
+  const AuthResult auth =
+      authenticator_.Admit(Bearer(req), lane ? lane->name : request.generate.lane(), prompt_tokens,
+                           charged_max_tokens);
+  if (auth.code != AuthCode::kOk) return FromAuth(auth);
+  tenant = auth.tenant;
+  return std::nullopt;
+}
+
+void OpenAiHttpServer::RespondWhole(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
+                                    const std::string& tenant, int64_t max_tokens) {
+  grpc::ClientContext context;
+  SetDeadline(context, request.timeout_ms);
+  ferry::v1::GenerateResponse response;
+  const grpc::Status status = generator_.Run(
+      std::move(request.generate), context, [] { return false; }, [&](const GenerateChunk& chunk) {
+        response.mutable_text()->append(chunk.text());
+        response.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+        response.mutable_logprobs()->MergeFrom(chunk.logprobs());
+        if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+          response.set_finish_reason(chunk.finish_reason());
+          *response.mutable_usage() = chunk.usage();
+        }
+        return true;
+      });
+  authenticator_.Refund(tenant, std::max<int64_t>(0, max_tokens - response.token_ids_size()));
+  if (!status.ok()) return SendError(res, ErrorFromStatus(status));
+  if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
+    return SendError(res, ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating"}));
+  }
+  res.set_content(CompletionResponseJson(ctx, response).dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
+}
+
+void OpenAiHttpServer::RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
+                                     const std::string& tenant, int64_t max_tokens) {
+  auto call = std::make_shared<StreamCall>();
+  SetDeadline(call->context, request.timeout_ms);
+  StreamCall* raw = call.get();  // the producer never owns the call: its owner joins it
+  call->producer = std::thread([this, raw, generate = std::move(request.generate), tenant, max_tokens]() mutable {
+    int completion_tokens = 0;
+    grpc::Status status = generator_.Run(
+        std::move(generate), raw->context, [raw] { return raw->is_client_gone(); },
+        [raw, &completion_tokens](const GenerateChunk& chunk) {
+          completion_tokens += chunk.token_ids_size();
+          return raw->Sink(chunk);
+        });
+    authenticator_.Refund(tenant, std::max<int64_t>(0, max_tokens - completion_tokens));
+    raw->Close(std::move(status));
+  });
+  // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
+  if (auto error = call->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
+  const bool include_usage = request.include_usage;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [call, ctx, include_usage](size_t, httplib::DataSink& sink) {
+    return WriteStream(*call, ctx, include_usage, sink);
+  });
+}
+
+}  // namespace ferry::gateway::http

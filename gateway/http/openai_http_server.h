@@ -1,0 +1,59 @@
+// OpenAI-compatible HTTP front of the gateway (cpp-httplib): /v1/completions,
+// /v1/chat/completions (both with SSE streaming), /v1/models and /health, over the same
+// Generator, lanes, limits and tenants as the gRPC front. Translation lives in openai_format.h;
+// this class owns the sockets, auth, deadlines and cancellation.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "gateway/auth/authenticator.h"
+#include "gateway/generator.h"
+#include "gateway/http/chat_template.h"
+#include "gateway/http/openai_format.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace ferry::gateway::http {
+
+struct HttpServerOptions {
+  std::string model_name;          // what /v1/models lists and responses echo
+  ChatTemplate chat_template = ChatTemplate::FromTemplateText("");
+  int num_threads = 64;            // connections served at once (streams hold one each)
+};
+
+class OpenAiHttpServer {
+ public:
+  OpenAiHttpServer(Generator& generator, Authenticator& authenticator, HttpServerOptions options);
+  ~OpenAiHttpServer();
+
+  // Binds host:port (0: the kernel chooses) and serves on a background thread. Returns the
+  // bound port, or -1 when it cannot listen.
+  int Start(const std::string& host, int port);
+  // Stops accepting, ends connections and waits for the serving thread.
+  void Stop();
+
+ private:
+  void HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  // Auth and the context of one admitted request; returns an error to send instead.
+  std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
+                                int64_t& charged_max_tokens);
+  void RespondWhole(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
+                    const std::string& tenant, int64_t max_tokens);
+  void RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
+                     const std::string& tenant, int64_t max_tokens);
+
+  Generator& generator_;
+  Authenticator& authenticator_;
+  const HttpServerOptions options_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+}  // namespace ferry::gateway::http

@@ -1,0 +1,124 @@
+// Response side of openai_format.h: whole responses and SSE chunks.
+#include <string>
+
+#include "gateway/http/openai_format.h"
+
+namespace ferry::gateway::http {
+
+namespace {
+
+using google::protobuf::RepeatedPtrField;
+using ferry::v1::TokenLogprob;
+
+json TokenBytes(const std::string& token) {
+  json bytes = json::array();
+  for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+// OpenAI's completions logprobs: parallel lists plus text offsets.
+json CompletionLogprobs(const RepeatedPtrField<TokenLogprob>& logprobs, int64_t& text_offset) {
+  json out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  for (const TokenLogprob& lp : logprobs) {
+    out["tokens"].push_back(lp.token());
+    out["token_logprobs"].push_back(lp.logprob());
+    json top = json::object();
+    for (const auto& t : lp.top()) top[t.token()] = t.logprob();
+    out["top_logprobs"].push_back(top);
+    out["text_offset"].push_back(text_offset);
+    text_offset += static_cast<int64_t>(lp.token().size());
+  }
+  return out;
+}
+
+// OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}.
+json ChatLogprobs(const RepeatedPtrField<TokenLogprob>& logprobs) {
+  json content = json::array();
+  for (const TokenLogprob& lp : logprobs) {
+    json top = json::array();
+    for (const auto& t : lp.top()) {
+      top.push_back({{"token", t.token()}, {"logprob", t.logprob()}, {"bytes", TokenBytes(t.token())}});
+    }
+    content.push_back(
+        {{"token", lp.token()}, {"logprob", lp.logprob()}, {"bytes", TokenBytes(lp.token())}, {"top_logprobs", top}});
+  }
+  return json{{"content", content}};
+}
+
+json UsageJson(const ferry::v1::Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens()},
+          {"completion_tokens", usage.completion_tokens()},
+          {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+}
+
+json Envelope(const ResponseContext& ctx, const char* object) {
+  return {{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model}};
+}
+
+json FinishJson(ferry::v1::FinishReason reason) {
+  if (reason == ferry::v1::FINISH_REASON_UNSPECIFIED) return nullptr;
+  return FinishReasonName(reason);
+}
+
+}  // namespace
+
+std::string FinishReasonName(ferry::v1::FinishReason reason) {
+  switch (reason) {
+    case ferry::v1::FINISH_REASON_LENGTH:
+    case ferry::v1::FINISH_REASON_TIMEOUT: return "length";
+    default: return "stop";
+  }
+}
+
+json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response) {
+  const bool has_logprobs = response.logprobs_size() > 0;
+  json choice = {{"index", 0}, {"finish_reason", FinishJson(response.finish_reason())}, {"logprobs", nullptr}};
+  json out;
+  if (ctx.endpoint == Endpoint::kChat) {
+    out = Envelope(ctx, "chat.completion");
+    choice["message"] = {{"role", "assistant"}, {"content", response.text()}};
+    if (has_logprobs) choice["logprobs"] = ChatLogprobs(response.logprobs());
+  } else {
+    out = Envelope(ctx, "text_completion");
+    choice["text"] = response.text();
+    int64_t offset = 0;
+    if (has_logprobs) choice["logprobs"] = CompletionLogprobs(response.logprobs(), offset);
+  }
+  out["choices"] = json::array({choice});
+  out["usage"] = UsageJson(response.usage());
+  return out;
+}
+
+json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {
+  json choice = {{"index", 0}, {"finish_reason", FinishJson(chunk.finish_reason())}, {"logprobs", nullptr}};
+  json out;
+  if (ctx.endpoint == Endpoint::kChat) {
+    out = Envelope(ctx, "chat.completion.chunk");
+    json delta = json::object();
+    if (!state.is_role_sent) delta["role"] = "assistant";
+    if (!chunk.text().empty() || !state.is_role_sent) delta["content"] = chunk.text();
+    state.is_role_sent = true;
+    choice["delta"] = delta;
+    if (chunk.logprobs_size() > 0) choice["logprobs"] = ChatLogprobs(chunk.logprobs());
+  } else {
+    out = Envelope(ctx, "text_completion");
+    choice["text"] = chunk.text();
+    if (chunk.logprobs_size() > 0) choice["logprobs"] = CompletionLogprobs(chunk.logprobs(), state.text_offset);
+  }
+  out["choices"] = json::array({choice});
+  return out;
+}
+
+json StreamUsageJson(const ResponseContext& ctx, const ferry::v1::Usage& usage) {
+  json out = Envelope(ctx, ctx.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion");
+  out["choices"] = json::array();
+  out["usage"] = UsageJson(usage);
+  return out;
+}
+
+std::string SseEvent(const json& data) {
+  return "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace ferry::gateway::http

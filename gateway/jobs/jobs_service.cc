@@ -1,0 +1,86 @@
+#include "gateway/jobs/jobs_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "gateway/auth/grpc_admission.h"
+
+namespace ferry::gateway {
+
+namespace {
+
+ferry::v1::JobState ToProto(JobState s) {
+  switch (s) {
+    case JobState::kQueued: return ferry::v1::JOB_STATE_QUEUED;
+    case JobState::kRunning: return ferry::v1::JOB_STATE_RUNNING;
+    case JobState::kDone: return ferry::v1::JOB_STATE_DONE;
+    case JobState::kFailed: return ferry::v1::JOB_STATE_FAILED;
+    case JobState::kCancelled: return ferry::v1::JOB_STATE_CANCELLED;
+  }
+  return ferry::v1::JOB_STATE_UNSPECIFIED;
+}
+
+void ToProto(const JobView& v, ferry::v1::Job& out) {
+  out.set_job_id(v.id);
+  out.set_state(ToProto(v.state));
+  if (v.state == JobState::kDone) *out.mutable_result() = v.result;
+  if (v.state == JobState::kFailed) {
+    out.set_error_code(v.error_code);
+    out.set_error_message(v.error_message);
+  }
+  out.set_created_unix_s(v.created_unix_s);
+  out.set_started_unix_s(v.started_unix_s);
+  out.set_finished_unix_s(v.finished_unix_s);
+  out.set_lane(v.lane);
+}
+
+const grpc::Status kNotFound(grpc::StatusCode::NOT_FOUND, "no such job");
+
+}  // namespace
+
+grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
+                                 ferry::v1::SubmitJobResponse* response) {
+  const Admission admission = AdmitCall(auth_, generator_, *context, *request);
+  if (!admission.status.ok()) return admission.status;
+  auto id = store_.Submit(admission.tenant, *request, JobStore::Clock::now());
+  if (!id) {
+    auth_.Refund(admission.tenant, admission.reserved_completion_tokens);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "job store full: every kept job is queued or running");
+  }
+  spdlog::debug("job={} submitted tenant={}", id->substr(0, 8), admission.tenant);
+  runner_.Enqueue({*id, admission.tenant, admission.reserved_completion_tokens});
+  response->set_job_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::GetJob(grpc::ServerContext* context, const ferry::v1::GetJobRequest* request,
+                                 ferry::v1::Job* response) {
+  const auto tenant = auth_.Identify(BearerToken(*context));
+  if (!tenant) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or invalid API key");
+  auto view = store_.Get(*tenant, request->job_id(), JobStore::Clock::now());
+  if (!view) return kNotFound;
+  ToProto(*view, *response);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::CancelJob(grpc::ServerContext* context, const ferry::v1::CancelJobRequest* request,
+                                    ferry::v1::Job* response) {
+  const auto tenant = auth_.Identify(BearerToken(*context));
+  if (!tenant) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or invalid API key");
+  auto view = store_.Cancel(*tenant, request->job_id(), JobStore::Clock::now());
+  if (!view) return kNotFound;
+  ToProto(*view, *response);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::ListJobs(grpc::ServerContext* context, const ferry::v1::ListJobsRequest* request,
+                                   ferry::v1::ListJobsResponse* response) {
+  const auto tenant = auth_.Identify(BearerToken(*context));
+  if (!tenant) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or invalid API key");
+  const int page_size = std::min(request->page_size(), 1000);
+  JobPage page = store_.List(*tenant, page_size, request->page_token(), JobStore::Clock::now());
+  for (const JobView& v : page.jobs) ToProto(v, *response->add_jobs());
+  response->set_next_page_token(page.next_page_token);
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry::gateway

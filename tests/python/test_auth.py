@@ -1,0 +1,123 @@
+"""Tenants, API keys and rate limits through the real stack: the gateway reads a keys file
+(--api-keys-file, passed with ferry-launch --gateway-arg) and answers UNAUTHENTICATED,
+PERMISSION_DENIED and RESOURCE_EXHAUSTED (+ grpc-retry-pushback-ms) before running anything."""
+import hashlib
+import secrets
+import subprocess
+
+import grpc
+import pytest
+
+from conftest import Stack, binary
+
+KEYS = {tenant: "fk-" + secrets.token_hex(16) for tenant in ("acme", "limited", "free")}
+
+
+def hash_key(key: str) -> str:
+    """The keys file's hash, by the ferry-hash-key tool (checked against hashlib)."""
+    out = subprocess.run([str(binary("ferry-hash-key"))], input=key.encode(), check=True,
+                         capture_output=True).stdout.decode().strip()
+    assert out == hashlib.sha256(key.encode()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def auth_stack(tiny_model, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("auth-stack")
+    keys_file = run_dir / "keys.yaml"
+    keys_file.write_text(f"""
+tenants:
+  - name: acme
+    lanes: [interactive]
+  - name: limited
+    requests_per_second: 0.2
+    burst: 1
+  - name: free
+keys:
+  - {{sha256: {hash_key(KEYS['acme'])}, tenant: acme}}
+  - {{sha256: {hash_key(KEYS['limited'])}, tenant: limited}}
+  - {{sha256: {hash_key(KEYS['free'])}, tenant: free}}
+""")
+    s = Stack(tiny_model, run_dir, extra_args=[f"--gateway-arg=--api-keys-file={keys_file}", "--log-level", "debug"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture()
+def stub(auth_stack, ferry_pb):
+    channel = grpc.insecure_channel(auth_stack.gateway)
+    yield ferry_pb.gen_grpc.GenerationStub(channel)
+    channel.close()
+
+
+def request(pb, lane=""):
+    return pb.gen.GenerateRequest(text=b"hello world", lane=lane,
+                                  sampling=pb.gen.SamplingParams(max_tokens=4, temperature=0.0))
+
+
+def bearer(key):
+    return [("authorization", f"Bearer {key}")]
+
+
+def call_code(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_missing_or_wrong_key_is_unauthenticated(stub, ferry_pb):
+    assert call_code(stub.Generate, request(ferry_pb), timeout=30) == grpc.StatusCode.UNAUTHENTICATED
+    wrong = "fk-" + secrets.token_hex(16)
+    assert call_code(stub.Generate, request(ferry_pb), metadata=bearer(wrong),
+                     timeout=30) == grpc.StatusCode.UNAUTHENTICATED
+    assert call_code(stub.Generate, request(ferry_pb), metadata=[("authorization", KEYS["free"])],
+                     timeout=30) == grpc.StatusCode.UNAUTHENTICATED  # not a bearer token
+    # Streaming is guarded the same way.
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.GenerateStream(request(ferry_pb), timeout=30))
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_valid_key_works(stub, ferry_pb):
+    resp = stub.Generate(request(ferry_pb, lane="batch"), metadata=bearer(KEYS["free"]), timeout=60)
+    assert resp.usage.completion_tokens == 4
+    chunks = list(stub.GenerateStream(request(ferry_pb), metadata=bearer(KEYS["acme"]), timeout=60))
+    assert sum(len(c.token_ids) for c in chunks) == 4
+
+
+def test_lane_not_allowed_is_permission_denied(stub, ferry_pb):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(request(ferry_pb, lane="batch"), metadata=bearer(KEYS["acme"]), timeout=30)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "batch" in e.value.details()
+    # The default lane (interactive) is allowed.
+    stub.Generate(request(ferry_pb), metadata=bearer(KEYS["acme"]), timeout=60)
+
+
+def test_over_the_rate_is_resource_exhausted_with_pushback(stub, ferry_pb):
+    stub.Generate(request(ferry_pb), metadata=bearer(KEYS["limited"]), timeout=60)  # the burst of 1
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(request(ferry_pb), metadata=bearer(KEYS["limited"]), timeout=30)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    trailers = dict(e.value.trailing_metadata())
+    pushback_ms = int(trailers["grpc-retry-pushback-ms"])
+    assert 0 < pushback_ms <= 5000  # 0.2 requests per second
+    # Other tenants are not limited by it.
+    stub.Generate(request(ferry_pb), metadata=bearer(KEYS["free"]), timeout=60)
+
+
+def test_no_key_in_any_log_line(auth_stack, stub, ferry_pb):
+    # One more of each outcome, then read every service's log (ferry-launch gathers them).
+    for key in KEYS.values():
+        call_code(stub.Generate, request(ferry_pb, lane="batch"), metadata=bearer(key), timeout=60)
+    call_code(stub.Generate, request(ferry_pb), metadata=bearer("fk-not-a-key-0123456789"), timeout=30)
+    assert auth_stack.stop() == 0
+    logs = auth_stack.log_path.read_text(errors="replace")
+    for f in auth_stack.ready_file.parent.glob("*.log"):
+        logs += f.read_text(errors="replace")
+    assert "refused request tenant=-" in logs  # the gateway's lines are in what was read
+    for key in list(KEYS.values()) + ["fk-not-a-key-0123456789"]:
+        assert key not in logs
+        assert key[3:] not in logs

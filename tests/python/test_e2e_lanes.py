@@ -1,0 +1,120 @@
+"""Lanes end to end: a full lane refuses at once with RESOURCE_EXHAUSTED and a
+retry hint; a queue timeout answers DEADLINE_EXCEEDED; a streaming request that
+reaches its deadline ends with finish reason TIMEOUT and its partial text, and
+its KV blocks are freed. The engine is the sim backend at 20 ms a step with one
+sequence at a time, so the queue is real."""
+import concurrent.futures as cf
+import json
+import time
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPO, Stack
+
+LANES = {
+    "default": "interactive",
+    "lanes": [
+        {"name": "interactive", "priority": 10, "max_queued": 8, "queue_timeout_ms": 60000},
+        {"name": "quick", "priority": 5, "max_queued": 8, "queue_timeout_ms": 100},
+        {"name": "batch", "priority": 0, "max_queued": 100, "queue_timeout_ms": 600000},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def busy_stack(tiny_model, tmp_path_factory):
+    run = tmp_path_factory.mktemp("lanes-stack")
+    lanes = run / "lanes.json"
+    lanes.write_text(json.dumps(LANES))
+    s = Stack(tiny_model, run, [
+        "--worker-arg=--backend=sim", f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_20ms.json'}",
+        "--worker-arg=--sim-live-tokens=1000", "--scheduler-arg=--max-num-seqs=1",
+        f"--gateway-arg=--lanes-file={lanes}"])
+    yield s
+    assert s.stop() == 0
+
+
+def stub_for(stack, pb):
+    return pb.gen_grpc.GenerationStub(grpc.insecure_channel(stack.gateway))
+
+
+def req(pb, lane, max_tokens, text=b"lanes"):
+    return pb.gen.GenerateRequest(text=text, lane=lane, sampling=pb.gen.SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True))
+
+
+def scheduler_idle(stack, timeout_s=10):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = urllib.request.urlopen(stack.metrics_urls()["scheduler"], timeout=5).read().decode()
+        values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                  for f in text_string_to_metric_families(text) for s in f.samples}
+        if (values[("ferry_scheduler_kv_blocks", (("state", "used"),))] == 0
+                and values[("ferry_scheduler_requests", (("state", "running"),))] == 0
+                and values[("ferry_scheduler_requests", (("state", "waiting"),))] == 0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_full_lane_refuses_at_once_with_retry_hint(busy_stack, ferry_pb):
+    stub = stub_for(busy_stack, ferry_pb)
+    # One long request takes the only seat; it leaves the lane's queue once started.
+    hog = stub.GenerateStream(req(ferry_pb, "interactive", 400), timeout=60)
+    next(hog)  # started and producing
+
+    def one(i):
+        start = time.perf_counter()
+        try:
+            stub.Generate(req(ferry_pb, "interactive", 2), timeout=60)
+            return ("ok", time.perf_counter() - start, None)
+        except grpc.RpcError as e:
+            trailers = dict(e.trailing_metadata() or ())
+            return (e.code(), time.perf_counter() - start, trailers)
+
+    with cf.ThreadPoolExecutor(max_workers=10) as pool:
+        futures = [pool.submit(one, i) for i in range(10)]
+        time.sleep(1.0)  # every request has reached the gateway by now
+        hog.cancel()     # free the seat so the 8 queued ones finish
+        results = [f.result() for f in futures]
+    refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    served = [r for r in results if r[0] == "ok"]
+    assert len(refused) == 2, results
+    assert len(served) == 8, results
+    for _, elapsed, trailers in refused:
+        assert elapsed < 0.05, f"refusal took {elapsed * 1000:.1f} ms"
+        assert int(trailers["grpc-retry-pushback-ms"]) > 0
+    assert scheduler_idle(busy_stack)
+
+
+def test_queue_timeout_is_deadline_exceeded(busy_stack, ferry_pb):
+    stub = stub_for(busy_stack, ferry_pb)
+    hog = stub.GenerateStream(req(ferry_pb, "interactive", 400), timeout=60)
+    next(hog)
+    start = time.perf_counter()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Generate(req(ferry_pb, "quick", 4), timeout=30)
+    elapsed = time.perf_counter() - start
+    hog.cancel()
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value.details()
+    assert elapsed < 0.15, f"took {elapsed * 1000:.1f} ms"
+    assert scheduler_idle(busy_stack)
+
+
+def test_streaming_deadline_ends_with_timeout_and_partial_text(busy_stack, ferry_pb):
+    stub = stub_for(busy_stack, ferry_pb)
+    chunks = list(stub.GenerateStream(req(ferry_pb, "interactive", 1000), timeout=0.3))
+    last = chunks[-1]
+    assert last.finish_reason == ferry_pb.gen.FINISH_REASON_TIMEOUT
+    tokens = sum(len(c.token_ids) for c in chunks)
+    assert 0 < tokens < 1000  # ~20 ms a step: some tokens, far from all
+    assert last.usage.completion_tokens == tokens
+    assert scheduler_idle(busy_stack)
+    # Unary with the same deadline: DEADLINE_EXCEEDED, as gRPC requires.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Generate(req(ferry_pb, "interactive", 1000), timeout=0.3)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert scheduler_idle(busy_stack)

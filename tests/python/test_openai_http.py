@@ -1,0 +1,182 @@
+"""The gateway's OpenAI-compatible HTTP front, called with the official openai client.
+
+Texts must equal what the gRPC API gives for the same prompt and seed.
+"""
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import Stack
+
+openai = pytest.importorskip("openai")
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+
+@pytest.fixture(scope="module")
+def http_stack(tiny_model, tmp_path_factory):
+    s = Stack(tiny_model, tmp_path_factory.mktemp("http-stack"), extra_args=["--http-port", "0"])
+    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
+    yield s
+    code = s.stop()
+    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+
+
+@pytest.fixture(scope="module")
+def client(http_stack):
+    return openai.OpenAI(base_url=http_stack.http + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def grpc_gen(http_stack, ferry_pb):
+    channel = grpc.insecure_channel(http_stack.gateway)
+    stub = ferry_pb.gen_grpc.GenerationStub(channel)
+
+    def generate(prompt: str, **sampling):
+        req = ferry_pb.gen.GenerateRequest(text=prompt.encode(), sampling=ferry_pb.gen.SamplingParams(**sampling))
+        return stub.Generate(req, timeout=60)
+
+    yield generate
+    channel.close()
+
+
+def chatml(messages):
+    out = ""
+    if messages[0]["role"] != "system":
+        out += f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n"
+    for m in messages:
+        out += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+    return out + "<|im_start|>assistant\n"
+
+
+SAMPLINGS = [dict(temperature=0.0), dict(temperature=0.9, top_p=0.95, seed=1234)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
+def test_completions_match_grpc(client, grpc_gen, sampling):
+    want = grpc_gen("Hello, my name is", max_tokens=12, ignore_eos=True, **sampling).text
+    whole = client.completions.create(model="m", prompt="Hello, my name is", max_tokens=12,
+                                      extra_body={"ignore_eos": True}, **sampling)
+    assert whole.object == "text_completion"
+    assert whole.choices[0].text == want
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 12
+    chunks = list(client.completions.create(model="m", prompt="Hello, my name is", max_tokens=12, stream=True,
+                                            extra_body={"ignore_eos": True}, **sampling))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
+def test_chat_matches_grpc(client, grpc_gen, sampling):
+    want = grpc_gen(chatml(MESSAGES), max_tokens=10, ignore_eos=True, **sampling).text
+    whole = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=10,
+                                           extra_body={"ignore_eos": True}, **sampling)
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == want
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=10, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}, **sampling))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 for t in content)
+
+
+def test_chat_prompt_matches_transformers_template(client, tiny_model):
+    pytest.importorskip("jinja2")  # apply_chat_template needs it
+    conversations = [MESSAGES, [{"role": "system", "content": "Be brief."}, *MESSAGES,
+                                {"role": "assistant", "content": "Once"}, {"role": "user", "content": "More"}]]
+    # transformers runs in its own process: importing it beside grpc here aborts the interpreter.
+    script = ("import json, sys; from transformers import AutoTokenizer; "
+              "tok = AutoTokenizer.from_pretrained(sys.argv[1]); "
+              "print(json.dumps([[tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), "
+              "tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True)] for m in json.load(sys.stdin)]))")
+    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps(conversations),
+                         capture_output=True, text=True, check=True).stdout
+    for messages, (text, ids) in zip(conversations, json.loads(out.strip().splitlines()[-1])):
+        assert text == chatml(messages)
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=1)
+        assert r.usage.prompt_tokens == len(ids)
+
+
+def test_models_and_health(client, http_stack, tiny_model):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [str(tiny_model)]
+    assert httpx.get(http_stack.http + "/health").status_code == 200
+
+
+def test_bad_field_is_400_naming_it(client, http_stack):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="m", prompt="Hi", max_tokens=4, temperature=-1)
+    body = info.value.body
+    assert body["param"] == "temperature" and "temperature" in body["message"] and "-1" in body["message"]
+    r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "n": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "max_tokens": 100000})
+    assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
+    r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "lane": "nope"})
+    assert r.status_code in (400, 403)
+
+
+def test_streams_are_sse_ending_with_done(http_stack):
+    with httpx.stream("POST", http_stack.http + "/v1/completions",
+                      json={"prompt": "Hi", "max_tokens": 3, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+    assert json.loads(lines[0][6:])["object"] == "text_completion"
+
+
+def scrape(url):
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def running(http_stack):
+    samples = scrape(http_stack.metrics_urls()["scheduler"])
+    return sum(v for (name, labels), v in samples.items()
+               if name == "ferry_scheduler_requests" and ("state", "running") in labels)
+
+
+def cancelled(http_stack):
+    samples = scrape(http_stack.metrics_urls()["gateway"])
+    return sum(v for (name, labels), v in samples.items()
+               if name == "ferry_gateway_requests_total" and ("code", "CANCELLED") in labels)
+
+
+def test_cancelled_stream_frees_its_sequence(http_stack):
+    assert running(http_stack) == 0
+    before = cancelled(http_stack)
+    body = {"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", http_stack.http + "/v1/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break
+        assert running(http_stack) == 1
+    deadline = time.time() + 30
+    while time.time() < deadline and (running(http_stack) != 0 or cancelled(http_stack) == before):
+        time.sleep(0.05)
+    assert running(http_stack) == 0
+    assert cancelled(http_stack) == before + 1
