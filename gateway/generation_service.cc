@@ -34,9 +34,15 @@ grpc::Status GenerationService::Run(grpc::ServerContext* context, const ferry::v
     return sink(chunk);
   };
   // Propagates the client's deadline and cancellation to the scheduler call.
-  auto downstream = grpc::ClientContext::FromServerContext(*context);
+  // Each attempt (a replica that fails before the start is left for another) gets a fresh context.
+  std::vector<std::unique_ptr<grpc::ClientContext>> attempts;
+  auto make_context = [&]() -> grpc::ClientContext* {
+    if (attempts.size() >= 4) return nullptr;
+    attempts.push_back(grpc::ClientContext::FromServerContext(*context));
+    return attempts.back().get();
+  };
   int64_t retry_after_ms = 0;
-  grpc::Status status = generator_.Run(request, *downstream, [context] { return context->IsCancelled(); },
+  grpc::Status status = generator_.Run(request, make_context, [context] { return context->IsCancelled(); },
                                        counting_sink, &retry_after_ms);
   // gRPC's retry design: the server tells the client when to retry a refused call.
   if (retry_after_ms > 0) context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(retry_after_ms));

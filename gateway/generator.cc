@@ -78,17 +78,24 @@ struct GatewayMetrics {
   prometheus::Gauge& in_flight;
 };
 
-Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc::Channel> scheduler,
+Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<ReplicaRouter> router,
                      GatewayOptions options, prometheus::Registry& registry)
     : tokenizer_(tokenizer),
-      scheduler_(ferry::v1::Scheduler::NewStub(std::move(scheduler))),
+      router_(std::move(router)),
       options_(std::move(options)),
       metrics_(std::make_unique<GatewayMetrics>(registry)),
       queues_(options_.lanes) {}
 
+Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc::Channel> scheduler,
+                     GatewayOptions options, prometheus::Registry& registry)
+    : Generator(tokenizer,
+                std::make_shared<ReplicaRouter>(std::vector<std::shared_ptr<grpc::Channel>>{std::move(scheduler)},
+                                                std::vector<std::string>{"scheduler"}),
+                std::move(options), registry) {}
+
 Generator::~Generator() = default;
 
-grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientContext& downstream,
+grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFactory& make_context,
                             const std::function<bool()>& client_cancelled, const ChunkSink& sink,
                             int64_t* retry_after_ms) {
   const auto arrival = Clock::now();
@@ -116,46 +123,39 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientCont
                         fmt::format("lane \"{}\" is full ({} requests waiting); retry after {} ms", v.lane,
                                     v.lane_rules.max_queued, hint));
   }
-  if (v.lane_rules.default_deadline_ms > 0) {
-    const auto lane_deadline =
-        std::chrono::system_clock::now() + std::chrono::milliseconds(v.lane_rules.default_deadline_ms);
-    if (lane_deadline < downstream.deadline()) downstream.set_deadline(lane_deadline);
-  }
   const int prompt_tokens = v.submit.prompt_token_ids_size();
   spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, prompt_tokens, v.submit.max_tokens());
   metrics_->in_flight.Increment();
 
-  auto reader = scheduler_->Submit(&downstream, v.submit);
   StreamProgress progress{CompletionText(tokenizer_, v.stop)};
   progress.final_chunk.set_request_id(id);
-  ferry::v1::TokenEvent event;
   bool client_gone = false;
-  while (reader->Read(&event)) {
-    // The first event says the sequence left the scheduler's queue (it may carry no tokens).
-    if (!progress.started) {
-      progress.started = true;
-      progress.queue_s = event.queue_s();
-      ticket->Release();
-    }
-    if (progress.completion_tokens == 0 && event.token_ids_size() > 0) {
-      progress.first_token_s = Seconds(arrival, Clock::now());
-      metrics_->ttft.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(progress.first_token_s);
-    }
-    ferry::v1::GenerateChunk chunk = progress.Consume(event, tokenizer_);
-    chunk.set_request_id(id);
-    if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-      progress.final_chunk = std::move(chunk);
-      if (progress.text.stopped()) downstream.TryCancel();  // the scheduler frees the sequence
+  grpc::Status status;
+  const uint64_t prefix_key = PrefixKey(v.submit.prompt_token_ids());
+  const int64_t cost = prompt_tokens + v.submit.max_tokens();
+  std::vector<size_t> tried;
+  // A replica that fails before the request started is left for another; after the start, the
+  // failure is the request's (UNAVAILABLE), since its tokens so far cannot be taken back.
+  for (grpc::ClientContext* downstream = make_context(); downstream != nullptr; downstream = make_context()) {
+    const auto replica = router_->Choose(prefix_key, tried);
+    if (!replica) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy scheduler replica");
       break;
     }
-    if ((chunk.token_ids_size() > 0 || !chunk.text().empty()) && !sink(chunk)) {
-      client_gone = true;
-      downstream.TryCancel();
+    ApplyLaneDeadline(v.lane_rules, *downstream);
+    auto& r = router_->replica(*replica);
+    r.outstanding_tokens += cost;
+    status = Stream(*r.stub, *downstream, v, arrival, sink, *ticket, progress, client_gone);
+    r.outstanding_tokens -= cost;
+    if (progress.started || status.error_code() != grpc::StatusCode::UNAVAILABLE || client_cancelled()) {
+      if (progress.started) router_->Served(*replica, prefix_key);
       break;
     }
-    event.Clear();
+    spdlog::warn("req={} scheduler {} unavailable before the start ({}); trying another", id, r.address,
+                 status.error_message());
+    router_->MarkUnhealthy(*replica);
+    tried.push_back(*replica);
   }
-  const grpc::Status status = reader->Finish();
   metrics_->in_flight.Decrement();
   grpc::Status result = Conclude(client_cancelled(), status, client_gone, progress);
   if (result.ok()) {
@@ -178,6 +178,55 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientCont
   }
   metrics_->requests.Add({{"lane", v.lane}, {"code", StatusName(result.error_code())}}).Increment();
   return result;
+}
+
+grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientContext& downstream,
+                            const std::function<bool()>& client_cancelled, const ChunkSink& sink,
+                            int64_t* retry_after_ms) {
+  bool used = false;  // one context, so one attempt
+  return Run(std::move(request), [&]() -> grpc::ClientContext* { return std::exchange(used, true) ? nullptr : &downstream; },
+             client_cancelled, sink, retry_after_ms);
+}
+
+void Generator::ApplyLaneDeadline(const Lane& lane, grpc::ClientContext& downstream) {
+  if (lane.default_deadline_ms <= 0) return;
+  const auto lane_deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(lane.default_deadline_ms);
+  if (lane_deadline < downstream.deadline()) downstream.set_deadline(lane_deadline);
+}
+
+// One scheduler call: reads its events into progress and chunks until the end or the client
+// leaves. Returns the call's status.
+grpc::Status Generator::Stream(ferry::v1::Scheduler::Stub& stub, grpc::ClientContext& downstream,
+                               const ValidatedRequest& v, Clock::time_point arrival, const ChunkSink& sink,
+                               LaneQueues::Ticket& ticket, StreamProgress& progress, bool& client_gone) {
+  auto reader = stub.Submit(&downstream, v.submit);
+  ferry::v1::TokenEvent event;
+  while (reader->Read(&event)) {
+    // The first event says the sequence left the scheduler's queue (it may carry no tokens).
+    if (!progress.started) {
+      progress.started = true;
+      progress.queue_s = event.queue_s();
+      ticket.Release();
+    }
+    if (progress.completion_tokens == 0 && event.token_ids_size() > 0) {
+      progress.first_token_s = Seconds(arrival, Clock::now());
+      metrics_->ttft.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(progress.first_token_s);
+    }
+    ferry::v1::GenerateChunk chunk = progress.Consume(event, tokenizer_);
+    chunk.set_request_id(v.submit.request_id());
+    if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+      progress.final_chunk = std::move(chunk);
+      if (progress.text.stopped()) downstream.TryCancel();  // the scheduler frees the sequence
+      break;
+    }
+    if ((chunk.token_ids_size() > 0 || !chunk.text().empty()) && !sink(chunk)) {
+      client_gone = true;
+      downstream.TryCancel();
+      break;
+    }
+    event.Clear();
+  }
+  return reader->Finish();
 }
 
 grpc::Status Generator::Conclude(bool client_cancelled, const grpc::Status& downstream, bool client_gone,

@@ -18,6 +18,7 @@
 #include "ferry/v1/scheduler.grpc.pb.h"
 #include "gateway/completion_text.h"
 #include "gateway/lanes.h"
+#include "gateway/replica_router.h"
 #include "gateway/request_validation.h"
 #include "gateway/tokenizer/tokenizer.h"
 
@@ -48,6 +49,13 @@ class Generator {
   // Returns false when the client is gone; the generation is then cancelled.
   using ChunkSink = std::function<bool(const ferry::v1::GenerateChunk&)>;
 
+  // Hands out the scheduler call's context for each attempt (owned by the caller), or nullptr
+  // when no further attempt may be made.
+  using ContextFactory = std::function<grpc::ClientContext*()>;
+
+  // One scheduler replica, or several (requests are routed, see replica_router.h).
+  Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<ReplicaRouter> router, GatewayOptions options,
+            prometheus::Registry& registry);
   Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc::Channel> scheduler, GatewayOptions options,
             prometheus::Registry& registry);
   ~Generator();
@@ -56,6 +64,10 @@ class Generator {
   // and cancellation are the front's business); `client_cancelled` tells whether the client
   // gave up. The last chunk carries finish reason, usage and timings.
   // retry_after_ms (optional): set with a retry hint when the lane is full (RESOURCE_EXHAUSTED).
+  // With a factory, a request whose replica fails before it started is retried on another.
+  grpc::Status Run(ferry::v1::GenerateRequest request, const ContextFactory& make_context,
+                   const std::function<bool()>& client_cancelled, const ChunkSink& sink,
+                   int64_t* retry_after_ms = nullptr);
   grpc::Status Run(ferry::v1::GenerateRequest request, grpc::ClientContext& downstream,
                    const std::function<bool()>& client_cancelled, const ChunkSink& sink,
                    int64_t* retry_after_ms = nullptr);
@@ -75,7 +87,12 @@ class Generator {
                         StreamProgress& progress);
 
   const tokenizer::Tokenizer& tokenizer_;
-  std::unique_ptr<ferry::v1::Scheduler::Stub> scheduler_;
+  static void ApplyLaneDeadline(const Lane& lane, grpc::ClientContext& downstream);
+  grpc::Status Stream(ferry::v1::Scheduler::Stub& stub, grpc::ClientContext& downstream, const ValidatedRequest& v,
+                      std::chrono::steady_clock::time_point arrival, const ChunkSink& sink,
+                      LaneQueues::Ticket& ticket, StreamProgress& progress, bool& client_gone);
+
+  std::shared_ptr<ReplicaRouter> router_;
   const GatewayOptions options_;
   std::unique_ptr<GatewayMetrics> metrics_;
   LaneQueues queues_;

@@ -21,7 +21,7 @@ namespace {
 
 struct Flags {
   ferry::ServiceFlags service;
-  std::string scheduler;
+  std::vector<std::string> schedulers;
   std::string tokenizer;
   int scheduler_timeout_s = 600;
   std::string lanes_file;
@@ -33,7 +33,9 @@ struct Flags {
 
 void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service);
-  app.add_option("--scheduler", f.scheduler, "Scheduler address host:port")->required();
+  app.add_option("--scheduler", f.schedulers,
+                 "Scheduler address host:port; repeat for several model replicas (routed by load and prefix)")
+      ->required();
   app.add_option("--tokenizer", f.tokenizer, "tokenizer.json, or the model directory holding it")->required();
   app.add_option("--scheduler-timeout-s", f.scheduler_timeout_s, "How long to wait for the scheduler at start");
   app.add_option("--lanes-file", f.lanes_file, "Lanes as JSON (default: interactive and batch; see gateway/lanes.h)");
@@ -85,7 +87,12 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  auto channel = grpc::CreateChannel(flags.scheduler, grpc::InsecureChannelCredentials());
+  // Replica 0 answers the model facts; every replica serves the same model.
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const std::string& address : flags.schedulers) {
+    channels.push_back(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  auto channel = channels.front();
   ferry::gateway::GatewayOptions options;
   try {
     auto stub = ferry::v1::Scheduler::NewStub(channel);
@@ -108,7 +115,9 @@ int main(int argc, char** argv) {
   }
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
-  ferry::gateway::Generator generator(*tokenizer, channel, options, metrics.registry());
+  auto router = std::make_shared<ferry::gateway::ReplicaRouter>(channels, flags.schedulers);
+  router->StartHealthChecks(std::chrono::milliseconds(500));
+  ferry::gateway::Generator generator(*tokenizer, router, options, metrics.registry());
   // One Authenticator for every front, so a tenant's limits hold across them.
   std::unique_ptr<ferry::gateway::Authenticator> auth;
   try {
@@ -142,16 +151,9 @@ int main(int argc, char** argv) {
       ferry::WriteReadyFile(flags.service.ready_file + ".http.json", {{"http_port", bound}});
     }
   }
-  // SERVING only while the scheduler behind answers (which in turn needs its workers).
+  // SERVING only while some scheduler replica behind answers (each needs its workers).
   ferry::ServeHooks hooks;
-  auto health_stub = ferry::v1::Scheduler::NewStub(channel);
-  hooks.is_ready = [&health_stub] {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
-    ferry::v1::GetStateRequest request;
-    ferry::v1::SchedulerState state;
-    return health_stub->GetState(&context, request, &state).ok();
-  };
+  hooks.is_ready = [&router] { return router->AnyHealthy(); };
   return ferry::ServeUntilSignal(flags.service, {&service, &jobs_service}, metrics, std::chrono::seconds(30),
                                  hooks);
 }

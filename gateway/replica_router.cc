@@ -1,0 +1,108 @@
+#include "gateway/replica_router.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ferry::gateway {
+
+namespace {
+constexpr size_t kAffinityEntries = 4096;
+// Affinity wins unless the preferred replica has this many more outstanding tokens than the least
+// loaded one: a cached prefix saves its prefill, not more.
+constexpr int64_t kAffinitySlackTokens = 4096;
+}  // namespace
+
+uint64_t PrefixKey(const google::protobuf::RepeatedField<int32_t>& prompt) {
+  uint64_t h = 1469598103934665603ull;
+  const int n = std::min(prompt.size(), 256);
+  for (int i = 0; i < n; ++i) h = (h ^ static_cast<uint32_t>(prompt[i])) * 1099511628211ull;
+  return h;
+}
+
+ReplicaRouter::ReplicaRouter(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                             std::vector<std::string> addresses) {
+  for (size_t i = 0; i < channels.size(); ++i) {
+    auto r = std::make_unique<Replica>();
+    r->address = i < addresses.size() ? addresses[i] : std::to_string(i);
+    r->stub = ferry::v1::Scheduler::NewStub(channels[i]);
+    replicas_.push_back(std::move(r));
+  }
+}
+
+ReplicaRouter::~ReplicaRouter() {
+  {
+    std::lock_guard lock(health_mu_);
+    stopping_ = true;
+  }
+  health_cv_.notify_all();
+  if (health_thread_.joinable()) health_thread_.join();
+}
+
+std::optional<size_t> ReplicaRouter::Choose(uint64_t prefix_key, const std::vector<size_t>& exclude) {
+  auto allowed = [&](size_t i) {
+    return replicas_[i]->healthy.load() && std::find(exclude.begin(), exclude.end(), i) == exclude.end();
+  };
+  std::optional<size_t> best;
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    if (!allowed(i)) continue;
+    if (!best || replicas_[i]->outstanding_tokens < replicas_[*best]->outstanding_tokens) best = i;
+  }
+  if (!best) return std::nullopt;
+  std::lock_guard lock(affinity_mu_);
+  auto it = affinity_.find(prefix_key);
+  if (it != affinity_.end() && allowed(it->second.first) &&
+      replicas_[it->second.first]->outstanding_tokens <= replicas_[*best]->outstanding_tokens + kAffinitySlackTokens) {
+    return it->second.first;
+  }
+  return best;
+}
+
+void ReplicaRouter::Served(size_t i, uint64_t prefix_key) {
+  std::lock_guard lock(affinity_mu_);
+  if (auto it = affinity_.find(prefix_key); it != affinity_.end()) {
+    affinity_lru_.erase(it->second.second);
+    affinity_.erase(it);
+  }
+  affinity_lru_.push_front(prefix_key);
+  affinity_[prefix_key] = {i, affinity_lru_.begin()};
+  if (affinity_lru_.size() > kAffinityEntries) {
+    affinity_.erase(affinity_lru_.back());
+    affinity_lru_.pop_back();
+  }
+}
+
+void ReplicaRouter::MarkUnhealthy(size_t i) {
+  if (replicas_[i]->healthy.exchange(false)) {
+    spdlog::warn("scheduler replica {} out of rotation", replicas_[i]->address);
+  }
+}
+
+bool ReplicaRouter::AnyHealthy() const {
+  for (const auto& r : replicas_) {
+    if (r->healthy) return true;
+  }
+  return false;
+}
+
+void ReplicaRouter::StartHealthChecks(std::chrono::milliseconds interval) {
+  health_thread_ = std::thread([this, interval] { HealthLoop(interval); });
+}
+
+void ReplicaRouter::HealthLoop(std::chrono::milliseconds interval) {
+  std::unique_lock lock(health_mu_);
+  while (!stopping_) {
+    lock.unlock();
+    for (auto& r : replicas_) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+      ferry::v1::SchedulerState state;
+      const bool ok = r->stub->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
+      if (ok != r->healthy.exchange(ok)) {
+        spdlog::info("scheduler replica {} {}", r->address, ok ? "back in rotation" : "out of rotation");
+      }
+    }
+    lock.lock();
+    health_cv_.wait_for(lock, interval, [&] { return stopping_; });
+  }
+}
+
+}  // namespace ferry::gateway

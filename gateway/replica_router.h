@@ -1,0 +1,65 @@
+// Chooses the scheduler replica for each request: among healthy replicas, the one with the
+// fewest outstanding tokens, preferring the replica that recently served the same prompt
+// prefix (its KV blocks may still be cached) unless that one is much busier. Replicas whose
+// health check fails leave the rotation until it passes again.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <grpcpp/channel.h>
+
+#include "ferry/v1/scheduler.grpc.pb.h"
+
+namespace ferry::gateway {
+
+class ReplicaRouter {
+ public:
+  struct Replica {
+    std::string address;
+    std::unique_ptr<ferry::v1::Scheduler::Stub> stub;
+    std::atomic<int64_t> outstanding_tokens{0};
+    std::atomic<bool> healthy{true};
+  };
+
+  // channels[i] reaches replica i (addresses are for logs).
+  ReplicaRouter(std::vector<std::shared_ptr<grpc::Channel>> channels, std::vector<std::string> addresses);
+  ~ReplicaRouter();
+
+  // A healthy replica not in `exclude`, or nullopt when none is left.
+  std::optional<size_t> Choose(uint64_t prefix_key, const std::vector<size_t>& exclude);
+  Replica& replica(size_t i) { return *replicas_[i]; }
+  size_t size() const { return replicas_.size(); }
+  // Records that replica i served prefix_key (for affinity).
+  void Served(size_t i, uint64_t prefix_key);
+  // Takes replica i out of rotation until its health check passes again.
+  void MarkUnhealthy(size_t i);
+  // Polls every replica's GetState every interval to keep `healthy` current.
+  void StartHealthChecks(std::chrono::milliseconds interval);
+  bool AnyHealthy() const;
+
+ private:
+  void HealthLoop(std::chrono::milliseconds interval);
+
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::mutex affinity_mu_;
+  std::list<uint64_t> affinity_lru_;  // most recent first; guarded by affinity_mu_
+  std::unordered_map<uint64_t, std::pair<size_t, std::list<uint64_t>::iterator>> affinity_;
+  std::mutex health_mu_;
+  std::condition_variable health_cv_;
+  bool stopping_ = false;
+  std::thread health_thread_;
+};
+
+// Key of a prompt's leading tokens (up to 256), for prefix affinity.
+uint64_t PrefixKey(const google::protobuf::RepeatedField<int32_t>& prompt);
+
+}  // namespace ferry::gateway
