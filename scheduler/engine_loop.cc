@@ -89,15 +89,8 @@ void EngineLoop::Run() {
   while (true) {
     {
       std::unique_lock lock(inbox_mu_);
-      // Idle: sleep until a command arrives (or the batch delay window ends).
-      if (!core_.has_work() || core_.retry_at()) {
-        auto ready = [&] { return stopping_ || !inbox_.empty(); };
-        if (auto until = core_.retry_at()) {
-          inbox_cv_.wait_until(lock, *until, ready);
-        } else {
-          inbox_cv_.wait(lock, ready);
-        }
-      }
+      // Idle: sleep until a command arrives.
+      if (!core_.has_work()) inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
       if (stopping_) break;
       commands.swap(inbox_);
     }

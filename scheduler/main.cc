@@ -25,7 +25,6 @@ struct Flags {
   std::vector<std::string> slo_lanes;
   bool enable_prefix_caching = false;
   int aging_interval_ms = 0;
-  int max_batch_delay_ms = 0;
   std::vector<std::string> lane_reservations;
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;
@@ -47,7 +46,6 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--slo-lane", f.slo_lanes, "slo mode: only these lanes' requests count (repeatable; default all)");
   app.add_flag("--enable-prefix-caching", f.enable_prefix_caching, "Share full KV blocks of identical prefixes");
   app.add_option("--aging-interval-ms", f.aging_interval_ms, "Each interval waited raises priority by one (0: off)");
-  app.add_option("--max-batch-delay-ms", f.max_batch_delay_ms, "When idle, wait up to this to gather a batch (0: off)");
   app.add_option("--lane-reservation", f.lane_reservations,
                  "LANE=SEQS_FRACTION:BLOCKS_FRACTION kept for a lane while it has waiting work (repeatable)");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "Most tokens computed in one step")
@@ -107,7 +105,6 @@ int main(int argc, char** argv) {
   config.num_kv_blocks = worker_info.num_kv_blocks();
   config.enable_prefix_caching = flags.enable_prefix_caching;
   config.aging_interval_ms = flags.aging_interval_ms;
-  config.max_batch_delay_ms = flags.max_batch_delay_ms;
   ferry::scheduler::ControllerOptions controller;
   try {
     config.lane_reservations = ParseReservations(flags.lane_reservations);

@@ -1,6 +1,6 @@
 // The planning policies, as functions over the scheduler state. Plan() runs
-// them in order: ScheduleRunning (with preemption), then AdmitWaiting (skipped
-// by the facade during a batch delay window). Rules in README.md.
+// them in order: ScheduleRunning (with preemption), then AdmitWaiting. Rules in
+// README.md.
 #pragma once
 
 #include <cstdint>

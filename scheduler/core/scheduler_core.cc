@@ -67,8 +67,6 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
   RequirePositive("block_size", config.block_size);
   RequirePositive("num_kv_blocks", config.num_kv_blocks);
   RequireNonNegative("aging_interval_ms", config.aging_interval_ms);
-  RequireNonNegative("max_batch_delay_ms", config.max_batch_delay_ms);
-  RequireNonNegative("batch_delay_min_seqs", config.batch_delay_min_seqs);
   ValidateLanes(config.lane_reservations);
   return config;
 }
@@ -127,7 +125,7 @@ StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
   plan.finished_ids = std::exchange(state_.pending_finished_ids, {});
   StepPlanner planner(state_, budget, plan, now);
   planner.ScheduleRunning();
-  if (!HoldsForBatch(now)) planner.AdmitWaiting();
+  planner.AdmitWaiting();
   if (!plan.empty()) {
     plan.step_id = ++num_steps_;
     in_flight_step_ = plan.step_id;
@@ -144,23 +142,6 @@ void SchedulerCore::ExpireDeadlines(TimePoint now) {
     events_.push_back(SeqEvent{.seq_id = seq.spec.seq_id, .new_tokens = {}, .logprobs = {}, .finish = kind});
     Retire(seq);  // erases the deadline entry
   }
-}
-
-bool SchedulerCore::HoldsForBatch(TimePoint now) {
-  retry_at_.reset();
-  const SchedulerConfig& cfg = state_.config;
-  if (cfg.max_batch_delay_ms <= 0 || !state_.running.empty() || state_.waiting.empty() ||
-      state_.waiting.size() >= static_cast<size_t>(cfg.batch_delay_min_seqs)) {
-    return false;
-  }
-  const TimePoint until =
-      state_.waiting.OldestArrival() + std::chrono::milliseconds(cfg.max_batch_delay_ms);
-  if (now >= until) return false;
-  // Wake for a deadline inside the window too.
-  const TimePoint next_deadline =
-      state_.deadlines.empty() ? TimePoint::max() : state_.deadlines.begin()->first;
-  retry_at_ = std::min(until, next_deadline);
-  return true;
 }
 
 void SchedulerCore::ValidateCommit(const StepPlan& plan,

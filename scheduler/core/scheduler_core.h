@@ -5,7 +5,6 @@
 //   Add / Cancel            at any time
 //   plan = Plan(budget, now); deliver TakeEvents()   (deadline ends)
 //   if (!plan.empty()) { send plan; events = Commit(plan, result.sampled); }
-//   else if (retry_at()) sleep until *retry_at() or the next Add
 //   on a worker failure:    events = AbortAll()
 //
 // See scheduler/core/README.md for the contract and invariants.
@@ -38,15 +37,12 @@ class SchedulerCore {
   // Decides the next step. Every non-empty plan must be sent and then passed to
   // Commit before the next Plan (std::logic_error otherwise). `now` drives
   // deadlines (sequences whose deadline <= now end first; their events wait in
-  // TakeEvents), aging and the batch delay window. Throws std::invalid_argument
+  // TakeEvents) and aging. Throws std::invalid_argument
   // on a budget with a non-positive limit.
   StepPlan Plan(const Budget& budget, TimePoint now);
   // Events produced outside Commit since the last call (deadline ends from
   // Plan: kDeadlineExceeded / kTimeout, no tokens), in the order they happened.
   std::vector<SeqEvent> TakeEvents() { return std::exchange(events_, {}); }
-  // Set when the last Plan held admission back for the batch delay window:
-  // plan again at this time (or on the next Add). nullopt otherwise.
-  std::optional<TimePoint> retry_at() const { return retry_at_; }
   // Applies the worker's samples for `plan`. Every scheduled, still-live
   // sequence whose computed count reaches the end of its known tokens needs
   // exactly one sample, and no other sequence may have one (std::invalid_argument,
@@ -91,13 +87,10 @@ class SchedulerCore {
   // Removes a live sequence (its lease frees the blocks); `seq` dangles after.
   void Retire(Sequence& seq);
   void ExpireDeadlines(TimePoint now);
-  // Whether the batch delay window holds admission back now (sets retry_at_).
-  bool HoldsForBatch(TimePoint now);
   void CheckSequence(const Sequence& seq) const;
 
   SchedulerState state_;
   std::vector<SeqEvent> events_;
-  std::optional<TimePoint> retry_at_;
   std::optional<uint64_t> in_flight_step_;
   uint64_t num_steps_ = 0;
 };

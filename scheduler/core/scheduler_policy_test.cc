@@ -1,5 +1,5 @@
 // Timeline tests of the policies that depend on time and lanes: priority aging,
-// lane reservations (admission and preemption), deadlines and the batch delay
+// lane reservations (admission and preemption), deadlines
 // window. Each step advances the harness clock; failures name the iteration.
 #include <gtest/gtest.h>
 
@@ -230,54 +230,6 @@ TEST(DeadlineTest, CommitNeverSeesAnExpiredSequence) {
   EXPECT_EQ(events[0].finish, FinishKind::kTimeout);
   core.Commit(next, {});
   core.CheckInvariants();
-}
-
-SchedulerConfig DelayConfig() {
-  SchedulerConfig cfg = MakeConfig();
-  cfg.max_batch_delay_ms = 10;
-  cfg.batch_delay_min_seqs = 4;
-  return cfg;
-}
-
-TEST(BatchDelayTest, WaitsForABatchUntilTheOldestHasWaitedTheWindow) {
-  Harness h(DelayConfig());
-  h.Add(MakeRequest(1, {.arrival_ms = 0}));
-  h.Add(MakeRequest(2, {.arrival_ms = 2}));
-  h.now = Ms(3);
-  EXPECT_TRUE(h.Step().empty());
-  EXPECT_EQ(h.core.retry_at(), Ms(10));
-  h.Add(MakeRequest(3, {.arrival_ms = 5}));
-  h.now = Ms(5);
-  EXPECT_TRUE(h.Step().empty());
-  EXPECT_EQ(h.core.retry_at(), Ms(10)) << "the oldest request sets the window";
-  h.now = Ms(10);
-  EXPECT_EQ(h.Step().new_sequences.size(), 3u);
-  EXPECT_EQ(h.core.retry_at(), std::nullopt);
-  h.RunToCompletion();
-  h.ExpectOutcomesMatchReference();
-}
-
-TEST(BatchDelayTest, EnoughWaitingOrSomethingRunningStartsAtOnce) {
-  Harness h(DelayConfig());
-  for (uint64_t id = 1; id <= 4; ++id) h.Add(MakeRequest(id, {.max_tokens = 8}));
-  EXPECT_EQ(h.Step().new_sequences.size(), 4u) << "threshold reached";
-  h.Add(MakeRequest(5, {.arrival_ms = 0}));
-  EXPECT_EQ(h.Step().new_sequences.size(), 1u) << "the batch is running: no delay";
-  EXPECT_EQ(h.core.retry_at(), std::nullopt);
-  h.RunToCompletion();
-  h.ExpectOutcomesMatchReference();
-}
-
-TEST(BatchDelayTest, RetryAtIsNoLaterThanADeadline) {
-  Harness h(DelayConfig());
-  h.Add(MakeRequest(1, {.arrival_ms = 0, .deadline_ms = 4}));
-  h.Add(MakeRequest(2, {.arrival_ms = 0}));
-  EXPECT_TRUE(h.Step().empty());
-  EXPECT_EQ(h.core.retry_at(), Ms(4));
-  h.now = Ms(4);
-  h.Step();
-  EXPECT_EQ(h.outcomes[1].finish, FinishKind::kDeadlineExceeded);
-  EXPECT_EQ(h.core.retry_at(), Ms(10));
 }
 
 }  // namespace

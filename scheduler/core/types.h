@@ -38,11 +38,6 @@ struct SchedulerConfig {
   int32_t aging_interval_ms = 0;
   // Fractions summing to at most 1; lanes without an entry reserve nothing.
   std::vector<LaneReservation> lane_reservations;
-  // Batch delay window: with nothing running and fewer than
-  // batch_delay_min_seqs waiting, Plan admits nothing until the oldest waiting
-  // request has waited max_batch_delay_ms (see SchedulerCore::retry_at). 0: off.
-  int32_t max_batch_delay_ms = 0;
-  int32_t batch_delay_min_seqs = 8;
 };
 
 // Per-step limits; passed to every Plan so a controller can change them per step.
