@@ -26,7 +26,11 @@ grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context, con
 grpc::Status GenerationService::Run(grpc::ServerContext* context, const ferry::v1::GenerateRequest& request,
                                     const Generator::ChunkSink& sink) {
   const Admission admission = AdmitCall(auth_, generator_, *context, request);
-  if (!admission.status.ok()) return admission.status;
+  if (!admission.status.ok()) {
+    const bool limited = admission.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    generator_.CountRejection(limited ? "rate_limit" : "auth", request.lane(), admission.status.error_code());
+    return admission.status;
+  }
   // Counts what was generated, for the refund.
   ferry::v1::GenerateResponse generated;
   auto counting_sink = [&](const ferry::v1::GenerateChunk& chunk) {

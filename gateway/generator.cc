@@ -56,6 +56,8 @@ struct GatewayMetrics {
                        .Help("Requests refused before reaching the scheduler, by reason").Register(r)),
         invalid(rejections.Add({{"reason", "invalid"}})),
         lane_full(rejections.Add({{"reason", "lane_full"}})),
+        auth_refused(rejections.Add({{"reason", "auth"}})),
+        rate_limited(rejections.Add({{"reason", "rate_limit"}})),
         ttft(prometheus::BuildHistogram().Name("ferry_gateway_time_to_first_token_seconds")
                  .Help("Arrival to first token").Register(r)),
         e2e(prometheus::BuildHistogram().Name("ferry_gateway_request_duration_seconds")
@@ -70,6 +72,8 @@ struct GatewayMetrics {
   prometheus::Family<prometheus::Counter>& rejections;
   prometheus::Counter& invalid;
   prometheus::Counter& lane_full;
+  prometheus::Counter& auth_refused;
+  prometheus::Counter& rate_limited;
   prometheus::Family<prometheus::Histogram>& ttft;
   prometheus::Family<prometheus::Histogram>& e2e;
   prometheus::Family<prometheus::Counter>& tokens;
@@ -94,6 +98,11 @@ Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc
                 std::move(options), registry) {}
 
 Generator::~Generator() = default;
+
+void Generator::CountRejection(const std::string& reason, const std::string& lane, grpc::StatusCode code) {
+  metrics_->rejections.Add({{"reason", reason}}).Increment();
+  metrics_->requests.Add({{"lane", lane}, {"code", StatusName(code)}}).Increment();
+}
 
 grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFactory& make_context,
                             const std::function<bool()>& client_cancelled, const ChunkSink& sink,

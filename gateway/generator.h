@@ -73,6 +73,8 @@ class Generator {
                    int64_t* retry_after_ms = nullptr);
 
   const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
+  // A front refused a call before it reached the Generator (reason: "auth", "rate_limit").
+  void CountRejection(const std::string& reason, const std::string& lane, grpc::StatusCode code);
   const GatewayOptions& options() const { return options_; }
   // The lane a request's `lane` field names, as Run resolves it (empty: the default lane);
   // nullopt for an unknown name (Run then answers INVALID_ARGUMENT).

@@ -40,7 +40,11 @@ const grpc::Status kNotFound(grpc::StatusCode::NOT_FOUND, "no such job");
 grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
                                  ferry::v1::SubmitJobResponse* response) {
   const Admission admission = AdmitCall(auth_, generator_, *context, *request);
-  if (!admission.status.ok()) return admission.status;
+  if (!admission.status.ok()) {
+    const bool limited = admission.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    generator_.CountRejection(limited ? "rate_limit" : "auth", request->lane(), admission.status.error_code());
+    return admission.status;
+  }
   auto id = store_.Submit(admission.tenant, *request, JobStore::Clock::now());
   if (!id) {
     auth_.Refund(admission.tenant, admission.reserved_completion_tokens);

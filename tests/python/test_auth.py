@@ -108,6 +108,27 @@ def test_over_the_rate_is_resource_exhausted_with_pushback(stub, ferry_pb):
     stub.Generate(request(ferry_pb), metadata=bearer(KEYS["free"]), timeout=60)
 
 
+def test_refusals_are_counted_by_reason(auth_stack, stub, ferry_pb):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def rejections():
+        text = urllib.request.urlopen(auth_stack.metrics_urls()["gateway"], timeout=5).read().decode()
+        return {s.labels["reason"]: s.value for f in text_string_to_metric_families(text)
+                if f.name == "ferry_gateway_rejections" for s in f.samples if s.name.endswith("_total")}
+
+    before = rejections()
+    with pytest.raises(grpc.RpcError):
+        stub.Generate(request(ferry_pb), metadata=bearer("not-a-key"), timeout=30)
+    with pytest.raises(grpc.RpcError):  # the limited tenant's burst is 1 at 0.2 requests/s
+        for _ in range(2):
+            stub.Generate(request(ferry_pb), metadata=bearer(KEYS["limited"]), timeout=60)
+    after = rejections()
+    assert after["auth"] == before["auth"] + 1, (before, after)
+    assert after["rate_limit"] >= before["rate_limit"] + 1, (before, after)
+
+
 def test_no_key_in_any_log_line(auth_stack, stub, ferry_pb):
     # One more of each outcome, then read every service's log (ferry-launch gathers them).
     for key in KEYS.values():
