@@ -6,7 +6,8 @@
 #include <string_view>
 
 #include <fmt/format.h>
-#include <grpcpp/support/status.h>
+
+#include <type_traits>
 
 namespace ferry {
 
@@ -18,10 +19,6 @@ std::string FieldMessage(std::string_view field, const V& value, std::string_vie
   } else {
     return fmt::format("{} = {} {}", field, value, constraint);
   }
-}
-
-inline grpc::Status InvalidField(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
 }  // namespace ferry

@@ -280,8 +280,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   }
 }
 
-void Checkpoint::Read(const std::string& name, const std::vector<int64_t>& shape,
-                      float* dst) const {
+const SafetensorsFile& Checkpoint::FileOf(const std::string& name, const std::vector<int64_t>& shape) const {
   const auto it = owner_.find(name);
   if (it == owner_.end()) {
     const std::string where = files_.size() == 1 ? files_[0]->path() : dir_ + " (sharded)";
@@ -292,23 +291,18 @@ void Checkpoint::Read(const std::string& name, const std::vector<int64_t>& shape
     throw std::runtime_error(it->second->path() + ": tensor " + name + " has shape " +
                              ShapeString(info.shape) + ", expected " + ShapeString(shape));
   }
-  it->second->ReadFloat32(name, dst);
+  return *it->second;
+}
+
+void Checkpoint::Read(const std::string& name, const std::vector<int64_t>& shape,
+                      float* dst) const {
+  FileOf(name, shape).ReadFloat32(name, dst);
 }
 
 void Checkpoint::ReadBlock(const std::string& name, const std::vector<int64_t>& shape,
                            int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
                            float* dst) const {
-  const auto it = owner_.find(name);
-  if (it == owner_.end()) {
-    const std::string where = files_.size() == 1 ? files_[0]->path() : dir_ + " (sharded)";
-    throw std::runtime_error(where + ": missing tensor " + name);
-  }
-  const TensorInfo& info = it->second->Info(name);
-  if (info.shape != shape) {
-    throw std::runtime_error(it->second->path() + ": tensor " + name + " has shape " +
-                             ShapeString(info.shape) + ", expected " + ShapeString(shape));
-  }
-  it->second->ReadFloat32Block(name, row_begin, row_end, col_begin, col_end, dst);
+  FileOf(name, shape).ReadFloat32Block(name, row_begin, row_end, col_begin, col_end, dst);
 }
 
 std::vector<float> Checkpoint::Read(const std::string& name,

@@ -85,6 +85,9 @@ class Checkpoint {
                  int64_t row_end, int64_t col_begin, int64_t col_end, float* dst) const;
 
  private:
+  // The file holding `name`; throws std::runtime_error (naming file and tensor) when the tensor is
+  // missing or its shape is not `shape`.
+  const SafetensorsFile& FileOf(const std::string& name, const std::vector<int64_t>& shape) const;
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> owner_;
