@@ -48,6 +48,18 @@ std::vector<TraceRequest> LoadWorkload(const Flags& f) {
   return GenerateWorkload(w);
 }
 
+// The interactive (and default) lanes' goodput SLO is the slo controller's
+// target, so one pair of flags states what "good" means for both.
+std::vector<LaneConfig> Lanes(const Flags& f) {
+  std::vector<LaneConfig> lanes = StandardLanes();
+  for (LaneConfig& l : lanes) {
+    if (l.name == "batch") continue;
+    l.ttft_slo_s = f.ttft_target_s;
+    l.tpot_slo_s = f.tpot_target_s;
+  }
+  return lanes;
+}
+
 SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, ControllerMode mode, int32_t cap) {
   SimOptions sim;
   sim.scheduler = DefaultSchedulerConfig(cost.params());
@@ -59,7 +71,7 @@ SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, Controll
   sim.controller.slo.ttft_target_s = f.ttft_target_s;
   sim.controller.slo.tpot_target_s = f.tpot_target_s;
   sim.controller.slo.percentile = f.slo_percentile;
-  sim.lanes = StandardLanes();
+  sim.lanes = Lanes(f);
   return sim;
 }
 
@@ -84,7 +96,7 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
               "int. TTFT p99 ms | tok/s | preemptions | cap changes |\n|---|---|---|---|---|---|---|---|---|\n");
   auto row = [&](const std::string& name, ControllerMode mode, int32_t cap) {
     SimResult r = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, cap));
-    SimReport rep = Summarize(r, StandardLanes());
+    SimReport rep = Summarize(r, Lanes(f));
     auto lane = [&](const char* n) {
       for (const LaneReport& l : rep.lanes) if (l.lane == n) return l;
       return LaneReport{};
@@ -107,7 +119,7 @@ int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<Trac
   const auto start = std::chrono::steady_clock::now();
   SimResult result = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, f.max_num_seqs));
   const double wall = WallSeconds(start);
-  SimReport rep = Summarize(result, StandardLanes());
+  SimReport rep = Summarize(result, Lanes(f));
   std::printf("preset %s, mode %s, max_num_seqs %d, %zu requests\n%s", cost.params().name.c_str(),
               f.mode.c_str(), f.max_num_seqs, trace.size(), FormatReport(rep).c_str());
   std::printf("cap changes:\n%s", FormatCapChanges(result, 40).c_str());
@@ -141,8 +153,8 @@ int main(int argc, char** argv) {
   app.add_option("--initial-num-seqs", f.initial_num_seqs, "slo mode's starting cap (0: max/4)");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step");
   app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
-  app.add_option("--ttft-target-s", f.ttft_target_s, "slo mode TTFT target");
-  app.add_option("--tpot-target-s", f.tpot_target_s, "slo mode TPOT target");
+  app.add_option("--ttft-target-s", f.ttft_target_s, "interactive lane SLO and slo mode target: TTFT");
+  app.add_option("--tpot-target-s", f.tpot_target_s, "interactive lane SLO and slo mode target: TPOT");
   app.add_option("--slo-percentile", f.slo_percentile, "slo mode percentile");
   app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
   app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and slo");
