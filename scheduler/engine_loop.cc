@@ -106,7 +106,8 @@ void EngineLoop::Apply(Command& command) {
   const TimePoint now = Clock::now();
   if (auto* add = std::get_if<AddCommand>(&command)) {
     const uint64_t id = add->spec.seq_id;
-    Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0, add->queue_deadline, false};
+    Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0, add->queue_deadline, false,
+              static_cast<int32_t>(add->spec.prompt.size())};
     // The deadline is checked between steps: end a step early enough that the final event
     // still reaches the client before its own deadline cancels the call.
     if (add->spec.deadline != TimePoint::max()) {
@@ -145,6 +146,7 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.num_waiting = core_.num_waiting();
   const double total = core_.num_total_blocks();
   obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
+  obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
   obs.last_step_s = last_step_s_;
   obs.last_step_tokens = last_step_tokens_;
   obs.num_arrivals = std::exchange(arrivals_since_step_, 0);
@@ -242,6 +244,7 @@ void EngineLoop::End(uint64_t seq_id, FinishKind kind, TimePoint now) {
                       ? std::chrono::duration<double>(now - *live.first_token).count() / (live.num_tokens - 1)
                       : 0.0;
     done.lane = live.lane;
+    done.num_tokens = live.num_prompt_tokens + live.num_tokens;
     controller_.OnCompletion(done);
   }
   if (kind == FinishKind::kCancelled) live.channel->Push(SeqEvent{.seq_id = seq_id, .finish = kind});

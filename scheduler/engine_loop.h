@@ -96,6 +96,7 @@ class EngineLoop {
     int32_t num_tokens = 0;
     TimePoint queue_deadline = TimePoint::max();
     bool started = false;  // first scheduled
+    int32_t num_prompt_tokens = 0;
   };
 
   void Push(Command command);

@@ -90,7 +90,10 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
 }
 
 void Controller::OnCompletion(const RequestCompletion& done) {
-  if (options_.mode != ControllerMode::kSlo || !CountsLane(done.lane)) return;
+  if (options_.mode != ControllerMode::kSlo) return;
+  // KV is shared by every lane, so the context estimate counts them all.
+  if (done.num_tokens > 0) contexts_.push_back({done.now_s, static_cast<double>(done.num_tokens)});
+  if (!CountsLane(done.lane)) return;
   ttft_.push_back({done.now_s, done.ttft_s});
   tpot_.push_back({done.now_s, done.tpot_s});
 }
@@ -117,7 +120,7 @@ void Controller::Expire(double now_s) {
   const double rate_from = now_s - options_.load.rate_window_s;
   while (!arrivals_.empty() && arrivals_.front().time_s < rate_from) arrivals_.pop_front();
   const double slo_from = now_s - options_.slo.window_s;
-  for (auto* d : {&ttft_, &tpot_, &steps_}) {
+  for (auto* d : {&ttft_, &tpot_, &steps_, &contexts_}) {
     while (!d->empty() && d->front().time_s < slo_from) d->pop_front();
   }
 }
@@ -186,8 +189,12 @@ void Controller::StepSlo(const StepObservation& obs) {
   preemptions_since_adjust_ = 0;
   last_adjust_s_ = obs.now_s;
   if (preempted > 0 || obs.kv_usage > o.kv_high_usage) {
-    if (cut < num_seqs_) {
-      Change(obs.now_s, cut, "cut",
+    // KV pressure: preemption by recompute is the pool's normal overflow
+    // valve, so step down gently (a multiplicative cut here oscillates
+    // around the cap that fits and starves queued work).
+    const int32_t kv_cut = std::max(options_.min_num_seqs, num_seqs_ - std::max(1, num_seqs_ / 8));
+    if (kv_cut < num_seqs_) {
+      Change(obs.now_s, kv_cut, "cut",
              Fmt("kv pressure: %.0f preemptions, kv usage %.2f (limit %.2f)", preempted,
                  obs.kv_usage, o.kv_high_usage));
     }
@@ -206,12 +213,20 @@ void Controller::StepSlo(const StepObservation& obs) {
   // miss with a full cap and a queue is queueing, which more seats relieve;
   // with seats free, a smaller cap would not help TTFT either.)
   const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
-  if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit || num_seqs_ >= options_.max_num_seqs) {
-    return;
+  // Seats beyond what the pool holds at the mean final context only buy
+  // preemptions (recompute), so raises stop there.
+  int32_t limit = options_.max_num_seqs;
+  if (obs.kv_capacity_tokens > 0 && static_cast<int32_t>(contexts_.size()) >= o.min_samples) {
+    double sum = 0;
+    for (const TimedValue& v : contexts_) sum += v.value;
+    const double fit = o.kv_raise_limit * static_cast<double>(obs.kv_capacity_tokens) /
+                       std::max(1.0, sum / static_cast<double>(contexts_.size()));
+    limit = std::clamp(static_cast<int32_t>(fit), options_.min_num_seqs, limit);
   }
+  if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit || num_seqs_ >= limit) return;
   int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);
   if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 2);  // deep queue: faster
-  const int32_t to = std::min(options_.max_num_seqs, num_seqs_ + step);
+  const int32_t to = std::min(limit, num_seqs_ + step);
   Change(obs.now_s, to, "raise",
          Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting, o.percentile,
              1e3 * ttft_p_s_) +

@@ -66,7 +66,9 @@ struct SloOptions {
   double decrease_factor = 0.75;   // multiplicative decrease
   int32_t increase_step = 0;       // additive increase; 0: max(1, cap / 8)
   double kv_high_usage = 0.92;     // above this, or on a preemption: cut the cap
-  double kv_raise_limit = 0.85;    // raise only while KV usage is below this
+  double kv_raise_limit = 0.85;    // raise only while KV usage is below this, and never above
+                                   // the sequences this share of the pool holds at the mean
+                                   // final context of recent completions (every lane)
   // Only completions of these lanes count toward the targets (empty: all).
   std::vector<std::string> lanes;
 };
@@ -90,6 +92,7 @@ struct StepObservation {
   int32_t last_step_tokens = 0;    // tokens computed in the previous step
   int32_t num_arrivals = 0;        // requests added since the previous observation
   int32_t num_preemptions = 0;     // preemptions since the previous observation
+  int64_t kv_capacity_tokens = 0;  // KV pool size in tokens (0: unknown)
 };
 
 // One finished request.
@@ -98,6 +101,7 @@ struct RequestCompletion {
   double ttft_s = 0;
   double tpot_s = 0;  // (end - first token) / (output tokens - 1); 0 for one token
   std::string lane;
+  int32_t num_tokens = 0;  // prompt + generated at the end: the KV it held (0: unknown)
 };
 
 struct CapChange {
@@ -162,6 +166,7 @@ class Controller {
   std::deque<TimedValue> ttft_;      // (completion time, ttft)
   std::deque<TimedValue> tpot_;
   std::deque<TimedValue> steps_;     // (time, step duration)
+  std::deque<TimedValue> contexts_;  // (completion time, final context tokens), every lane
   int32_t preemptions_since_adjust_ = 0;
   double ttft_p_s_ = 0;
   double tpot_p_s_ = 0;

@@ -106,15 +106,39 @@ TEST(ControllerTest, SloCutsOnTpotViolationAndKvPressure) {
   c.Step(Obs(0, 32, 10, 0.5, 0.080));  // steps of 80 ms > 50 ms target
   EXPECT_EQ(c.num_seqs(), 24);
   EXPECT_NE(c.changes().back().reason.find("tpot"), std::string::npos);
-  c.Step(Obs(1, 24, 10, 0.5, 0.010, 0, 3));  // preemptions
-  EXPECT_EQ(c.num_seqs(), 18);
+  c.Step(Obs(1, 24, 10, 0.5, 0.010, 0, 3));  // preemptions: a gentle step down, 24 - 24/8
+  EXPECT_EQ(c.num_seqs(), 21);
   EXPECT_NE(c.changes().back().reason.find("kv pressure"), std::string::npos);
   // Within the adjust interval nothing changes.
-  c.Step(Obs(1.1, 18, 10, 0.99, 0.2));
-  EXPECT_EQ(c.num_seqs(), 18);
+  c.Step(Obs(1.1, 21, 10, 0.99, 0.2));
+  EXPECT_EQ(c.num_seqs(), 21);
   // Never below min.
   for (int i = 0; i < 50; ++i) c.Step(Obs(2 + i, 18, 10, 0.99, 0.2));
   EXPECT_EQ(c.num_seqs(), 2);
+}
+
+// Raises stop at the sequences the pool holds at the mean final context of
+// recent completions (every lane): seats beyond it only buy preemptions.
+TEST(ControllerTest, SloRaisesOnlyUpToWhatTheKvPoolHolds) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.max_num_seqs = 256;
+  o.initial_num_seqs = 8;
+  o.slo.min_samples = 5;
+  o.slo.lanes = {"interactive"};
+  Controller c(o);
+  // 1,000-token requests in a 20,000-token pool: 0.85 * 20 = 17 fit.
+  for (int i = 0; i < 10; ++i) c.OnCompletion({0.01 * i, 0.1, 0.005, "batch", 1000});
+  for (int i = 0; i < 100; ++i) {
+    StepObservation obs = Obs(0.5 * (i + 1), c.num_seqs(), 500, 0.5);
+    obs.kv_capacity_tokens = 20000;
+    for (int j = 0; j < 5; ++j) c.OnCompletion({obs.now_s, 0.1, 0.005, "batch", 1000});
+    c.Step(obs);
+  }
+  EXPECT_EQ(c.num_seqs(), 17);
+  // Without a pool size the same queue raises to the maximum.
+  Controller d(o);
+  for (int i = 0; i < 100; ++i) d.Step(Obs(0.5 * (i + 1), d.num_seqs(), 500, 0.5));
+  EXPECT_EQ(d.num_seqs(), 256);
 }
 
 TEST(ControllerTest, SloUsesCompletionsOfItsLanesOnly) {

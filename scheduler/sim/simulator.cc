@@ -140,6 +140,7 @@ class Simulation {
     obs.num_waiting = core_.num_waiting();
     const int32_t total = core_.num_total_blocks();
     obs.kv_usage = total > 0 ? 1.0 - static_cast<double>(core_.num_free_blocks()) / total : 0.0;
+    obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
     obs.last_step_s = last_step_s_;
     obs.last_step_tokens = last_step_tokens_;
     obs.num_arrivals = arrivals_since_obs_;
@@ -166,7 +167,8 @@ class Simulation {
     if (e.finish == scheduler::FinishKind::kNone) return;
     r.end_s = now_;
     worker_.erase(e.seq_id);
-    controller_.OnCompletion({now_, r.ttft_s(), r.tpot_s(), r.request.lane});
+    controller_.OnCompletion({now_, r.ttft_s(), r.tpot_s(), r.request.lane,
+                              r.request.prompt_tokens + r.num_output});
     if (options_.closed_loop_concurrency > 0 && next_closed_ < trace_.size()) {
       pending_.push_back({now_, next_closed_++});
     }
