@@ -27,7 +27,7 @@ struct Flags {
   int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
   int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
   double ttft_target_s = 1.0, tpot_target_s = 0.050, slo_percentile = 95;
-  bool sweep = false, compare = false;
+  bool sweep = false, compare = false, enable_prefix_caching = false;
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
 };
@@ -65,6 +65,7 @@ SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, Controll
   sim.scheduler = DefaultSchedulerConfig(cost.params());
   if (f.max_num_batched_tokens > 0) sim.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   if (f.num_kv_blocks > 0) sim.scheduler.num_kv_blocks = f.num_kv_blocks;
+  sim.scheduler.enable_prefix_caching = f.enable_prefix_caching;
   sim.controller = ControllerFor(mode, cap);
   sim.controller.min_num_seqs = std::min(f.min_num_seqs, cap);
   sim.controller.initial_num_seqs = f.initial_num_seqs;
@@ -153,6 +154,8 @@ int main(int argc, char** argv) {
   app.add_option("--initial-num-seqs", f.initial_num_seqs, "slo mode's starting cap (0: max/4)");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step");
   app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
+  app.add_flag("--enable-prefix-caching", f.enable_prefix_caching,
+               "reuse the KV of shared prompt prefixes (trace prefix_id)");
   app.add_option("--ttft-target-s", f.ttft_target_s, "interactive lane SLO and slo mode target: TTFT");
   app.add_option("--tpot-target-s", f.tpot_target_s, "interactive lane SLO and slo mode target: TPOT");
   app.add_option("--slo-percentile", f.slo_percentile, "slo mode percentile");
