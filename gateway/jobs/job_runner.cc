@@ -1,5 +1,8 @@
 #include "gateway/jobs/job_runner.h"
 
+#include <atomic>
+#include <chrono>
+
 #include <spdlog/spdlog.h>
 
 namespace ferry::gateway {
@@ -43,7 +46,15 @@ void JobRunner::WorkerLoop() {
 
 void JobRunner::RunOne(const JobTicket& ticket) {
   grpc::ClientContext downstream;
-  auto request = store_.Start(ticket.id, [&downstream] { downstream.TryCancel(); }, JobStore::Clock::now());
+  std::atomic<bool> cancelled{false};
+  auto request = store_.Start(
+      ticket.id,
+      [this, &downstream, &cancelled] {
+        cancelled = true;
+        downstream.TryCancel();
+        wake_.notify_all();  // a job waiting for a lane seat stops waiting
+      },
+      JobStore::Clock::now());
   if (!request) {  // cancelled while queued, or expired
     auth_.Refund(ticket.tenant, ticket.reserved_completion_tokens);
     return;
@@ -54,12 +65,7 @@ void JobRunner::RunOne(const JobTicket& ticket) {
     running_.insert(&downstream);
   }
   ferry::v1::GenerateResponse response;
-  const grpc::Status status = generator_.Run(
-      std::move(*request), downstream, [] { return false; },
-      [&response](const ferry::v1::GenerateChunk& chunk) {
-        AppendChunk(chunk, response);
-        return true;
-      });
+  const grpc::Status status = RunUntilAdmitted(*request, downstream, cancelled, response);
   {
     std::lock_guard lock(mu_);
     running_.erase(&downstream);
@@ -74,6 +80,29 @@ void JobRunner::RunOne(const JobTicket& ticket) {
   if (unused > 0) auth_.Refund(ticket.tenant, unused);
   spdlog::debug("job={} tenant={} ended: {}", ticket.id.substr(0, 8), ticket.tenant,
                 status.ok() ? "ok" : status.error_message());
+}
+
+// A job is asynchronous: when its lane is full it waits for a place (polling at the lane's retry
+// hint) instead of failing, until it gets one, is cancelled, or the runner stops. No scheduler
+// call has been made on `downstream` when the lane refuses, so it serves the next attempt.
+grpc::Status JobRunner::RunUntilAdmitted(const ferry::v1::GenerateRequest& request, grpc::ClientContext& downstream,
+                                         const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response) {
+  while (true) {
+    int64_t retry_after_ms = 0;
+    response.Clear();
+    grpc::Status status = generator_.Run(
+        request, downstream, [&cancelled] { return cancelled.load(); },
+        [&response](const ferry::v1::GenerateChunk& chunk) {
+          AppendChunk(chunk, response);
+          return true;
+        },
+        &retry_after_ms);
+    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || retry_after_ms <= 0) return status;
+    std::unique_lock lock(mu_);
+    wake_.wait_for(lock, std::chrono::milliseconds(retry_after_ms),
+                   [this, &cancelled] { return stopping_ || cancelled.load(); });
+    if (stopping_ || cancelled) return grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled while its lane was full");
+  }
 }
 
 }  // namespace ferry::gateway

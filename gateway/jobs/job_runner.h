@@ -3,6 +3,7 @@
 // cancelled. The runner owns its queue of job ids; the JobStore owns the jobs themselves.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -36,6 +37,8 @@ class JobRunner {
  private:
   void WorkerLoop();
   void RunOne(const JobTicket& ticket);
+  grpc::Status RunUntilAdmitted(const ferry::v1::GenerateRequest& request, grpc::ClientContext& downstream,
+                                const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response);
 
   JobStore& store_;
   Generator& generator_;

@@ -1,5 +1,7 @@
 #include "gateway/jobs/job_store.h"
 
+#include <algorithm>
+
 #include <openssl/rand.h>
 
 #include <fmt/format.h>
@@ -49,7 +51,8 @@ std::optional<ferry::v1::GenerateRequest> JobStore::Start(const std::string& id,
   if (it == jobs_.end() || it->second.view.state != JobState::kQueued) return std::nullopt;
   Entry& e = it->second;
   e.view.state = JobState::kRunning;
-  e.view.started_unix_s = UnixNow();
+  // The wall clock may step back (NTP); a job's timestamps never run backwards.
+  e.view.started_unix_s = std::max(UnixNow(), e.view.created_unix_s);
   e.cancel = std::move(cancel);
   return std::move(e.request);
 }
@@ -160,7 +163,7 @@ JobStore::Entry* JobStore::FindLocked(const std::string& tenant, const std::stri
 
 void JobStore::EndLocked(Entry& e, JobState state, Clock::time_point now) {
   e.view.state = state;
-  e.view.finished_unix_s = UnixNow();
+  e.view.finished_unix_s = std::max({UnixNow(), e.view.created_unix_s, e.view.started_unix_s});
   e.finished_at = now;
 }
 

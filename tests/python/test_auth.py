@@ -1,6 +1,7 @@
 """Tenants, API keys and rate limits through the real stack: the gateway reads a keys file
 (--api-keys-file, passed with ferry-launch --gateway-arg) and answers UNAUTHENTICATED,
-PERMISSION_DENIED and RESOURCE_EXHAUSTED (+ grpc-retry-pushback-ms) before running anything."""
+PERMISSION_DENIED and RESOURCE_EXHAUSTED (+ grpc-retry-pushback-ms) before running anything;
+the OpenAI-compatible HTTP front answers 401, 403 and 429 (+ Retry-After) for the same cases."""
 import hashlib
 import secrets
 import subprocess
@@ -38,7 +39,9 @@ keys:
   - {{sha256: {hash_key(KEYS['limited'])}, tenant: limited}}
   - {{sha256: {hash_key(KEYS['free'])}, tenant: free}}
 """)
-    s = Stack(tiny_model, run_dir, extra_args=[f"--gateway-arg=--api-keys-file={keys_file}", "--log-level", "debug"])
+    s = Stack(tiny_model, run_dir, extra_args=[f"--gateway-arg=--api-keys-file={keys_file}", "--log-level", "debug",
+                                               "--http-port", "0"])
+    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
     yield s
     s.stop()
 
@@ -127,6 +130,45 @@ def test_refusals_are_counted_by_reason(auth_stack, stub, ferry_pb):
     after = rejections()
     assert after["auth"] == before["auth"] + 1, (before, after)
     assert after["rate_limit"] >= before["rate_limit"] + 1, (before, after)
+
+
+def http_post(stack, body, key=None, lane=None):
+    """(status, headers, json body) of POST /v1/completions."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    if lane:
+        headers["X-Ferry-Lane"] = lane
+    req = urllib.request.Request(stack.http + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
+
+def test_http_front_answers_401_403_429(auth_stack):
+    body = {"model": "tiny", "prompt": "hello world", "max_tokens": 4, "temperature": 0}
+    status, _, err = http_post(auth_stack, body)
+    assert status == 401 and err["error"]["type"] == "authentication_error", err
+    status, _, err = http_post(auth_stack, body, key="fk-" + secrets.token_hex(16))
+    assert status == 401, err
+    status, _, err = http_post(auth_stack, body, key=KEYS["acme"], lane="batch")
+    assert status == 403 and "batch" in err["error"]["message"], err
+    status, _, ok = http_post(auth_stack, body, key=KEYS["acme"])
+    assert status == 200 and ok["usage"]["completion_tokens"] == 4, ok
+    # The limited tenant: a burst of 1 at 0.2 requests/s, so two calls in a row meet the limit
+    # (the first may already, if an earlier test spent the burst moments ago).
+    answers = [http_post(auth_stack, body, key=KEYS["limited"]) for _ in range(2)]
+    limited = [a for a in answers if a[0] == 429]
+    assert limited, answers
+    status, headers, err = limited[0]
+    assert err["error"]["type"] == "rate_limit_error" or "rate" in err["error"]["message"], err
+    assert 1 <= int(headers["Retry-After"]) <= 5, headers
 
 
 def test_no_key_in_any_log_line(auth_stack, stub, ferry_pb):

@@ -1,7 +1,8 @@
 """Lanes end to end: a full lane refuses at once with RESOURCE_EXHAUSTED and a
 retry hint; a queue timeout answers DEADLINE_EXCEEDED; a streaming request that
 reaches its deadline ends with finish reason TIMEOUT and its partial text, and
-its KV blocks are freed. The engine is the sim backend at 20 ms a step with one
+its KV blocks are freed; an async job whose lane is full waits for a place instead of
+failing. The engine is the sim backend at 20 ms a step with one
 sequence at a time, so the queue is real."""
 import concurrent.futures as cf
 import json
@@ -32,7 +33,7 @@ def busy_stack(tiny_model, tmp_path_factory):
     s = Stack(tiny_model, run, [
         "--worker-arg=--backend=sim", f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_20ms.json'}",
         "--worker-arg=--sim-live-tokens=1000", "--scheduler-arg=--max-num-seqs=1",
-        f"--gateway-arg=--lanes-file={lanes}"])
+        f"--gateway-arg=--lanes-file={lanes}", "--gateway-arg=--job-workers=12"])
     yield s
     assert s.stop() == 0
 
@@ -118,3 +119,39 @@ def test_streaming_deadline_ends_with_timeout_and_partial_text(busy_stack, ferry
         stub.Generate(req(ferry_pb, "interactive", 1000), timeout=0.3)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert scheduler_idle(busy_stack)
+
+
+def test_job_waits_for_a_place_in_a_full_lane(busy_stack, ferry_pb):
+    from ferry.v1 import jobs_pb2, jobs_pb2_grpc
+
+    channel = grpc.insecure_channel(busy_stack.gateway)
+    stub, jobs = ferry_pb.gen_grpc.GenerationStub(channel), jobs_pb2_grpc.JobsStub(channel)
+    hog = stub.GenerateStream(req(ferry_pb, "interactive", 400), timeout=60)
+    next(hog)  # the only seat is taken
+    # 12 job workers against a lane that queues 8: four jobs find the lane full.
+    ids = [jobs.Submit(req(ferry_pb, "interactive", 2), timeout=30).job_id for _ in range(12)]
+    time.sleep(1.0)
+    states = [jobs.GetJob(jobs_pb2.GetJobRequest(job_id=i), timeout=30).state for i in ids]
+    assert jobs_pb2.JOB_STATE_FAILED not in states, states
+    hog.cancel()
+    deadline = time.time() + 60
+    final = (jobs_pb2.JOB_STATE_DONE, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED)
+    while True:
+        done = [jobs.GetJob(jobs_pb2.GetJobRequest(job_id=i), timeout=30) for i in ids]
+        if all(j.state in final for j in done) or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert [j.state for j in done] == [jobs_pb2.JOB_STATE_DONE] * 12, done
+    assert all(j.result.usage.completion_tokens == 2 for j in done)
+    # A waiting job can still be cancelled.
+    hog = stub.GenerateStream(req(ferry_pb, "interactive", 400), timeout=60)
+    next(hog)
+    ids = [jobs.Submit(req(ferry_pb, "interactive", 2), timeout=30).job_id for _ in range(12)]
+    time.sleep(1.0)
+    for i in ids:
+        jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=i), timeout=30)
+    hog.cancel()
+    states = [jobs.GetJob(jobs_pb2.GetJobRequest(job_id=i), timeout=30).state for i in ids]
+    assert states == [jobs_pb2.JOB_STATE_CANCELLED] * 12, states
+    assert scheduler_idle(busy_stack)
+    channel.close()
