@@ -28,7 +28,10 @@ namespace {
 class HealthUpdater {
  public:
   HealthUpdater(grpc::HealthCheckServiceInterface* health, std::function<bool()> is_ready)
-      : health_(health), is_ready_(std::move(is_ready)), thread_([this] { Loop(); }) {}
+      : health_(health), is_ready_(std::move(is_ready)) {
+    health_->SetServingStatus(kLivenessHealthService, true);
+    thread_ = std::thread([this] { Loop(); });
+  }
   ~HealthUpdater() { Stop(); }
 
   // From now on: NOT_SERVING, whatever is_ready says.
@@ -40,14 +43,14 @@ class HealthUpdater {
     }
     cv_.notify_one();
     thread_.join();
-    health_->SetServingStatus(false);
+    health_->SetServingStatus(false);  // every name, liveness included
   }
 
  private:
   void Loop() {
     std::unique_lock lock(mu_);
     while (!stopped_) {
-      health_->SetServingStatus(!is_ready_ || is_ready_());
+      health_->SetServingStatus("", !is_ready_ || is_ready_());
       cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stopped_; });
     }
   }

@@ -28,6 +28,12 @@ struct ServiceFlags {
 
 void AddServiceFlags(CLI::App& app, ServiceFlags& flags);
 
+// grpc.health.v1 names every service answers: "" (readiness: SERVING only while the path behind
+// the service is ready, see ServeHooks) and kLivenessHealthService (SERVING while the process
+// serves at all, whatever is behind it; for liveness probes, which must not restart a gateway
+// because a scheduler is down). Both go NOT_SERVING when the drain starts.
+inline constexpr char kLivenessHealthService[] = "liveness";
+
 struct ServeHooks {
   // Whether the whole path behind this service is ready; grpc.health.v1 reports SERVING only
   // while it is true (polled every 500 ms). Unset: always ready.

@@ -1,7 +1,10 @@
 #include "gateway/generator.h"
 
+#include <cctype>
 #include <chrono>
+#include <map>
 #include <random>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -46,10 +49,33 @@ FinishReason ToFinishReason(ferry::v1::FinishKind kind) {
   }
 }
 
+// "length", "eos", ...: the enum name without its prefix, in lower case.
+std::string FinishReasonLabel(ferry::v1::FinishReason reason) {
+  std::string name = ferry::v1::FinishReason_Name(reason);
+  name.erase(0, std::string_view("FINISH_REASON_").size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
 }  // namespace
 
+// One lane's series, made when the Generator starts so that every lane shows (at 0) before
+// its first request and the hot path never looks labels up.
+struct LaneSeries {
+  prometheus::Gauge& waiting;  // submitted, not yet scheduled
+  prometheus::Gauge& running;  // scheduled, generating
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& e2e;
+  prometheus::Histogram& queue_time;
+  prometheus::Histogram& inter_token;
+  prometheus::Histogram& time_per_output_token;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& completion_tokens;
+  std::map<ferry::v1::FinishReason, prometheus::Counter*> finished;
+};
+
 struct GatewayMetrics {
-  explicit GatewayMetrics(prometheus::Registry& r)
+  GatewayMetrics(prometheus::Registry& r, const LaneTable& lanes)
       : requests(prometheus::BuildCounter().Name("ferry_gateway_requests_total")
                      .Help("Requests answered, by lane and gRPC status code").Register(r)),
         rejections(prometheus::BuildCounter().Name("ferry_gateway_rejections_total")
@@ -59,15 +85,27 @@ struct GatewayMetrics {
         auth_refused(rejections.Add({{"reason", "auth"}})),
         rate_limited(rejections.Add({{"reason", "rate_limit"}})),
         ttft(prometheus::BuildHistogram().Name("ferry_gateway_time_to_first_token_seconds")
-                 .Help("Arrival to first token").Register(r)),
+                 .Help("Arrival to first token, by lane").Register(r)),
         e2e(prometheus::BuildHistogram().Name("ferry_gateway_request_duration_seconds")
-                .Help("Arrival to last token").Register(r)),
+                .Help("Arrival to last token of requests that finished, by lane").Register(r)),
+        queue_time(prometheus::BuildHistogram().Name("ferry_gateway_queue_time_seconds")
+                       .Help("Time waiting in the scheduler's queue before the first step, by lane").Register(r)),
+        inter_token(prometheus::BuildHistogram().Name("ferry_gateway_inter_token_latency_seconds")
+                        .Help("Time between successive token deliveries of one request, by lane").Register(r)),
+        time_per_output_token(prometheus::BuildHistogram().Name("ferry_gateway_time_per_output_token_seconds")
+                                  .Help("(last token - first token) / (completion tokens - 1) per request, by lane")
+                                  .Register(r)),
         tokens(prometheus::BuildCounter().Name("ferry_gateway_tokens_total")
-                   .Help("Prompt and completion tokens of answered requests").Register(r)),
-        prompt_tokens(tokens.Add({{"kind", "prompt"}})),
-        completion_tokens(tokens.Add({{"kind", "completion"}})),
+                   .Help("Prompt and completion tokens of answered requests, by lane").Register(r)),
+        finished(prometheus::BuildCounter().Name("ferry_gateway_requests_finished_total")
+                     .Help("Requests that ended with a finish reason, by lane and reason").Register(r)),
         in_flight(prometheus::BuildGauge().Name("ferry_gateway_requests_in_flight")
-                      .Help("Requests being served").Register(r).Add({})) {}
+                      .Help("Requests being served, by lane and state (waiting: not yet scheduled)").Register(r)) {
+    for (const Lane& lane : lanes.lanes()) AddLane(lane.name);
+  }
+
+  LaneSeries& lane(const std::string& name) { return by_lane.at(name); }
+
   prometheus::Family<prometheus::Counter>& requests;
   prometheus::Family<prometheus::Counter>& rejections;
   prometheus::Counter& invalid;
@@ -76,10 +114,34 @@ struct GatewayMetrics {
   prometheus::Counter& rate_limited;
   prometheus::Family<prometheus::Histogram>& ttft;
   prometheus::Family<prometheus::Histogram>& e2e;
+  prometheus::Family<prometheus::Histogram>& queue_time;
+  prometheus::Family<prometheus::Histogram>& inter_token;
+  prometheus::Family<prometheus::Histogram>& time_per_output_token;
   prometheus::Family<prometheus::Counter>& tokens;
-  prometheus::Counter& prompt_tokens;
-  prometheus::Counter& completion_tokens;
-  prometheus::Gauge& in_flight;
+  prometheus::Family<prometheus::Counter>& finished;
+  prometheus::Family<prometheus::Gauge>& in_flight;
+  std::map<std::string, LaneSeries> by_lane;  // filled once, read-only afterwards
+
+ private:
+  void AddLane(const std::string& name) {
+    const prometheus::Labels lane{{"lane", name}};
+    const auto buckets = LatencyBucketsSeconds();
+    LaneSeries series{in_flight.Add({{"lane", name}, {"state", "waiting"}}),
+                      in_flight.Add({{"lane", name}, {"state", "running"}}),
+                      ttft.Add(lane, buckets),
+                      e2e.Add(lane, buckets),
+                      queue_time.Add(lane, buckets),
+                      inter_token.Add(lane, buckets),
+                      time_per_output_token.Add(lane, buckets),
+                      tokens.Add({{"lane", name}, {"kind", "prompt"}}),
+                      tokens.Add({{"lane", name}, {"kind", "completion"}}),
+                      {}};
+    for (auto reason : {ferry::v1::FINISH_REASON_STOP, ferry::v1::FINISH_REASON_LENGTH, ferry::v1::FINISH_REASON_EOS,
+                        ferry::v1::FINISH_REASON_TIMEOUT}) {
+      series.finished[reason] = &finished.Add({{"lane", name}, {"reason", FinishReasonLabel(reason)}});
+    }
+    by_lane.emplace(name, std::move(series));
+  }
 };
 
 Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<ReplicaRouter> router,
@@ -87,7 +149,7 @@ Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<Repl
     : tokenizer_(tokenizer),
       router_(std::move(router)),
       options_(std::move(options)),
-      metrics_(std::make_unique<GatewayMetrics>(registry)),
+      metrics_(std::make_unique<GatewayMetrics>(registry, options_.lanes)),
       queues_(options_.lanes) {}
 
 Generator::Generator(const tokenizer::Tokenizer& tokenizer, std::shared_ptr<grpc::Channel> scheduler,
@@ -101,7 +163,7 @@ Generator::~Generator() = default;
 
 void Generator::CountRejection(const std::string& reason, const std::string& lane, grpc::StatusCode code) {
   metrics_->rejections.Add({{"reason", reason}}).Increment();
-  metrics_->requests.Add({{"lane", lane}, {"code", StatusName(code)}}).Increment();
+  metrics_->requests.Add({{"lane", ResolveLane(lane).value_or("unknown")}, {"code", StatusName(code)}}).Increment();
 }
 
 grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFactory& make_context,
@@ -114,7 +176,9 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFac
   if (auto* error = std::get_if<ValidationError>(&validated)) {
     spdlog::info("req={} invalid: {}", id, error->message);
     metrics_->invalid.Increment();
-    metrics_->requests.Add({{"lane", request.lane()}, {"code", "INVALID_ARGUMENT"}}).Increment();
+    // Only configured lane names become label values: a client cannot grow the series.
+    metrics_->requests.Add({{"lane", ResolveLane(request.lane()).value_or("unknown")}, {"code", "INVALID_ARGUMENT"}})
+        .Increment();
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error->message);
   }
   ValidatedRequest& v = std::get<ValidatedRequest>(validated);
@@ -134,7 +198,8 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFac
   }
   const int prompt_tokens = v.submit.prompt_token_ids_size();
   spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, prompt_tokens, v.submit.max_tokens());
-  metrics_->in_flight.Increment();
+  LaneSeries& lane_series = metrics_->lane(v.lane);
+  lane_series.waiting.Increment();
 
   StreamProgress progress{CompletionText(tokenizer_, v.stop)};
   progress.final_chunk.set_request_id(id);
@@ -165,7 +230,7 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFac
     router_->MarkUnhealthy(*replica);
     tried.push_back(*replica);
   }
-  metrics_->in_flight.Decrement();
+  (progress.started ? lane_series.running : lane_series.waiting).Decrement();
   grpc::Status result = Conclude(client_cancelled(), status, client_gone, progress);
   if (result.ok()) {
     auto& last = progress.final_chunk;
@@ -177,9 +242,14 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFac
     last.mutable_timings()->set_first_token_s(progress.first_token_s);
     last.mutable_timings()->set_total_s(total_s);
     sink(last);
-    metrics_->e2e.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(total_s);
-    metrics_->prompt_tokens.Increment(prompt_tokens);
-    metrics_->completion_tokens.Increment(progress.completion_tokens);
+    lane_series.e2e.Observe(total_s);
+    if (progress.completion_tokens > 1) {
+      lane_series.time_per_output_token.Observe((progress.last_token_s - progress.first_token_s) /
+                                                (progress.completion_tokens - 1));
+    }
+    lane_series.prompt_tokens.Increment(prompt_tokens);
+    lane_series.completion_tokens.Increment(progress.completion_tokens);
+    if (auto it = lane_series.finished.find(progress.reason); it != lane_series.finished.end()) it->second->Increment();
     spdlog::debug("req={} finished: {} completion tokens in {:.3f}s ({})", id, progress.completion_tokens,
                   total_s, ferry::v1::FinishReason_Name(progress.reason));
   } else {
@@ -209,6 +279,7 @@ grpc::Status Generator::Stream(ferry::v1::Scheduler::Stub& stub, grpc::ClientCon
                                const ValidatedRequest& v, Clock::time_point arrival, const ChunkSink& sink,
                                LaneQueues::Ticket& ticket, StreamProgress& progress, bool& client_gone) {
   auto reader = stub.Submit(&downstream, v.submit);
+  LaneSeries& lane_series = metrics_->lane(v.lane);
   ferry::v1::TokenEvent event;
   while (reader->Read(&event)) {
     // The first event says the sequence left the scheduler's queue (it may carry no tokens).
@@ -216,10 +287,19 @@ grpc::Status Generator::Stream(ferry::v1::Scheduler::Stub& stub, grpc::ClientCon
       progress.started = true;
       progress.queue_s = event.queue_s();
       ticket.Release();
+      lane_series.waiting.Decrement();
+      lane_series.running.Increment();
+      lane_series.queue_time.Observe(progress.queue_s);
     }
-    if (progress.completion_tokens == 0 && event.token_ids_size() > 0) {
-      progress.first_token_s = Seconds(arrival, Clock::now());
-      metrics_->ttft.Add({{"lane", v.lane}}, LatencyBucketsSeconds()).Observe(progress.first_token_s);
+    if (event.token_ids_size() > 0) {
+      const double now_s = Seconds(arrival, Clock::now());
+      if (progress.completion_tokens == 0) {
+        progress.first_token_s = now_s;
+        lane_series.ttft.Observe(now_s);
+      } else {
+        lane_series.inter_token.Observe(now_s - progress.last_token_s);
+      }
+      progress.last_token_s = now_s;
     }
     ferry::v1::GenerateChunk chunk = progress.Consume(event, tokenizer_);
     chunk.set_request_id(v.submit.request_id());

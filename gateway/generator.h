@@ -40,6 +40,7 @@ struct StreamProgress {
   bool started = false;  // the scheduler has scheduled the sequence
   double queue_s = 0;
   double first_token_s = 0;
+  double last_token_s = 0;  // since arrival, of the latest event that carried tokens
   // Folds one scheduler event into a chunk; sets reason when it ends the request.
   ferry::v1::GenerateChunk Consume(const ferry::v1::TokenEvent& event, const tokenizer::Tokenizer& tokenizer);
 };

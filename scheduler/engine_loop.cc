@@ -33,6 +33,10 @@ EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& c
       start_(Clock::now()),
       core_(config),
       controller_(controller) {
+  // The cap and the level show from the start, not only once the first step ran.
+  metrics_->max_num_seqs.Set(controller_.num_seqs());
+  const std::string level = controller_.status().level;
+  metrics_->SetLevel(level.empty() ? ControllerModeName(controller_.options().mode) : level);
   Publish();
   thread_ = std::thread([this] { Run(); });
 }
@@ -210,7 +214,10 @@ void EngineLoop::RunStep() {
   metrics_->scheduled_tokens.Increment(last_step_tokens_);
   metrics_->steps.Increment();
   metrics_->step_seconds.Observe(last_step_s_);
-  if (!plan.scheduled.empty()) metrics_->step_sequences.Observe(static_cast<double>(plan.scheduled.size()));
+  if (!plan.scheduled.empty()) {
+    metrics_->step_sequences.Observe(static_cast<double>(plan.scheduled.size()));
+    metrics_->step_tokens.Observe(static_cast<double>(last_step_tokens_));
+  }
   Dispatch(events, end);
   Publish();
 }

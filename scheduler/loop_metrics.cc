@@ -25,6 +25,10 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r)
                        .Add({}, LatencyBucketsSeconds())),
       step_sequences(BuildHistogram().Name("ferry_scheduler_step_sequences").Help("Sequences in one step")
                          .Register(r).Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      step_tokens(BuildHistogram().Name("ferry_scheduler_step_tokens")
+                      .Help("Tokens computed in one step (prefill chunks and decodes)").Register(r)
+                      .Add({}, prometheus::Histogram::BucketBoundaries{1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096,
+                                                                       8192, 16384})),
       scheduled_tokens(BuildCounter().Name("ferry_scheduler_scheduled_tokens_total")
                            .Help("Tokens scheduled for computation").Register(r).Add({})),
       max_num_seqs(BuildGauge().Name("ferry_scheduler_max_num_seqs").Help("Current cap on sequences per step")

@@ -30,6 +30,7 @@ struct LoopMetrics {
   prometheus::Counter& steps;
   prometheus::Histogram& step_seconds;
   prometheus::Histogram& step_sequences;
+  prometheus::Histogram& step_tokens;
   prometheus::Counter& scheduled_tokens;
   prometheus::Gauge& max_num_seqs;
   prometheus::Family<prometheus::Gauge>& level;

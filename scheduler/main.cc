@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -131,8 +133,22 @@ int main(int argc, char** argv) {
   ferry::MetricsServer metrics(flags.service.metrics_bind());
   ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry());
   ferry::scheduler::SchedulerService service(loop, info);
-  // SERVING only while every worker rank answers its health check.
+  // SERVING only while every worker rank answers its health check; each rank's answer is
+  // exported too (ferry_scheduler_worker_up), so an alert can name the replica and the rank.
+  auto& worker_up = prometheus::BuildGauge()
+                        .Name("ferry_scheduler_worker_up")
+                        .Help("1 while the worker rank answers its health check, else 0")
+                        .Register(metrics.registry());
+  std::vector<prometheus::Gauge*> rank_up;
+  for (size_t rank = 0; rank < flags.workers.size(); ++rank) {
+    rank_up.push_back(&worker_up.Add({{"rank", std::to_string(rank)}}));
+    rank_up.back()->Set(1);  // WaitForInfo has just heard from every rank
+  }
   ferry::ServeHooks hooks;
-  hooks.is_ready = [&workers] { return workers.Healthy(std::chrono::milliseconds(300)); };
+  hooks.is_ready = [&workers, &rank_up] {
+    const std::vector<bool> ranks = workers.HealthyRanks(std::chrono::milliseconds(300));
+    for (size_t rank = 0; rank < ranks.size(); ++rank) rank_up[rank]->Set(ranks[rank] ? 1 : 0);
+    return std::all_of(ranks.begin(), ranks.end(), [](bool ok) { return ok; });
+  };
   return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(5), hooks);
 }

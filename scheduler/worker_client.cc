@@ -1,5 +1,6 @@
 #include "scheduler/worker_client.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <thread>
 
@@ -31,13 +32,19 @@ GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
 GrpcWorkerGroup::~GrpcWorkerGroup() { CloseStreams(); }
 
 bool GrpcWorkerGroup::Healthy(std::chrono::milliseconds timeout) const {
+  const std::vector<bool> ranks = HealthyRanks(timeout);
+  return std::all_of(ranks.begin(), ranks.end(), [](bool ok) { return ok; });
+}
+
+std::vector<bool> GrpcWorkerGroup::HealthyRanks(std::chrono::milliseconds timeout) const {
+  std::vector<bool> out;
   for (const auto& rank : ranks_) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + timeout);
     ferry::v1::HealthResponse response;
-    if (!rank->stub->Health(&context, {}, &response).ok() || !response.ok()) return false;
+    out.push_back(rank->stub->Health(&context, {}, &response).ok() && response.ok());
   }
-  return true;
+  return out;
 }
 
 ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout) {

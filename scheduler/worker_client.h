@@ -26,6 +26,8 @@ class GrpcWorkerGroup final : public WorkerGroup {
   std::vector<SampledToken> Execute(uint64_t step_id, const StepPlan& plan) override;
   // Whether every rank answers Health within timeout (thread-safe: only uses the stubs).
   bool Healthy(std::chrono::milliseconds timeout) const;
+  // Each rank's answer, rank 0 first (every rank is asked, even after one fails).
+  std::vector<bool> HealthyRanks(std::chrono::milliseconds timeout) const;
 
  private:
   struct Rank;

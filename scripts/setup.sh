@@ -10,7 +10,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libutf8proc-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev libssl-dev
-  prometheus python3 python3-venv python3-pip
+  prometheus python3 python3-venv python3-pip python3-matplotlib
 )
 # Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
 # through --system-site-packages.
@@ -18,12 +18,15 @@ PIP_PACKAGES=(
   "tokenizers==0.20.3" "transformers==4.46.3" "safetensors==0.4.5"
   "grpcio==1.68.1" "grpcio-tools==1.68.1" "prometheus-client==0.21.1" "pytest==8.3.4"
   "openai==1.57.0" "jinja2==3.1.6" "grpcio-health-checking==1.68.1" "grpcio-reflection==1.68.1"
+  "kubernetes-validate==1.34.1"
 )
 
 missing=()
 for p in "${APT_PACKAGES[@]}" python3-torch; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# kubectl renders deploy/k8s in the tests (kubectl kustomize); Debian's when there is none on PATH.
+command -v kubectl >/dev/null || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

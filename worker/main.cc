@@ -8,6 +8,7 @@
 #include "common/process.h"
 #include "common/service_main.h"
 #include "worker/comm/communicator.h"
+#include "worker/gpu_plugin.h"
 #include "worker/model/model_runner.h"
 #include "worker/sim_runner.h"
 #include "worker/worker_service.h"
@@ -24,6 +25,14 @@ struct Flags {
   int tp_rank = 0;
   std::string dist_store_dir;
   ferry::worker::RunnerOptions runner;
+  // --device cuda
+  std::string device = "cpu";
+  int cuda_device = -1;  // -1: the tensor-parallel rank
+  float gpu_memory_utilization = 0.9f;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
+  bool enforce_eager = false;
+  std::string gpu_plugin;  // empty: libferry-gpu.so beside the executable
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -43,9 +52,37 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--kv-cache-memory-bytes", f.runner.kv_cache_bytes, "KV cache budget when --num-kv-blocks is 0");
   app.add_option("--max-model-len", f.runner.max_model_len, "Longest sequence (0: from config.json)");
   app.add_option("--num-threads", f.runner.num_threads, "Compute threads (0: all cores)");
+  app.add_option("--device", f.device, "Where --backend cpu runs the model: cpu, or cuda (the GPU engine)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--cuda-device", f.cuda_device, "CUDA ordinal for --device cuda (-1: the --tp-rank)");
+  app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                 "Fraction of the GPU's memory for weights, activations and KV cache (--device cuda)")
+      ->check(CLI::Range(0.01f, 1.0f));
+  app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in a step the GPU buffers hold (--device cuda)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
+                 "Most tokens in a step the GPU buffers hold (--device cuda)")->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs for decode steps (--device cuda)");
+  app.add_option("--gpu-plugin", f.gpu_plugin, "The GPU engine library for --device cuda (default: "
+                 "libferry-gpu.so beside ferry-worker)");
 }
 
-std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags) {
+std::unique_ptr<ferry::worker::ModelRunner> MakeCudaRunner(const Flags& flags, prometheus::Registry& registry) {
+  ferry::worker::GpuPluginOptions o;
+  o.runner = flags.runner;
+  o.device = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank;
+  o.gpu_memory_utilization = flags.gpu_memory_utilization;
+  o.max_num_seqs = flags.max_num_seqs;
+  o.max_num_batched_tokens = flags.max_num_batched_tokens;
+  o.enforce_eager = flags.enforce_eager;
+  o.tp_rank = flags.tp_rank;
+  o.tp_size = flags.tensor_parallel_size;
+  o.dist_store_dir = flags.dist_store_dir;
+  return ferry::worker::LoadGpuRunner(flags.gpu_plugin, o, registry);
+}
+
+std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prometheus::Registry& registry) {
+  if (flags.backend == "cpu" && flags.device == "cuda") return MakeCudaRunner(flags, registry);
   if (flags.backend == "cpu") return ferry::worker::ModelRunner::Create(flags.runner);
   if (flags.cost_model.empty()) throw std::invalid_argument("--backend sim needs --cost-model");
   ferry::worker::SimOptions sim;
@@ -73,7 +110,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<ferry::worker::Communicator> comm;
-  if (flags.tensor_parallel_size > 1) {
+  // The GPU engine joins its group over NCCL inside the runner (device collectives).
+  if (flags.tensor_parallel_size > 1 && flags.device == "cuda" && flags.dist_store_dir.empty()) {
+    spdlog::critical("--tensor-parallel-size {} needs --dist-store-dir", flags.tensor_parallel_size);
+    return 2;
+  }
+  if (flags.tensor_parallel_size > 1 && flags.device != "cuda") {
     if (flags.dist_store_dir.empty()) {
       spdlog::critical("--tensor-parallel-size {} needs --dist-store-dir", flags.tensor_parallel_size);
       return 2;
@@ -89,9 +131,11 @@ int main(int argc, char** argv) {
     spdlog::info("rank {} of {} joined", flags.tp_rank, flags.tensor_parallel_size);
   }
 
+  // /metrics first: the GPU engine registers its series while it loads.
+  ferry::MetricsServer metrics(flags.service.metrics_bind());
   std::unique_ptr<ferry::worker::ModelRunner> runner;
   try {
-    runner = MakeRunner(flags);
+    runner = MakeRunner(flags, metrics.registry());
   } catch (const std::exception& e) {
     spdlog::critical("cannot load model: {}", e.what());
     return 1;
@@ -100,7 +144,11 @@ int main(int argc, char** argv) {
   spdlog::info("loaded {} ({}), {} KV blocks of {} tokens, max_model_len {}", info.model, info.dtype,
                info.num_kv_blocks, info.block_size, info.max_model_len);
 
-  ferry::MetricsServer metrics(flags.service.metrics_bind());
-  ferry::worker::WorkerService service(*runner, metrics.registry());
-  return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(2));
+  ferry::worker::DeviceMetrics device(metrics.registry(),
+                                      {.gpu_index = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank});
+  ferry::worker::WorkerService service(*runner, metrics.registry(), &device);
+  // A sticky device error or a hung step turns grpc.health NOT_SERVING (and the Health RPC false).
+  ferry::ServeHooks hooks;
+  hooks.is_ready = [&runner] { return runner->healthy(); };
+  return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(2), hooks);
 }

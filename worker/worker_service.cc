@@ -35,8 +35,8 @@ struct WorkerMetrics {
   prometheus::Histogram& batch_size;
 };
 
-WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry)
-    : runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)) {}
+WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, DeviceMetrics* device)
+    : runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)), device_(device) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -64,7 +64,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
 
 grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
                                    ferry::v1::HealthResponse* out) {
-  out->set_ok(true);
+  out->set_ok(runner_.healthy());
   return grpc::Status::OK;
 }
 
@@ -100,6 +100,7 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
   ferry::v1::StepResult result;
   result.set_step_id(request.step_id());
   const auto start = std::chrono::steady_clock::now();
+  if (device_) device_->StepBegan();
   try {
     const StepSpec spec = ToStepSpec(request);
     for (const SampledTokenOut& s : runner_.Step(spec)) {
@@ -129,6 +130,7 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
     result.set_error(e.what());
     metrics_->steps_failed.Increment();
   }
+  if (device_) device_->StepEnded();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.set_execute_s(seconds);
   metrics_->step_seconds.Observe(seconds);

@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 
 #include "ferry/v1/worker.grpc.pb.h"
+#include "worker/device_metrics.h"
 #include "worker/model/model_runner.h"
 
 namespace ferry::worker {
@@ -15,7 +16,8 @@ struct WorkerMetrics;
 
 class WorkerService final : public ferry::v1::Worker::Service {
  public:
-  WorkerService(ModelRunner& runner, prometheus::Registry& registry);
+  // device (optional): told when each step begins and ends (its busy ratio).
+  WorkerService(ModelRunner& runner, prometheus::Registry& registry, DeviceMetrics* device = nullptr);
   ~WorkerService() override;
 
   grpc::Status Info(grpc::ServerContext*, const ferry::v1::WorkerInfoRequest*,
@@ -33,6 +35,7 @@ class WorkerService final : public ferry::v1::Worker::Service {
   // scheduler) waits here rather than interleaving steps.
   std::mutex step_mutex_;
   std::unique_ptr<WorkerMetrics> metrics_;
+  DeviceMetrics* device_;
 };
 
 // Proto -> domain translation, exposed for tests.

@@ -122,6 +122,11 @@ class ModelRunner {
   // the samples in scheduled order. Throws std::invalid_argument on an
   // inconsistent spec (unknown id, too few blocks, ...), leaving state unchanged.
   virtual std::vector<SampledTokenOut> Step(const StepSpec& step) = 0;
+
+  // False once the engine can no longer run steps (a device error); the worker's
+  // Health RPC and grpc.health.v1 report it, so the scheduler stops sending work.
+  // Safe to call from any thread.
+  virtual bool healthy() const { return true; }
 };
 
 }  // namespace ferry::worker

@@ -1,0 +1,392 @@
+#include "worker/gpu/cuda_runner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "kernels/cuda/paged_attention.h"
+#include "worker/comm/communicator.h"
+#ifndef FERRY_GPU_NO_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
+
+namespace ferry::worker::gpu {
+namespace {
+
+// Below this temperature sampling is greedy (worker/model/sampler.cc's kMinTemperature).
+constexpr float kMinTemperature = 1e-5f;
+
+std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq_id); }
+
+[[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
+
+// Whether a row's sample needs the host sampler rather than the device argmax.
+bool NeedsHostSampler(const SamplingOptions& o) {
+  return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0;
+}
+
+}  // namespace
+
+struct CudaQwen2Runner::Planned {
+  uint64_t seq_id = 0;
+  Sequence* seq = nullptr;
+  int32_t num_tokens = 0;
+  int32_t logits_row = -1;  // row of the device logits; -1: nothing sampled
+  int32_t host_slot = -1;   // row of host_logits_; -1: the device argmax is used
+};
+
+CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(options) {
+  const RunnerOptions& r = options.runner;
+  if (r.comm != nullptr) throw std::runtime_error("the CUDA runner needs NCCL, not a host communicator");
+  if (!(options.gpu_memory_utilization > 0.f && options.gpu_memory_utilization <= 1.f)) {
+    throw std::runtime_error("--gpu-memory-utilization must be in (0, 1]");
+  }
+  FERRY_CUDA_CHECK(cudaSetDevice(options.device));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaEventCreate(&start_));
+  FERRY_CUDA_CHECK(cudaEventCreate(&stop_));
+  if (options.tp_size > 1) {
+#ifdef FERRY_GPU_NO_NCCL
+    throw std::runtime_error("tensor parallelism needs NCCL, and this build has none");
+#else
+    comm_ = CreateNcclCommunicator(options.tp_rank, options.tp_size, options.nccl_unique_id, options.device, stream_);
+#endif
+  }
+  CudaModelOptions m;
+  m.max_tokens = options.max_num_batched_tokens;
+  m.max_seqs = options.max_num_seqs;
+  m.max_model_len = r.max_model_len;
+  m.block_size = r.block_size;
+  m.comm = comm_.get();
+  model_ = std::make_unique<CudaQwen2Model>(r.model_dir, m, stream_);
+  builder_ = std::make_unique<BatchBuilder>(model_->layout(), model_->host_meta(), r.block_size);
+  FERRY_CUDA_CHECK(cudaDeviceSynchronize());
+  const int32_t num_blocks = r.num_kv_blocks > 0 ? r.num_kv_blocks : KvBlocksFromUtilization();
+  model_->AllocateKvCache(num_blocks);
+  host_ids_ = PinnedBuffer(size_t(options.max_num_seqs) * sizeof(int32_t));
+
+  const Qwen2Config& c = model_->config();
+  info_.model = c.name;
+  info_.dtype = "bfloat16";
+  info_.num_kv_blocks = num_blocks;
+  info_.block_size = r.block_size;
+  info_.max_model_len = model_->max_model_len();
+  info_.vocab_size = c.vocab_size;
+  info_.eos_token_ids = c.eos_token_ids;
+  info_.generation_defaults = {c.default_temperature, c.default_top_p, c.default_top_k, c.default_min_p,
+                               c.default_repetition_penalty};
+  info_.tp_rank = options.tp_rank;
+  info_.tp_size = options.tp_size;
+  // Graphs for tensor parallelism would capture NCCL calls too; eager there until measured.
+  if (!options.enforce_eager && options.tp_size == 1) {
+    const auto sizes = options.cuda_graph_sizes.empty() ? DefaultGraphSizes(options.max_num_seqs)
+                                                        : options.cuda_graph_sizes;
+    graphs_.Capture(*model_, *builder_, sizes, stream_);
+  }
+}
+
+int32_t CudaQwen2Runner::KvBlocksFromUtilization() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  FERRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Everything in use now (weights, activations, cuBLAS, the CUDA context, other processes)
+  // counts against the budget, as in vLLM.
+  const double budget = options_.gpu_memory_utilization * static_cast<double>(total_bytes) -
+                        static_cast<double>(total_bytes - free_bytes);
+  const int64_t blocks = budget > 0 ? static_cast<int64_t>(budget) / model_->kv_bytes_per_block() : 0;
+  if (blocks < 1) {
+    throw std::runtime_error("no GPU memory left for the KV cache: " + std::to_string(total_bytes - free_bytes) +
+                             " of " + std::to_string(total_bytes) + " bytes in use after weights (" +
+                             std::to_string(model_->weight_bytes()) +
+                             ") and activations; raise --gpu-memory-utilization or lower "
+                             "--max-num-batched-tokens / --max-num-seqs");
+  }
+  return static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+}
+
+CudaQwen2Runner::~CudaQwen2Runner() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  model_.reset();
+  comm_.reset();
+  if (start_ != nullptr) cudaEventDestroy(start_);
+  if (stop_ != nullptr) cudaEventDestroy(stop_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation: as Qwen2Runner, plus the capacities the device buffers were sized for. Nothing is
+// changed unless the whole step can be applied.
+
+void CudaQwen2Runner::ValidateNew(const NewSequenceSpec& seq) const {
+  if (seq.token_ids.empty()) Invalid(Id(seq.seq_id) + ": no tokens");
+  if (static_cast<int64_t>(seq.token_ids.size()) > info_.max_model_len) {
+    Invalid(Id(seq.seq_id) + ": " + std::to_string(seq.token_ids.size()) + " tokens exceed max_model_len " +
+            std::to_string(info_.max_model_len));
+  }
+  for (int32_t t : seq.token_ids) {
+    if (t < 0 || t >= info_.vocab_size) {
+      Invalid(Id(seq.seq_id) + ": token id " + std::to_string(t) + " outside vocab of " +
+              std::to_string(info_.vocab_size));
+    }
+  }
+  if (seq.num_generated < 0 || seq.num_generated > static_cast<int32_t>(seq.token_ids.size())) {
+    Invalid(Id(seq.seq_id) + ": num_generated " + std::to_string(seq.num_generated) + " outside [0, " +
+            std::to_string(seq.token_ids.size()) + "]");
+  }
+  if (seq.num_cached_tokens < 0 || seq.num_cached_tokens >= static_cast<int32_t>(seq.token_ids.size())) {
+    Invalid(Id(seq.seq_id) + ": num_cached_tokens " + std::to_string(seq.num_cached_tokens) + " outside [0, " +
+            std::to_string(seq.token_ids.size()) + ")");
+  }
+  if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
+    Invalid(Id(seq.seq_id) + ": bad sampling options: " + bad);
+  }
+}
+
+void CudaQwen2Runner::ValidateScheduled(const ScheduledSpec& s, const Sequence& seq) const {
+  const std::string id = Id(s.seq_id);
+  const int64_t known = static_cast<int64_t>(seq.token_ids.size());
+  const int64_t end = int64_t{seq.num_computed} + s.num_tokens;
+  if (s.num_tokens <= 0) Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " <= 0");
+  if (end > known) {
+    Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " from " + std::to_string(seq.num_computed) +
+            " computed goes past its " + std::to_string(known) + " known tokens");
+  }
+  if (end > info_.max_model_len) {
+    Invalid(id + ": context " + std::to_string(end) + " exceeds max_model_len " + std::to_string(info_.max_model_len));
+  }
+  for (int32_t b : s.new_block_ids) {
+    if (b < 0 || b >= info_.num_kv_blocks) {
+      Invalid(id + ": block id " + std::to_string(b) + " outside [0, " + std::to_string(info_.num_kv_blocks) + ")");
+    }
+  }
+  const int64_t blocks = static_cast<int64_t>(seq.block_table.size() + s.new_block_ids.size());
+  const int64_t needed = (end + info_.block_size - 1) / info_.block_size;
+  if (blocks < needed) {
+    Invalid(id + ": " + std::to_string(blocks) + " blocks cannot hold positions up to " + std::to_string(end) +
+            " (need " + std::to_string(needed) + ")");
+  }
+}
+
+void CudaQwen2Runner::Validate(const StepSpec& step) const {
+  std::unordered_set<uint64_t> erased(step.finished_ids.begin(), step.finished_ids.end());
+  erased.insert(step.preempted_ids.begin(), step.preempted_ids.end());
+  std::unordered_map<uint64_t, Sequence> fresh;
+  for (const NewSequenceSpec& n : step.new_sequences) {
+    ValidateNew(n);
+    if (fresh.count(n.seq_id) || (seqs_.count(n.seq_id) && !erased.count(n.seq_id))) {
+      Invalid(Id(n.seq_id) + ": sent as new but already known");
+    }
+    fresh[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}};
+  }
+  std::unordered_set<uint64_t> scheduled;
+  int64_t num_tokens = 0;
+  for (const ScheduledSpec& s : step.scheduled) {
+    if (!scheduled.insert(s.seq_id).second) Invalid(Id(s.seq_id) + ": scheduled twice");
+    const Sequence* seq = nullptr;
+    if (auto it = fresh.find(s.seq_id); it != fresh.end()) {
+      seq = &it->second;
+    } else if (auto old = seqs_.find(s.seq_id); old != seqs_.end() && !erased.count(s.seq_id)) {
+      seq = &old->second;
+    }
+    if (seq == nullptr) Invalid(Id(s.seq_id) + ": scheduled but unknown");
+    ValidateScheduled(s, *seq);
+    num_tokens += s.num_tokens;
+  }
+  if (num_tokens > options_.max_num_batched_tokens) {
+    Invalid("step computes " + std::to_string(num_tokens) + " tokens, more than the GPU worker's " +
+            "--max-num-batched-tokens " + std::to_string(options_.max_num_batched_tokens));
+  }
+  if (static_cast<int64_t>(step.scheduled.size()) > options_.max_num_seqs) {
+    Invalid("step schedules " + std::to_string(step.scheduled.size()) + " sequences, more than the GPU worker's " +
+            "--max-num-seqs " + std::to_string(options_.max_num_seqs));
+  }
+}
+
+void CudaQwen2Runner::Apply(const StepSpec& step) {
+  for (uint64_t id : step.finished_ids) seqs_.erase(id);
+  for (uint64_t id : step.preempted_ids) seqs_.erase(id);
+  for (const NewSequenceSpec& n : step.new_sequences) {
+    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}};
+    if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
+  }
+  for (const ScheduledSpec& s : step.scheduled) {
+    Sequence& seq = seqs_.at(s.seq_id);
+    seq.block_table.insert(seq.block_table.end(), s.new_block_ids.begin(), s.new_block_ids.end());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+
+std::vector<SampledTokenOut> CudaQwen2Runner::Step(const StepSpec& step) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  Validate(step);
+  if (!healthy_) throw std::runtime_error("GPU worker is unhealthy since an earlier failure: " + unhealthy_reason_);
+  Apply(step);
+  StepTiming timing;
+  std::vector<SampledTokenOut> out;
+  try {
+    out = RunAndSample(step, &timing);
+  } catch (const std::exception& e) {
+    // The step's sequences are aborted: forget them, so a re-send as new is accepted.
+    for (const ScheduledSpec& s : step.scheduled) seqs_.erase(s.seq_id);
+    OnFailure(e);
+    if (observer_) observer_(StepTiming{});  // lets metrics see the health change
+    throw std::runtime_error(std::string("GPU step failed: ") + e.what());
+  }
+  timing.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  busy_seconds_ += timing.gpu_seconds;
+  if (observer_ && !step.scheduled.empty()) observer_(timing);
+  return out;
+}
+
+void CudaQwen2Runner::OnFailure(const std::exception& e) {
+  if (!healthy_) return;
+  cudaGetLastError();  // clears a non-sticky launch error
+  // A sticky error (illegal address, ...) poisons the context: every later call returns it.
+  const cudaError_t status = cudaStreamQuery(stream_);
+  if (status != cudaSuccess && status != cudaErrorNotReady) {
+    healthy_ = false;
+    unhealthy_reason_ = std::string(e.what()) + " (device: " + cudaGetErrorString(status) + ")";
+  } else if (status == cudaErrorNotReady) {
+    // Work still queued behind the failure must finish before the next step reuses buffers.
+    try {
+      FERRY_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+      WaitForDevice(stop_);
+    } catch (const std::exception& wait_error) {
+      healthy_ = false;
+      unhealthy_reason_ = wait_error.what();
+    }
+  }
+}
+
+std::vector<SampledTokenOut> CudaQwen2Runner::RunAndSample(const StepSpec& step, StepTiming* timing) {
+  last_logits_.clear();
+  if (step.scheduled.empty()) return {};
+  const std::vector<Planned> plan = BuildBatch(step);
+  Launch(plan, timing);
+  return Commit(step, plan);
+}
+
+// Decodes (one token) first, then the rest, each group in scheduled order.
+std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec& step) {
+  std::vector<Planned> plan;
+  plan.reserve(step.scheduled.size());
+  builder_->Reset();
+  int32_t num_logits = 0, num_host = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const ScheduledSpec& s : step.scheduled) {
+      if ((s.num_tokens == 1) != (pass == 0)) continue;
+      Sequence& seq = seqs_.at(s.seq_id);
+      const bool samples = seq.num_computed + s.num_tokens == static_cast<int32_t>(seq.token_ids.size());
+      builder_->AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens, seq.num_computed, seq.block_table,
+                            samples);
+      Planned p{s.seq_id, &seq, s.num_tokens};
+      if (samples) {
+        p.logits_row = num_logits++;
+        if (options_.keep_logits) {
+          p.host_slot = p.logits_row;
+        } else if (NeedsHostSampler(seq.sampling)) {
+          p.host_slot = num_host++;
+        }
+      }
+      plan.push_back(p);
+    }
+  }
+  const int32_t host_rows = options_.keep_logits ? num_logits : num_host;
+  const size_t need = size_t(host_rows) * info_.vocab_size * sizeof(float);
+  if (host_logits_.bytes() < need) host_logits_ = PinnedBuffer(need);
+  return plan;
+}
+
+void CudaQwen2Runner::Launch(const std::vector<Planned>& plan, StepTiming* timing) {
+  BatchBuilder& b = *builder_;
+  const int32_t num_logits = b.shape(1).num_logits;
+  const bool decode_only = b.num_decode() == b.num_seqs() && num_logits == b.num_seqs();
+  const int32_t graph_size = decode_only ? graphs_.SizeFor(b.num_seqs()) : 0;
+  timing->phase = b.num_decode() == b.num_seqs() ? StepTiming::Phase::kDecode
+                  : b.num_decode() == 0          ? StepTiming::Phase::kPrefill
+                                                 : StepTiming::Phase::kMixed;
+  timing->graph = graph_size > 0;
+  const int32_t real_seqs = b.num_seqs(), table_cols = b.max_table_cols();
+  FERRY_CUDA_CHECK(cudaEventRecord(start_, stream_));
+  if (graph_size > 0) {
+    b.PadDecodeTo(graph_size);
+    model_->Upload(real_seqs, table_cols);
+    graphs_.Replay(graph_size, stream_);
+  } else {
+    const int32_t splits = kernels::cuda::ChooseDecodeSplits(b.num_decode(), model_->shard().num_kv_heads,
+                                                             model_->num_sms(), b.max_seq_len());
+    model_->Upload(real_seqs, table_cols);
+    model_->Forward(b.shape(splits));
+  }
+  const size_t row_bytes = size_t(info_.vocab_size) * sizeof(float);
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(host_ids_.as<void>(), model_->argmax(), size_t(num_logits) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+  if (options_.keep_logits && num_logits > 0) {
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>(), model_->logits(), num_logits * row_bytes,
+                                     cudaMemcpyDeviceToHost, stream_));
+  } else {
+    for (const Planned& p : plan) {
+      if (p.host_slot < 0) continue;
+      FERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>() + size_t(p.host_slot) * info_.vocab_size,
+                                       model_->logits() + size_t(p.logits_row) * info_.vocab_size, row_bytes,
+                                       cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+  FERRY_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+  WaitForDevice(stop_);
+  float ms = 0.f;
+  FERRY_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+  timing->gpu_seconds = ms / 1e3;
+}
+
+// Polls rather than blocks, so a hung kernel turns into an error after step_timeout_s.
+void CudaQwen2Runner::WaitForDevice(cudaEvent_t event) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto timeout = std::chrono::duration<double>(options_.step_timeout_s);
+  for (int spins = 0;; ++spins) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) FERRY_CUDA_CHECK(status);
+    if (std::chrono::steady_clock::now() - start > timeout) {
+      healthy_ = false;
+      unhealthy_reason_ = "a GPU step did not finish within " + std::to_string(options_.step_timeout_s) + " s";
+      throw std::runtime_error(unhealthy_reason_);
+    }
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const std::vector<Planned>& plan) {
+  std::unordered_map<uint64_t, const Planned*> by_id;
+  for (const Planned& p : plan) by_id[p.seq_id] = &p;
+  std::vector<SampledTokenOut> out;
+  const int32_t vocab = info_.vocab_size;
+  for (const ScheduledSpec& s : step.scheduled) {
+    const Planned& p = *by_id.at(s.seq_id);
+    Sequence& seq = *p.seq;
+    seq.num_computed += p.num_tokens;
+    if (p.logits_row < 0) continue;
+    SampleResult r;
+    if (NeedsHostSampler(seq.sampling)) {
+      r = sampler_.Sample(host_logits_.as<float>() + size_t(p.host_slot) * vocab, vocab, seq.sampling, &seq.counts,
+                          seq.num_generated);
+    } else {
+      r.token_id = host_ids_.as<int32_t>()[p.logits_row];
+    }
+    if (options_.keep_logits) {
+      const float* row = host_logits_.as<float>() + size_t(p.host_slot) * vocab;
+      last_logits_.insert(last_logits_.end(), row, row + vocab);
+    }
+    seq.token_ids.push_back(r.token_id);
+    ++seq.num_generated;
+    if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);
+    out.push_back({s.seq_id, r.token_id, seq.sampling.logprobs >= 0, r.logprob, std::move(r.top_logprobs)});
+  }
+  return out;
+}
+
+}  // namespace ferry::worker::gpu

@@ -1,0 +1,122 @@
+// The GPU ModelRunner: the same engine contract as the CPU Qwen2Runner (worker/model/README.md:
+// StepSpec semantics, validation before any change, samples in scheduled order, seeded
+// sampling), running CudaQwen2Model on one device. Greedy rows are picked by a device argmax;
+// rows that need the full sampler (temperature, penalties, logprobs) copy their logits to the
+// host and use the CPU Sampler, so their results follow the CPU path's rules exactly.
+//
+// Memory (vLLM's meaning of --gpu-memory-utilization): weights, then activation buffers for
+// max_num_batched_tokens / max_num_seqs, then the KV cache takes what is left of
+// utilization * total device memory, reported as ModelInfo.num_kv_blocks.
+//
+// Failures: every CUDA and cuBLAS status is checked. A failed step throws (the worker turns it
+// into the step's error status) and forgets the step's scheduled sequences, so the scheduler
+// may re-send them; a sticky device error or a step that does not finish within
+// step_timeout_s marks the runner unhealthy (healthy() false) and every later step fails fast.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/gpu/batch_builder.h"
+#include "worker/gpu/cuda_model.h"
+#include "worker/gpu/decode_graphs.h"
+#include "worker/model/model_runner.h"
+#include "worker/model/sampler.h"
+
+namespace ferry::worker::gpu {
+
+struct CudaRunnerOptions {
+  RunnerOptions runner;                 // model_dir, block_size, num_kv_blocks, max_model_len
+  int32_t device = 0;                   // CUDA ordinal
+  float gpu_memory_utilization = 0.9f;  // used when runner.num_kv_blocks == 0
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+  bool enforce_eager = false;           // no CUDA graphs
+  std::vector<int32_t> cuda_graph_sizes;  // empty: DefaultGraphSizes(max_num_seqs)
+  double step_timeout_s = 120;
+  bool keep_logits = false;             // copy every sampled row's logits to last_logits() (tests)
+  // Tensor parallelism over NCCL: rank tp_rank of tp_size, all given the same unique id
+  // (GetNcclUniqueId on rank 0, passed out of band).
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
+  std::string nccl_unique_id;
+};
+
+// What one step cost, for metrics.
+struct StepTiming {
+  enum class Phase { kDecode, kPrefill, kMixed } phase = Phase::kDecode;
+  double gpu_seconds = 0;   // between events around the step's device work
+  double wall_seconds = 0;  // Step() from entry to return
+  bool graph = false;
+};
+
+class CudaQwen2Runner final : public ModelRunner {
+ public:
+  explicit CudaQwen2Runner(const CudaRunnerOptions& options);
+  ~CudaQwen2Runner() override;
+
+  const ModelInfo& info() const override { return info_; }
+  std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+
+  // Safe to read from any thread (health checks, metrics).
+  bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
+  // Only from the thread driving Step.
+  const std::string& unhealthy_reason() const { return unhealthy_reason_; }
+  // With keep_logits: [num_sampled, vocab] in returned order, as Qwen2Runner::last_logits().
+  const std::vector<float>& last_logits() const { return last_logits_; }
+  // Seconds the device spent executing steps (sum of StepTiming::gpu_seconds).
+  double busy_seconds() const { return busy_seconds_; }
+  const CudaQwen2Model& model() const { return *model_; }
+  void set_step_observer(std::function<void(const StepTiming&)> observer) { observer_ = std::move(observer); }
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> token_ids;
+    int32_t num_computed = 0;
+    std::vector<int32_t> block_table;
+    SamplingOptions sampling;
+    int32_t num_generated = 0;
+    TokenCounts counts;
+  };
+  struct Planned;  // one scheduled sequence's place in the device batch
+
+  int32_t KvBlocksFromUtilization() const;
+  void Validate(const StepSpec& step) const;
+  void ValidateNew(const NewSequenceSpec& seq) const;
+  void ValidateScheduled(const ScheduledSpec& s, const Sequence& seq) const;
+  void Apply(const StepSpec& step);
+  std::vector<SampledTokenOut> RunAndSample(const StepSpec& step, StepTiming* timing);
+  std::vector<Planned> BuildBatch(const StepSpec& step);
+  void Launch(const std::vector<Planned>& plan, StepTiming* timing);
+  std::vector<SampledTokenOut> Commit(const StepSpec& step, const std::vector<Planned>& plan);
+  void WaitForDevice(cudaEvent_t event);
+  void OnFailure(const std::exception& e);
+
+  CudaRunnerOptions options_;
+  ModelInfo info_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<CudaQwen2Model> model_;
+  std::unique_ptr<BatchBuilder> builder_;
+  DecodeGraphs graphs_;
+  std::unordered_map<uint64_t, Sequence> seqs_;
+  Sampler sampler_;
+  PinnedBuffer host_ids_;     // [max_num_seqs] argmax ids
+  PinnedBuffer host_logits_;  // [rows, vocab] rows the host samples from (grown on demand)
+  std::vector<float> last_logits_;
+  std::atomic<bool> healthy_{true};
+  std::string unhealthy_reason_;
+  double busy_seconds_ = 0;
+  std::function<void(const StepTiming&)> observer_;
+};
+
+}  // namespace ferry::worker::gpu

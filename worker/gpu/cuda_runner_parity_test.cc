@@ -1,0 +1,138 @@
+// The GPU engine against the CPU engine (Qwen2Runner in bf16: the same bf16 weights and bf16 KV
+// cache) on the same random checkpoint and the same steps: chunked prefills mixed with decodes,
+// a prefix-cached sequence, decode steps through CUDA graphs and eagerly. Greedy tokens must be
+// identical for 32 steps and logits within bf16 tolerance. Runs only where a GPU is present.
+//
+// The expected side is the CPU engine run here, or, where it is not built (tests/gpu on the GPU
+// machine) or $FERRY_GPU_PARITY_FIXTURES is set, its recorded result
+// $FERRY_GPU_PARITY_FIXTURES/<preset>.bin (ferry-gpu-parity-fixture). Checkpoints live in
+// $FERRY_GPU_PARITY_MODELS/<preset> (written there when absent; a temp dir when unset). The
+// qwen2.5-0.5b case runs only with FERRY_GPU_PARITY_QWEN=1 (it writes a 1 GB checkpoint).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "worker/gpu/cuda_runner.h"
+#include "worker/gpu/parity_fixture.h"
+#ifdef FERRY_HAVE_CPU_ENGINE
+#include "worker/model/qwen2_runner.h"
+#endif
+
+namespace ferry::worker::gpu {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool HasGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+RunnerOptions BaseOptions(const std::string& dir, const testing::Script& script) {
+  RunnerOptions o;
+  o.model_dir = dir;
+  o.dtype = "bfloat16";
+  o.num_kv_blocks = script.num_blocks;
+  o.block_size = script.block_size;
+  return o;
+}
+
+// The CPU engine's trace: run here, or read from its fixture. Empty optional: skip.
+bool ExpectedTrace(const testing::ParityCase& c, const std::string& dir, testing::Trace* out, std::string* why) {
+  const std::string fixtures = Env("FERRY_GPU_PARITY_FIXTURES");
+#ifdef FERRY_HAVE_CPU_ENGINE
+  if (fixtures.empty()) {
+    Qwen2Runner cpu(BaseOptions(dir, c.script));
+    *out = testing::Drive(cpu, c.script);
+    return true;
+  }
+#endif
+  const std::string path = fixtures + "/" + c.preset + ".bin";
+  if (fixtures.empty() || !fs::exists(path)) {
+    *why = "no CPU engine in this build and no fixture " + path + " (tests/gpu/prepare.sh makes it)";
+    return false;
+  }
+  uint64_t hash = 0;
+  *out = testing::ReadFixture(path, &hash);
+  if (hash != testing::HashCheckpoint(dir)) {
+    throw std::runtime_error(path + " was recorded from another checkpoint than " + dir);
+  }
+  return true;
+}
+
+void ExpectClose(const testing::Trace& got, const testing::Trace& want, const char* mode) {
+  ASSERT_EQ(got.tokens.size(), want.tokens.size());
+  double worst = 0, worst_scale = 0;
+  int rows = 0;
+  for (size_t s = 0; s < want.tokens.size(); ++s) {
+    EXPECT_EQ(got.tokens[s], want.tokens[s]) << "sequence " << s << ": greedy tokens differ (" << mode << ")";
+    for (size_t k = 0; k < want.logits[s].size() && k < got.logits[s].size(); ++k) {
+      const auto& a = got.logits[s][k];
+      const auto& b = want.logits[s][k];
+      if (b.empty()) continue;  // not kept in the fixture
+      ASSERT_EQ(a.size(), b.size());
+      double max_abs = 0, diff = 0;
+      for (size_t i = 0; i < b.size(); ++i) {
+        max_abs = std::max(max_abs, std::fabs(double(b[i])));
+        diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+      }
+      // bf16 tolerance: both engines round the same fp32 values to bf16 at every GEMM input and
+      // differ by accumulation order and the odd rounding flip it causes.
+      EXPECT_LE(diff, 0.02 * max_abs + 0.02) << "sequence " << s << " sample " << k << " (" << mode << ")";
+      ++rows;
+      if (diff > worst) {
+        worst = diff;
+        worst_scale = max_abs;
+      }
+    }
+  }
+  std::printf("parity (%s): %d logits rows, max |logit diff| %.4g (|logits| up to %.3g)\n", mode, rows, worst,
+              worst_scale);
+}
+
+void RunCase(const std::string& preset) {
+  const testing::ParityCase c = testing::MakeParityCase(preset);
+  const std::string models = Env("FERRY_GPU_PARITY_MODELS");
+  const fs::path dir = models.empty() ? fs::temp_directory_path() / ("ferry_gpu_parity_" + std::to_string(::getpid()))
+                                      : fs::path(models) / preset;
+  if (!fs::exists(dir / "model.safetensors")) testing::WriteParityCheckpoint(c, dir.string());
+  testing::Trace want;
+  std::string why;
+  if (!ExpectedTrace(c, dir.string(), &want, &why)) GTEST_SKIP() << why;
+  for (bool eager : {false, true}) {
+    CudaRunnerOptions o;
+    o.runner = BaseOptions(dir.string(), c.script);
+    o.max_num_seqs = 8;
+    o.max_num_batched_tokens = 1024;
+    o.enforce_eager = eager;
+    o.keep_logits = true;
+    CudaQwen2Runner gpu(o);
+    const testing::Trace got = testing::Drive(gpu, c.script);
+    ExpectClose(got, want, eager ? "eager" : "cuda graphs");
+  }
+  if (models.empty()) fs::remove_all(dir);
+}
+
+TEST(CudaRunnerParity, TinyMatchesCpu) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
+  RunCase("tiny");
+}
+
+TEST(CudaRunnerParity, Qwen2_5_0_5BMatchesCpu) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
+  if (Env("FERRY_GPU_PARITY_QWEN") != "1") GTEST_SKIP() << "set FERRY_GPU_PARITY_QWEN=1 (writes a 1 GB checkpoint)";
+  RunCase("qwen2.5-0.5b");
+}
+
+}  // namespace
+}  // namespace ferry::worker::gpu

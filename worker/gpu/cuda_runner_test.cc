@@ -1,0 +1,158 @@
+// The GPU runner's contract beyond parity: validation leaves state untouched, capacities are
+// enforced as invalid steps, and the runner keeps working after a rejected step. Runs only where
+// a GPU is present.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include "worker/gpu/batch_builder.h"
+#include "worker/gpu/cuda_runner.h"
+#include "worker/gpu/decode_graphs.h"
+#include "worker/gpu/gpu_shard.h"
+#include "worker/model/random_checkpoint.h"
+
+namespace ferry::worker::gpu {
+namespace {
+
+bool HasGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+TEST(CudaGraphSizes, DefaultsLikeVllm) {
+  EXPECT_EQ(DefaultGraphSizes(1), (std::vector<int32_t>{1}));
+  EXPECT_EQ(DefaultGraphSizes(20), (std::vector<int32_t>{1, 2, 4, 8, 16, 20}));
+  EXPECT_EQ(DefaultGraphSizes(256).back(), 256);
+}
+
+// Host-only: the metadata a step writes, decodes first, tiles for the prefills.
+TEST(CudaBatchBuilder, LaysOutDecodesThenTiles) {
+  const BatchLayout layout = BatchLayout::Make(64, 4, 8);
+  std::vector<int32_t> host(layout.total, -7);
+  BatchBuilder b(layout, host.data(), 16);
+  b.Reset();
+  const std::vector<int32_t> tokens(40, 3);
+  b.AddSequence(tokens.data(), 1, 20, {5, 6}, true);
+  b.AddSequence(tokens.data(), 20, 0, {9, 2}, true);
+  EXPECT_THROW(b.AddSequence(tokens.data(), 1, 0, {1}, true), std::logic_error);  // decode after a prefill
+  const ForwardShape shape = b.shape(2);
+  EXPECT_EQ(shape.num_tokens, 21);
+  EXPECT_EQ(shape.num_decode, 1);
+  EXPECT_EQ(shape.num_tiles, 2);  // 20 queries in tiles of 16
+  EXPECT_EQ(shape.num_logits, 2);
+  EXPECT_EQ(host[layout.slot_mapping + 0], 6 * 16 + 4);  // position 20 in block 6
+  EXPECT_EQ(host[layout.seq_lens + 0], 21);
+  EXPECT_EQ(host[layout.query_start + 2], 21);
+  EXPECT_EQ(host[layout.logits_rows + 1], 20);
+  EXPECT_EQ(host[layout.tile_seq + 1], 1);
+  EXPECT_EQ(host[layout.tile_query + 1], 16);
+  EXPECT_EQ(host[layout.block_tables + layout.table_width + 1], 2);
+  EXPECT_THROW(b.PadDecodeTo(4), std::logic_error);  // not a decode-only step
+  b.Reset();
+  b.AddSequence(tokens.data(), 1, 3, {4}, true);
+  b.PadDecodeTo(4);
+  EXPECT_EQ(b.shape(1).num_seqs, 4);
+  EXPECT_EQ(host[layout.slot_mapping + 3], -1);
+  EXPECT_EQ(host[layout.seq_lens + 3], 0);
+}
+
+class CudaRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
+    dir_ = std::filesystem::temp_directory_path() / ("ferry_gpu_runner_" + std::to_string(::getpid()));
+    WriteRandomQwen2Checkpoint(TinyShape(), 3, "bfloat16", dir_.string(), {});
+    CudaRunnerOptions o;
+    o.runner.model_dir = dir_.string();
+    o.runner.num_kv_blocks = 64;
+    o.max_num_seqs = 4;
+    o.max_num_batched_tokens = 128;
+    runner_ = std::make_unique<CudaQwen2Runner>(o);
+  }
+  void TearDown() override {
+    runner_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<CudaQwen2Runner> runner_;
+};
+
+TEST_F(CudaRunnerTest, RejectsBadStepsAndKeepsWorking) {
+  EXPECT_EQ(runner_->info().num_kv_blocks, 64);
+  StepSpec too_many;
+  too_many.new_sequences.push_back({1, std::vector<int32_t>(200, 5), 0, {}, 0});
+  too_many.scheduled.push_back({1, 200, std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}});
+  EXPECT_THROW(runner_->Step(too_many), std::invalid_argument);  // > max_num_batched_tokens
+  StepSpec unknown;
+  unknown.scheduled.push_back({42, 1, {}});
+  EXPECT_THROW(runner_->Step(unknown), std::invalid_argument);
+  StepSpec ok;
+  ok.new_sequences.push_back({1, {5, 6, 7}, 0, {}, 0});
+  ok.scheduled.push_back({1, 3, {0}});
+  const auto out = runner_->Step(ok);
+  ASSERT_EQ(out.size(), 1u);
+  StepSpec decode;
+  decode.scheduled.push_back({1, 1, {}});
+  EXPECT_EQ(runner_->Step(decode).size(), 1u);
+  EXPECT_TRUE(runner_->healthy());
+  EXPECT_GT(runner_->busy_seconds(), 0);
+}
+
+// Seeded sampling goes through the host sampler: the same seed and history give the same token.
+TEST_F(CudaRunnerTest, SeededSamplingIsReproducible) {
+  std::vector<int32_t> tokens[2];
+  for (int run = 0; run < 2; ++run) {
+    SamplingOptions sampling;
+    sampling.temperature = 0.8f;
+    sampling.top_p = 0.9f;
+    sampling.seed = 99;
+    StepSpec step;
+    step.new_sequences.push_back({7, {1, 2, 3, 4}, 0, sampling, 0});
+    step.scheduled.push_back({7, 4, {static_cast<int32_t>(10 + run)}});
+    tokens[run].push_back(runner_->Step(step).at(0).token_id);
+    StepSpec decode;
+    decode.scheduled.push_back({7, 1, {}});
+    tokens[run].push_back(runner_->Step(decode).at(0).token_id);
+    StepSpec done;
+    done.finished_ids.push_back(7);
+    runner_->Step(done);
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
+}  // namespace
+}  // namespace ferry::worker::gpu
+
+namespace ferry::worker::gpu {
+namespace {
+
+#ifdef FERRY_HAVE_CPU_ENGINE
+TEST(CudaShard, SameAsCpuPlan) {
+  Qwen2Config c;
+  c.name = "t";
+  c.num_attention_heads = 14;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 4928;  // divisible by every size below
+  c.vocab_size = 151936;
+  for (int size : {1, 2, 14}) {
+    for (int rank = 0; rank < size; ++rank) {
+      const ShardPlan a = PlanGpuShard(c, rank, size), b = PlanShard(c, rank, size);
+      EXPECT_EQ(a.num_q_heads, b.num_q_heads);
+      EXPECT_EQ(a.q_head_begin, b.q_head_begin);
+      EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+      EXPECT_EQ(a.kv_head_begin, b.kv_head_begin);
+      EXPECT_EQ(a.inter_begin, b.inter_begin);
+      EXPECT_EQ(a.inter_size, b.inter_size);
+      EXPECT_EQ(a.vocab_begin, b.vocab_begin);
+      EXPECT_EQ(a.vocab_rows, b.vocab_rows);
+    }
+  }
+  EXPECT_THROW(PlanGpuShard(c, 0, 4), std::runtime_error);
+}
+#endif
+
+}  // namespace
+}  // namespace ferry::worker::gpu

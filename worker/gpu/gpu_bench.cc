@@ -1,0 +1,308 @@
+// ferry-gpu-bench: the GPU engine through ModelRunner::Step, as the worker drives it.
+// Prefills --batch-max sequences of --context tokens (chunks of --max-num-batched-tokens), then
+// times decode steps at each --batch size and compares them with the memory floor: the bytes a
+// decode step must read (every weight once, plus each sequence's K/V) over --peak-gbs.
+//
+//   build/bin/ferry-gpu-bench [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20]
+//                             [--peak-gbs 4800] [--enforce-eager] [--json FILE]
+//                             [--offline 2048 [--output 128] [--max-num-seqs 256]]
+// --offline N also runs N requests of --context prompt / --output generated tokens, all sent
+// at once, through a scheduler-like loop (the engine's share of the e2e throughput goal).
+// Without --model-dir it writes a random qwen2.5-0.5b checkpoint to a temp directory first.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "worker/gpu/cuda_runner.h"
+#include "worker/model/random_checkpoint.h"
+
+namespace ferry::worker::gpu {
+namespace {
+
+struct BenchFlags {
+  std::string model_dir;
+  int32_t context = 512;
+  std::vector<int32_t> batches = {1, 64, 256};
+  int32_t steps = 20;
+  double peak_gbs = 4800;  // H200 HBM3e
+  int32_t max_num_batched_tokens = 8192;
+  bool enforce_eager = false;
+  std::string json;
+  int32_t offline_requests = 0;  // > 0: also the offline throughput run
+  int32_t output = 128;          // generated tokens per offline request
+  int32_t max_num_seqs = 256;    // offline run's running-sequence cap
+};
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct DecodeResult {
+  int32_t batch;
+  double wall_ms, gpu_ms, floor_ms;
+};
+
+class Bench {
+ public:
+  explicit Bench(const BenchFlags& f) : flags_(f), max_batch_(*std::max_element(f.batches.begin(), f.batches.end())) {
+    CudaRunnerOptions o;
+    o.runner.model_dir = f.model_dir;
+    o.runner.block_size = kBlockSize;
+    const int32_t per_seq = (f.context + f.steps * 8 + 64 + kBlockSize - 1) / kBlockSize;
+    o.runner.num_kv_blocks = max_batch_ * per_seq;
+    o.max_num_seqs = max_batch_;
+    o.max_num_batched_tokens = f.max_num_batched_tokens;
+    o.enforce_eager = f.enforce_eager;
+    runner_ = std::make_unique<CudaQwen2Runner>(o);
+    for (int32_t b = o.runner.num_kv_blocks - 1; b >= 0; --b) free_.push_back(b);
+    seqs_.resize(max_batch_);
+  }
+
+  // Tokens per second of prefilling every sequence.
+  double Prefill() {
+    const int32_t per_step = std::max(1, flags_.max_num_batched_tokens / flags_.context);
+    const auto start = Clock::now();
+    for (int32_t first = 0; first < max_batch_; first += per_step) {
+      StepSpec spec;
+      for (int32_t i = first; i < std::min(max_batch_, first + per_step); ++i) {
+        std::vector<int32_t> prompt(flags_.context);
+        for (int32_t t = 0; t < flags_.context; ++t) prompt[t] = (t * 7919 + i * 104729 + 11) % 150000;
+        spec.new_sequences.push_back({Id(i), prompt, 0, {}, 0});
+        spec.scheduled.push_back(Schedule(i, flags_.context));
+      }
+      runner_->Step(spec);
+    }
+    return double(max_batch_) * flags_.context / Seconds(start, Clock::now());
+  }
+
+  DecodeResult Decode(int32_t batch) {
+    for (int w = 0; w < 3; ++w) DecodeStep(batch);
+    const double busy0 = runner_->busy_seconds();
+    const auto start = Clock::now();
+    for (int s = 0; s < flags_.steps; ++s) DecodeStep(batch);
+    const double wall = Seconds(start, Clock::now()) / flags_.steps;
+    const double gpu = (runner_->busy_seconds() - busy0) / flags_.steps;
+    // Bytes one step must read: all weights, and each sequence's K and V so far.
+    const auto& m = runner_->model();
+    const int64_t kv_per_token = m.kv_bytes_per_block() / kBlockSize;
+    double kv_bytes = 0;
+    for (int32_t i = 0; i < batch; ++i) kv_bytes += double(seqs_[i].computed) * kv_per_token;
+    const double floor = (double(m.weight_bytes()) + kv_bytes) / (flags_.peak_gbs * 1e9);
+    return {batch, wall * 1e3, gpu * 1e3, floor * 1e3};
+  }
+
+ private:
+  static constexpr int32_t kBlockSize = 16;
+  struct Seq {
+    int32_t computed = 0;
+    int32_t num_blocks = 0;
+  };
+  static uint64_t Id(int32_t i) { return static_cast<uint64_t>(i) + 1; }
+
+  ScheduledSpec Schedule(int32_t i, int32_t num_tokens) {
+    Seq& seq = seqs_[i];
+    ScheduledSpec s{Id(i), num_tokens, {}};
+    seq.computed += num_tokens;
+    while (seq.num_blocks * kBlockSize < seq.computed) {
+      s.new_block_ids.push_back(free_.back());
+      free_.pop_back();
+      ++seq.num_blocks;
+    }
+    return s;
+  }
+
+  void DecodeStep(int32_t batch) {
+    StepSpec spec;
+    for (int32_t i = 0; i < batch; ++i) spec.scheduled.push_back(Schedule(i, 1));
+    runner_->Step(spec);
+  }
+
+  BenchFlags flags_;
+  int32_t max_batch_;
+  std::unique_ptr<CudaQwen2Runner> runner_;
+  std::vector<int32_t> free_;
+  std::vector<Seq> seqs_;
+};
+
+
+// Offline throughput: `requests` prompts of `context` tokens all waiting at once, each
+// generating exactly `output` tokens, scheduled like the real scheduler does (decodes first,
+// then chunked prefills under the token budget, at most max_num_seqs running, blocks freed as
+// sequences finish). Returns output tokens per second of wall time.
+double Offline(const BenchFlags& f) {
+  constexpr int32_t kBs = 16;
+  const int32_t per_seq = (f.context + f.output + kBs - 1) / kBs;
+  CudaRunnerOptions o;
+  o.runner.model_dir = f.model_dir;
+  o.runner.block_size = kBs;
+  o.runner.num_kv_blocks = f.max_num_seqs * per_seq;
+  o.max_num_seqs = f.max_num_seqs;
+  o.max_num_batched_tokens = f.max_num_batched_tokens;
+  o.enforce_eager = f.enforce_eager;
+  CudaQwen2Runner runner(o);
+  struct Req {
+    int32_t computed = 0, generated = 0;
+    std::vector<int32_t> blocks;
+    bool sent = false;
+  };
+  std::vector<Req> reqs(f.offline_requests);
+  std::vector<int32_t> free_blocks(o.runner.num_kv_blocks);
+  for (int32_t b = 0; b < o.runner.num_kv_blocks; ++b) free_blocks[b] = b;
+  std::vector<int32_t> running;
+  std::vector<uint64_t> finished;
+  int32_t next = 0, done = 0;
+  int64_t steps = 0;
+  const auto start = Clock::now();
+  while (done < f.offline_requests) {
+    StepSpec spec;
+    spec.finished_ids.swap(finished);
+    int32_t budget = f.max_num_batched_tokens;
+    auto schedule = [&](int32_t i, int32_t n) {
+      Req& r = reqs[i];
+      ScheduledSpec s{static_cast<uint64_t>(i) + 1, n, {}};
+      if (!r.sent) {
+        std::vector<int32_t> prompt(f.context);
+        for (int32_t t = 0; t < f.context; ++t) prompt[t] = (t * 7919 + i * 104729 + 11) % 150000;
+        spec.new_sequences.push_back({s.seq_id, prompt, 0, {}, 0});
+        r.sent = true;
+      }
+      r.computed += n;
+      while (static_cast<int32_t>(r.blocks.size()) * kBs < r.computed) {
+        r.blocks.push_back(free_blocks.back());
+        s.new_block_ids.push_back(free_blocks.back());
+        free_blocks.pop_back();
+      }
+      spec.scheduled.push_back(s);
+      budget -= n;
+    };
+    for (int32_t i : running) {  // decodes first, then unfinished prefills
+      if (reqs[i].computed >= f.context) schedule(i, 1);
+    }
+    for (int32_t i : running) {
+      if (reqs[i].computed < f.context && budget > 0) schedule(i, std::min(budget, f.context - reqs[i].computed));
+    }
+    while (budget > 0 && next < f.offline_requests && static_cast<int32_t>(running.size()) < f.max_num_seqs &&
+           static_cast<int32_t>(free_blocks.size()) >= per_seq) {
+      running.push_back(next);
+      schedule(next++, std::min(budget, f.context));
+    }
+    for (const SampledTokenOut& out : runner.Step(spec)) {
+      const int32_t i = static_cast<int32_t>(out.seq_id) - 1;
+      if (++reqs[i].generated < f.output) continue;
+      finished.push_back(out.seq_id);
+      free_blocks.insert(free_blocks.end(), reqs[i].blocks.begin(), reqs[i].blocks.end());
+      reqs[i].blocks.clear();
+      running.erase(std::find(running.begin(), running.end(), i));
+      ++done;
+    }
+    ++steps;
+  }
+  const double seconds = Seconds(start, Clock::now());
+  std::printf("offline: %d requests x (%d prompt, %d output) in %.2f s, %lld steps: %.0f output tokens/s\n",
+              f.offline_requests, f.context, f.output, seconds, static_cast<long long>(steps),
+              double(f.offline_requests) * f.output / seconds);
+  return double(f.offline_requests) * f.output / seconds;
+}
+
+void Report(const BenchFlags& f, double prefill_tps, const std::vector<DecodeResult>& results, double offline_tps) {
+  std::printf("\n| batch | decode step ms (wall) | device ms | memory floor ms | wall / floor | tokens/s |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|\n");
+  for (const DecodeResult& r : results) {
+    std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", r.batch, r.wall_ms, r.gpu_ms, r.floor_ms,
+                r.wall_ms / r.floor_ms, r.batch / (r.wall_ms / 1e3));
+  }
+  std::printf("\nprefill: %.0f tokens/s (%d-token prompts)\n", prefill_tps, f.context);
+  if (offline_tps > 0) std::printf("offline: %.0f output tokens/s\n", offline_tps);
+  if (f.json.empty()) return;
+  std::ofstream out(f.json);
+  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << prefill_tps << ", \"decode\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const DecodeResult& r = results[i];
+    out << (i ? ", " : "") << "{\"batch\": " << r.batch << ", \"wall_ms\": " << r.wall_ms << ", \"device_ms\": "
+        << r.gpu_ms << ", \"floor_ms\": " << r.floor_ms << "}";
+  }
+  out << "], \"offline_output_tokens_per_s\": " << offline_tps << "}\n";
+}
+
+}  // namespace
+}  // namespace ferry::worker::gpu
+
+namespace {
+
+// Plain argv parsing: this tool also builds where CLI11 is absent (tests/gpu).
+bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--enforce-eager") {
+      f->enforce_eager = true;
+    } else if (arg == "--model-dir" && has_value) {
+      f->model_dir = argv[++i];
+    } else if (arg == "--context" && has_value) {
+      f->context = std::atoi(argv[++i]);
+    } else if (arg == "--steps" && has_value) {
+      f->steps = std::atoi(argv[++i]);
+    } else if (arg == "--peak-gbs" && has_value) {
+      f->peak_gbs = std::atof(argv[++i]);
+    } else if (arg == "--max-num-batched-tokens" && has_value) {
+      f->max_num_batched_tokens = std::atoi(argv[++i]);
+    } else if (arg == "--offline" && has_value) {
+      f->offline_requests = std::atoi(argv[++i]);
+    } else if (arg == "--output" && has_value) {
+      f->output = std::atoi(argv[++i]);
+    } else if (arg == "--max-num-seqs" && has_value) {
+      f->max_num_seqs = std::atoi(argv[++i]);
+    } else if (arg == "--json" && has_value) {
+      f->json = argv[++i];
+    } else if (arg == "--batch" && has_value) {
+      f->batches.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) f->batches.push_back(std::atoi(item.c_str()));
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20] [--peak-gbs 4800]\n"
+                   "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE]\n"
+                   "          [--offline REQUESTS [--output 128] [--max-num-seqs 256]]\n", argv[0]);
+      return false;
+    }
+  }
+  return !f->batches.empty() && f->context > 0 && f->steps > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry::worker;
+  gpu::BenchFlags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
+  std::string temp;
+  try {
+    if (f.model_dir.empty()) {
+      temp = (std::filesystem::temp_directory_path() / ("ferry_gpu_bench_" + std::to_string(::getpid()))).string();
+      std::printf("writing a random qwen2.5-0.5b checkpoint to %s\n", temp.c_str());
+      WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
+      f.model_dir = temp;
+    }
+    double prefill = 0;
+    std::vector<gpu::DecodeResult> results;
+    {
+      gpu::Bench bench(f);
+      prefill = bench.Prefill();
+      for (int32_t b : f.batches) results.push_back(bench.Decode(b));
+    }
+    const double offline = f.offline_requests > 0 ? gpu::Offline(f) : 0;
+    gpu::Report(f, prefill, results, offline);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-gpu-bench: %s\n", e.what());
+    if (!temp.empty()) std::filesystem::remove_all(temp);
+    return 1;
+  }
+  if (!temp.empty()) std::filesystem::remove_all(temp);
+  return 0;
+}

@@ -1,0 +1,47 @@
+// The GPU engine as a plugin: ferry-worker loads libferry-gpu.so with dlopen, and only for
+// --device cuda. Two reasons:
+// - cuBLASLt carries more thread-local storage than the stack civetweb (prometheus-cpp's
+//   /metrics server) gives its threads, so a worker linked against it at start cannot serve
+//   /metrics (pthread_create fails, "null context when constructing CivetServer"). A library
+//   loaded with dlopen gets its TLS allocated on demand instead.
+// - The CPU worker needs no CUDA library on the machine at all.
+// The interface is plain C++ (same compiler and libstdc++ on both sides, built together).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "worker/model/model_runner.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace ferry::worker {
+
+struct GpuPluginOptions {
+  RunnerOptions runner;                 // model_dir, block_size, num_kv_blocks, max_model_len
+  int32_t device = 0;                   // CUDA ordinal
+  float gpu_memory_utilization = 0.9f;  // used when runner.num_kv_blocks == 0
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+  bool enforce_eager = false;
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
+  std::string dist_store_dir;           // NCCL unique id rendezvous when tp_size > 1
+};
+
+// The plugin's one entry point: a runner with its Prometheus series registered in `registry`
+// (which outlives it), or nullptr with `*error` set.
+using CreateGpuRunnerFn = ModelRunner* (*)(const GpuPluginOptions& options, prometheus::Registry& registry,
+                                           std::string* error);
+inline constexpr char kCreateGpuRunnerSymbol[] = "ferry_create_gpu_runner";
+inline constexpr char kGpuPluginFile[] = "libferry-gpu.so";
+
+// Loads the plugin (never unloaded) and creates the runner. `plugin_path` empty: kGpuPluginFile
+// beside the running executable. Throws std::runtime_error naming the file and the reason.
+std::unique_ptr<ModelRunner> LoadGpuRunner(const std::string& plugin_path, const GpuPluginOptions& options,
+                                           prometheus::Registry& registry);
+
+}  // namespace ferry::worker
