@@ -27,6 +27,7 @@ class SimRunner final : public ModelRunner {
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+  void ForgetAll() override { seqs_.clear(); }
 
   // The step time the cost model gives for `step` (what Step sleeps).
   double ModelledSeconds(const StepSpec& step) const;

@@ -141,6 +141,9 @@ grpc::Status WorkerService::Step(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<ferry::v1::StepResult, ferry::v1::StepRequest>* stream) {
   std::lock_guard lock(step_mutex_);
+  // One scheduler drives this worker; a new stream is a new (or restarted) scheduler, whose
+  // sequence ids may collide with the old stream's. Start from nothing.
+  runner_.ForgetAll();
   spdlog::info("scheduler connected from {}", context->peer());
   ferry::v1::StepRequest request;
   while (stream->Read(&request)) {

@@ -65,6 +65,7 @@ class CudaQwen2Runner final : public ModelRunner {
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+  void ForgetAll() override { seqs_.clear(); }
 
   // Safe to read from any thread (health checks, metrics).
   bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }

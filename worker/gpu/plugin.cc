@@ -45,6 +45,7 @@ class GpuRunnerWithMetrics final : public ModelRunner {
   const ModelInfo& info() const override { return runner_.info(); }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override { return runner_.Step(step); }
   bool healthy() const override { return runner_.healthy(); }
+  void ForgetAll() override { runner_.ForgetAll(); }
 
  private:
   CudaQwen2Runner runner_;

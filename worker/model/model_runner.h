@@ -127,6 +127,11 @@ class ModelRunner {
   // Health RPC and grpc.health.v1 report it, so the scheduler stops sending work.
   // Safe to call from any thread.
   virtual bool healthy() const { return true; }
+
+  // Drops every sequence (the KV blocks they used are the scheduler's to reuse). Called when a
+  // scheduler opens a new Step stream: a restarted scheduler numbers its sequences from 1 again
+  // and knows nothing of the old ones.
+  virtual void ForgetAll() = 0;
 };
 
 }  // namespace ferry::worker

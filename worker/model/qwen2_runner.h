@@ -19,6 +19,7 @@ class Qwen2Runner final : public ModelRunner {
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+  void ForgetAll() override { seqs_.clear(); }
 
   // The fp32 logits the last Step sampled from, one row per returned token in the same order:
   // [num_sampled, vocab_size]. Row-major; empty when nothing was sampled.
