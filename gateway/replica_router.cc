@@ -9,6 +9,8 @@ constexpr size_t kAffinityEntries = 4096;
 // Affinity wins unless the preferred replica has this many more outstanding tokens than the least
 // loaded one: a cached prefix saves its prefill, not more.
 constexpr int64_t kAffinitySlackTokens = 4096;
+constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
+constexpr int32_t kFailedChecksToEject = 3;
 }  // namespace
 
 uint64_t PrefixKey(const google::protobuf::RepeatedField<int32_t>& prompt) {
@@ -46,7 +48,16 @@ std::optional<size_t> ReplicaRouter::Choose(uint64_t prefix_key, const std::vect
     if (!allowed(i)) continue;
     if (!best || replicas_[i]->outstanding_tokens < replicas_[*best]->outstanding_tokens) best = i;
   }
-  if (!best) return std::nullopt;
+  if (!best) {
+    // Every replica is out of rotation: try the least loaded one not tried yet anyway (Envoy's
+    // panic routing). A health check can be wrong about a slow but working scheduler, and a
+    // replica that is really down answers UNAVAILABLE, which is what refusing here would say.
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      if (std::find(exclude.begin(), exclude.end(), i) != exclude.end()) continue;
+      if (!best || replicas_[i]->outstanding_tokens < replicas_[*best]->outstanding_tokens) best = i;
+    }
+    return best;
+  }
   std::lock_guard lock(affinity_mu_);
   auto it = affinity_.find(prefix_key);
   if (it != affinity_.end() && allowed(it->second.first) &&
@@ -91,17 +102,25 @@ void ReplicaRouter::HealthLoop(std::chrono::milliseconds interval) {
   std::unique_lock lock(health_mu_);
   while (!stopping_) {
     lock.unlock();
-    for (auto& r : replicas_) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
-      ferry::v1::SchedulerState state;
-      const bool ok = r->stub->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
-      if (ok != r->healthy.exchange(ok)) {
-        spdlog::info("scheduler replica {} {}", r->address, ok ? "back in rotation" : "out of rotation");
-      }
-    }
+    CheckOnce();
     lock.lock();
     health_cv_.wait_for(lock, interval, [&] { return stopping_; });
+  }
+}
+
+void ReplicaRouter::CheckOnce() {
+  for (auto& r : replicas_) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kHealthCheckTimeout);
+    ferry::v1::SchedulerState state;
+    const bool ok = r->stub->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
+    // One slow answer from a busy scheduler is not an outage: out of rotation only after
+    // kFailedChecksToEject failures in a row; back at the first success.
+    r->failed_checks = ok ? 0 : r->failed_checks + 1;
+    const bool healthy = ok || (r->healthy && r->failed_checks < kFailedChecksToEject);
+    if (healthy != r->healthy.exchange(healthy)) {
+      spdlog::info("scheduler replica {} {}", r->address, healthy ? "back in rotation" : "out of rotation");
+    }
   }
 }
 

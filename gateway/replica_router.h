@@ -1,7 +1,8 @@
 // Chooses the scheduler replica for each request: among healthy replicas, the one with the
 // fewest outstanding tokens, preferring the replica that recently served the same prompt
 // prefix (its KV blocks may still be cached) unless that one is much busier. Replicas whose
-// health check fails leave the rotation until it passes again.
+// health check fails three times in a row leave the rotation until it passes again; with none
+// in rotation, requests still go to the least loaded replica (a check can be wrong).
 #pragma once
 
 #include <atomic>
@@ -28,6 +29,7 @@ class ReplicaRouter {
     std::unique_ptr<ferry::v1::Scheduler::Stub> stub;
     std::atomic<int64_t> outstanding_tokens{0};
     std::atomic<bool> healthy{true};
+    int32_t failed_checks = 0;  // consecutive failed health checks (the health thread's alone)
   };
 
   // channels[i] reaches replica i (addresses are for logs).
@@ -45,6 +47,8 @@ class ReplicaRouter {
   // Polls every replica's GetState every interval to keep `healthy` current.
   void StartHealthChecks(std::chrono::milliseconds interval);
   bool AnyHealthy() const;
+  // One round of health checks (what the health thread runs every interval; tests call it).
+  void CheckOnce();
 
  private:
   void HealthLoop(std::chrono::milliseconds interval);

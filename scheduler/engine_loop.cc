@@ -113,10 +113,15 @@ void EngineLoop::Apply(Command& command) {
     Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0, add->queue_deadline, false,
               static_cast<int32_t>(add->spec.prompt.size())};
     // The deadline is checked between steps: end a step early enough that the final event
-    // still reaches the client before its own deadline cancels the call.
+    // still reaches the client before its own deadline cancels the call. The margin covers two
+    // steps and the hops back (at least 20 ms, and a tenth of the request's budget up to 250 ms,
+    // since those hops slow down exactly when the machine is loaded).
     if (add->spec.deadline != TimePoint::max()) {
-      const auto margin = std::max(deadline_margin_, std::chrono::duration_cast<Clock::duration>(
-                                                         std::chrono::duration<double>(2 * last_step_s_)));
+      const auto budget_share = std::min<Clock::duration>(std::chrono::milliseconds(250),
+                                                          (add->spec.deadline - add->spec.arrival) / 10);
+      const auto margin = std::max({deadline_margin_, budget_share,
+                                    std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(2 * last_step_s_))});
       add->spec.deadline -= margin;
     }
     try {

@@ -1,5 +1,6 @@
 #include "worker/sim_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -72,7 +73,11 @@ std::vector<SampledTokenOut> SimRunner::Step(const StepSpec& step) {
     sample.token_id = token;
     out.push_back(sample);
   }
-  std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds));
+  // Sleeps overshoot on coarse VM timers (~1 ms); the overshoot is paid back by shorter sleeps
+  // in the next steps so the mean step time is the model's. Capped so idle time never counts.
+  std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds - debt_s_));
+  const double actual = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  debt_s_ = std::clamp(debt_s_ + actual - seconds, 0.0, kMaxDebtSeconds);
   return out;
 }
 

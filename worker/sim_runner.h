@@ -43,6 +43,8 @@ class SimRunner final : public ModelRunner {
   CostModel cost_;
   int32_t num_live_tokens_;
   std::unordered_map<uint64_t, Sequence> seqs_;
+  static constexpr double kMaxDebtSeconds = 0.02;
+  double debt_s_ = 0;  // time the steps so far ran over the model (oversleeping)
 };
 
 }  // namespace ferry::worker

@@ -107,11 +107,11 @@ def test_queue_timeout_is_deadline_exceeded(busy_stack, ferry_pb):
 
 def test_streaming_deadline_ends_with_timeout_and_partial_text(busy_stack, ferry_pb):
     stub = stub_for(busy_stack, ferry_pb)
-    chunks = list(stub.GenerateStream(req(ferry_pb, "interactive", 1000), timeout=0.3))
+    chunks = list(stub.GenerateStream(req(ferry_pb, "interactive", 1000), timeout=1.0))
     last = chunks[-1]
     assert last.finish_reason == ferry_pb.gen.FINISH_REASON_TIMEOUT
     tokens = sum(len(c.token_ids) for c in chunks)
-    assert 0 < tokens < 1000  # ~20 ms a step: some tokens, far from all
+    assert 0 < tokens < 1000  # ~20 ms a step: some tokens (~45), far from all
     assert last.usage.completion_tokens == tokens
     assert scheduler_idle(busy_stack)
     # Unary with the same deadline: DEADLINE_EXCEEDED, as gRPC requires.

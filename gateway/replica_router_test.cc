@@ -1,0 +1,60 @@
+// ReplicaRouter: choice by load and health, panic routing when none is in rotation, and
+// ejection by the health check only after failures in a row. No scheduler listens on the
+// addresses used here (channels connect lazily), so every health check fails.
+#include "gateway/replica_router.h"
+
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+namespace ferry::gateway {
+namespace {
+
+std::unique_ptr<ReplicaRouter> MakeRouter(size_t n) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::string> addresses;
+  for (size_t i = 0; i < n; ++i) {
+    addresses.push_back("127.0.0.1:1");  // port 1: nothing listens, connections are refused
+    channels.push_back(grpc::CreateChannel(addresses.back(), grpc::InsecureChannelCredentials()));
+  }
+  return std::make_unique<ReplicaRouter>(std::move(channels), std::move(addresses));
+}
+
+TEST(ReplicaRouterTest, ChoosesTheLeastLoadedHealthyReplica) {
+  auto router_ptr = MakeRouter(3);
+  ReplicaRouter& router = *router_ptr;
+  router.replica(0).outstanding_tokens = 500;
+  router.replica(1).outstanding_tokens = 100;
+  router.replica(2).outstanding_tokens = 300;
+  EXPECT_EQ(router.Choose(7, {}), 1u);
+  EXPECT_EQ(router.Choose(7, {1}), 2u);
+  router.MarkUnhealthy(2);
+  EXPECT_EQ(router.Choose(7, {1}), 0u);
+}
+
+TEST(ReplicaRouterTest, WithNoneInRotationStillTriesTheLeastLoadedUntried) {
+  auto router_ptr = MakeRouter(2);
+  ReplicaRouter& router = *router_ptr;
+  router.replica(0).outstanding_tokens = 50;
+  router.replica(1).outstanding_tokens = 10;
+  router.MarkUnhealthy(0);
+  router.MarkUnhealthy(1);
+  EXPECT_FALSE(router.AnyHealthy());
+  EXPECT_EQ(router.Choose(7, {}), 1u);
+  EXPECT_EQ(router.Choose(7, {1}), 0u);
+  EXPECT_EQ(router.Choose(7, {0, 1}), std::nullopt);  // every replica tried: the request fails
+}
+
+TEST(ReplicaRouterTest, HealthCheckEjectsOnlyAfterThreeFailuresInARow) {
+  auto router = MakeRouter(1);
+  router->CheckOnce();
+  router->CheckOnce();
+  EXPECT_TRUE(router->AnyHealthy()) << "two failed checks in a row must not eject";
+  router->CheckOnce();
+  EXPECT_FALSE(router->AnyHealthy());
+  EXPECT_EQ(router->replica(0).failed_checks, 3);
+}
+
+}  // namespace
+}  // namespace ferry::gateway
