@@ -84,8 +84,12 @@ void Worker(Shared& s, GenerationClient& client) {
       ++s.progress.num_not_sent;  // status stays NOT_SENT
       continue;
     }
-    std::this_thread::sleep_until(s.start + std::chrono::duration_cast<Clock::duration>(
-                                                std::chrono::duration<double>(request.arrival_s)));
+    const Clock::time_point due = s.start + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(request.arrival_s));
+    std::this_thread::sleep_until(due);
+    // The timer can wake us before this thread's clock reads `due` (on this VM the clock read
+    // lags by up to a tick): wait for the clock too, so a request is never sent early by it.
+    while (Clock::now() < due) std::this_thread::sleep_for(std::chrono::microseconds(100));
     result.send_s = Since(s.start);
     if (limit > 0 && result.send_s >= limit) {
       ++s.progress.num_not_sent;
