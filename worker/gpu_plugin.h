@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "worker/gpu/cuda_runner_options.h"
 #include "worker/model/model_runner.h"
 
 namespace prometheus {
@@ -21,15 +22,8 @@ class Registry;
 namespace ferry::worker {
 
 struct GpuPluginOptions {
-  RunnerOptions runner;                 // model_dir, block_size, num_kv_blocks, max_model_len
-  int32_t device = 0;                   // CUDA ordinal
-  float gpu_memory_utilization = 0.9f;  // used when runner.num_kv_blocks == 0
-  int32_t max_num_seqs = 256;
-  int32_t max_num_batched_tokens = 8192;
-  bool enforce_eager = false;
-  int32_t tp_rank = 0;
-  int32_t tp_size = 1;
-  std::string dist_store_dir;           // NCCL unique id rendezvous when tp_size > 1
+  gpu::CudaRunnerOptions engine;  // nccl_unique_id is filled by the plugin from dist_store_dir
+  std::string dist_store_dir;     // NCCL unique id rendezvous when engine.tp_size > 1
 };
 
 // The plugin's one entry point: a runner with its Prometheus series registered in `registry`

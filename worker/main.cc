@@ -69,14 +69,14 @@ void AddFlags(CLI::App& app, Flags& f) {
 
 std::unique_ptr<ferry::worker::ModelRunner> MakeCudaRunner(const Flags& flags, prometheus::Registry& registry) {
   ferry::worker::GpuPluginOptions o;
-  o.runner = flags.runner;
-  o.device = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank;
-  o.gpu_memory_utilization = flags.gpu_memory_utilization;
-  o.max_num_seqs = flags.max_num_seqs;
-  o.max_num_batched_tokens = flags.max_num_batched_tokens;
-  o.enforce_eager = flags.enforce_eager;
-  o.tp_rank = flags.tp_rank;
-  o.tp_size = flags.tensor_parallel_size;
+  o.engine.runner = flags.runner;
+  o.engine.device = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank;
+  o.engine.gpu_memory_utilization = flags.gpu_memory_utilization;
+  o.engine.max_num_seqs = flags.max_num_seqs;
+  o.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
+  o.engine.enforce_eager = flags.enforce_eager;
+  o.engine.tp_rank = flags.tp_rank;
+  o.engine.tp_size = flags.tensor_parallel_size;
   o.dist_store_dir = flags.dist_store_dir;
   return ferry::worker::LoadGpuRunner(flags.gpu_plugin, o, registry);
 }

@@ -12,14 +12,13 @@
 #ifndef FERRY_GPU_NO_NCCL
 #include "worker/comm/nccl_communicator.h"
 #endif
+#include "worker/model/step_validation.h"
 
 namespace ferry::worker::gpu {
 namespace {
 
 // Below this temperature sampling is greedy (worker/model/sampler.cc's kMinTemperature).
 constexpr float kMinTemperature = 1e-5f;
-
-std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq_id); }
 
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 
@@ -119,81 +118,8 @@ CudaQwen2Runner::~CudaQwen2Runner() {
 // Validation: as Qwen2Runner, plus the capacities the device buffers were sized for. Nothing is
 // changed unless the whole step can be applied.
 
-void CudaQwen2Runner::ValidateNew(const NewSequenceSpec& seq) const {
-  if (seq.token_ids.empty()) Invalid(Id(seq.seq_id) + ": no tokens");
-  if (static_cast<int64_t>(seq.token_ids.size()) > info_.max_model_len) {
-    Invalid(Id(seq.seq_id) + ": " + std::to_string(seq.token_ids.size()) + " tokens exceed max_model_len " +
-            std::to_string(info_.max_model_len));
-  }
-  for (int32_t t : seq.token_ids) {
-    if (t < 0 || t >= info_.vocab_size) {
-      Invalid(Id(seq.seq_id) + ": token id " + std::to_string(t) + " outside vocab of " +
-              std::to_string(info_.vocab_size));
-    }
-  }
-  if (seq.num_generated < 0 || seq.num_generated > static_cast<int32_t>(seq.token_ids.size())) {
-    Invalid(Id(seq.seq_id) + ": num_generated " + std::to_string(seq.num_generated) + " outside [0, " +
-            std::to_string(seq.token_ids.size()) + "]");
-  }
-  if (seq.num_cached_tokens < 0 || seq.num_cached_tokens >= static_cast<int32_t>(seq.token_ids.size())) {
-    Invalid(Id(seq.seq_id) + ": num_cached_tokens " + std::to_string(seq.num_cached_tokens) + " outside [0, " +
-            std::to_string(seq.token_ids.size()) + ")");
-  }
-  if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
-    Invalid(Id(seq.seq_id) + ": bad sampling options: " + bad);
-  }
-}
-
-void CudaQwen2Runner::ValidateScheduled(const ScheduledSpec& s, const Sequence& seq) const {
-  const std::string id = Id(s.seq_id);
-  const int64_t known = static_cast<int64_t>(seq.token_ids.size());
-  const int64_t end = int64_t{seq.num_computed} + s.num_tokens;
-  if (s.num_tokens <= 0) Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " <= 0");
-  if (end > known) {
-    Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " from " + std::to_string(seq.num_computed) +
-            " computed goes past its " + std::to_string(known) + " known tokens");
-  }
-  if (end > info_.max_model_len) {
-    Invalid(id + ": context " + std::to_string(end) + " exceeds max_model_len " + std::to_string(info_.max_model_len));
-  }
-  for (int32_t b : s.new_block_ids) {
-    if (b < 0 || b >= info_.num_kv_blocks) {
-      Invalid(id + ": block id " + std::to_string(b) + " outside [0, " + std::to_string(info_.num_kv_blocks) + ")");
-    }
-  }
-  const int64_t blocks = static_cast<int64_t>(seq.block_table.size() + s.new_block_ids.size());
-  const int64_t needed = (end + info_.block_size - 1) / info_.block_size;
-  if (blocks < needed) {
-    Invalid(id + ": " + std::to_string(blocks) + " blocks cannot hold positions up to " + std::to_string(end) +
-            " (need " + std::to_string(needed) + ")");
-  }
-}
-
 void CudaQwen2Runner::Validate(const StepSpec& step) const {
-  std::unordered_set<uint64_t> erased(step.finished_ids.begin(), step.finished_ids.end());
-  erased.insert(step.preempted_ids.begin(), step.preempted_ids.end());
-  std::unordered_map<uint64_t, Sequence> fresh;
-  for (const NewSequenceSpec& n : step.new_sequences) {
-    ValidateNew(n);
-    if (fresh.count(n.seq_id) || (seqs_.count(n.seq_id) && !erased.count(n.seq_id))) {
-      Invalid(Id(n.seq_id) + ": sent as new but already known");
-    }
-    fresh[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}};
-  }
-  std::unordered_set<uint64_t> scheduled;
-  int64_t num_tokens = 0;
-  for (const ScheduledSpec& s : step.scheduled) {
-    if (!scheduled.insert(s.seq_id).second) Invalid(Id(s.seq_id) + ": scheduled twice");
-    const Sequence* seq = nullptr;
-    if (auto it = fresh.find(s.seq_id); it != fresh.end()) {
-      seq = &it->second;
-    } else if (auto old = seqs_.find(s.seq_id); old != seqs_.end() && !erased.count(s.seq_id)) {
-      seq = &old->second;
-    }
-    if (seq == nullptr) Invalid(Id(s.seq_id) + ": scheduled but unknown");
-    ValidateScheduled(s, *seq);
-    num_tokens += s.num_tokens;
-  }
+  const int64_t num_tokens = ValidateStep(step, info_, seqs_);
   if (num_tokens > options_.max_num_batched_tokens) {
     Invalid("step computes " + std::to_string(num_tokens) + " tokens, more than the GPU worker's " +
             "--max-num-batched-tokens " + std::to_string(options_.max_num_batched_tokens));

@@ -26,29 +26,13 @@
 #include <vector>
 
 #include "worker/gpu/batch_builder.h"
+#include "worker/gpu/cuda_runner_options.h"
 #include "worker/gpu/cuda_model.h"
 #include "worker/gpu/decode_graphs.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/sampler.h"
 
 namespace ferry::worker::gpu {
-
-struct CudaRunnerOptions {
-  RunnerOptions runner;                 // model_dir, block_size, num_kv_blocks, max_model_len
-  int32_t device = 0;                   // CUDA ordinal
-  float gpu_memory_utilization = 0.9f;  // used when runner.num_kv_blocks == 0
-  int32_t max_num_seqs = 256;
-  int32_t max_num_batched_tokens = 8192;
-  bool enforce_eager = false;           // no CUDA graphs
-  std::vector<int32_t> cuda_graph_sizes;  // empty: DefaultGraphSizes(max_num_seqs)
-  double step_timeout_s = 120;
-  bool keep_logits = false;             // copy every sampled row's logits to last_logits() (tests)
-  // Tensor parallelism over NCCL: rank tp_rank of tp_size, all given the same unique id
-  // (GetNcclUniqueId on rank 0, passed out of band).
-  int32_t tp_rank = 0;
-  int32_t tp_size = 1;
-  std::string nccl_unique_id;
-};
 
 // What one step cost, for metrics.
 struct StepTiming {
@@ -91,8 +75,6 @@ class CudaQwen2Runner final : public ModelRunner {
 
   int32_t KvBlocksFromUtilization() const;
   void Validate(const StepSpec& step) const;
-  void ValidateNew(const NewSequenceSpec& seq) const;
-  void ValidateScheduled(const ScheduledSpec& s, const Sequence& seq) const;
   void Apply(const StepSpec& step);
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step, StepTiming* timing);
   std::vector<Planned> BuildBatch(const StepSpec& step);

@@ -21,7 +21,7 @@ std::string ExchangeNcclId(const GpuPluginOptions& options) {
   namespace fs = std::filesystem;
   if (options.dist_store_dir.empty()) throw std::invalid_argument("--tensor-parallel-size > 1 needs --dist-store-dir");
   const fs::path path = fs::path(options.dist_store_dir) / "nccl_unique_id";
-  if (options.tp_rank == 0) {
+  if (options.engine.tp_rank == 0) {
     const std::string id = GetNcclUniqueId();
     const fs::path tmp = path.string() + ".tmp";
     std::ofstream(tmp, std::ios::binary).write(id.data(), static_cast<std::streamsize>(id.size()));
@@ -58,15 +58,7 @@ class GpuRunnerWithMetrics final : public ModelRunner {
 extern "C" __attribute__((visibility("default"))) ferry::worker::ModelRunner* ferry_create_gpu_runner(
     const ferry::worker::GpuPluginOptions& options, prometheus::Registry& registry, std::string* error) {
   try {
-    ferry::worker::gpu::CudaRunnerOptions o;
-    o.runner = options.runner;
-    o.device = options.device;
-    o.gpu_memory_utilization = options.gpu_memory_utilization;
-    o.max_num_seqs = options.max_num_seqs;
-    o.max_num_batched_tokens = options.max_num_batched_tokens;
-    o.enforce_eager = options.enforce_eager;
-    o.tp_rank = options.tp_rank;
-    o.tp_size = options.tp_size;
+    ferry::worker::gpu::CudaRunnerOptions o = options.engine;
     if (o.tp_size > 1) o.nccl_unique_id = ferry::worker::gpu::ExchangeNcclId(options);
     return new ferry::worker::gpu::GpuRunnerWithMetrics(o, registry);
   } catch (const std::exception& e) {

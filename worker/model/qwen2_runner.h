@@ -41,8 +41,6 @@ class Qwen2Runner final : public ModelRunner {
 
   // Throws std::invalid_argument (state untouched) unless the whole step can be applied.
   void Validate(const StepSpec& step) const;
-  void ValidateNew(const NewSequenceSpec& seq) const;
-  void ValidateScheduled(const ScheduledSpec& s, const Sequence& seq) const;
   void Apply(const StepSpec& step);
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
 

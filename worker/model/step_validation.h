@@ -1,0 +1,117 @@
+// Validation of a StepSpec against a runner's live sequences, shared by the CPU runner
+// (qwen2_runner.cc) and the GPU runner (worker/gpu/cuda_runner.cc) so that both reject exactly
+// the same steps with the same messages. Everything is checked against the state the step would
+// produce before any of it is applied, so a rejected step leaves the runner as it was.
+// Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "worker/model/model_runner.h"
+#include "worker/model/sampler.h"
+
+namespace ferry::worker {
+
+namespace step_validation_detail {
+
+inline std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq_id); }
+[[noreturn]] inline void Invalid(const std::string& what) { throw std::invalid_argument(what); }
+
+inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
+  const std::string id = Id(seq.seq_id);
+  const auto num_tokens = static_cast<int64_t>(seq.token_ids.size());
+  if (num_tokens == 0) Invalid(id + ": no tokens");
+  if (num_tokens > info.max_model_len) {
+    Invalid(id + ": " + std::to_string(num_tokens) + " tokens exceed max_model_len " +
+            std::to_string(info.max_model_len));
+  }
+  for (int32_t t : seq.token_ids) {
+    if (t < 0 || t >= info.vocab_size) {
+      Invalid(id + ": token id " + std::to_string(t) + " outside vocab of " + std::to_string(info.vocab_size));
+    }
+  }
+  if (seq.num_generated < 0 || seq.num_generated > num_tokens) {
+    Invalid(id + ": num_generated " + std::to_string(seq.num_generated) + " outside [0, " +
+            std::to_string(num_tokens) + "]");
+  }
+  // A cached prefix (prefix caching) is already in the blocks it is sent with; at least one
+  // token is always left to compute so there are logits to sample from.
+  if (seq.num_cached_tokens < 0 || seq.num_cached_tokens >= num_tokens) {
+    Invalid(id + ": num_cached_tokens " + std::to_string(seq.num_cached_tokens) + " outside [0, " +
+            std::to_string(num_tokens) + ")");
+  }
+  if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
+    Invalid(id + ": bad sampling options: " + bad);
+  }
+}
+
+// `num_known` tokens, `num_computed` of them in the cache, `num_blocks` blocks before this step.
+inline void ValidateScheduled(const ScheduledSpec& s, const ModelInfo& info, int64_t num_known,
+                              int32_t num_computed, size_t num_blocks) {
+  const std::string id = Id(s.seq_id);
+  const int64_t end = int64_t{num_computed} + s.num_tokens;
+  if (s.num_tokens <= 0) Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " <= 0");
+  if (end > num_known) {
+    Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " from " + std::to_string(num_computed) +
+            " computed goes past its " + std::to_string(num_known) + " known tokens");
+  }
+  if (end > info.max_model_len) {
+    Invalid(id + ": context " + std::to_string(end) + " exceeds max_model_len " + std::to_string(info.max_model_len));
+  }
+  for (int32_t b : s.new_block_ids) {
+    if (b < 0 || b >= info.num_kv_blocks) {
+      Invalid(id + ": block id " + std::to_string(b) + " outside [0, " + std::to_string(info.num_kv_blocks) + ")");
+    }
+  }
+  const auto blocks = static_cast<int64_t>(num_blocks + s.new_block_ids.size());
+  const int64_t needed = (end + info.block_size - 1) / info.block_size;
+  if (blocks < needed) {
+    Invalid(id + ": " + std::to_string(blocks) + " blocks cannot hold positions up to " + std::to_string(end) +
+            " (need " + std::to_string(needed) + ")");
+  }
+}
+
+}  // namespace step_validation_detail
+
+// Throws std::invalid_argument naming the sequence unless the whole step applies to `live`
+// (the runner's sequences; any type with token_ids, num_computed and block_table). Returns the
+// number of tokens the step computes.
+template <typename Sequence>
+int64_t ValidateStep(const StepSpec& step, const ModelInfo& info,
+                     const std::unordered_map<uint64_t, Sequence>& live) {
+  using namespace step_validation_detail;
+  std::unordered_set<uint64_t> erased(step.finished_ids.begin(), step.finished_ids.end());
+  erased.insert(step.preempted_ids.begin(), step.preempted_ids.end());
+  std::unordered_map<uint64_t, const NewSequenceSpec*> fresh;  // new sequences, as they will start
+  for (const NewSequenceSpec& n : step.new_sequences) {
+    ValidateNew(n, info);
+    if (fresh.count(n.seq_id) || (live.count(n.seq_id) && !erased.count(n.seq_id))) {
+      Invalid(Id(n.seq_id) + ": sent as new but already known");
+    }
+    fresh[n.seq_id] = &n;
+  }
+  std::unordered_set<uint64_t> scheduled;
+  int64_t num_tokens = 0;
+  for (const ScheduledSpec& s : step.scheduled) {
+    if (!scheduled.insert(s.seq_id).second) Invalid(Id(s.seq_id) + ": scheduled twice");
+    if (auto it = fresh.find(s.seq_id); it != fresh.end()) {
+      const NewSequenceSpec& n = *it->second;
+      ValidateScheduled(s, info, static_cast<int64_t>(n.token_ids.size()), n.num_cached_tokens, 0);
+    } else if (auto old = live.find(s.seq_id); old != live.end() && !erased.count(s.seq_id)) {
+      const Sequence& seq = old->second;
+      ValidateScheduled(s, info, static_cast<int64_t>(seq.token_ids.size()), seq.num_computed,
+                        seq.block_table.size());
+    } else {
+      Invalid(Id(s.seq_id) + ": scheduled but unknown");
+    }
+    num_tokens += s.num_tokens;
+  }
+  return num_tokens;
+}
+
+}  // namespace ferry::worker
