@@ -101,7 +101,9 @@ def test_queue_timeout_is_deadline_exceeded(busy_stack, ferry_pb):
     elapsed = time.perf_counter() - start
     hog.cancel()
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value.details()
-    assert elapsed < 0.15, f"took {elapsed * 1000:.1f} ms"
+    # The lane's 100 ms queue timeout answers, not the call's 30 s deadline (bound loose: a loaded
+    # 2-core machine took 157 ms once).
+    assert elapsed < 2.0, f"took {elapsed * 1000:.1f} ms"
     assert scheduler_idle(busy_stack)
 
 
