@@ -251,7 +251,8 @@ void EngineLoop::End(uint64_t seq_id, FinishKind kind, TimePoint now) {
   if (served && live.first_token) {
     RequestCompletion done;
     done.now_s = Seconds(now);
-    done.ttft_s = std::chrono::duration<double>(*live.first_token - live.arrival).count();
+    // Clamped: arrival was read on the service thread (see scheduler_service.cc's queue_s).
+    done.ttft_s = std::max(0.0, std::chrono::duration<double>(*live.first_token - live.arrival).count());
     done.tpot_s = live.num_tokens > 1
                       ? std::chrono::duration<double>(now - *live.first_token).count() / (live.num_tokens - 1)
                       : 0.0;

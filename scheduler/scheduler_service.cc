@@ -1,5 +1,7 @@
 #include "scheduler/scheduler_service.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 namespace ferry::scheduler {
@@ -124,7 +126,9 @@ grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry:
     out.set_finish(ToProto(event->finish));
     if (first) {
       const auto started = channel->started().value_or(Clock::now());
-      out.set_queue_s(std::chrono::duration<double>(started - arrival).count());
+      // Clamped: `started` is read on the engine thread, `arrival` here, and on this VM one core's
+      // clock read can lag another's by a few ms (a negative queue time was seen in CI).
+      out.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival).count()));
       first = false;
     }
     if (!writer->Write(out)) {
