@@ -1,5 +1,6 @@
 #include "gateway/generator.h"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <map>
@@ -238,7 +239,10 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFac
     last.mutable_usage()->set_prompt_tokens(prompt_tokens);
     last.mutable_usage()->set_completion_tokens(progress.completion_tokens);
     const double total_s = Seconds(arrival, Clock::now());
-    last.mutable_timings()->set_queue_s(progress.queue_s);
+    // queue_s is the scheduler's own measure (its clock reads on two threads can disagree by a
+    // few ms on this VM); the queue is part of the wait for the first token, so never longer.
+    last.mutable_timings()->set_queue_s(progress.first_token_s > 0 ? std::min(progress.queue_s, progress.first_token_s)
+                                                                   : progress.queue_s);
     last.mutable_timings()->set_first_token_s(progress.first_token_s);
     last.mutable_timings()->set_total_s(total_s);
     sink(last);
