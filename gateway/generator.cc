@@ -20,8 +20,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ferry::v1::FinishReason;
 
+// Clamped at 0: `from` and `to` may be read on different threads, and on this VM one core's clock
+// read can lag another's by a few ms (CI saw a negative time to first token).
 double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
+  return std::max(0.0, std::chrono::duration<double>(to - from).count());
 }
 
 uint64_t RandomU64() {
@@ -241,8 +243,8 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, const ContextFac
     const double total_s = Seconds(arrival, Clock::now());
     // queue_s is the scheduler's own measure (its clock reads on two threads can disagree by a
     // few ms on this VM); the queue is part of the wait for the first token, so never longer.
-    last.mutable_timings()->set_queue_s(progress.first_token_s > 0 ? std::min(progress.queue_s, progress.first_token_s)
-                                                                   : progress.queue_s);
+    last.mutable_timings()->set_queue_s(progress.completion_tokens > 0 ? std::min(progress.queue_s, progress.first_token_s)
+                                                                       : progress.queue_s);
     last.mutable_timings()->set_first_token_s(progress.first_token_s);
     last.mutable_timings()->set_total_s(total_s);
     sink(last);
