@@ -158,6 +158,7 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
   obs.last_step_s = last_step_s_;
   obs.last_step_tokens = last_step_tokens_;
+  obs.last_step_seqs = last_step_seqs_;
   obs.num_arrivals = std::exchange(arrivals_since_step_, 0);
   // Only preemptions for lack of KV blocks say the batch is too large; those that make room for
   // a higher-priority request (counted apart) do not, and must not shrink the cap.
@@ -165,6 +166,10 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.num_preemptions = static_cast<int32_t>(kv_preemptions - kv_preemptions_seen_);
   kv_preemptions_seen_ = kv_preemptions;
   const int32_t cap = controller_.Step(obs);
+  // Each step is observed once (an admin Set also asks for the cap).
+  last_step_s_ = 0;
+  last_step_tokens_ = 0;
+  last_step_seqs_ = 0;
   for (const CapChange& change : controller_.TakeChanges()) {
     spdlog::info("max_num_seqs {} -> {} ({}): {}", change.from, change.to, change.level, change.reason);
     metrics_->cap_changes.Add({{"kind", change.level}}).Increment();
@@ -216,6 +221,7 @@ void EngineLoop::RunStep() {
   const TimePoint end = Clock::now();
   last_step_s_ = std::chrono::duration<double>(end - start).count();
   last_step_tokens_ = plan.num_scheduled_tokens();
+  last_step_seqs_ = static_cast<int32_t>(plan.scheduled.size());
   metrics_->scheduled_tokens.Increment(last_step_tokens_);
   metrics_->steps.Increment();
   metrics_->step_seconds.Observe(last_step_s_);

@@ -132,6 +132,7 @@ class EngineLoop {
   double last_step_s_ = 0;
   Clock::duration deadline_margin_ = std::chrono::milliseconds(20);
   int32_t last_step_tokens_ = 0;
+  int32_t last_step_seqs_ = 0;
 
   mutable std::mutex state_mu_;
   LoopState state_;  // guarded by state_mu_

@@ -105,7 +105,11 @@ bool Controller::CountsLane(const std::string& lane) const {
 
 int32_t Controller::Step(const StepObservation& obs) {
   if (obs.num_arrivals > 0) arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals)});
-  if (obs.last_step_s > 0 && obs.last_step_tokens > 0) steps_.push_back({obs.now_s, obs.last_step_s});
+  if (obs.last_step_s > 0 && obs.last_step_tokens > 0) {
+    steps_.Add(obs.now_s, obs.last_step_s,
+               obs.last_step_seqs > 0 ? obs.last_step_seqs : obs.num_running, obs.last_step_tokens);
+    ++steps_since_change_;
+  }
   preemptions_since_adjust_ += obs.num_preemptions;
   Expire(obs.now_s);
   switch (options_.mode) {
@@ -120,7 +124,8 @@ void Controller::Expire(double now_s) {
   const double rate_from = now_s - options_.load.rate_window_s;
   while (!arrivals_.empty() && arrivals_.front().time_s < rate_from) arrivals_.pop_front();
   const double slo_from = now_s - options_.slo.window_s;
-  for (auto* d : {&ttft_, &tpot_, &steps_, &contexts_}) {
+  steps_.Expire(slo_from);
+  for (auto* d : {&ttft_, &tpot_, &contexts_}) {
     while (!d->empty() && d->front().time_s < slo_from) d->pop_front();
   }
 }
@@ -174,20 +179,49 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
              Fmt(" (queue %.0f, rate %.1f/s, kv %.2f)", obs.num_waiting, rate, obs.kv_usage));
 }
 
+double Controller::SeatsFor(double target_s, int32_t running, double now_s) const {
+  if (now_s <= 0) return options_.max_num_seqs;
+  // The fitted cost of one more sequence when the window supports a fit;
+  // otherwise step time in proportion to the batch (an upper bound: a fixed
+  // part of the step does not grow at all).
+  if (const std::optional<double> per_seq = steps_.MarginalSeqCost()) {
+    return std::min<double>(running + (target_s - now_s) / *per_seq, options_.max_num_seqs);
+  }
+  return std::min<double>(running * target_s / now_s, options_.max_num_seqs);
+}
+
+void Controller::ForgetPastCap() {
+  ttft_.clear();
+  tpot_.clear();
+  steps_since_change_ = 0;
+}
+
 void Controller::StepSlo(const StepObservation& obs) {
   const SloOptions& o = options_.slo;
   if (obs.now_s - last_adjust_s_ < o.adjust_interval_s) return;
+  // Too few steps under the current cap to judge it (idle, or just changed).
+  if (steps_since_change_ < kMinStepsToJudge) return;
   const bool has_samples = static_cast<int32_t>(ttft_.size()) >= o.min_samples;
   ttft_p_s_ = has_samples ? Percentile(Values(ttft_), o.percentile) : 0.0;
   tpot_p_s_ = has_samples ? Percentile(Values(tpot_), o.percentile) : 0.0;
-  // Step durations lead per-request TPOT (a request's TPOT averages its steps).
-  const double step_p = Percentile(Values(steps_), o.percentile);
+  // The mean of the latest steps under the current cap leads per-request
+  // TPOT (a request's TPOT averages its steps). Not a percentile of steps:
+  // one step that carries a long prefill chunk is several decode steps long,
+  // yet it adds only one token's delay to each running request.
+  const int32_t num_recent = std::min(steps_since_change_, std::max(1, o.step_window));
+  const double step_mean = steps_.RecentMean(static_cast<size_t>(num_recent));
   const int32_t running = std::max(1, std::min(num_seqs_, obs.num_running));
-  const int32_t cut = std::max(options_.min_num_seqs,
-                               static_cast<int32_t>(std::floor(running * o.decrease_factor)));
+  // A TPOT miss cuts to the seats whose predicted step time meets the target,
+  // by at least one seat and at most down to decrease_factor of the batch.
+  const double tpot_now = std::max(step_mean, tpot_p_s_);
+  const int32_t cut = std::max(
+      options_.min_num_seqs,
+      std::clamp(static_cast<int32_t>(std::floor(SeatsFor(o.tpot_target_s, running, tpot_now))),
+                 static_cast<int32_t>(std::floor(running * o.decrease_factor)), running - 1));
   const int32_t preempted = preemptions_since_adjust_;
   preemptions_since_adjust_ = 0;
   last_adjust_s_ = obs.now_s;
+  const size_t changes_before = changes_.size();
   if (preempted > 0 || obs.kv_usage > o.kv_high_usage) {
     // KV pressure: preemption by recompute is the pool's normal overflow
     // valve, so step down gently (a multiplicative cut here oscillates
@@ -198,39 +232,63 @@ void Controller::StepSlo(const StepObservation& obs) {
              Fmt("kv pressure: %.0f preemptions, kv usage %.2f (limit %.2f)", preempted,
                  obs.kv_usage, o.kv_high_usage));
     }
-    return;
-  }
-  if (tpot_p_s_ > o.tpot_target_s || step_p > o.tpot_target_s) {
+  } else if (tpot_p_s_ > o.tpot_target_s || step_mean > o.tpot_target_s) {
     if (cut < num_seqs_) {
       Change(obs.now_s, cut, "cut",
              Fmt("tpot p%.0f %.1f ms (steps %.1f ms) > target", o.percentile,
-                 1e3 * tpot_p_s_, 1e3 * step_p) +
+                 1e3 * tpot_p_s_, 1e3 * step_mean) +
                  Fmt(" %.1f ms", 1e3 * o.tpot_target_s));
     }
-    return;
+  } else {
+    MaybeRaise(obs, running, step_mean);
   }
-  // TPOT and KV hold. Work waiting behind a full cap: more seats. (A TTFT
-  // miss with a full cap and a queue is queueing, which more seats relieve;
-  // with seats free, a smaller cap would not help TTFT either.)
-  const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
-  // Seats beyond what the pool holds at the mean final context only buy
-  // preemptions (recompute), so raises stop there.
+  // Completions and steps so far ran under the old cap; judging the new one
+  // by them would repeat a cut (or a raise) that has already been made.
+  if (changes_.size() != changes_before) ForgetPastCap();
+}
+
+int32_t Controller::RaiseLimit(const StepObservation& obs, int32_t running, double step_mean) const {
+  const SloOptions& o = options_.slo;
   int32_t limit = options_.max_num_seqs;
+  // Seats beyond what the pool holds at the mean final context only buy
+  // preemptions (recompute).
   if (obs.kv_capacity_tokens > 0 && static_cast<int32_t>(contexts_.size()) >= o.min_samples) {
     double sum = 0;
     for (const TimedValue& v : contexts_) sum += v.value;
     const double fit = o.kv_raise_limit * static_cast<double>(obs.kv_capacity_tokens) /
                        std::max(1.0, sum / static_cast<double>(contexts_.size()));
-    limit = std::clamp(static_cast<int32_t>(fit), options_.min_num_seqs, limit);
+    limit = std::min(limit, static_cast<int32_t>(fit));
   }
-  if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit || num_seqs_ >= limit) return;
+  // Never past the seats whose predicted mean step time reaches the aim
+  // (raise_headroom of the target), nor those whose predicted TPOT
+  // percentile reaches half that headroom: a percentile already includes
+  // most of the spread the headroom on the mean allows for. So a raise does
+  // not overshoot the target on its own.
+  double fit = SeatsFor(o.raise_headroom * o.tpot_target_s, running, step_mean);
+  if (tpot_p_s_ > 0) {
+    const double percentile_aim = 0.5 * (1.0 + o.raise_headroom) * o.tpot_target_s;
+    fit = std::min(fit, SeatsFor(percentile_aim, running, tpot_p_s_));
+  }
+  limit = std::min(limit, static_cast<int32_t>(std::floor(std::max(0.0, fit))));
+  return std::max(limit, options_.min_num_seqs);
+}
+
+void Controller::MaybeRaise(const StepObservation& obs, int32_t running, double step_mean) {
+  const SloOptions& o = options_.slo;
+  // Work waiting behind a full cap: more seats. (A TTFT miss with a full cap
+  // and a queue is queueing, which more seats relieve; with seats free, a
+  // smaller cap would not help TTFT either.)
+  const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
+  if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit) return;
+  const int32_t limit = RaiseLimit(obs, running, step_mean);
+  if (num_seqs_ >= limit) return;
   int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);
   if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 2);  // deep queue: faster
   const int32_t to = std::min(limit, num_seqs_ + step);
   Change(obs.now_s, to, "raise",
          Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting, o.percentile,
              1e3 * ttft_p_s_) +
-             Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, step_p),
+             Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, step_mean),
                  1e3 * o.tpot_target_s));
 }
 
@@ -239,6 +297,7 @@ void Controller::Set(int32_t num_seqs, double now_s) {
   last_adjust_s_ = now_s;
   level_since_s_ = now_s;
   Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + ")");
+  ForgetPastCap();
 }
 
 void Controller::Change(double now_s, int32_t to, std::string level, std::string reason) {

@@ -15,8 +15,11 @@
 //               minimum dwell time.
 //   slo         targets a percentile of TTFT and TPOT over a sliding window;
 //               raises the cap while the targets hold and work waits behind a
-//               full cap, cuts it (multiplicatively) when TPOT or KV pressure
-//               says the batch is too large. See controller.cc for the rules.
+//               full cap (never past the cap whose predicted step time meets
+//               the TPOT target, nor past what the KV pool holds), cuts it
+//               when TPOT or KV pressure says the batch is too large. After a
+//               change only completions that follow it count. See
+//               controller.cc for the rules.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "scheduler/core/step_time_model.h"
 
 namespace ferry::scheduler {
 
@@ -62,6 +67,16 @@ struct SloOptions {
   double percentile = 95.0;
   double window_s = 20.0;          // completions and steps older than this are dropped
   int32_t min_samples = 20;        // completions needed before the TTFT/TPOT percentiles count
+  // A request's TPOT is the mean of the steps it ran in, so the mean duration
+  // of the latest steps predicts the TPOT of the batch now running, long
+  // before its requests complete. About the steps of one chat reply: a
+  // shorter window chases the prefill burst that every raise admits.
+  int32_t step_window = 256;
+  // Raises aim the predicted mean step time at this share of the TPOT target
+  // (and the TPOT percentile at half the gap): the percentile of per-request
+  // TPOT sits above the mean step time, and the gap between raising and
+  // cutting keeps the cap from flapping.
+  double raise_headroom = 0.85;
   double adjust_interval_s = 0.5;  // at most one change per interval
   double decrease_factor = 0.75;   // multiplicative decrease
   int32_t increase_step = 0;       // additive increase; 0: max(1, cap / 8)
@@ -90,6 +105,7 @@ struct StepObservation {
   double kv_usage = 0;             // used / total KV blocks, [0, 1]
   double last_step_s = 0;          // duration of the previous step (0: none)
   int32_t last_step_tokens = 0;    // tokens computed in the previous step
+  int32_t last_step_seqs = 0;      // sequences in the previous step (0: num_running)
   int32_t num_arrivals = 0;        // requests added since the previous observation
   int32_t num_preemptions = 0;     // preemptions since the previous observation
   int64_t kv_capacity_tokens = 0;  // KV pool size in tokens (0: unknown)
@@ -153,8 +169,19 @@ class Controller {
   void Change(double now_s, int32_t to, std::string level, std::string reason);
   void StepLoadLevel(const StepObservation& obs);
   void StepSlo(const StepObservation& obs);
+  void MaybeRaise(const StepObservation& obs, int32_t running, double step_mean);
+  // The highest cap a raise may reach: what the KV pool holds and what keeps
+  // the predicted step time within the TPOT target.
+  int32_t RaiseLimit(const StepObservation& obs, int32_t running, double step_mean) const;
   double ArrivalRate(double now_s) const;
   void Expire(double now_s);
+  // Seats at which the predicted mean step time reaches `target_s`, from
+  // `running` seats whose steps now average `now_s` (fractional).
+  double SeatsFor(double target_s, int32_t running, double now_s) const;
+  // The completions and steps so far describe the cap before a change: stop
+  // judging the new cap by them (the step-time fit keeps them: it needs
+  // steps of many batch sizes).
+  void ForgetPastCap();
   bool CountsLane(const std::string& lane) const;
 
   ControllerOptions options_;
@@ -165,7 +192,9 @@ class Controller {
   std::deque<TimedValue> arrivals_;  // (time, count)
   std::deque<TimedValue> ttft_;      // (completion time, ttft)
   std::deque<TimedValue> tpot_;
-  std::deque<TimedValue> steps_;     // (time, step duration)
+  StepTimeModel steps_;              // the fit spans cap changes: it needs their variety
+  int32_t steps_since_change_ = 0;
+  static constexpr int32_t kMinStepsToJudge = 16;
   std::deque<TimedValue> contexts_;  // (completion time, final context tokens), every lane
   int32_t preemptions_since_adjust_ = 0;
   double ttft_p_s_ = 0;

@@ -90,7 +90,7 @@ TEST(ControllerTest, SloRaisesWhileWorkWaitsBehindAFullCap) {
   Controller c(Options(ControllerMode::kSlo));
   EXPECT_EQ(c.num_seqs(), 8);
   double t = 0;
-  for (int i = 0; i < 200 && c.num_seqs() < 64; ++i, t += 0.1) c.Step(Obs(t, c.num_seqs(), 4));
+  for (int i = 0; i < 3000 && c.num_seqs() < 64; ++i, t += 0.01) c.Step(Obs(t, c.num_seqs(), 4));
   EXPECT_EQ(c.num_seqs(), 64);
   EXPECT_EQ(c.changes().front().level, "raise");
   // Seats free: no raise needed.
@@ -99,21 +99,34 @@ TEST(ControllerTest, SloRaisesWhileWorkWaitsBehindAFullCap) {
   EXPECT_EQ(d.num_seqs(), 8);
 }
 
+// Feeds `n` steps of `step_s` from `t` (the controller judges a cap only
+// after 16 steps under it); the first reports `preemptions`. Returns the time
+// after them.
+double Feed(Controller& c, double t, int n, int32_t running, int32_t waiting, double kv,
+            double step_s, int32_t preemptions = 0) {
+  for (int i = 0; i < n; ++i, t += step_s) {
+    c.Step(Obs(t, running, waiting, kv, step_s, 0, i == 0 ? preemptions : 0));
+  }
+  return t;
+}
+
 TEST(ControllerTest, SloCutsOnTpotViolationAndKvPressure) {
   ControllerOptions o = Options(ControllerMode::kSlo);
   o.initial_num_seqs = 32;
   Controller c(o);
-  c.Step(Obs(0, 32, 10, 0.5, 0.080));  // steps of 80 ms > 50 ms target
+  // Steps of 80 ms > 50 ms target: 32 * 50 / 80 = 20 seats would meet it, but
+  // one cut goes no lower than 0.75 * 32.
+  double t = Feed(c, 0, 16, 32, 10, 0.5, 0.080);
   EXPECT_EQ(c.num_seqs(), 24);
   EXPECT_NE(c.changes().back().reason.find("tpot"), std::string::npos);
-  c.Step(Obs(1, 24, 10, 0.5, 0.010, 0, 3));  // preemptions: a gentle step down, 24 - 24/8
+  t = Feed(c, t, 60, 24, 10, 0.5, 0.010, 3);  // preemptions: a gentle step down, 24 - 24/8
   EXPECT_EQ(c.num_seqs(), 21);
   EXPECT_NE(c.changes().back().reason.find("kv pressure"), std::string::npos);
-  // Within the adjust interval nothing changes.
-  c.Step(Obs(1.1, 21, 10, 0.99, 0.2));
+  // Within the adjust interval (and before 16 steps under the new cap) nothing changes.
+  t = Feed(c, t, 5, 21, 10, 0.99, 0.01);
   EXPECT_EQ(c.num_seqs(), 21);
   // Never below min.
-  for (int i = 0; i < 50; ++i) c.Step(Obs(2 + i, 18, 10, 0.99, 0.2));
+  for (int i = 0; i < 50; ++i) t = Feed(c, t, 16, c.num_seqs(), 10, 0.99, 0.05);
   EXPECT_EQ(c.num_seqs(), 2);
 }
 
@@ -128,16 +141,16 @@ TEST(ControllerTest, SloRaisesOnlyUpToWhatTheKvPoolHolds) {
   Controller c(o);
   // 1,000-token requests in a 20,000-token pool: 0.85 * 20 = 17 fit.
   for (int i = 0; i < 10; ++i) c.OnCompletion({0.01 * i, 0.1, 0.005, "batch", 1000});
-  for (int i = 0; i < 100; ++i) {
-    StepObservation obs = Obs(0.5 * (i + 1), c.num_seqs(), 500, 0.5);
+  for (int i = 0; i < 3000; ++i) {
+    StepObservation obs = Obs(0.05 * (i + 1), c.num_seqs(), 500, 0.5);
     obs.kv_capacity_tokens = 20000;
-    for (int j = 0; j < 5; ++j) c.OnCompletion({obs.now_s, 0.1, 0.005, "batch", 1000});
+    if (i % 10 == 0) c.OnCompletion({obs.now_s, 0.1, 0.005, "batch", 1000});
     c.Step(obs);
   }
   EXPECT_EQ(c.num_seqs(), 17);
   // Without a pool size the same queue raises to the maximum.
   Controller d(o);
-  for (int i = 0; i < 100; ++i) d.Step(Obs(0.5 * (i + 1), d.num_seqs(), 500, 0.5));
+  for (int i = 0; i < 3000; ++i) d.Step(Obs(0.05 * (i + 1), d.num_seqs(), 500, 0.5));
   EXPECT_EQ(d.num_seqs(), 256);
 }
 
@@ -148,17 +161,76 @@ TEST(ControllerTest, SloUsesCompletionsOfItsLanesOnly) {
   o.initial_num_seqs = 32;
   Controller c(o);
   for (int i = 0; i < 10; ++i) c.OnCompletion({0.1 * i, 0.2, 0.500, "batch"});
-  c.Step(Obs(1, 32, 5, 0.5, 0.005));
+  Feed(c, 1, 16, 32, 5, 0.5, 0.005);
   EXPECT_GT(c.num_seqs(), 32);  // batch TPOT does not count: raised
-  for (int i = 0; i < 10; ++i) c.OnCompletion({1 + 0.1 * i, 0.2, 0.080, "interactive"});
+  for (int i = 0; i < 10; ++i) c.OnCompletion({1.1 + 0.1 * i, 0.2, 0.080, "interactive"});
   const int32_t before = c.num_seqs();
-  c.Step(Obs(3, before, 5, 0.5, 0.005));
+  Feed(c, 3, 16, before, 5, 0.5, 0.005);
   EXPECT_LT(c.num_seqs(), before);
   EXPECT_NEAR(c.status().tpot_p_s, 0.080, 1e-12);
-  // Old completions leave the window: no more cuts for them.
+  // The completions that caused the cut do not count against the new cap.
   const int32_t after = c.num_seqs();
-  c.Step(Obs(100, after, 0, 0.5, 0.005));
+  Feed(c, 100, 16, after, 0, 0.5, 0.005);
   EXPECT_EQ(c.num_seqs(), after);
+}
+
+// A step that carries a long prefill chunk is many decode steps long, yet
+// adds one token's delay to each running request: the mean of the latest
+// steps, not their percentile, is what per-request TPOT follows.
+TEST(ControllerTest, SloDoesNotCutForOneLongPrefillStep) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.initial_num_seqs = 16;
+  o.slo.tpot_target_s = 0.005;
+  Controller c(o);
+  // 63 decode steps of 3 ms and one 13 ms prefill step in every 64: p95 of
+  // steps is 13 ms, their mean 3.2 ms.
+  for (int i = 0; i < 640; ++i) c.Step(Obs(0.004 * i, 16, 0, 0.1, i % 64 == 63 ? 0.013 : 0.003));
+  EXPECT_TRUE(c.changes().empty()) << c.changes().front().reason;
+  // A batch whose steps average 6 ms (0.375 ms a sequence) is cut to the
+  // seats that meet 5 ms, 13, and holds there.
+  for (int i = 0; i < 2000; ++i) {
+    const int32_t cap = c.num_seqs();
+    c.Step(Obs(3 + 0.006 * i, cap, 0, 0.1, 0.000375 * cap));
+  }
+  ASSERT_FALSE(c.changes().empty());
+  EXPECT_EQ(c.changes().front().level, "cut");
+  EXPECT_EQ(c.num_seqs(), 13);
+}
+
+// A raise never takes the predicted step time past the TPOT target: step
+// time grows at most in proportion to the batch.
+TEST(ControllerTest, SloRaisesOnlyUpToTheTpotTarget) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.initial_num_seqs = 20;
+  o.slo.tpot_target_s = 0.005;
+  Controller c(o);
+  // 20 running at 3 ms a step, a deep queue: the aim 0.85 * 5 ms allows
+  // 20 * 4.25 / 3 = 28 seats, though the deep queue asks for +10.
+  Feed(c, 0, 16, 20, 100, 0.1, 0.003);
+  EXPECT_EQ(c.num_seqs(), 28);
+  // At 4.5 ms a step (above the aim, below the target) it holds.
+  for (int i = 0; i < 600; ++i) c.Step(Obs(1 + 0.0045 * i, 28, 100, 0.1, 0.0045));
+  EXPECT_EQ(c.num_seqs(), 28);
+  EXPECT_EQ(c.changes().size(), 1u);
+}
+
+// After a cut, completions of requests that ran under the old cap do not
+// cut again: only completions after a change count.
+TEST(ControllerTest, SloJudgesANewCapOnlyByCompletionsAfterIt) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.initial_num_seqs = 32;
+  o.slo.min_samples = 5;
+  o.slo.tpot_target_s = 0.005;
+  Controller c(o);
+  for (int i = 0; i < 10; ++i) c.OnCompletion({0.01 * i, 0.1, 0.008, "interactive"});
+  double t = Feed(c, 1, 16, 32, 10, 0.1, 0.003);
+  EXPECT_EQ(c.num_seqs(), 24);  // cut once for TPOT p95 8 ms (no lower than 0.75 * 32)
+  t = Feed(c, t, 400, 24, 0, 0.1, 0.003);
+  EXPECT_EQ(c.num_seqs(), 24);
+  EXPECT_EQ(c.status().tpot_p_s, 0.0);  // no completions since the cut
+  for (int i = 0; i < 10; ++i) c.OnCompletion({t + 0.01 * i, 0.1, 0.008, "interactive"});
+  Feed(c, t + 0.1, 200, 24, 10, 0.1, 0.003);
+  EXPECT_EQ(c.num_seqs(), 18);  // fresh evidence: cut again
 }
 
 }  // namespace

@@ -127,6 +127,7 @@ class Simulation {
     shape.num_seqs = static_cast<int32_t>(plan.scheduled.size());
     last_step_s_ = cost_.StepSeconds(shape);
     last_step_tokens_ = static_cast<int32_t>(shape.num_tokens);
+    last_step_seqs_ = shape.num_seqs;
     now_ += last_step_s_;
     result_.busy_s += last_step_s_;
     for (const auto& e : core_.Commit(plan, sampled)) Record(e);
@@ -143,6 +144,7 @@ class Simulation {
     obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
     obs.last_step_s = last_step_s_;
     obs.last_step_tokens = last_step_tokens_;
+    obs.last_step_seqs = last_step_seqs_;
     obs.num_arrivals = arrivals_since_obs_;
     // KV pressure only: priority preemptions say nothing about the batch size.
     const uint64_t pressure = core_.num_preemptions() - core_.num_priority_preemptions();
@@ -151,6 +153,7 @@ class Simulation {
     arrivals_since_obs_ = 0;
     last_step_s_ = 0;
     last_step_tokens_ = 0;
+    last_step_seqs_ = 0;
     return obs;
   }
 
@@ -187,6 +190,7 @@ class Simulation {
   double now_ = 0;
   double last_step_s_ = 0;
   int32_t last_step_tokens_ = 0;
+  int32_t last_step_seqs_ = 0;
   int32_t arrivals_since_obs_ = 0;
   uint64_t preemptions_seen_ = 0;
 };

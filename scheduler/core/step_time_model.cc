@@ -1,0 +1,63 @@
+#include "scheduler/core/step_time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ferry::scheduler {
+
+void StepTimeModel::Add(double now_s, double duration_s, int32_t seqs, int32_t tokens) {
+  steps_.push_back({now_s, duration_s, static_cast<double>(seqs), static_cast<double>(tokens)});
+}
+
+void StepTimeModel::Expire(double from_s) {
+  while (!steps_.empty() && steps_.front().time_s < from_s) steps_.pop_front();
+}
+
+double StepTimeModel::RecentMean(size_t n) const {
+  n = std::min(n, steps_.size());
+  if (n == 0) return 0.0;
+  double sum = 0;
+  for (size_t i = steps_.size() - n; i < steps_.size(); ++i) sum += steps_[i].duration_s;
+  return sum / static_cast<double>(n);
+}
+
+std::optional<double> StepTimeModel::MarginalSeqCost(size_t min_steps) const {
+  if (steps_.size() < std::max<size_t>(min_steps, 3)) return std::nullopt;
+  // Centred normal equations of y = a + b x1 + c x2.
+  const double n = static_cast<double>(steps_.size());
+  double m1 = 0, m2 = 0, my = 0;
+  for (const Step& s : steps_) {
+    m1 += s.seqs;
+    m2 += s.tokens;
+    my += s.duration_s;
+  }
+  m1 /= n;
+  m2 /= n;
+  my /= n;
+  double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0;
+  for (const Step& s : steps_) {
+    const double d1 = s.seqs - m1, d2 = s.tokens - m2, dy = s.duration_s - my;
+    s11 += d1 * d1;
+    s22 += d2 * d2;
+    s12 += d1 * d2;
+    s1y += d1 * dy;
+    s2y += d2 * dy;
+  }
+  // The sequence count must vary (a standard deviation of half a sequence).
+  if (s11 < n * 0.25) return std::nullopt;
+  const double det = s11 * s22 - s12 * s12;
+  double cost = 0;
+  if (det <= 1e-6 * s11 * s22) {
+    // Tokens move with sequences (a window of pure decode steps has tokens ==
+    // seqs): the slope on sequences alone is already b + c.
+    cost = s1y / s11;
+  } else {
+    const double b = (s1y * s22 - s2y * s12) / det;
+    const double c = (s2y * s11 - s1y * s12) / det;
+    cost = b + c;
+  }
+  if (!std::isfinite(cost) || cost <= 0) return std::nullopt;
+  return cost;
+}
+
+}  // namespace ferry::scheduler

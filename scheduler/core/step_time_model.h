@@ -1,0 +1,42 @@
+// What the recent engine steps say about step time, for the slo controller:
+// the mean of the latest steps (which per-request TPOT follows) and the
+// marginal cost of one more running sequence, fitted by least squares
+//   step_s ~ a + b * seqs + c * tokens
+// over a sliding window. One more decoding sequence adds a seat and a token
+// to every step, so it costs b + c. Pure: times are passed in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+namespace ferry::scheduler {
+
+class StepTimeModel {
+ public:
+  // A step of `duration_s` that computed `tokens` tokens for `seqs` sequences.
+  void Add(double now_s, double duration_s, int32_t seqs, int32_t tokens);
+  // Drops steps that ended before `from_s`.
+  void Expire(double from_s);
+  size_t size() const { return steps_.size(); }
+
+  // Mean duration of the latest `n` steps (0 without steps).
+  double RecentMean(size_t n) const;
+  // Seconds one more running sequence adds to a step (b + c above; the slope
+  // on sequences alone when tokens move with them). Empty with fewer than
+  // `min_steps` steps, when the sequence count hardly varies (standard
+  // deviation under half a sequence), or when the fit is not positive.
+  std::optional<double> MarginalSeqCost(size_t min_steps = 64) const;
+
+ private:
+  struct Step {
+    double time_s;
+    double duration_s;
+    double seqs;
+    double tokens;
+  };
+  std::deque<Step> steps_;
+};
+
+}  // namespace ferry::scheduler
