@@ -48,18 +48,6 @@ std::vector<TraceRequest> LoadWorkload(const Flags& f) {
   return GenerateWorkload(w);
 }
 
-// The interactive (and default) lanes' goodput SLO is the slo controller's
-// target, so one pair of flags states what "good" means for both.
-std::vector<LaneConfig> Lanes(const Flags& f) {
-  std::vector<LaneConfig> lanes = StandardLanes();
-  for (LaneConfig& l : lanes) {
-    if (l.name == "batch") continue;
-    l.ttft_slo_s = f.ttft_target_s;
-    l.tpot_slo_s = f.tpot_target_s;
-  }
-  return lanes;
-}
-
 SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, ControllerMode mode, int32_t cap) {
   SimOptions sim;
   sim.scheduler = DefaultSchedulerConfig(cost.params());
@@ -72,7 +60,7 @@ SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, Controll
   sim.controller.slo.ttft_target_s = f.ttft_target_s;
   sim.controller.slo.tpot_target_s = f.tpot_target_s;
   sim.controller.slo.percentile = f.slo_percentile;
-  sim.lanes = Lanes(f);
+  sim.lanes = LanesWithSlo(f.ttft_target_s, f.tpot_target_s);
   return sim;
 }
 
@@ -97,7 +85,7 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
               "int. TTFT p99 ms | tok/s | preemptions | cap changes |\n|---|---|---|---|---|---|---|---|---|\n");
   auto row = [&](const std::string& name, ControllerMode mode, int32_t cap) {
     SimResult r = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, cap));
-    SimReport rep = Summarize(r, Lanes(f));
+    SimReport rep = Summarize(r, LanesWithSlo(f.ttft_target_s, f.tpot_target_s));
     auto lane = [&](const char* n) {
       for (const LaneReport& l : rep.lanes) if (l.lane == n) return l;
       return LaneReport{};
@@ -120,7 +108,7 @@ int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<Trac
   const auto start = std::chrono::steady_clock::now();
   SimResult result = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, f.max_num_seqs));
   const double wall = WallSeconds(start);
-  SimReport rep = Summarize(result, Lanes(f));
+  SimReport rep = Summarize(result, LanesWithSlo(f.ttft_target_s, f.tpot_target_s));
   std::printf("preset %s, mode %s, max_num_seqs %d, %zu requests\n%s", cost.params().name.c_str(),
               f.mode.c_str(), f.max_num_seqs, trace.size(), FormatReport(rep).c_str());
   std::printf("cap changes:\n%s", FormatCapChanges(result, 40).c_str());

@@ -144,6 +144,16 @@ WorkloadOptions ScenarioWorkload(const std::string& name, double spike_multiplie
   return w;
 }
 
+std::vector<LaneConfig> LanesWithSlo(double ttft_s, double tpot_s) {
+  std::vector<LaneConfig> lanes = StandardLanes();
+  for (LaneConfig& l : lanes) {
+    if (l.name == "batch") continue;
+    l.ttft_slo_s = ttft_s;
+    l.tpot_slo_s = tpot_s;
+  }
+  return lanes;
+}
+
 scheduler::ControllerOptions ControllerFor(scheduler::ControllerMode mode, int32_t max_num_seqs) {
   scheduler::ControllerOptions o;
   o.mode = mode;

@@ -25,6 +25,10 @@ scheduler::SchedulerConfig DefaultSchedulerConfig(const CostModelParams& params)
 // interactive: priority 1, TTFT <= 1 s, TPOT <= 50 ms; batch: priority 0,
 // TTFT <= 30 s, TPOT <= 200 ms; default: priority 0, TTFT <= 1 s, TPOT <= 50 ms.
 std::vector<LaneConfig> StandardLanes();
+// StandardLanes with the interactive and default lanes' SLO replaced (the
+// batch lane keeps its own): one pair of numbers says what "good" means and
+// what the slo controller targets.
+std::vector<LaneConfig> LanesWithSlo(double ttft_s, double tpot_s);
 
 // The seed's benchmark: input ~512 tokens (log-normal, 32..2048), output 128,
 // a closed loop of `cap` clients. One row per cap.
