@@ -25,7 +25,7 @@ struct Flags {
   double slo_tpot_ms = 50;
   double slo_percentile = 95;
   std::vector<std::string> slo_lanes;
-  bool enable_prefix_caching = false;
+  bool enable_prefix_caching = true;  // vLLM V1's default: a preempted sequence resumes from cache
   int aging_interval_ms = 0;
   std::vector<std::string> lane_reservations;
   int max_num_batched_tokens = 8192;
@@ -46,7 +46,8 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: time-per-output-token target");
   app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");
   app.add_option("--slo-lane", f.slo_lanes, "slo mode: only these lanes' requests count (repeatable; default all)");
-  app.add_flag("--enable-prefix-caching", f.enable_prefix_caching, "Share full KV blocks of identical prefixes");
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
+               "Share full KV blocks of identical prefixes (default on)");
   app.add_option("--aging-interval-ms", f.aging_interval_ms, "Each interval waited raises priority by one (0: off)");
   app.add_option("--lane-reservation", f.lane_reservations,
                  "LANE=SEQS_FRACTION:BLOCKS_FRACTION kept for a lane while it has waiting work (repeatable)");
