@@ -1,6 +1,8 @@
 """Priority and cancellation through the real stack (sim backend, 5 ms a step,
 4 seats): interactive time to first token under a batch-lane flood stays within
-2x of its value with no flood; a storm of 500 streams cancelled at random
+2x of its value with no flood (p95 of 80 probes: one scheduling hiccup of this
+2-core VM must not decide it, while losing priority would put every probe
+behind a 300-token batch request, ~1.5 s); a storm of 500 streams cancelled at random
 moments leaves every KV block free and no request in the scheduler."""
 import concurrent.futures as cf
 import random
@@ -52,16 +54,16 @@ def ttft(stub, pb, lane, max_tokens=3):
     raise AssertionError("no tokens")
 
 
-def p99(values):
+def percentile(values, pct):
     s = sorted(values)
-    return s[min(len(s) - 1, int(0.99 * (len(s) - 1) + 0.5))]
+    return s[min(len(s) - 1, int(pct / 100 * (len(s) - 1) + 0.5))]
 
 
 def test_interactive_ttft_under_batch_flood(sim_stack, ferry_pb):
     stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(sim_stack.gateway))
     for _ in range(5):
         ttft(stub, ferry_pb, "interactive")  # warm up
-    quiet = [ttft(stub, ferry_pb, "interactive") for _ in range(40)]
+    quiet = [ttft(stub, ferry_pb, "interactive") for _ in range(80)]
 
     stop = threading.Event()
 
@@ -75,13 +77,15 @@ def test_interactive_ttft_under_batch_flood(sim_stack, ferry_pb):
         floods = [pool.submit(flood) for _ in range(12)]  # 12 streams for 4 seats: saturated, queue never empty
         time.sleep(0.5)
         waiting = scheduler_values(sim_stack)[("ferry_scheduler_requests", (("state", "waiting"),))]
-        loaded = [ttft(stub, ferry_pb, "interactive") for _ in range(40)]
+        loaded = [ttft(stub, ferry_pb, "interactive") for _ in range(80)]
         stop.set()
         for f in floods:
             f.result()
-    print(f"interactive p99 TTFT: quiet {p99(quiet) * 1000:.1f} ms, under flood {p99(loaded) * 1000:.1f} ms")
+    print("interactive TTFT p95 / p99: quiet {:.1f} / {:.1f} ms, under flood {:.1f} / {:.1f} ms".format(
+        *(1000 * percentile(v, p) for v in (quiet, loaded) for p in (95, 99))))
     assert waiting > 0, "the flood did not saturate the engine"
-    assert p99(loaded) <= 2 * p99(quiet), f"p99 TTFT {p99(loaded) * 1000:.1f} ms under flood vs {p99(quiet) * 1000:.1f} ms quiet"
+    assert percentile(loaded, 95) <= 2 * percentile(quiet, 95), (
+        f"p95 TTFT {percentile(loaded, 95) * 1000:.1f} ms under flood vs {percentile(quiet, 95) * 1000:.1f} ms quiet")
     wait_idle(sim_stack)
 
 
