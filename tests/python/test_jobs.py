@@ -86,7 +86,9 @@ def test_submit_50_and_poll_matches_unary(stubs, pb):
 
 def test_cancel(stubs, pb):
     jobs, _ = stubs
-    ids = [jobs.Submit(greedy(pb, f"long job {i}", max_tokens=200), metadata=auth("alpha"), timeout=30).job_id
+    # 1,500 tokens: a running job must outlive the submits and cancels before it (CI once saw a
+    # 200-token job of this tiny model finish in 80 ms, before its cancel arrived).
+    ids = [jobs.Submit(greedy(pb, f"long job {i}", max_tokens=1500), metadata=auth("alpha"), timeout=30).job_id
            for i in range(12)]
     for job_id in ids[:6]:
         job = jobs.CancelJob(pb.jobs.CancelJobRequest(job_id=job_id), metadata=auth("alpha"), timeout=30)
@@ -96,7 +98,7 @@ def test_cancel(stubs, pb):
         assert finished[job_id].state == pb.jobs.JOB_STATE_CANCELLED
     for job_id in ids[6:]:
         assert finished[job_id].state == pb.jobs.JOB_STATE_DONE
-        assert finished[job_id].result.usage.completion_tokens == 200
+        assert finished[job_id].result.usage.completion_tokens == 1500
 
 
 def test_tenants_are_isolated(stubs, pb):
