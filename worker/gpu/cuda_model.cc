@@ -14,7 +14,6 @@
 #include "kernels/cuda/sampling.h"
 #include "worker/comm/communicator.h"
 #include "worker/gpu/cuda_model_internal.h"
-#include "worker/gpu/gpu_shard.h"
 
 namespace ferry::worker::gpu {
 
@@ -23,7 +22,7 @@ namespace kcu = kernels::cuda;
 CudaQwen2Model::CudaQwen2Model(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream)
     : config_(LoadQwen2Config(dir)),
       options_(options),
-      shard_(PlanGpuShard(config_, options.comm ? options.comm->rank() : 0, options.comm ? options.comm->size() : 1)),
+      shard_(PlanShard(config_, options.comm ? options.comm->rank() : 0, options.comm ? options.comm->size() : 1)),
       stream_(stream) {
   const Qwen2Config& c = config_;
   if (!kcu::AttentionSupported(c.head_dim, shard_.num_q_heads, shard_.num_kv_heads)) {

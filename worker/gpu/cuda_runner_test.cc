@@ -11,7 +11,6 @@
 #include "worker/gpu/batch_builder.h"
 #include "worker/gpu/cuda_runner.h"
 #include "worker/gpu/decode_graphs.h"
-#include "worker/gpu/gpu_shard.h"
 #include "worker/model/random_checkpoint.h"
 
 namespace ferry::worker::gpu {
@@ -122,37 +121,6 @@ TEST_F(CudaRunnerTest, SeededSamplingIsReproducible) {
   }
   EXPECT_EQ(tokens[0], tokens[1]);
 }
-
-}  // namespace
-}  // namespace ferry::worker::gpu
-
-namespace ferry::worker::gpu {
-namespace {
-
-#ifdef FERRY_HAVE_CPU_ENGINE
-TEST(CudaShard, SameAsCpuPlan) {
-  Qwen2Config c;
-  c.name = "t";
-  c.num_attention_heads = 14;
-  c.num_key_value_heads = 2;
-  c.intermediate_size = 4928;  // divisible by every size below
-  c.vocab_size = 151936;
-  for (int size : {1, 2, 14}) {
-    for (int rank = 0; rank < size; ++rank) {
-      const ShardPlan a = PlanGpuShard(c, rank, size), b = PlanShard(c, rank, size);
-      EXPECT_EQ(a.num_q_heads, b.num_q_heads);
-      EXPECT_EQ(a.q_head_begin, b.q_head_begin);
-      EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
-      EXPECT_EQ(a.kv_head_begin, b.kv_head_begin);
-      EXPECT_EQ(a.inter_begin, b.inter_begin);
-      EXPECT_EQ(a.inter_size, b.inter_size);
-      EXPECT_EQ(a.vocab_begin, b.vocab_begin);
-      EXPECT_EQ(a.vocab_rows, b.vocab_rows);
-    }
-  }
-  EXPECT_THROW(PlanGpuShard(c, 0, 4), std::runtime_error);
-}
-#endif
 
 }  // namespace
 }  // namespace ferry::worker::gpu
