@@ -179,15 +179,14 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
              Fmt(" (queue %.0f, rate %.1f/s, kv %.2f)", obs.num_waiting, rate, obs.kv_usage));
 }
 
-double Controller::SeatsFor(double target_s, int32_t running, double now_s) const {
+double Controller::SeatsFor(const Batch& batch, double target_s, double now_s) const {
   if (now_s <= 0) return options_.max_num_seqs;
   // The fitted cost of one more sequence when the window supports a fit;
   // otherwise step time in proportion to the batch (an upper bound: a fixed
   // part of the step does not grow at all).
-  if (const std::optional<double> per_seq = steps_.MarginalSeqCost()) {
-    return std::min<double>(running + (target_s - now_s) / *per_seq, options_.max_num_seqs);
-  }
-  return std::min<double>(running * target_s / now_s, options_.max_num_seqs);
+  const double seats = batch.per_seq_s ? batch.running + (target_s - now_s) / *batch.per_seq_s
+                                       : batch.running * target_s / now_s;
+  return std::min<double>(seats, options_.max_num_seqs);
 }
 
 void Controller::ForgetPastCap() {
@@ -209,15 +208,9 @@ void Controller::StepSlo(const StepObservation& obs) {
   // one step that carries a long prefill chunk is several decode steps long,
   // yet it adds only one token's delay to each running request.
   const int32_t num_recent = std::min(steps_since_change_, std::max(1, o.step_window));
-  const double step_mean = steps_.RecentMean(static_cast<size_t>(num_recent));
-  const int32_t running = std::max(1, std::min(num_seqs_, obs.num_running));
-  // A TPOT miss cuts to the seats whose predicted step time meets the target,
-  // by at least one seat and at most down to decrease_factor of the batch.
-  const double tpot_now = std::max(step_mean, tpot_p_s_);
-  const int32_t cut = std::max(
-      options_.min_num_seqs,
-      std::clamp(static_cast<int32_t>(std::floor(SeatsFor(o.tpot_target_s, running, tpot_now))),
-                 static_cast<int32_t>(std::floor(running * o.decrease_factor)), running - 1));
+  const Batch batch{std::max(1, std::min(num_seqs_, obs.num_running)),
+                    steps_.RecentMean(static_cast<size_t>(num_recent)), steps_.MarginalSeqCost()};
+  const double step_mean = batch.step_mean_s;
   const int32_t preempted = preemptions_since_adjust_;
   preemptions_since_adjust_ = 0;
   last_adjust_s_ = obs.now_s;
@@ -233,6 +226,14 @@ void Controller::StepSlo(const StepObservation& obs) {
                  obs.kv_usage, o.kv_high_usage));
     }
   } else if (tpot_p_s_ > o.tpot_target_s || step_mean > o.tpot_target_s) {
+    // Cut to the seats whose predicted step time meets the target, by at
+    // least one seat and at most down to decrease_factor of the batch.
+    const int32_t running = batch.running;
+    const double fit = SeatsFor(batch, o.tpot_target_s, std::max(step_mean, tpot_p_s_));
+    const int32_t cut = std::max(
+        options_.min_num_seqs,
+        std::clamp(static_cast<int32_t>(std::floor(fit)),
+                   static_cast<int32_t>(std::floor(running * o.decrease_factor)), running - 1));
     if (cut < num_seqs_) {
       Change(obs.now_s, cut, "cut",
              Fmt("tpot p%.0f %.1f ms (steps %.1f ms) > target", o.percentile,
@@ -240,14 +241,14 @@ void Controller::StepSlo(const StepObservation& obs) {
                  Fmt(" %.1f ms", 1e3 * o.tpot_target_s));
     }
   } else {
-    MaybeRaise(obs, running, step_mean);
+    MaybeRaise(obs, batch);
   }
   // Completions and steps so far ran under the old cap; judging the new one
   // by them would repeat a cut (or a raise) that has already been made.
   if (changes_.size() != changes_before) ForgetPastCap();
 }
 
-int32_t Controller::RaiseLimit(const StepObservation& obs, int32_t running, double step_mean) const {
+int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) const {
   const SloOptions& o = options_.slo;
   int32_t limit = options_.max_num_seqs;
   // Seats beyond what the pool holds at the mean final context only buy
@@ -264,23 +265,23 @@ int32_t Controller::RaiseLimit(const StepObservation& obs, int32_t running, doub
   // percentile reaches half that headroom: a percentile already includes
   // most of the spread the headroom on the mean allows for. So a raise does
   // not overshoot the target on its own.
-  double fit = SeatsFor(o.raise_headroom * o.tpot_target_s, running, step_mean);
+  double fit = SeatsFor(batch, o.raise_headroom * o.tpot_target_s, batch.step_mean_s);
   if (tpot_p_s_ > 0) {
     const double percentile_aim = 0.5 * (1.0 + o.raise_headroom) * o.tpot_target_s;
-    fit = std::min(fit, SeatsFor(percentile_aim, running, tpot_p_s_));
+    fit = std::min(fit, SeatsFor(batch, percentile_aim, tpot_p_s_));
   }
   limit = std::min(limit, static_cast<int32_t>(std::floor(std::max(0.0, fit))));
   return std::max(limit, options_.min_num_seqs);
 }
 
-void Controller::MaybeRaise(const StepObservation& obs, int32_t running, double step_mean) {
+void Controller::MaybeRaise(const StepObservation& obs, const Batch& batch) {
   const SloOptions& o = options_.slo;
   // Work waiting behind a full cap: more seats. (A TTFT miss with a full cap
   // and a queue is queueing, which more seats relieve; with seats free, a
   // smaller cap would not help TTFT either.)
   const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
   if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit) return;
-  const int32_t limit = RaiseLimit(obs, running, step_mean);
+  const int32_t limit = RaiseLimit(obs, batch);
   if (num_seqs_ >= limit) return;
   int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);
   if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 2);  // deep queue: faster
@@ -288,7 +289,7 @@ void Controller::MaybeRaise(const StepObservation& obs, int32_t running, double 
   Change(obs.now_s, to, "raise",
          Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting, o.percentile,
              1e3 * ttft_p_s_) +
-             Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, step_mean),
+             Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s),
                  1e3 * o.tpot_target_s));
 }
 

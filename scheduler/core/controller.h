@@ -169,15 +169,22 @@ class Controller {
   void Change(double now_s, int32_t to, std::string level, std::string reason);
   void StepLoadLevel(const StepObservation& obs);
   void StepSlo(const StepObservation& obs);
-  void MaybeRaise(const StepObservation& obs, int32_t running, double step_mean);
+  // The batch an adjustment judges: its seats, the mean of its steps, and the
+  // fitted cost of one more sequence (taken once per adjustment).
+  struct Batch {
+    int32_t running = 1;
+    double step_mean_s = 0;
+    std::optional<double> per_seq_s;
+  };
+  void MaybeRaise(const StepObservation& obs, const Batch& batch);
   // The highest cap a raise may reach: what the KV pool holds and what keeps
   // the predicted step time within the TPOT target.
-  int32_t RaiseLimit(const StepObservation& obs, int32_t running, double step_mean) const;
+  int32_t RaiseLimit(const StepObservation& obs, const Batch& batch) const;
   double ArrivalRate(double now_s) const;
   void Expire(double now_s);
-  // Seats at which the predicted mean step time reaches `target_s`, from
-  // `running` seats whose steps now average `now_s` (fractional).
-  double SeatsFor(double target_s, int32_t running, double now_s) const;
+  // Seats at which the predicted mean step time reaches `target_s`, when the
+  // batch's steps now take `now_s` (fractional, at most max_num_seqs).
+  double SeatsFor(const Batch& batch, double target_s, double now_s) const;
   // The completions and steps so far describe the cap before a change: stop
   // judging the new cap by them (the step-time fit keeps them: it needs
   // steps of many batch sizes).
