@@ -38,6 +38,10 @@ bool ServesBefore(const Sequence& a, const Sequence& b) {
   return a.start_order < b.start_order;
 }
 
+int32_t RecomputeCost(const Sequence& seq, int32_t block_size) {
+  return std::max(0, seq.num_computed - seq.num_published_blocks * block_size) / block_size;
+}
+
 int32_t TokensThatFit(const Sequence& seq, int32_t want) {
   return std::max(0, std::min(want, seq.lease.MaxCoverableTokens() - seq.num_computed));
 }
@@ -187,9 +191,21 @@ bool StepPlanner::PreemptFor(const Sequence& seq) {
   for (Sequence* r : state_.running) {
     if (r->effective_priority < priority && !IsProtected(*r, seq)) candidates.push_back(r);
   }
-  // Worst first: lowest effective priority, then the latest started.
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Sequence* a, const Sequence* b) { return ServesBefore(*b, *a); });
+  // Worst first: lowest effective priority, then the fewest whole blocks to
+  // recompute, then the latest started. A seat preemption at a tight cap
+  // repeats with every arrival of a higher lane; without prefix caching a
+  // victim deep in a long document costs its whole context again. With it,
+  // nearly every victim resumes from its cached blocks, and the latest
+  // started is usually mid-prefill: its chunk's tokens go back to this step's
+  // budget, for the newcomer's prompt (finer cost ranks cost TTFT there).
+  const int32_t block_size = state_.blocks.block_size();
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Sequence* a, const Sequence* b) {
+    if (a->effective_priority == b->effective_priority) {
+      const int32_t cost_a = RecomputeCost(*a, block_size), cost_b = RecomputeCost(*b, block_size);
+      if (cost_a != cost_b) return cost_a < cost_b;
+    }
+    return ServesBefore(*b, *a);  // lower priority first, then the latest started
+  });
   const BlockManager& blocks = state_.blocks;
   const auto tokens_of = [&](const Sequence& r) {
     for (const ScheduledSequence& s : plan_.scheduled) {

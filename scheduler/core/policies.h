@@ -39,6 +39,12 @@ struct SchedulerState {
 // that its lane's reservation does not protect.
 bool ServesBefore(const Sequence& a, const Sequence& b);
 
+// Whole blocks a preemption by recompute throws away: the computed tokens not
+// in blocks published to the prefix cache (a resume finds those unless
+// evicted), in blocks, rounded down. With prefix caching this is 0 for almost
+// every sequence.
+int32_t RecomputeCost(const Sequence& seq, int32_t block_size);
+
 // How many of `want` tokens the sequence can compute with its blocks plus the
 // free pool.
 int32_t TokensThatFit(const Sequence& seq, int32_t want);
@@ -78,9 +84,11 @@ class StepPlanner {
   // lack of a seat or blocks (nullptr if none).
   Sequence* AdmitPass();
   Admission TryAdmit(Sequence& seq);
-  // Preempts the fewest running sequences of strictly lower effective
-  // priority (worst first, unprotected) that give `seq` a seat and blocks for
-  // its first chunk. Preempts nothing and returns false if they cannot.
+  // Preempts running sequences of strictly lower effective priority, not
+  // protected by a reservation, worst first (lowest priority, then fewest
+  // blocks to recompute, then latest started) until `seq` has a seat and
+  // blocks for its first chunk. Preempts nothing and returns false if they
+  // cannot.
   bool PreemptFor(const Sequence& seq);
   // Removes a sequence scheduled in this plan from it (before preempting it).
   void Unschedule(Sequence& seq);

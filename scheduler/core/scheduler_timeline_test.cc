@@ -290,8 +290,9 @@ TEST(SchedulerTimelineTest, RandomisedInvariantsHold) {
 }
 
 // Priority preemption: a waiting request short of a seat or blocks preempts
-// the lowest-priority, latest-started running sequence of strictly lower
-// priority, and starts in the same step.
+// the lowest-priority running sequence of strictly lower priority that has
+// the fewest whole blocks to recompute (the latest started among equals), and
+// starts in the same step.
 bool Has(const std::vector<uint64_t>& ids, uint64_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -316,6 +317,43 @@ TEST(PriorityPreemptionTest, HigherPriorityTakesASeatWithinOneStep) {
   EXPECT_EQ(h.core.num_priority_preemptions(), 1u);
   h.RunToCompletion(two_seats);
   h.ExpectOutcomesMatchReference();  // the resumed sequence's output is identical
+}
+
+TEST(PriorityPreemptionTest, TakesTheSeatThatIsCheapestToRecompute) {
+  Harness h(MakeConfig());
+  const Budget two_seats = MakeBudget(/*max_num_seqs=*/2);
+  h.Add(MakeRequest(1, {.prompt_len = 8, .max_tokens = 40, .ignore_eos = true}));
+  h.Step(two_seats);
+  h.Add(MakeRequest(2, {.prompt_len = 120, .max_tokens = 40, .ignore_eos = true}));
+  h.Step(two_seats);  // 2 started later but holds 30 blocks to recompute to 1's 2
+  h.Add(MakeRequest(3, {.prompt_len = 8, .max_tokens = 8, .priority = 1, .ignore_eos = true}));
+  const StepPlan plan = h.Step(two_seats);
+  EXPECT_EQ(plan.preempted_ids, std::vector<uint64_t>{1});
+  EXPECT_TRUE(IsScheduled(plan, 3));
+  EXPECT_TRUE(IsScheduled(plan, 2));
+  h.RunToCompletion(two_seats);
+  h.ExpectOutcomesMatchReference();
+}
+
+TEST(PriorityPreemptionTest, CachedBlocksMakeAVictimCheap) {
+  // The same sequences as above with prefix caching: 2's prompt sits in
+  // published blocks, so resuming it recomputes less than a block, as for 1,
+  // and the latest started is taken.
+  SchedulerConfig cfg = MakeConfig();
+  cfg.enable_prefix_caching = true;
+  Harness h(cfg);
+  const Budget two_seats = MakeBudget(/*max_num_seqs=*/2);
+  h.Add(MakeRequest(1, {.prompt_len = 8, .max_tokens = 40, .ignore_eos = true}));
+  h.Step(two_seats);
+  h.Add(MakeRequest(2, {.prompt_len = 120, .max_tokens = 40, .ignore_eos = true}));
+  h.Step(two_seats);
+  h.Add(MakeRequest(3, {.prompt_len = 8, .max_tokens = 8, .priority = 1, .ignore_eos = true}));
+  const StepPlan plan = h.Step(two_seats);
+  EXPECT_EQ(plan.preempted_ids, std::vector<uint64_t>{2});
+  EXPECT_TRUE(IsScheduled(plan, 3));
+  h.RunToCompletion(two_seats);
+  h.ExpectOutcomesMatchReference();
+  EXPECT_GT(h.core.num_prefix_cache_hits(), 0u);  // 2 resumed from its cached blocks
 }
 
 TEST(PriorityPreemptionTest, EqualPriorityNeverPreempts) {
