@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -16,6 +17,7 @@ namespace {
 class FakeWorkers : public WorkerGroup {
  public:
   std::vector<SampledToken> Execute(uint64_t, const StepPlan& plan) override {
+    if (gate.valid()) gate.wait();
     for (uint64_t id : plan.finished_ids) seqs_.erase(id);
     for (uint64_t id : plan.preempted_ids) seqs_.erase(id);
     for (const auto& n : plan.new_sequences) seqs_[n.seq_id] = {n.token_ids, 0};
@@ -35,6 +37,9 @@ class FakeWorkers : public WorkerGroup {
     return out;
   }
   size_t live() const { return seqs_.size(); }
+  // When set, no step completes before it is ready: lets a test act before the
+  // loop has made any progress, whatever the machine's timing.
+  std::shared_future<void> gate;
 
  private:
   struct Seq {
@@ -100,9 +105,16 @@ TEST(EngineLoop, CancelStormLeavesNothingLive) {
   FakeWorkers workers;
   EngineLoop loop(Config(), workers, registry);
   std::mt19937 rng(5);
+  std::promise<void> open;
+  workers.gate = open.get_future().share();
   std::vector<std::pair<uint64_t, std::shared_ptr<RequestChannel>>> subs;
-  for (int i = 0; i < 200; ++i) subs.push_back(loop.Submit(Request(1 + rng() % 40, 1 + rng() % 30)));
-  for (int i = 0; i < 200; i += 2) {
+  for (int i = 0; i < 200; ++i) subs.push_back(loop.Submit(Request(1 + rng() % 40, 2 + rng() % 30)));
+  // The first cancel lands before any step completes (at least one request
+  // is cancelled, however a loaded machine stretches the sleeps below); the
+  // rest race the loop.
+  loop.Cancel(subs[0].first);
+  open.set_value();
+  for (int i = 2; i < 200; i += 2) {
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
     loop.Cancel(subs[i].first);
   }

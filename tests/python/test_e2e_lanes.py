@@ -68,26 +68,30 @@ def test_full_lane_refuses_at_once_with_retry_hint(busy_stack, ferry_pb):
     next(hog)  # started and producing
 
     def one(i):
-        start = time.perf_counter()
         try:
             stub.Generate(req(ferry_pb, "interactive", 2), timeout=60)
-            return ("ok", time.perf_counter() - start, None)
+            return ("ok", time.perf_counter(), None)
         except grpc.RpcError as e:
             trailers = dict(e.trailing_metadata() or ())
-            return (e.code(), time.perf_counter() - start, trailers)
+            return (e.code(), time.perf_counter(), trailers)
 
     with cf.ThreadPoolExecutor(max_workers=10) as pool:
         futures = [pool.submit(one, i) for i in range(10)]
         time.sleep(1.0)  # every request has reached the gateway by now
+        freed_at = time.perf_counter()
         hog.cancel()     # free the seat so the 8 queued ones finish
         results = [f.result() for f in futures]
     refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
     served = [r for r in results if r[0] == "ok"]
     assert len(refused) == 2, results
     assert len(served) == 8, results
-    for _, elapsed, trailers in refused:
-        assert elapsed < 0.05, f"refusal took {elapsed * 1000:.1f} ms"
+    for _, ended_at, trailers in refused:
+        # At once: while the seat is still taken, not after queueing for it
+        # (a wall-clock bound in ms flakes on a loaded 2-core machine).
+        assert ended_at < freed_at, f"refused {1e3 * (ended_at - freed_at):.0f} ms after the seat freed"
         assert int(trailers["grpc-retry-pushback-ms"]) > 0
+    for _, ended_at, _ in served:
+        assert ended_at > freed_at
     assert scheduler_idle(busy_stack)
 
 
