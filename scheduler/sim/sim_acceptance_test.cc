@@ -75,7 +75,9 @@ struct Cell {
   int64_t best = 0;
   int32_t best_cap = 0;
   int64_t slo_good = 0;
-  bool within_95(int32_t cap) const { return static_good.at(cap) >= 0.95 * best; }
+  double ratio(int32_t cap) const { return static_cast<double>(static_good.at(cap)) / best; }
+  double slo_ratio() const { return static_cast<double>(slo_good) / best; }
+  bool within_95(int32_t cap) const { return ratio(cap) >= 0.95; }
 };
 
 const std::vector<Cell>& Grid() {
@@ -116,7 +118,7 @@ void PrintGrid() {
     }
     std::printf("| %s | %.1f | %lld (%d) | %s | %lld | %.3f |\n", c.trace.c_str(), 1e3 * c.tpot_slo_s,
                 static_cast<long long>(c.best), c.best_cap, within.c_str(),
-                static_cast<long long>(c.slo_good), static_cast<double>(c.slo_good) / c.best);
+                static_cast<long long>(c.slo_good), c.slo_ratio());
   }
 }
 
@@ -150,6 +152,24 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
     for (int32_t cap : CapsGoodOnEveryTrace(slo)) caps += " " + std::to_string(cap);
     std::printf("TPOT SLO %.1f ms: static caps within 95%% on all four traces:%s\n", 1e3 * slo,
                 caps.empty() ? " none" : caps.c_str());
+    // The gap to the criterion as written: the single static cap whose worst
+    // trace is best, against slo's worst trace.
+    auto worst = [&](auto ratio_of) {
+      double w = 1e9;
+      for (const Cell& c : Grid()) {
+        if (c.tpot_slo_s == slo) w = std::min(w, ratio_of(c));
+      }
+      return w;
+    };
+    int32_t one_cap = 0;
+    double one_worst = 0;
+    for (int32_t cap : StaticCaps()) {
+      const double w = worst([&](const Cell& c) { return c.ratio(cap); });
+      if (w > one_worst) one_worst = w, one_cap = cap;
+    }
+    const double slo_worst = worst([](const Cell& c) { return c.slo_ratio(); });
+    std::printf("  one static cap for all four: %d, worst trace at %.3f of its best; slo's worst trace %.3f\n",
+                one_cap, one_worst, slo_worst);
   }
 }
 
@@ -164,31 +184,24 @@ TEST(SimAcceptanceTest, DISABLED_NoStaticCapIsGoodOnAllFourTracesAtOneSlo) {
   }
 }
 
-struct Outcome {
-  int64_t good = 0;
-  double interactive_ttft_p99_s = 0;
-};
-
-Outcome Simulate(const CostModel& cost, const std::vector<TraceRequest>& trace, ControllerMode mode, int32_t cap) {
-  const SimOptions o = TraceOptions(cost, mode, cap, 0.050);
-  const SimReport rep = Summarize(RunSimulation(trace, cost, o), o.lanes);
-  Outcome out{rep.all().num_good, 0};
-  for (const LaneReport& l : rep.lanes) {
-    if (l.lane == "interactive") out.interactive_ttft_p99_s = l.ttft_s.p99;
+// p99 TTFT of the interactive lane under slo (cap up to 64, 50 ms TPOT SLO).
+double InteractiveTtftP99(const CostModel& cost, const std::vector<TraceRequest>& trace) {
+  const SimOptions o = TraceOptions(cost, ControllerMode::kSlo, 64, 0.050);
+  for (const LaneReport& l : Summarize(RunSimulation(trace, cost, o), o.lanes).lanes) {
+    if (l.lane == "interactive") return l.ttft_s.p99;
   }
-  return out;
+  return 0;
 }
 
 // "Unloaded" here is the same trace generator with the spike removed (its
 // base load), the service the interactive lane gets without the overload.
 TEST(SimAcceptanceTest, SpikeKeepsInteractiveTtft) {
   const CostModel cost(LoadPreset("rtx4090d-tp4"));
-  const Outcome base = Simulate(cost, GenerateWorkload(ScenarioWorkload("spike", 1.0)), ControllerMode::kSlo, 64);
-  const Outcome spike = Simulate(cost, GenerateWorkload(ScenarioWorkload("spike", 3.0)), ControllerMode::kSlo, 64);
-  std::printf("interactive TTFT p99: %.1f ms without the spike, %.1f ms with it (%.2fx)\n",
-              1e3 * base.interactive_ttft_p99_s, 1e3 * spike.interactive_ttft_p99_s,
-              spike.interactive_ttft_p99_s / base.interactive_ttft_p99_s);
-  EXPECT_LE(spike.interactive_ttft_p99_s, 1.5 * base.interactive_ttft_p99_s);
+  const double base = InteractiveTtftP99(cost, GenerateWorkload(ScenarioWorkload("spike", 1.0)));
+  const double spike = InteractiveTtftP99(cost, GenerateWorkload(ScenarioWorkload("spike", 3.0)));
+  std::printf("interactive TTFT p99: %.1f ms without the spike, %.1f ms with it (%.2fx)\n", 1e3 * base,
+              1e3 * spike, spike / base);
+  EXPECT_LE(spike, 1.5 * base);
 }
 
 }  // namespace
