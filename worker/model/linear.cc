@@ -1,6 +1,7 @@
 #include "worker/model/linear.h"
 
 #include <cstring>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
 #include <string>
@@ -32,7 +33,25 @@ struct MatmulContext::Dnnl {
   dnnl::stream stream{engine};
 };
 
-MatmulContext::MatmulContext(MatmulDtype dtype) : dtype_(dtype), dnnl_(std::make_unique<Dnnl>()) {}
+namespace {
+
+// oneDNN's AMX kernels (Sapphire Rapids and later) split the reduction over k
+// by the number of rows: a row's bf16 result then depends on the batch
+// (linear_batch_invariance_test fails on down_proj at 67 rows), so greedy
+// output would change with batching. The AVX-512 BF16 kernels keep one order
+// for every row count; cap oneDNN there. It must be set before the first
+// primitive exists (later calls fail, harmlessly: the first setting stays).
+void CapIsaForBatchInvariance() {
+  static std::once_flag once;
+  std::call_once(once, [] { dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16); });
+}
+
+}  // namespace
+
+MatmulContext::MatmulContext(MatmulDtype dtype) : dtype_(dtype) {
+  CapIsaForBatchInvariance();
+  dnnl_ = std::make_unique<Dnnl>();
+}
 
 MatmulContext::~MatmulContext() = default;
 
