@@ -46,9 +46,9 @@ int32_t TokensThatFit(const Sequence& seq, int32_t want) {
   return std::max(0, std::min(want, seq.lease.MaxCoverableTokens() - seq.num_computed));
 }
 
-void PublishComputedBlocks(BlockManager& blocks, Sequence& seq) {
+void PublishComputedBlocks(BlockManager& blocks, Sequence& seq, int32_t computed) {
   const int32_t bs = blocks.block_size();
-  const int32_t num_full = seq.num_computed / bs;
+  const int32_t num_full = std::min(computed, seq.num_computed) / bs;
   if (seq.is_publishing_stopped || num_full <= seq.num_published_blocks) return;
   const auto hashes = seq.BlockHashes(num_full, bs);
   const auto table = seq.lease.block_ids();
@@ -75,7 +75,13 @@ void StepPlanner::ScheduleRunning() {
   for (Sequence* seq : state_.running) {
     seq->effective_priority = EffectivePriority(*seq, now_, state_.config.aging_interval_ms);
   }
-  std::vector<Sequence*> order = state_.running;
+  // A sequence whose pending tokens end it by length waits for the commit
+  // that retires it (async scheduling; never the case with one step in flight).
+  std::vector<Sequence*> order;
+  order.reserve(state_.running.size());
+  for (Sequence* seq : state_.running) {
+    if (!seq->is_finishing(state_.config.max_model_len)) order.push_back(seq);
+  }
   std::stable_sort(order.begin(), order.end(),
                    [](const Sequence* a, const Sequence* b) { return ServesBefore(*a, *b); });
   // Tokens kept back for the decodes that will be served this step, so a long
@@ -172,6 +178,9 @@ Sequence* StepPlanner::AdmitPass() {
     // preempted ones would only be undone (and a victim never resumes in the
     // step that preempted it).
     if (did_preempt_ && EffectivePriority(seq, now_, aging) <= max_preempted_priority_) return false;
+    // Preempted while a step in flight samples for it: it resumes once that
+    // token is known (its NewSequence carries all tokens).
+    if (seq.num_pending > 0) return true;
     if (num_scheduled_ >= budget_.max_num_seqs || state_.running.size() >= max_seqs) {
       blocked = &seq;
       return false;

@@ -49,9 +49,9 @@ int32_t RecomputeCost(const Sequence& seq, int32_t block_size);
 // free pool.
 int32_t TokensThatFit(const Sequence& seq, int32_t want);
 
-// Publishes the sequence's fully computed blocks not yet in the prefix cache
-// (after Commit advanced num_computed).
-void PublishComputedBlocks(BlockManager& blocks, Sequence& seq);
+// Publishes the sequence's full blocks before position `computed` (the KV a
+// committed step wrote) not yet in the prefix cache.
+void PublishComputedBlocks(BlockManager& blocks, Sequence& seq, int32_t computed);
 
 // Per reserved lane: its reservation for this step and what its running
 // sequences use. Empty when no lane is reserved.

@@ -21,12 +21,12 @@ bool Contains(const std::vector<int32_t>& ids, int32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
-// Whether appending `token` (already in seq.tokens) ends the sequence.
-FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t max_model_len) {
+// Whether `token`, sampled into position `pos` of seq.tokens, ends the sequence.
+FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t pos, int32_t max_model_len) {
   if (!seq.spec.ignore_eos && Contains(seq.spec.eos_token_ids, token)) return FinishKind::kEos;
   if (Contains(seq.spec.stop_token_ids, token)) return FinishKind::kStopToken;
-  if (seq.num_generated() >= seq.spec.max_tokens) return FinishKind::kLength;
-  if (seq.num_tokens() >= max_model_len) return FinishKind::kLength;
+  if (pos + 1 - seq.num_prompt_tokens() >= seq.spec.max_tokens) return FinishKind::kLength;
+  if (pos + 1 >= max_model_len) return FinishKind::kLength;
   return FinishKind::kNone;
 }
 
@@ -67,6 +67,10 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
   RequirePositive("block_size", config.block_size);
   RequirePositive("num_kv_blocks", config.num_kv_blocks);
   RequireNonNegative("aging_interval_ms", config.aging_interval_ms);
+  if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 4) {
+    throw std::invalid_argument("max_steps_in_flight = " + Num(config.max_steps_in_flight) +
+                                ", must be in [1, 4]");
+  }
   ValidateLanes(config.lane_reservations);
   return config;
 }
@@ -81,6 +85,12 @@ void SchedulerCore::Add(RequestSpec request) {
   if (is_live(request.seq_id)) throw std::invalid_argument(id + "seq_id is already live");
   const auto num_prompt = static_cast<int64_t>(request.prompt.size());
   if (num_prompt == 0) throw std::invalid_argument(id + "prompt is empty");
+  for (int64_t i = 0; i < num_prompt; ++i) {
+    if (request.prompt[static_cast<size_t>(i)] < 0) {
+      throw std::invalid_argument(id + "prompt[" + Num(i) + "] = " + Num(request.prompt[static_cast<size_t>(i)]) +
+                                  ", must be >= 0");
+    }
+  }
   if (request.max_tokens < 1) {
     throw std::invalid_argument(id + "max_tokens = " + Num(request.max_tokens) + ", must be >= 1");
   }
@@ -115,8 +125,11 @@ void SchedulerCore::Cancel(uint64_t seq_id) {
 }
 
 StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
-  if (in_flight_step_) {
-    throw std::logic_error("Plan called before Commit of step " + std::to_string(*in_flight_step_));
+  if (num_steps_in_flight() >= state_.config.max_steps_in_flight) {
+    throw std::logic_error("Plan called with " + Num(num_steps_in_flight()) +
+                           " steps awaiting Commit (max_steps_in_flight = " +
+                           Num(state_.config.max_steps_in_flight) + "), oldest step " +
+                           std::to_string(in_flight_.front().step_id));
   }
   RequirePositive("budget.max_num_seqs", budget.max_num_seqs);
   RequirePositive("budget.max_num_batched_tokens", budget.max_num_batched_tokens);
@@ -128,9 +141,27 @@ StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
   planner.AdmitWaiting();
   if (!plan.empty()) {
     plan.step_id = ++num_steps_;
-    in_flight_step_ = plan.step_id;
+    Launch(plan);
   }
   return plan;
+}
+
+void SchedulerCore::Launch(const StepPlan& plan) {
+  InFlightStep step{plan.step_id, {}};
+  step.entries.reserve(plan.scheduled.size());
+  for (const ScheduledSequence& entry : plan.scheduled) {
+    Sequence& seq = *Find(entry.seq_id);
+    seq.num_computed += entry.num_tokens;
+    // Reaching the end of the known tokens, the worker samples one: the next
+    // plan already counts it (a decode of it), before its id is known.
+    const bool samples = seq.num_computed == seq.num_tokens();
+    if (samples) {
+      seq.tokens.push_back(kPendingToken);
+      ++seq.num_pending;
+    }
+    step.entries.push_back(PlannedEntry{entry.seq_id, samples, seq.num_computed, seq.start_order});
+  }
+  in_flight_.push_back(std::move(step));
 }
 
 void SchedulerCore::ExpireDeadlines(TimePoint now) {
@@ -146,22 +177,21 @@ void SchedulerCore::ExpireDeadlines(TimePoint now) {
 
 void SchedulerCore::ValidateCommit(const StepPlan& plan,
                                    const std::vector<SampledToken>& sampled) const {
-  if (!in_flight_step_ || plan.step_id != *in_flight_step_) {
+  if (in_flight_.empty() || plan.step_id != in_flight_.front().step_id) {
     throw std::invalid_argument("Commit: plan step_id = " + std::to_string(plan.step_id) +
-                                " is not the step in flight (" +
-                                (in_flight_step_ ? std::to_string(*in_flight_step_) : "none") + ")");
+                                " is not the oldest step in flight (" +
+                                (in_flight_.empty() ? "none" : std::to_string(in_flight_.front().step_id)) +
+                                ")");
   }
   std::unordered_map<uint64_t, int32_t> num_samples;
   for (const auto& s : sampled) ++num_samples[s.seq_id];
-  for (const auto& entry : plan.scheduled) {
-    const Sequence* seq = Find(entry.seq_id);
+  for (const PlannedEntry& entry : in_flight_.front().entries) {
     const int32_t got = num_samples[entry.seq_id];
     num_samples.erase(entry.seq_id);
-    if (seq == nullptr) continue;  // cancelled since Plan: its sample is moot
-    const bool expects = seq->num_computed + entry.num_tokens == seq->num_tokens();
-    if (got != (expects ? 1 : 0)) {
+    if (Find(entry.seq_id) == nullptr) continue;  // ended since Plan: its sample is moot
+    if (got != (entry.samples ? 1 : 0)) {
       throw std::invalid_argument("Commit: seq_id " + std::to_string(entry.seq_id) + " has " +
-                                  Num(got) + " samples, expected " + (expects ? "1" : "0"));
+                                  Num(got) + " samples, expected " + (entry.samples ? "1" : "0"));
     }
   }
   if (!num_samples.empty()) {
@@ -174,27 +204,38 @@ void SchedulerCore::ValidateCommit(const StepPlan& plan,
 std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
                                             const std::vector<SampledToken>& sampled) {
   ValidateCommit(plan, sampled);
+  const InFlightStep step = std::move(in_flight_.front());
+  in_flight_.pop_front();
   std::unordered_map<uint64_t, const SampledToken*> token_of;
   for (const auto& s : sampled) token_of.emplace(s.seq_id, &s);
   std::vector<SeqEvent> events;
-  for (const auto& entry : plan.scheduled) {
+  for (const PlannedEntry& entry : step.entries) {
     Sequence* seq = Find(entry.seq_id);
     if (seq == nullptr) continue;
-    seq->num_computed += entry.num_tokens;
-    // Published only now: the step that filled these blocks is done.
-    if (state_.config.enable_prefix_caching) PublishComputedBlocks(state_.blocks, *seq);
+    // Published only now: the step that filled these blocks is done (a later
+    // step in flight may still be filling the ones after). A sequence
+    // preempted since holds none of them any more.
+    if (state_.config.enable_prefix_caching && seq->is_on_worker && seq->start_order == entry.start_order) {
+      PublishComputedBlocks(state_.blocks, *seq, entry.computed_after);
+    }
     auto it = token_of.find(entry.seq_id);
     if (it == token_of.end()) continue;  // a prefill chunk short of the end
-    const int32_t token = it->second->token_id;
-    seq->tokens.push_back(token);
-    SeqEvent event{.seq_id = entry.seq_id, .new_tokens = {token}, .logprobs = {},
-                   .finish = FinishAfter(*seq, token, state_.config.max_model_len)};
-    if (it->second->logprob) event.logprobs.push_back(*it->second->logprob);
-    if (event.finish != FinishKind::kNone) Retire(*seq);
-    events.push_back(std::move(event));
+    events.push_back(ApplySample(*seq, *it->second));
   }
-  in_flight_step_.reset();
   return events;
+}
+
+SeqEvent SchedulerCore::ApplySample(Sequence& seq, const SampledToken& sample) {
+  const int32_t pos = seq.num_tokens() - seq.num_pending;
+  seq.tokens[static_cast<size_t>(pos)] = sample.token_id;
+  --seq.num_pending;
+  SeqEvent event{.seq_id = seq.spec.seq_id, .new_tokens = {sample.token_id}, .logprobs = {},
+                 .finish = FinishAfter(seq, sample.token_id, pos, state_.config.max_model_len)};
+  if (sample.logprob) event.logprobs.push_back(*sample.logprob);
+  // Ended: a step still in flight may have run it once more (on a token it
+  // could not know was the last); that sample is dropped with the sequence.
+  if (event.finish != FinishKind::kNone) Retire(seq);
+  return event;
 }
 
 std::vector<SeqEvent> SchedulerCore::AbortAll() {
@@ -208,7 +249,7 @@ std::vector<SeqEvent> SchedulerCore::AbortAll() {
     Retire(*Find(id));
     events.push_back(SeqEvent{.seq_id = id, .new_tokens = {}, .logprobs = {}, .finish = FinishKind::kAborted});
   }
-  in_flight_step_.reset();
+  in_flight_.clear();
   return events;
 }
 
@@ -244,9 +285,18 @@ void SchedulerCore::CheckSequence(const Sequence& seq) const {
   };
   const BlockManager& blocks = state_.blocks;
   const auto table = seq.lease.block_ids();
-  if (!in_flight_step_ && seq.lease.num_blocks() != blocks.BlocksFor(seq.num_computed)) {
+  if (seq.lease.num_blocks() != blocks.BlocksFor(seq.num_computed)) {
     fail("holds " + Num(seq.lease.num_blocks()) + " blocks for " + Num(seq.num_computed) +
          " computed tokens");
+  }
+  // Pending tokens: the last num_pending (at most one per step in flight),
+  // and the token before them is known.
+  const auto tail = seq.tokens.end() - seq.num_pending;
+  if (seq.num_pending > num_steps_in_flight() || seq.num_pending >= seq.num_tokens() ||
+      !std::all_of(tail, seq.tokens.end(), [](int32_t t) { return t == kPendingToken; }) ||
+      *(tail - 1) == kPendingToken) {
+    fail("has " + Num(seq.num_pending) + " pending tokens, not exactly its last ones, with " +
+         Num(num_steps_in_flight()) + " steps in flight");
   }
   if (seq.num_published_blocks > seq.lease.num_blocks()) fail("published past its table");
   // A cached block in its table is one of its full, computed blocks.

@@ -7,10 +7,15 @@
 //   if (!plan.empty()) { send plan; events = Commit(plan, result.sampled); }
 //   on a worker failure:    events = AbortAll()
 //
+// With config.max_steps_in_flight = 2 the caller may plan and send step N+1
+// before it commits step N (the worker runs steps in order); commits stay in
+// step order.
+//
 // See scheduler/core/README.md for the contract and invariants.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <utility>
@@ -27,15 +32,16 @@ class SchedulerCore {
   explicit SchedulerCore(const SchedulerConfig& config);
 
   // Queues a request. Throws std::invalid_argument (naming field, value and
-  // limit) for a live duplicate seq_id, an empty prompt, max_tokens < 1,
-  // prompt+max_tokens > max_model_len, or a sequence whose full length needs
-  // more KV blocks than the pool has.
+  // limit) for a live duplicate seq_id, an empty prompt, a negative token id,
+  // max_tokens < 1, prompt+max_tokens > max_model_len, or a sequence whose
+  // full length needs more KV blocks than the pool has.
   void Add(RequestSpec request);
   // Removes the sequence and frees its blocks now. If the worker holds state
   // for it, its id goes into the next plan's finished_ids. Unknown ids are ignored.
   void Cancel(uint64_t seq_id);
   // Decides the next step. Every non-empty plan must be sent and then passed to
-  // Commit before the next Plan (std::logic_error otherwise). `now` drives
+  // Commit, in order; at most config.max_steps_in_flight plans may await their
+  // Commit when Plan is called (std::logic_error otherwise). `now` drives
   // deadlines (sequences whose deadline <= now end first; their events wait in
   // TakeEvents) and aging. Throws std::invalid_argument
   // on a budget with a non-positive limit.
@@ -43,11 +49,12 @@ class SchedulerCore {
   // Events produced outside Commit since the last call (deadline ends from
   // Plan: kDeadlineExceeded / kTimeout, no tokens), in the order they happened.
   std::vector<SeqEvent> TakeEvents() { return std::exchange(events_, {}); }
-  // Applies the worker's samples for `plan`. Every scheduled, still-live
-  // sequence whose computed count reaches the end of its known tokens needs
-  // exactly one sample, and no other sequence may have one (std::invalid_argument,
-  // state unchanged). Samples for sequences cancelled since Plan are ignored.
-  // Returns one event per sequence that got a token, in plan order.
+  // Applies the worker's samples for `plan`, the oldest step in flight. Every
+  // scheduled, still-live sequence whose step reached the end of its known
+  // tokens needs exactly one sample, and no other sequence may have one
+  // (std::invalid_argument, state unchanged). Samples for sequences ended since
+  // Plan are ignored; a sequence preempted since keeps its sample. Returns one
+  // event per sequence that got a token, in plan order.
   std::vector<SeqEvent> Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled);
   // Ends every live sequence with kAborted (ordered by seq_id) and frees all
   // blocks; any step in flight is forgotten. Ids the worker held go into the
@@ -72,7 +79,8 @@ class SchedulerCore {
   bool is_live(uint64_t seq_id) const { return state_.sequences.contains(seq_id); }
   // Anything to plan: waiting or running sequences, or finished ids to send.
   bool has_work() const;
-  bool is_step_in_flight() const { return in_flight_step_.has_value(); }
+  bool is_step_in_flight() const { return !in_flight_.empty(); }
+  int32_t num_steps_in_flight() const { return static_cast<int32_t>(in_flight_.size()); }
   // The sequence's block table (empty if not live or holding no blocks).
   std::span<const BlockId> block_ids(uint64_t seq_id) const;
   const SchedulerConfig& config() const { return state_.config; }
@@ -82,8 +90,28 @@ class SchedulerCore {
   void CheckInvariants() const;
 
  private:
+  // What Commit needs of a planned step: per scheduled sequence, whether it
+  // samples, how far its KV reaches once the step ran, and which admission of
+  // it the step belongs to (a sequence preempted since publishes nothing).
+  struct PlannedEntry {
+    uint64_t seq_id = 0;
+    bool samples = false;
+    int32_t computed_after = 0;
+    uint64_t start_order = 0;
+  };
+  struct InFlightStep {
+    uint64_t step_id = 0;
+    std::vector<PlannedEntry> entries;
+  };
+
   Sequence* Find(uint64_t seq_id) const;
+  // Advances every scheduled sequence past its tokens in `plan` (a pending
+  // token for each that samples) and records the step as in flight.
+  void Launch(const StepPlan& plan);
   void ValidateCommit(const StepPlan& plan, const std::vector<SampledToken>& sampled) const;
+  // Writes a sampled token over the sequence's oldest pending one; returns the
+  // event (and retires the sequence if the token ends it).
+  SeqEvent ApplySample(Sequence& seq, const SampledToken& sample);
   // Removes a live sequence (its lease frees the blocks); `seq` dangles after.
   void Retire(Sequence& seq);
   void ExpireDeadlines(TimePoint now);
@@ -91,7 +119,7 @@ class SchedulerCore {
 
   SchedulerState state_;
   std::vector<SeqEvent> events_;
-  std::optional<uint64_t> in_flight_step_;
+  std::deque<InFlightStep> in_flight_;  // oldest first
   uint64_t num_steps_ = 0;
 };
 

@@ -23,8 +23,13 @@ using testing::MakeConfig;
 using testing::MakeRequest;
 using testing::Ms;
 
-TEST(SchedulerStressTest, TenThousandRandomRequestsEndOnceAndLeaveNoBlockHeld) {
+// Run with one step in flight and with two (async scheduling: each step
+// planned before the previous one's samples are known).
+class SchedulerStressTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(SchedulerStressTest, TenThousandRandomRequestsEndOnceAndLeaveNoBlockHeld) {
   SchedulerConfig cfg = MakeConfig(/*num_kv_blocks=*/64, /*block_size=*/4, /*max_model_len=*/128);
+  cfg.max_steps_in_flight = GetParam();
   cfg.enable_prefix_caching = true;
   cfg.aging_interval_ms = 50;
   cfg.lane_reservations = {LaneReservation{.lane = "interactive", .min_seqs_fraction = 0.25,
@@ -41,7 +46,7 @@ TEST(SchedulerStressTest, TenThousandRandomRequestsEndOnceAndLeaveNoBlockHeld) {
   constexpr uint64_t kNumRequests = 10000;
   uint64_t next_id = 1;
   std::vector<uint64_t> ids;
-  for (int i = 0; next_id <= kNumRequests || h.core.has_work(); ++i) {
+  for (int i = 0; next_id <= kNumRequests || h.core.has_work() || h.num_in_flight() > 0; ++i) {
     SCOPED_TRACE("iteration " + std::to_string(i));
     ASSERT_LT(i, 1000000);
     h.now = Ms(i);
@@ -83,6 +88,8 @@ TEST(SchedulerStressTest, TenThousandRandomRequestsEndOnceAndLeaveNoBlockHeld) {
   for (const auto& [kind, n] : ends) std::printf("  %s=%d\n", FinishKindName(kind), n);
   h.ExpectOutcomesMatchReference();  // also: every request ended exactly once
 }
+
+INSTANTIATE_TEST_SUITE_P(StepsInFlight, SchedulerStressTest, ::testing::Values(1, 2));
 
 }  // namespace
 }  // namespace ferry::scheduler

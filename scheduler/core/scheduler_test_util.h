@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -223,11 +224,15 @@ class FakeWorker {
   std::unordered_map<uint64_t, WorkerSeq> seqs_;
 };
 
-// Drives the scheduler against the fake worker and checks every step.
+// Drives the scheduler against the fake worker and checks every step. With
+// cfg.max_steps_in_flight = 2 it runs as the async engine loop does: the
+// worker executes each plan at once (a worker runs steps in order) and the
+// scheduler sees its samples only after it planned the next step.
 class Harness {
  public:
   explicit Harness(const SchedulerConfig& cfg)
-      : core(cfg), worker(cfg.num_kv_blocks, cfg.block_size), max_model_len_(cfg.max_model_len) {}
+      : core(cfg), worker(cfg.num_kv_blocks, cfg.block_size), max_model_len_(cfg.max_model_len),
+        depth_(static_cast<size_t>(cfg.max_steps_in_flight)) {}
 
   void Add(const RequestSpec& r) {
     requests[r.seq_id] = r;
@@ -238,12 +243,38 @@ class Harness {
     if (core.is_live(id)) End(id, FinishKind::kCancelled);
     core.Cancel(id);
   }
-  // One Plan -> Execute -> Commit cycle; checks budgets and invariants.
+  // One Plan -> Execute -> Commit cycle; checks budgets and invariants. With
+  // steps in flight, the commit is of the oldest step, once the pipeline is
+  // full or nothing new was planned.
   StepPlan Step(const Budget& budget = MakeBudget()) {
     StepPlan plan = core.Plan(budget, now);
     ++num_iterations;
     for (const SeqEvent& e : core.TakeEvents()) Record(e);
-    if (plan.empty()) return plan;
+    if (!plan.empty()) Launch(plan, budget);
+    if (!in_flight_.empty() && (in_flight_.size() >= depth_ || plan.empty())) CommitOldest();
+    core.CheckInvariants();
+    return plan;
+  }
+  // Steps until nothing is left; throws if that takes more than max_steps.
+  void RunToCompletion(const Budget& budget = MakeBudget(), int max_steps = 100000) {
+    for (int i = 0; core.has_work() || !in_flight_.empty(); ++i) {
+      if (i >= max_steps) throw std::runtime_error("no completion after max_steps");
+      Step(budget);
+    }
+  }
+  // Commits every step still in flight (a test's last look at the state).
+  void Drain() {
+    while (!in_flight_.empty()) CommitOldest();
+  }
+  size_t num_in_flight() const { return in_flight_.size(); }
+  void Record(const SeqEvent& e) {
+    Outcome& o = outcomes.at(e.seq_id);
+    o.tokens.insert(o.tokens.end(), e.new_tokens.begin(), e.new_tokens.end());
+    if (e.finish != FinishKind::kNone) End(e.seq_id, e.finish);
+  }
+
+ private:
+  void Launch(const StepPlan& plan, const Budget& budget) {
     if (static_cast<int32_t>(plan.scheduled.size()) > budget.max_num_seqs) {
       throw std::runtime_error("max_num_seqs exceeded at step " + std::to_string(plan.step_id));
     }
@@ -254,23 +285,15 @@ class Harness {
     for (const auto& n : plan.new_sequences) ++times_sent[n.seq_id];
     num_scheduled_tokens += plan.num_scheduled_tokens();
     for (uint64_t id : plan.preempted_ids) ++times_preempted[id];
-    std::vector<SampledToken> sampled = worker.Execute(plan);
+    in_flight_.push_back({plan, worker.Execute(plan)});
+  }
+  void CommitOldest() {
+    auto [plan, sampled] = std::move(in_flight_.front());
+    in_flight_.pop_front();
     for (const SeqEvent& e : core.Commit(plan, sampled)) Record(e);
-    core.CheckInvariants();
-    return plan;
   }
-  // Steps until nothing is left; throws if that takes more than max_steps.
-  void RunToCompletion(const Budget& budget = MakeBudget(), int max_steps = 100000) {
-    for (int i = 0; core.has_work(); ++i) {
-      if (i >= max_steps) throw std::runtime_error("no completion after max_steps");
-      Step(budget);
-    }
-  }
-  void Record(const SeqEvent& e) {
-    Outcome& o = outcomes.at(e.seq_id);
-    o.tokens.insert(o.tokens.end(), e.new_tokens.begin(), e.new_tokens.end());
-    if (e.finish != FinishKind::kNone) End(e.seq_id, e.finish);
-  }
+
+ public:
   // Every request ended exactly once, and the ones that ran to their end match
   // the reference (cancelled/aborted ones match a prefix of it).
   void ExpectOutcomesMatchReference() const {
@@ -306,6 +329,8 @@ class Harness {
     ++o.num_ends;
   }
   int32_t max_model_len_;
+  size_t depth_;
+  std::deque<std::pair<StepPlan, std::vector<SampledToken>>> in_flight_;
 };
 
 }  // namespace ferry::scheduler::testing

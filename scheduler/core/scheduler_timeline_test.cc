@@ -251,14 +251,19 @@ TEST(SchedulerTimelineTest, PlanDiffSendsTokensOnceAndBlocksRebuildTheTable) {
   h.ExpectOutcomesMatchReference();
 }
 
-TEST(SchedulerTimelineTest, RandomisedInvariantsHold) {
-  Harness h(MakeConfig(/*num_kv_blocks=*/48, /*block_size=*/4, /*max_model_len=*/128));
+// With one step in flight and with two (async scheduling).
+class RandomisedTimelineTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(RandomisedTimelineTest, InvariantsHold) {
+  SchedulerConfig cfg = MakeConfig(/*num_kv_blocks=*/48, /*block_size=*/4, /*max_model_len=*/128);
+  cfg.max_steps_in_flight = GetParam();
+  Harness h(cfg);
   std::mt19937 rng(2024);
   auto uniform = [&](int lo, int hi) { return lo + static_cast<int>(rng() % (hi - lo + 1)); };
   constexpr uint64_t kNumRequests = 2000;
   uint64_t next_id = 1;
   std::vector<uint64_t> ids;
-  for (int i = 0; next_id <= kNumRequests || h.core.has_work(); ++i) {
+  for (int i = 0; next_id <= kNumRequests || h.core.has_work() || h.num_in_flight() > 0; ++i) {
     SCOPED_TRACE(Iteration(i));
     ASSERT_LT(i, 200000);
     for (int n = uniform(0, 3); n > 0 && next_id <= kNumRequests; --n, ++next_id) {
@@ -288,6 +293,8 @@ TEST(SchedulerTimelineTest, RandomisedInvariantsHold) {
               ends[FinishKind::kStopToken], ends[FinishKind::kLength], ends[FinishKind::kCancelled]);
   h.ExpectOutcomesMatchReference();  // also: every request ended exactly once
 }
+
+INSTANTIATE_TEST_SUITE_P(StepsInFlight, RandomisedTimelineTest, ::testing::Values(1, 2, 3));
 
 // Priority preemption: a waiting request short of a seat or blocks preempts
 // the lowest-priority running sequence of strictly lower priority that has

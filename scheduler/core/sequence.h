@@ -14,6 +14,10 @@
 
 namespace ferry::scheduler {
 
+// Stands in `Sequence::tokens` for a token a step in flight samples; the
+// commit of that step writes the real one.
+constexpr int32_t kPendingToken = -1;
+
 struct Sequence {
   Sequence(RequestSpec request, KvLease kv) : spec(std::move(request)), lease(std::move(kv)) {
     tokens = spec.prompt;
@@ -27,6 +31,11 @@ struct Sequence {
   // One token left to compute: it runs as a decode and samples.
   bool is_decode() const { return num_uncomputed() == 1; }
   bool has_started() const { return start_order != 0; }
+  // Its pending tokens already end it by length: it must not run again (the
+  // commit that brings them retires it).
+  bool is_finishing(int32_t max_model_len) const {
+    return num_pending > 0 && (num_generated() >= spec.max_tokens || num_tokens() >= max_model_len);
+  }
   // Chained hashes of the first `num_blocks` full blocks of `tokens` (computed
   // once; tokens only ever grow). Precondition: that many full blocks exist.
   std::span<const uint64_t> BlockHashes(int32_t num_blocks, int32_t block_size);
@@ -34,9 +43,12 @@ struct Sequence {
   void ResetProgress();
 
   RequestSpec spec;
-  std::vector<int32_t> tokens;  // prompt, then every sampled token
-  // Tokens whose KV the worker holds in `lease` (advanced by Commit). Invariant
-  // outside a step: lease covers exactly positions [0, num_computed).
+  // Prompt, then every sampled token; the last num_pending are kPendingToken
+  // (sampled by steps in flight, in step order).
+  std::vector<int32_t> tokens;
+  int32_t num_pending = 0;
+  // Tokens whose KV the worker holds in `lease` once the planned steps ran
+  // (advanced by Plan). Invariant: lease covers exactly [0, num_computed).
   int32_t num_computed = 0;
   KvLease lease;
   // The worker holds state for this sequence: it was sent in new_sequences and

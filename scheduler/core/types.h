@@ -38,6 +38,12 @@ struct SchedulerConfig {
   int32_t aging_interval_ms = 0;
   // Fractions summing to at most 1; lanes without an entry reserve nothing.
   std::vector<LaneReservation> lane_reservations;
+  // Plans that may be out (planned, not yet committed) at once, 1..4. 1: the
+  // caller commits each step before planning the next. 2 lets it plan step
+  // N+1 while the worker runs step N (vLLM's async scheduling): the planner
+  // counts on one token from every sequence that samples in N before knowing
+  // it (contract in scheduler/core/README.md, "Steps in flight").
+  int32_t max_steps_in_flight = 1;
 };
 
 // Per-step limits; passed to every Plan so a controller can change them per step.
