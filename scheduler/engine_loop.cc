@@ -90,18 +90,27 @@ LoopState EngineLoop::State() const {
 
 void EngineLoop::Run() {
   std::vector<Command> commands;
+  const auto depth = static_cast<size_t>(config_.max_steps_in_flight);
   while (true) {
     {
       std::unique_lock lock(inbox_mu_);
       // Idle: sleep until a command arrives.
-      if (!core_.has_work()) inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+      if (!core_.has_work() && in_flight_.empty()) {
+        inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+      }
       if (stopping_) break;
       commands.swap(inbox_);
     }
     for (Command& command : commands) Apply(command);
     commands.clear();
-    RunStep();
+    // With room in the pipeline the next step is planned and sent first: the
+    // workers start it the moment they finish the one before, while this
+    // thread commits that one and delivers its tokens.
+    const bool launched = in_flight_.size() < depth && LaunchStep();
+    if (!in_flight_.empty() && (!launched || in_flight_.size() >= depth)) CompleteStep();
   }
+  // Steps already sent finish (the workers run them anyway); what is left ends aborted.
+  while (!in_flight_.empty()) CompleteStep();
   const TimePoint now = Clock::now();
   Dispatch(core_.AbortAll(), now);
 }
@@ -195,7 +204,7 @@ void EngineLoop::ExpireQueued(TimePoint now) {
   }
 }
 
-void EngineLoop::RunStep() {
+bool EngineLoop::LaunchStep() {
   const TimePoint start = Clock::now();
   ExpireQueued(start);
   const int32_t cap = NextCap(start);
@@ -203,7 +212,7 @@ void EngineLoop::RunStep() {
   Dispatch(core_.TakeEvents(), start);  // requests past their deadline
   if (plan.empty()) {
     Publish();
-    return;
+    return false;
   }
   for (const auto& seq : plan.new_sequences) {
     if (auto it = live_.find(seq.seq_id); it != live_.end()) {
@@ -211,25 +220,59 @@ void EngineLoop::RunStep() {
       it->second.channel->MarkStarted(start, seq.seq_id);
     }
   }
-  std::vector<SeqEvent> events;
   try {
-    events = core_.Commit(plan, workers_.Execute(plan.step_id, plan));
+    workers_.Send(plan.step_id, plan);
   } catch (const std::exception& e) {
-    spdlog::error("step {} failed, aborting all sequences: {}", plan.step_id, e.what());
-    events = core_.AbortAll();
+    AbortAll(e, plan.step_id);
+    return false;
   }
-  const TimePoint end = Clock::now();
-  last_step_s_ = std::chrono::duration<double>(end - start).count();
-  last_step_tokens_ = plan.num_scheduled_tokens();
-  last_step_seqs_ = static_cast<int32_t>(plan.scheduled.size());
-  metrics_->scheduled_tokens.Increment(last_step_tokens_);
+  metrics_->scheduled_tokens.Increment(plan.num_scheduled_tokens());
   metrics_->steps.Increment();
-  metrics_->step_seconds.Observe(last_step_s_);
   if (!plan.scheduled.empty()) {
     metrics_->step_sequences.Observe(static_cast<double>(plan.scheduled.size()));
-    metrics_->step_tokens.Observe(static_cast<double>(last_step_tokens_));
+    metrics_->step_tokens.Observe(static_cast<double>(plan.num_scheduled_tokens()));
   }
+  in_flight_.push_back(InFlight{std::move(plan), start});
+  return true;
+}
+
+void EngineLoop::CompleteStep() {
+  InFlight step = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  std::vector<SeqEvent> events;
+  try {
+    events = core_.Commit(step.plan, workers_.Receive());
+  } catch (const std::exception& e) {
+    AbortAll(e, step.plan.step_id);
+    return;
+  }
+  const TimePoint end = Clock::now();
+  // The step's own time: from when the workers could start it (sent, or done
+  // with the step before) to its samples. Clamped: the two reads may come from
+  // different cores, whose clocks drift apart on this kind of VM.
+  const TimePoint began = std::max(step.sent, last_received_);
+  last_step_s_ = std::max(0.0, std::chrono::duration<double>(end - began).count());
+  last_received_ = end;
+  last_step_tokens_ = step.plan.num_scheduled_tokens();
+  last_step_seqs_ = static_cast<int32_t>(step.plan.scheduled.size());
+  metrics_->step_seconds.Observe(last_step_s_);
   Dispatch(events, end);
+  Publish();
+}
+
+// A worker failed a step or went away: every sequence ends aborted. The
+// results of steps sent after it are read and dropped, so the stream's next
+// result is the next step's (a closed stream fails those reads at once).
+void EngineLoop::AbortAll(const std::exception& error, uint64_t step_id) {
+  spdlog::error("step {} failed, aborting all sequences: {}", step_id, error.what());
+  for (; !in_flight_.empty(); in_flight_.pop_front()) {
+    try {
+      workers_.Receive();
+    } catch (const std::exception& e) {
+      spdlog::warn("step {} dropped: {}", in_flight_.front().plan.step_id, e.what());
+    }
+  }
+  Dispatch(core_.AbortAll(), Clock::now());
   Publish();
 }
 

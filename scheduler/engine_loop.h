@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -24,12 +25,18 @@
 namespace ferry::scheduler {
 
 // What the loop needs of the workers; implemented over gRPC in worker_client.h.
+// Workers run steps in the order sent, so the loop may send step N+1 before it
+// receives step N's samples (async scheduling).
 class WorkerGroup {
  public:
   virtual ~WorkerGroup() = default;
-  // Runs one step on every worker and returns the samples (rank 0's). Throws
-  // std::runtime_error when a worker fails the step or cannot be reached.
-  virtual std::vector<SampledToken> Execute(uint64_t step_id, const StepPlan& plan) = 0;
+  // Sends one step to every worker. Throws std::runtime_error when a worker
+  // cannot be reached.
+  virtual void Send(uint64_t step_id, const StepPlan& plan) = 0;
+  // Waits for the oldest step sent and not yet received; returns its samples
+  // (rank 0's). Throws std::runtime_error when a worker failed the step or
+  // cannot be reached; the steps sent after it are then lost too.
+  virtual std::vector<SampledToken> Receive() = 0;
 };
 
 struct LoopMetrics;
@@ -52,6 +59,8 @@ class EngineLoop {
  public:
   // controller.max_num_seqs bounds the cap; config.max_num_seqs is ignored in
   // favour of it. The one-argument form runs a static cap of config.max_num_seqs.
+  // config.max_steps_in_flight = 2 plans and sends step N+1 while the workers
+  // run step N (async scheduling); 1 waits for each step's samples first.
   EngineLoop(const SchedulerConfig& config, const ControllerOptions& controller, WorkerGroup& workers,
              prometheus::Registry& registry);
   EngineLoop(const SchedulerConfig& config, WorkerGroup& workers, prometheus::Registry& registry);
@@ -99,10 +108,20 @@ class EngineLoop {
     int32_t num_prompt_tokens = 0;
   };
 
+  // A step sent to the workers whose samples the loop has not taken yet.
+  struct InFlight {
+    StepPlan plan;
+    TimePoint sent;
+  };
+
   void Push(Command command);
   void Run();
   void Apply(Command& command);
-  void RunStep();
+  // Plans a step and sends it; false if there was nothing to run.
+  bool LaunchStep();
+  // Takes the oldest step's samples, commits them and delivers the events.
+  void CompleteStep();
+  void AbortAll(const std::exception& error, uint64_t step_id);
   void ExpireQueued(TimePoint now);
   int32_t NextCap(TimePoint now);
   void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);
@@ -133,6 +152,8 @@ class EngineLoop {
   Clock::duration deadline_margin_ = std::chrono::milliseconds(20);
   int32_t last_step_tokens_ = 0;
   int32_t last_step_seqs_ = 0;
+  std::deque<InFlight> in_flight_;  // oldest first
+  TimePoint last_received_{};       // when the previous step's samples came
 
   mutable std::mutex state_mu_;
   LoopState state_;  // guarded by state_mu_

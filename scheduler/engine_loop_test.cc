@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <future>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 namespace ferry::scheduler {
@@ -16,8 +18,17 @@ namespace {
 // on the sequence's own tokens, as greedy decoding does.
 class FakeWorkers : public WorkerGroup {
  public:
-  std::vector<SampledToken> Execute(uint64_t, const StepPlan& plan) override {
+  void Send(uint64_t, const StepPlan& plan) override {
+    sent_.push_back(plan);
+    max_outstanding = std::max(max_outstanding, sent_.size());
+  }
+  // Runs the oldest step sent (a worker runs them in order).
+  std::vector<SampledToken> Receive() override {
     if (gate.valid()) gate.wait();
+    const StepPlan plan = std::move(sent_.front());
+    sent_.pop_front();
+    // As the real worker: a failed step changes nothing and the next one runs.
+    if (plan.step_id == fail_step) throw std::runtime_error("worker failed step: injected");
     for (uint64_t id : plan.finished_ids) seqs_.erase(id);
     for (uint64_t id : plan.preempted_ids) seqs_.erase(id);
     for (const auto& n : plan.new_sequences) seqs_[n.seq_id] = {n.token_ids, 0};
@@ -37,6 +48,10 @@ class FakeWorkers : public WorkerGroup {
     return out;
   }
   size_t live() const { return seqs_.size(); }
+  // Most steps sent and not yet received at once (written by the loop thread;
+  // read after the loop is gone).
+  size_t max_outstanding = 0;
+  uint64_t fail_step = 0;  // this step's Receive throws (0: none)
   // When set, no step completes before it is ready: lets a test act before the
   // loop has made any progress, whatever the machine's timing.
   std::shared_future<void> gate;
@@ -47,6 +62,7 @@ class FakeWorkers : public WorkerGroup {
     int computed = 0;
   };
   std::map<uint64_t, Seq> seqs_;
+  std::deque<StepPlan> sent_;
 };
 
 RequestSpec Request(int prompt_len, int max_tokens) {
@@ -58,8 +74,9 @@ RequestSpec Request(int prompt_len, int max_tokens) {
   return r;
 }
 
-SchedulerConfig Config() {
+SchedulerConfig Config(int32_t max_steps_in_flight = 1) {
   SchedulerConfig c;
+  c.max_steps_in_flight = max_steps_in_flight;
   c.max_num_seqs = 8;
   c.max_num_batched_tokens = 64;
   c.max_model_len = 256;
@@ -79,31 +96,37 @@ std::pair<std::vector<int32_t>, FinishKind> Drain(RequestChannel& ch) {
   }
 }
 
-TEST(EngineLoop, ConcurrentEqualsAloneAndAllEndOnce) {
+// Each with one step in flight and with two (async scheduling).
+class EngineLoopTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(EngineLoopTest, ConcurrentEqualsAloneAndAllEndOnce) {
   prometheus::Registry registry;
   FakeWorkers workers;
-  EngineLoop loop(Config(), workers, registry);
+  auto loop = std::make_unique<EngineLoop>(Config(GetParam()), workers, registry);
   std::vector<std::vector<int32_t>> alone;
   for (int i = 0; i < 12; ++i) {
-    auto [id, ch] = loop.Submit(Request(3 + 9 * i, 10));
+    auto [id, ch] = loop->Submit(Request(3 + 9 * i, 10));
     auto [tokens, finish] = Drain(*ch);
     ASSERT_EQ(finish, FinishKind::kLength);
     alone.push_back(tokens);
   }
   std::vector<std::shared_ptr<RequestChannel>> channels;
-  for (int i = 0; i < 12; ++i) channels.push_back(loop.Submit(Request(3 + 9 * i, 10)).second);
+  for (int i = 0; i < 12; ++i) channels.push_back(loop->Submit(Request(3 + 9 * i, 10)).second);
   for (int i = 0; i < 12; ++i) {
     auto [tokens, finish] = Drain(*channels[i]);
     EXPECT_EQ(finish, FinishKind::kLength);
     EXPECT_EQ(tokens, alone[i]) << "request " << i;
   }
-  EXPECT_EQ(loop.num_live(), 0);
+  EXPECT_EQ(loop->num_live(), 0);
+  loop.reset();  // joins the loop thread before reading what it wrote
+  // With two in flight the next step was sent before the last one's samples came.
+  EXPECT_EQ(workers.max_outstanding, static_cast<size_t>(GetParam()));
 }
 
-TEST(EngineLoop, CancelStormLeavesNothingLive) {
+TEST_P(EngineLoopTest, CancelStormLeavesNothingLive) {
   prometheus::Registry registry;
   FakeWorkers workers;
-  EngineLoop loop(Config(), workers, registry);
+  EngineLoop loop(Config(GetParam()), workers, registry);
   std::mt19937 rng(5);
   std::promise<void> open;
   workers.gate = open.get_future().share();
@@ -129,6 +152,34 @@ TEST(EngineLoop, CancelStormLeavesNothingLive) {
   EXPECT_GT(cancelled, 0);
   EXPECT_EQ(loop.num_live(), 0);
 }
+
+// A failed step aborts every sequence; the steps sent after it are drained, so
+// the next request's samples are its own.
+TEST_P(EngineLoopTest, AFailedStepAbortsAllAndTheNextRequestIsServed) {
+  prometheus::Registry registry;
+  std::vector<int32_t> alone;
+  {
+    FakeWorkers workers;
+    EngineLoop loop(Config(GetParam()), workers, registry);
+    alone = Drain(*loop.Submit(Request(5, 6)).second).first;
+  }
+  FakeWorkers workers;
+  workers.fail_step = 3;
+  prometheus::Registry registry2;
+  EngineLoop loop(Config(GetParam()), workers, registry2);
+  std::vector<std::shared_ptr<RequestChannel>> channels;
+  std::promise<void> open;
+  workers.gate = open.get_future().share();  // all four start in the first step
+  for (int i = 0; i < 4; ++i) channels.push_back(loop.Submit(Request(3 + i, 20)).second);
+  open.set_value();
+  for (auto& ch : channels) EXPECT_EQ(Drain(*ch).second, FinishKind::kAborted);
+  auto [tokens, finish] = Drain(*loop.Submit(Request(5, 6)).second);
+  EXPECT_EQ(finish, FinishKind::kLength);
+  EXPECT_EQ(tokens, alone);
+  EXPECT_EQ(loop.num_live(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));
 
 TEST(EngineLoop, TooLongIsRejectedAtSubmit) {
   prometheus::Registry registry;

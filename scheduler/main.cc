@@ -26,6 +26,7 @@ struct Flags {
   double slo_percentile = 95;
   std::vector<std::string> slo_lanes;
   bool enable_prefix_caching = true;  // vLLM V1's default: a preempted sequence resumes from cache
+  bool async_scheduling = true;       // plan step N+1 while the workers run step N
   int aging_interval_ms = 0;
   std::vector<std::string> lane_reservations;
   int max_num_batched_tokens = 8192;
@@ -48,6 +49,9 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--slo-lane", f.slo_lanes, "slo mode: only these lanes' requests count (repeatable; default all)");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "Share full KV blocks of identical prefixes (default on)");
+  app.add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
+               "Plan and send the next step while the workers run the current one, so they never wait for the "
+               "scheduler between steps (default on)");
   app.add_option("--aging-interval-ms", f.aging_interval_ms, "Each interval waited raises priority by one (0: off)");
   app.add_option("--lane-reservation", f.lane_reservations,
                  "LANE=SEQS_FRACTION:BLOCKS_FRACTION kept for a lane while it has waiting work (repeatable)");
@@ -108,6 +112,7 @@ int main(int argc, char** argv) {
   config.num_kv_blocks = worker_info.num_kv_blocks();
   config.enable_prefix_caching = flags.enable_prefix_caching;
   config.aging_interval_ms = flags.aging_interval_ms;
+  config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   ferry::scheduler::ControllerOptions controller;
   try {
     config.lane_reservations = ParseReservations(flags.lane_reservations);
@@ -127,9 +132,9 @@ int main(int argc, char** argv) {
   *info.mutable_generation_defaults() = worker_info.generation_defaults();
   info.set_tensor_parallel_size(static_cast<int>(flags.workers.size()));
   spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {} ({}), max_num_batched_tokens {}, "
-               "prefix caching {}", info.model(), config.num_kv_blocks, config.block_size, config.max_model_len,
-               config.max_num_seqs, flags.controller_mode, config.max_num_batched_tokens,
-               config.enable_prefix_caching ? "on" : "off");
+               "prefix caching {}, async scheduling {}", info.model(), config.num_kv_blocks, config.block_size,
+               config.max_model_len, config.max_num_seqs, flags.controller_mode, config.max_num_batched_tokens,
+               config.enable_prefix_caching ? "on" : "off", flags.async_scheduling ? "on" : "off");
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
   ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry());

@@ -121,7 +121,7 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
   return request;
 }
 
-std::vector<SampledToken> GrpcWorkerGroup::Execute(uint64_t step_id, const StepPlan& plan) {
+void GrpcWorkerGroup::Send(uint64_t step_id, const StepPlan& plan) {
   OpenStreams();
   const ferry::v1::StepRequest request = ToStepRequest(step_id, plan);
   // Every rank gets the same plan; writes first so ranks run concurrently.
@@ -131,6 +131,10 @@ std::vector<SampledToken> GrpcWorkerGroup::Execute(uint64_t step_id, const StepP
       throw std::runtime_error(fmt::format("worker {} stream closed", rank->address));
     }
   }
+}
+
+std::vector<SampledToken> GrpcWorkerGroup::Receive() {
+  if (!ranks_.front()->stream) throw std::runtime_error("no step in flight: the worker streams are closed");
   std::vector<SampledToken> sampled;
   std::string error;
   for (size_t r = 0; r < ranks_.size(); ++r) {

@@ -23,7 +23,13 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // up to timeout; returns rank 0's info. Throws std::runtime_error on timeout.
   ferry::v1::WorkerInfo WaitForInfo(std::chrono::seconds timeout);
 
-  std::vector<SampledToken> Execute(uint64_t step_id, const StepPlan& plan) override;
+  // Writes the step to every rank's stream (opened on first use and after a
+  // failure); a rank reads it when done with the steps before.
+  void Send(uint64_t step_id, const StepPlan& plan) override;
+  // Reads one result from every rank, in rank order; on a failure the streams
+  // close (the next Send opens new ones, and a worker forgets every sequence
+  // when a new stream opens).
+  std::vector<SampledToken> Receive() override;
   // Whether every rank answers Health within timeout (thread-safe: only uses the stubs).
   bool Healthy(std::chrono::milliseconds timeout) const;
   // Each rank's answer, rank 0 first (every rank is asked, even after one fails).
