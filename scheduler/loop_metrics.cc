@@ -21,7 +21,7 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r)
                    .Register(r)),
       steps(BuildCounter().Name("ferry_scheduler_steps_total").Help("Engine steps run").Register(r).Add({})),
       step_seconds(BuildHistogram().Name("ferry_scheduler_step_duration_seconds")
-                       .Help("Wall time of one step, plan to commit").Register(r)
+                       .Help("Wall time of one step, from when the workers could start it to its samples").Register(r)
                        .Add({}, LatencyBucketsSeconds())),
       step_sequences(BuildHistogram().Name("ferry_scheduler_step_sequences").Help("Sequences in one step")
                          .Register(r).Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
