@@ -9,6 +9,8 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "gateway/http/connection_watch.h"
+
 namespace ferry::gateway::http {
 
 namespace {
@@ -159,6 +161,7 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
   int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) return -1;
+  port_ = bound;
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   return bound;
 }
@@ -182,7 +185,7 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
                       static_cast<int64_t>(std::time(nullptr)), options_.model_name};
   request.generate.set_request_id(ctx.id);
   if (request.stream) return RespondStream(std::move(request), ctx, res, tenant, max_tokens);
-  RespondWhole(std::move(request), ctx, res, tenant, max_tokens);
+  RespondWhole(req, std::move(request), ctx, res, tenant, max_tokens);
 }
 
 std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, OpenAiRequest& request,
@@ -215,13 +218,19 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
   return std::nullopt;
 }
 
-void OpenAiHttpServer::RespondWhole(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
-                                    const std::string& tenant, int64_t max_tokens) {
+void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
+                                    httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
   grpc::ClientContext context;
   SetDeadline(context, request.timeout_ms);
+  // A client that closes its connection before the answer cancels the call, queued or running.
+  const ConnectionWatch watch(FindConnectionSocket(req.remote_addr, req.remote_port, port_),
+                              [&context] { context.TryCancel(); });
+  if (!watch.watching()) {
+    spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
+  }
   ferry::v1::GenerateResponse response;
   const grpc::Status status = generator_.Run(
-      std::move(request.generate), context, [] { return false; }, [&](const GenerateChunk& chunk) {
+      std::move(request.generate), context, [&watch] { return watch.gone(); }, [&](const GenerateChunk& chunk) {
         response.mutable_text()->append(chunk.text());
         response.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
         response.mutable_logprobs()->MergeFrom(chunk.logprobs());

@@ -44,8 +44,8 @@ class OpenAiHttpServer {
   // Auth and the context of one admitted request; returns an error to send instead.
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
                                 int64_t& charged_max_tokens);
-  void RespondWhole(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
-                    const std::string& tenant, int64_t max_tokens);
+  void RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
+                    httplib::Response& res, const std::string& tenant, int64_t max_tokens);
   void RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
                      const std::string& tenant, int64_t max_tokens);
 
@@ -53,6 +53,7 @@ class OpenAiHttpServer {
   Authenticator& authenticator_;
   const HttpServerOptions options_;
   std::unique_ptr<httplib::Server> server_;
+  int port_ = -1;  // the bound port (a connection's local port, to find its socket)
   std::thread thread_;
 };
 

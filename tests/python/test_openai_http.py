@@ -2,6 +2,7 @@
 
 Texts must equal what the gRPC API gives for the same prompt and seed.
 """
+import http.client
 import json
 import subprocess
 import sys
@@ -180,3 +181,27 @@ def test_cancelled_stream_frees_its_sequence(http_stack):
         time.sleep(0.05)
     assert running(http_stack) == 0
     assert cancelled(http_stack) == before + 1
+
+
+def test_closed_connection_cancels_a_whole_request(http_stack):
+    """A non-streamed request whose client hangs up stops generating (vLLM aborts it too)."""
+    assert running(http_stack) == 0
+    before = cancelled(http_stack)
+    host, port = http_stack.http.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    deadline = time.time() + 30
+    while time.time() < deadline and running(http_stack) != 1:
+        time.sleep(0.02)
+    assert running(http_stack) == 1  # generating, 1,800 tokens to go
+    conn.close()  # gives up before the answer
+    deadline = time.time() + 30
+    while time.time() < deadline and (running(http_stack) != 0 or cancelled(http_stack) == before):
+        time.sleep(0.05)
+    assert running(http_stack) == 0
+    assert cancelled(http_stack) == before + 1  # cancelled, not run to its 1,800th token
+    # The next request is served.
+    r = httpx.post(http_stack.http + "/v1/completions",
+                   json={"prompt": "Hi", "max_tokens": 4, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
