@@ -1,5 +1,6 @@
 #include "worker/model/linear.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -43,7 +44,11 @@ namespace {
 // primitive exists (later calls fail, harmlessly: the first setting stays).
 void CapIsaForBatchInvariance() {
   static std::once_flag once;
-  std::call_once(once, [] { dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16); });
+  std::call_once(once, [] {
+    // An ISA the user set (oneDNN's own variables) wins: a call here would override it.
+    if (std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr || std::getenv("DNNL_MAX_CPU_ISA") != nullptr) return;
+    dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+  });
 }
 
 }  // namespace
@@ -94,7 +99,14 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
   const dnnl::memory::desc any({k, n}, dt::bf16, tag::any);
   const dnnl::memory::desc src({kLayoutRows, k}, dt::bf16, tag::ab);
   const dnnl::memory::desc dst({kLayoutRows, n}, dt::f32, tag::ab);
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, any, dst), d.engine);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, any, dst), d.engine);
+  } catch (const dnnl::error& e) {
+    // oneDNN 2.6 has bf16 matmul only from AVX-512 on (ONEDNN_MAX_CPU_ISA=AVX2 reproduces this).
+    throw std::runtime_error(std::string("bfloat16 matmul is not available on this CPU (oneDNN: ") + e.what() +
+                             "; it needs AVX-512): run the worker with --dtype float32");
+  }
   prims_->weights_md = pd.weights_desc();
   prims_->weights = dnnl::memory(prims_->weights_md, d.engine);
   dnnl::reorder(plain_mem, prims_->weights).execute(d.stream, plain_mem, prims_->weights);
