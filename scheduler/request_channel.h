@@ -1,10 +1,13 @@
-// Hands one request's events from the engine loop thread to the gRPC handler
-// thread that streams them. The loop only pushes; the handler only pops.
+// Hands one request's events from the engine loop thread to the gRPC side that
+// streams them. The loop only pushes; the consumer pops, either blocking (a
+// thread per request) or when its listener says events arrived (a reactor).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -21,6 +24,20 @@ class RequestChannel {
       events_.push_back(std::move(event));
     }
     cv_.notify_one();
+    Notify();
+  }
+
+  // Called on the pushing thread, outside the channel's lock, after every push
+  // (and once now if events are already queued). The listener must stay valid
+  // until replaced; it may pop.
+  void SetListener(std::function<void()> listener) {
+    bool pending = false;
+    {
+      std::lock_guard lock(mu_);
+      listener_ = std::make_shared<std::function<void()>>(std::move(listener));
+      pending = !events_.empty();
+    }
+    if (pending) Notify();
   }
 
   // First call only: records when the sequence was first scheduled and queues an
@@ -33,6 +50,7 @@ class RequestChannel {
       events_.push_back(SeqEvent{.seq_id = seq_id});
     }
     cv_.notify_one();
+    Notify();
   }
 
   // Waits up to timeout for events; returns all queued ones merged (tokens
@@ -40,6 +58,24 @@ class RequestChannel {
   std::optional<SeqEvent> Pop(std::chrono::milliseconds timeout) {
     std::unique_lock lock(mu_);
     if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+    return TakeMerged();
+  }
+
+  // As Pop, without waiting: nullopt when nothing is queued.
+  std::optional<SeqEvent> TryPop() {
+    std::lock_guard lock(mu_);
+    if (events_.empty()) return std::nullopt;
+    return TakeMerged();
+  }
+
+  std::optional<TimePoint> started() const {
+    std::lock_guard lock(mu_);
+    return started_;
+  }
+
+ private:
+  // Precondition: mu_ held, events_ not empty.
+  SeqEvent TakeMerged() {
     SeqEvent merged = std::move(events_.front());
     events_.pop_front();
     while (!events_.empty() && merged.finish == FinishKind::kNone) {
@@ -52,13 +88,17 @@ class RequestChannel {
     return merged;
   }
 
-  std::optional<TimePoint> started() const {
-    std::lock_guard lock(mu_);
-    return started_;
+  void Notify() {
+    std::shared_ptr<std::function<void()>> listener;
+    {
+      std::lock_guard lock(mu_);
+      listener = listener_;
+    }
+    if (listener) (*listener)();
   }
 
- private:
   mutable std::mutex mu_;
+  std::shared_ptr<std::function<void()>> listener_;
   std::condition_variable cv_;
   std::deque<SeqEvent> events_;
   std::optional<TimePoint> started_;

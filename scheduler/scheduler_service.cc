@@ -1,6 +1,9 @@
 #include "scheduler/scheduler_service.h"
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -33,7 +36,7 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
 }
 
 // The client's gRPC deadline (propagated by the gateway) as a steady-clock time.
-TimePoint SteadyDeadline(const grpc::ServerContext& context) {
+TimePoint SteadyDeadline(const grpc::ServerContextBase& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return TimePoint::max();
   const auto left = deadline - std::chrono::system_clock::now();
@@ -73,72 +76,177 @@ grpc::Status SchedulerService::Info(grpc::ServerContext*, const ferry::v1::Sched
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::Submit(grpc::ServerContext* context, const ferry::v1::SubmitRequest* request,
-                                      grpc::ServerWriter<ferry::v1::TokenEvent>* writer) {
+namespace {
+
+ferry::v1::TokenEvent ToTokenEvent(const SeqEvent& event) {
+  ferry::v1::TokenEvent out;
+  out.mutable_token_ids()->Add(event.new_tokens.begin(), event.new_tokens.end());
+  for (size_t i = 0; i < event.logprobs.size() && i < event.new_tokens.size(); ++i) {
+    auto* lp = out.add_logprobs();
+    lp->set_token_id(event.new_tokens[i]);
+    lp->set_logprob(event.logprobs[i].logprob);
+    for (const auto& [id, logprob] : event.logprobs[i].top) {
+      auto* top = lp->add_top();
+      top->set_token_id(id);
+      top->set_logprob(logprob);
+    }
+  }
+  out.set_finish(ToProto(event.finish));
+  return out;
+}
+
+// The status that ends a call for an event the loop ends it with, if it carries no tokens to send.
+std::optional<grpc::Status> EndStatus(FinishKind finish) {
+  switch (finish) {
+    case FinishKind::kCancelled: return grpc::Status::CANCELLED;
+    case FinishKind::kDeadlineExceeded:
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the request was not started within its deadline or its lane's queue timeout");
+    case FinishKind::kAborted: return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");
+    default: return std::nullopt;
+  }
+}
+
+// One Submit call as a gRPC callback reactor: no thread waits on it. The engine loop's push
+// to the request's channel starts a write when none is in flight; each finished write starts
+// the next with whatever queued meanwhile (merged). A cancelled call cancels the sequence.
+//
+// Lifetime: gRPC deletes nothing; OnDone deletes the reactor. The loop reaches it only through
+// `link_`, whose lock OnDone takes to cut the link, so OnDone waits for a push in progress. A
+// reaction may run inline on the pushing thread (inside StartWrite), hence a recursive lock;
+// nothing here touches the reactor after calling Finish or StartWriteAndFinish.
+class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEvent> {
+ public:
+  SubmitReactor(EngineLoop& loop, std::shared_ptr<RequestChannel> channel, uint64_t seq_id, TimePoint arrival)
+      : loop_(loop), channel_(std::move(channel)), seq_id_(seq_id), arrival_(arrival),
+        link_(std::make_shared<Link>()) {
+    link_->reactor = this;
+    channel_->SetListener([link = link_] {
+      std::lock_guard lock(link->mu);
+      if (link->reactor != nullptr) link->reactor->WriteNext();
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false;
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      if (!ok && !done_) {  // the client went away mid-write
+        done_ = true;
+        finish = true;
+      }
+    }
+    if (finish) {
+      loop_.Cancel(seq_id_);
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    loop_.Cancel(seq_id_);
+    bool finish = false;
+    {
+      std::lock_guard lock(mu_);
+      if (!done_) {
+        done_ = true;
+        finish = !writing_;  // else OnWriteDone(false) follows and finishes
+        cancel_pending_ = writing_;
+      }
+    }
+    if (finish) Finish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(link_->mu);
+      link_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+  // Starts the next write if none is in flight and events are queued.
+  void WriteNext() {
+    std::optional<grpc::Status> end;
+    bool last = false;
+    {
+      std::lock_guard lock(mu_);
+      if (done_ && cancel_pending_ && !writing_) {
+        cancel_pending_ = false;
+        end = grpc::Status::CANCELLED;
+      } else {
+        if (writing_ || done_) return;
+        auto event = channel_->TryPop();
+        if (!event) return;
+        end = EndStatus(event->finish);
+        if (end) {
+          done_ = true;
+        } else {
+          out_ = ToTokenEvent(*event);
+          if (first_) {
+            const auto started = channel_->started().value_or(Clock::now());
+            // Clamped: `started` is read on the engine thread, `arrival` on another, and on this
+            // VM one core's clock can lag another's by a few ms.
+            out_.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival_).count()));
+            first_ = false;
+          }
+          last = event->finish != FinishKind::kNone;
+          done_ = last;
+          writing_ = true;
+        }
+      }
+    }
+    if (end) return Finish(*end);
+    if (last) return StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+    StartWrite(&out_);
+  }
+
+ private:
+  struct Link {
+    std::recursive_mutex mu;
+    SubmitReactor* reactor = nullptr;
+  };
+
+  EngineLoop& loop_;
+  const std::shared_ptr<RequestChannel> channel_;
+  const uint64_t seq_id_;
+  const TimePoint arrival_;
+  const std::shared_ptr<Link> link_;
+  std::mutex mu_;
+  bool writing_ = false;         // a StartWrite awaits its OnWriteDone
+  bool done_ = false;            // Finish was called, or will be when the write in flight ends
+  bool cancel_pending_ = false;  // cancelled while writing: finish once the write ends
+  bool first_ = true;
+  ferry::v1::TokenEvent out_;    // the message in flight (gRPC reads it until OnWriteDone)
+};
+
+// A call refused before it reached the loop.
+class RefusedReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEvent> {
+ public:
+  explicit RefusedReactor(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<ferry::v1::TokenEvent>* SchedulerService::Submit(grpc::CallbackServerContext* context,
+                                                                          const ferry::v1::SubmitRequest* request) {
   const std::vector<int32_t> eos(info_.eos_token_ids().begin(), info_.eos_token_ids().end());
   const auto arrival = Clock::now();
-  uint64_t seq_id = 0;
-  std::shared_ptr<RequestChannel> channel;
   try {
     RequestSpec spec = ToRequestSpec(*request, eos);
     spec.deadline = SteadyDeadline(*context);
     const TimePoint queue_deadline = request->queue_timeout_ms() > 0
                                          ? arrival + std::chrono::milliseconds(request->queue_timeout_ms())
                                          : TimePoint::max();
-    std::tie(seq_id, channel) = loop_.Submit(std::move(spec), queue_deadline);
+    auto [seq_id, channel] = loop_.Submit(std::move(spec), queue_deadline);
+    spdlog::debug("req={} seq={} queued ({} prompt tokens)", request->request_id(), seq_id,
+                  request->prompt_token_ids_size());
+    return new SubmitReactor(loop_, std::move(channel), seq_id, arrival);
   } catch (const std::invalid_argument& e) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
-  }
-  spdlog::debug("req={} seq={} queued ({} prompt tokens)", request->request_id(), seq_id,
-                request->prompt_token_ids_size());
-  bool first = true;
-  while (true) {
-    // Short waits so a cancelled call is noticed well within one step.
-    auto event = channel->Pop(std::chrono::milliseconds(5));
-    if (!event) {
-      if (context->IsCancelled()) {
-        loop_.Cancel(seq_id);
-        spdlog::debug("req={} seq={} cancelled by client", request->request_id(), seq_id);
-        return grpc::Status::CANCELLED;
-      }
-      continue;
-    }
-    if (event->finish == FinishKind::kCancelled) return grpc::Status::CANCELLED;
-    if (event->finish == FinishKind::kDeadlineExceeded) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          "the request was not started within its deadline or its lane's queue timeout");
-    }
-    if (event->finish == FinishKind::kAborted) {
-      return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");
-    }
-    ferry::v1::TokenEvent out;
-    out.mutable_token_ids()->Add(event->new_tokens.begin(), event->new_tokens.end());
-    for (size_t i = 0; i < event->logprobs.size() && i < event->new_tokens.size(); ++i) {
-      auto* lp = out.add_logprobs();
-      lp->set_token_id(event->new_tokens[i]);
-      lp->set_logprob(event->logprobs[i].logprob);
-      for (const auto& [id, logprob] : event->logprobs[i].top) {
-        auto* top = lp->add_top();
-        top->set_token_id(id);
-        top->set_logprob(logprob);
-      }
-    }
-    out.set_finish(ToProto(event->finish));
-    if (first) {
-      const auto started = channel->started().value_or(Clock::now());
-      // Clamped: `started` is read on the engine thread, `arrival` here, and on this VM one core's
-      // clock read can lag another's by a few ms (a negative queue time was seen in CI).
-      out.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival).count()));
-      first = false;
-    }
-    if (!writer->Write(out)) {
-      loop_.Cancel(seq_id);
-      return grpc::Status::CANCELLED;
-    }
-    if (event->finish != FinishKind::kNone) {
-      spdlog::debug("req={} seq={} finished", request->request_id(), seq_id);
-      return grpc::Status::OK;
-    }
+    return new RefusedReactor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what()));
   }
 }
 
