@@ -1,8 +1,6 @@
 #include "worker/model/linear.h"
 
-#include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
 #include <string>
@@ -36,27 +34,30 @@ struct MatmulContext::Dnnl {
 
 namespace {
 
-// oneDNN's AMX kernels (Sapphire Rapids and later) split the reduction over k
-// by the number of rows: a row's bf16 result then depends on the batch
-// (linear_batch_invariance_test fails on down_proj at 67 rows), so greedy
-// output would change with batching. The AVX-512 BF16 kernels keep one order
-// for every row count; cap oneDNN there. It must be set before the first
-// primitive exists (later calls fail, harmlessly: the first setting stays).
-void CapIsaForBatchInvariance() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // An ISA the user set (oneDNN's own variables) wins: a call here would override it.
-    if (std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr || std::getenv("DNNL_MAX_CPU_ISA") != nullptr) return;
-    dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
-  });
+// Rows per oneDNN call so that a row's result never depends on the other rows of its call
+// (0: all rows in one call). Measured with linear_batch_invariance_test under each
+// ONEDNN_MAX_CPU_ISA (worker/model/README.md): the AVX-512 (fp32) and AVX-512 BF16 (bf16)
+// kernels reduce every row in one order whatever the row count; the AMX and VNNI bf16 kernels
+// and the AVX2 fp32 ones do not, but with every call at exactly 16 rows (the last tile padded)
+// they do. 16 rows is AMX's tile height: decode up to 16 sequences costs what it did untiled,
+// prefill keeps most of AMX's speed (docs/benchmarks/cpu.md).
+constexpr int64_t kInvariantRowTile = 16;
+
+int64_t RowTileFor(MatmulDtype dtype) {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto has = [isa](dnnl::cpu_isa want) {
+    const auto bits = static_cast<unsigned>(want);
+    return (isa & bits) == bits;
+  };
+  if (dtype == MatmulDtype::kFloat32) return has(dnnl::cpu_isa::avx512_core) ? 0 : kInvariantRowTile;
+  if (has(dnnl::cpu_isa::avx512_core_amx)) return kInvariantRowTile;
+  return has(dnnl::cpu_isa::avx512_core_bf16) ? 0 : kInvariantRowTile;
 }
 
 }  // namespace
 
-MatmulContext::MatmulContext(MatmulDtype dtype) : dtype_(dtype) {
-  CapIsaForBatchInvariance();
-  dnnl_ = std::make_unique<Dnnl>();
-}
+MatmulContext::MatmulContext(MatmulDtype dtype)
+    : dtype_(dtype), dnnl_(std::make_unique<Dnnl>()), row_tile_(RowTileFor(dtype)) {}
 
 MatmulContext::~MatmulContext() = default;
 
@@ -124,6 +125,25 @@ int64_t Linear::weight_bytes() const { return static_cast<int64_t>(prims_->weigh
 // result. OpenBLAS's sgemm did not have that property (it takes a gemv path for one row).
 void Linear::Forward(const float* x, float* out, int64_t m) {
   if (m == 0) return;
+  const int64_t tile = context_->row_tile_;
+  if (tile == 0) return Run(x, out, m);
+  // Fixed-size tiles: every call runs the one primitive for `tile` rows, so a row's result
+  // cannot depend on how many rows came with it. The last, partial tile is padded with zeros.
+  int64_t i = 0;
+  for (; i + tile <= m; i += tile) Run(x + i * k_, out + i * n_, tile);
+  if (i == m) return;
+  const int64_t rest = m - i;
+  std::vector<float>& xp = context_->x_pad_;
+  std::vector<float>& op = context_->out_pad_;
+  xp.assign(tile * k_, 0.f);
+  op.assign(tile * n_, 0.f);
+  std::memcpy(xp.data(), x + i * k_, rest * k_ * sizeof(float));
+  if (accumulate_) std::memcpy(op.data(), out + i * n_, rest * n_ * sizeof(float));
+  Run(xp.data(), op.data(), tile);
+  std::memcpy(out + i * n_, op.data(), rest * n_ * sizeof(float));
+}
+
+void Linear::Run(const float* x, float* out, int64_t m) {
   MatmulContext::Dnnl& d = *context_->dnnl_;
   const bool bf16 = context_->dtype() == MatmulDtype::kBfloat16;
   const dnnl::memory::desc src_md({m, k_}, bf16 ? dt::bf16 : dt::f32, tag::ab);

@@ -4,6 +4,9 @@
 //  - kBfloat16: weights converted to bf16 once at load and reordered into the blocked layout
 //    oneDNN picks for them; activations rounded to bf16 per call; fp32 accumulation and output.
 //    oneDNN primitives are created once per distinct row count and reused.
+// A row's result never depends on the other rows of the call (batch invariance): where
+// oneDNN's kernels for this CPU would break that, every call runs at a fixed 16 rows
+// (MatmulContext::row_tile_; rule and measurements in linear.cc and worker/model/README.md).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,9 @@ class MatmulContext {
   MatmulDtype dtype_;
   std::unique_ptr<Dnnl> dnnl_;
   std::vector<uint16_t> x_bf16_;  // [m, k] of the call in progress
+  int64_t row_tile_ = 0;          // 0: one call per Forward; else fixed tiles of this many rows
+  std::vector<float> x_pad_;      // [row_tile, k]: a partial last tile, zero-padded
+  std::vector<float> out_pad_;    // [row_tile, n]
 };
 
 class Linear {
@@ -59,6 +65,10 @@ class Linear {
 
  private:
   struct Primitives;
+  // One oneDNN call over m rows (its primitive is created on first use).
+  void Run(const float* x,  // [m, k]
+           float* out,      // [m, n]
+           int64_t m);
 
   MatmulContext* context_;
   int64_t n_ = 0;
