@@ -134,3 +134,37 @@ def test_cancelled_stream_frees_the_sequence(stack, gen_stub, ferry_pb):
             break
         time.sleep(0.1)
     assert used == 0 and running == 0
+
+
+def test_async_scheduling_changes_no_token(stack, gen_stub, ferry_pb, tiny_model, tmp_path):
+    """The default stack (async scheduling: step N+1 planned before step N's tokens are known) and one
+    with --no-async-scheduling give the same greedy tokens and finishes, batched, including a stop token
+    that the async planner learns of one step late."""
+    from conftest import Stack
+
+    sync_stack = Stack(tiny_model, tmp_path, extra_args=["--scheduler-arg=--no-async-scheduling"])
+    try:
+        assert "async scheduling off" in sync_stack.log_text()
+        channel = grpc.insecure_channel(sync_stack.gateway)
+        sync_stub = ferry_pb.gen_grpc.GenerationStub(channel)
+        prompts = make_prompts(n=16, seed=11)
+        full = [generate(gen_stub, ferry_pb, p)[0] for p in prompts]
+
+        def run(stub, i):
+            # Stop at the 6th token of the full answer: a stop found after the next step was planned.
+            req = ferry_pb.gen.GenerateRequest(text=prompts[i].encode(), sampling=ferry_pb.gen.SamplingParams(
+                max_tokens=24, temperature=0.0, ignore_eos=True, stop_token_ids=[full[i][5]]))
+            resp = stub.Generate(req, timeout=120)
+            return list(resp.token_ids), resp.finish_reason
+
+        with cf.ThreadPoolExecutor(max_workers=32) as pool:
+            on = list(pool.map(lambda i: run(gen_stub, i), range(len(prompts))))
+            off = list(pool.map(lambda i: run(sync_stub, i), range(len(prompts))))
+        for i, (a, b) in enumerate(zip(on, off)):
+            assert a == b, f"prompt {i}: async {a} != sync {b}"
+            stop_at = full[i].index(full[i][5])  # the first occurrence ends it
+            assert a[0] == full[i][:stop_at + 1], f"prompt {i}: {a[0]} is not {full[i]} cut at its stop token"
+            assert a[1] == ferry_pb.gen.FINISH_REASON_STOP
+        channel.close()
+    finally:
+        assert sync_stack.stop() == 0
