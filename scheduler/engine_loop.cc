@@ -226,11 +226,12 @@ bool EngineLoop::LaunchStep() {
     AbortAll(e, plan.step_id);
     return false;
   }
-  metrics_->scheduled_tokens.Increment(plan.num_scheduled_tokens());
+  const int32_t tokens = plan.num_scheduled_tokens();
+  metrics_->scheduled_tokens.Increment(tokens);
   metrics_->steps.Increment();
   if (!plan.scheduled.empty()) {
     metrics_->step_sequences.Observe(static_cast<double>(plan.scheduled.size()));
-    metrics_->step_tokens.Observe(static_cast<double>(plan.num_scheduled_tokens()));
+    metrics_->step_tokens.Observe(static_cast<double>(tokens));
   }
   in_flight_.push_back(InFlight{std::move(plan), start});
   return true;

@@ -17,40 +17,44 @@
 namespace ferry::scheduler {
 
 class RequestChannel {
+  using Listener = std::shared_ptr<std::function<void()>>;
+
  public:
   void Push(SeqEvent event) {
+    Listener listener;
     {
       std::lock_guard lock(mu_);
       events_.push_back(std::move(event));
+      listener = listener_;
     }
-    cv_.notify_one();
-    Notify();
+    Notify(listener);
   }
 
   // Called on the pushing thread, outside the channel's lock, after every push
   // (and once now if events are already queued). The listener must stay valid
   // until replaced; it may pop.
   void SetListener(std::function<void()> listener) {
-    bool pending = false;
+    Listener pending;
     {
       std::lock_guard lock(mu_);
       listener_ = std::make_shared<std::function<void()>>(std::move(listener));
-      pending = !events_.empty();
+      if (!events_.empty()) pending = listener_;
     }
-    if (pending) Notify();
+    if (pending) (*pending)();
   }
 
   // First call only: records when the sequence was first scheduled and queues an
   // empty event, so the handler can tell the gateway it left the queue.
   void MarkStarted(TimePoint when, uint64_t seq_id) {
+    Listener listener;
     {
       std::lock_guard lock(mu_);
       if (started_) return;
       started_ = when;
       events_.push_back(SeqEvent{.seq_id = seq_id});
+      listener = listener_;
     }
-    cv_.notify_one();
-    Notify();
+    Notify(listener);
   }
 
   // Waits up to timeout for events; returns all queued ones merged (tokens
@@ -88,17 +92,14 @@ class RequestChannel {
     return merged;
   }
 
-  void Notify() {
-    std::shared_ptr<std::function<void()>> listener;
-    {
-      std::lock_guard lock(mu_);
-      listener = listener_;
-    }
+  // Wakes a waiting Pop and calls the listener taken under the lock, outside it.
+  void Notify(const Listener& listener) {
+    cv_.notify_one();
     if (listener) (*listener)();
   }
 
   mutable std::mutex mu_;
-  std::shared_ptr<std::function<void()>> listener_;
+  Listener listener_;
   std::condition_variable cv_;
   std::deque<SeqEvent> events_;
   std::optional<TimePoint> started_;

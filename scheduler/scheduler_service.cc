@@ -128,20 +128,18 @@ class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEven
   }
 
   void OnWriteDone(bool ok) override {
-    bool finish = false;
+    bool went_away = false, cancelled = false;
     {
       std::lock_guard lock(mu_);
       writing_ = false;
-      if (!ok && !done_) {  // the client went away mid-write
-        done_ = true;
-        finish = true;
-      }
+      // Only OnCancel sets done_ while a StartWrite is out (a last write uses
+      // StartWriteAndFinish, which has no OnWriteDone): it left the Finish to us.
+      cancelled = done_;
+      went_away = !ok && !done_;  // the client went away mid-write
+      done_ = done_ || went_away;
     }
-    if (finish) {
-      loop_.Cancel(seq_id_);
-      Finish(grpc::Status::CANCELLED);
-      return;
-    }
+    if (went_away) loop_.Cancel(seq_id_);
+    if (went_away || cancelled) return Finish(grpc::Status::CANCELLED);
     WriteNext();
   }
 
@@ -150,11 +148,9 @@ class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEven
     bool finish = false;
     {
       std::lock_guard lock(mu_);
-      if (!done_) {
-        done_ = true;
-        finish = !writing_;  // else OnWriteDone(false) follows and finishes
-        cancel_pending_ = writing_;
-      }
+      if (done_) return;
+      done_ = true;
+      finish = !writing_;  // else OnWriteDone follows and finishes
     }
     if (finish) Finish(grpc::Status::CANCELLED);
   }
@@ -173,29 +169,22 @@ class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEven
     bool last = false;
     {
       std::lock_guard lock(mu_);
-      if (done_ && cancel_pending_ && !writing_) {
-        cancel_pending_ = false;
-        end = grpc::Status::CANCELLED;
-      } else {
-        if (writing_ || done_) return;
-        auto event = channel_->TryPop();
-        if (!event) return;
-        end = EndStatus(event->finish);
-        if (end) {
-          done_ = true;
-        } else {
-          out_ = ToTokenEvent(*event);
-          if (first_) {
-            const auto started = channel_->started().value_or(Clock::now());
-            // Clamped: `started` is read on the engine thread, `arrival` on another, and on this
-            // VM one core's clock can lag another's by a few ms.
-            out_.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival_).count()));
-            first_ = false;
-          }
-          last = event->finish != FinishKind::kNone;
-          done_ = last;
-          writing_ = true;
+      if (writing_ || done_) return;
+      auto event = channel_->TryPop();
+      if (!event) return;
+      end = EndStatus(event->finish);
+      last = end.has_value() || event->finish != FinishKind::kNone;
+      done_ = last;
+      if (!end) {
+        out_ = ToTokenEvent(*event);
+        if (first_) {
+          const auto started = channel_->started().value_or(Clock::now());
+          // Clamped: `started` is read on the engine thread, `arrival` on another, and on this
+          // VM one core's clock can lag another's by a few ms.
+          out_.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival_).count()));
+          first_ = false;
         }
+        writing_ = true;
       }
     }
     if (end) return Finish(*end);
@@ -217,7 +206,6 @@ class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEven
   std::mutex mu_;
   bool writing_ = false;         // a StartWrite awaits its OnWriteDone
   bool done_ = false;            // Finish was called, or will be when the write in flight ends
-  bool cancel_pending_ = false;  // cancelled while writing: finish once the write ends
   bool first_ = true;
   ferry::v1::TokenEvent out_;    // the message in flight (gRPC reads it until OnWriteDone)
 };

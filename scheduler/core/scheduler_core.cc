@@ -85,11 +85,10 @@ void SchedulerCore::Add(RequestSpec request) {
   if (is_live(request.seq_id)) throw std::invalid_argument(id + "seq_id is already live");
   const auto num_prompt = static_cast<int64_t>(request.prompt.size());
   if (num_prompt == 0) throw std::invalid_argument(id + "prompt is empty");
-  for (int64_t i = 0; i < num_prompt; ++i) {
-    if (request.prompt[static_cast<size_t>(i)] < 0) {
-      throw std::invalid_argument(id + "prompt[" + Num(i) + "] = " + Num(request.prompt[static_cast<size_t>(i)]) +
-                                  ", must be >= 0");
-    }
+  if (auto bad = std::find_if(request.prompt.begin(), request.prompt.end(), [](int32_t t) { return t < 0; });
+      bad != request.prompt.end()) {
+    throw std::invalid_argument(id + "prompt[" + Num(bad - request.prompt.begin()) + "] = " + Num(*bad) +
+                                ", must be >= 0");
   }
   if (request.max_tokens < 1) {
     throw std::invalid_argument(id + "max_tokens = " + Num(request.max_tokens) + ", must be >= 1");

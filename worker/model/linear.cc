@@ -1,5 +1,6 @@
 #include "worker/model/linear.h"
 
+#include <algorithm>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
@@ -120,9 +121,9 @@ Linear& Linear::operator=(Linear&&) noexcept = default;
 
 int64_t Linear::weight_bytes() const { return static_cast<int64_t>(prims_->weights_md.get_size()); }
 
-// Both dtypes go through oneDNN matmul: its kernels reduce each output row in an order that
-// does not depend on the number of rows (tested bitwise), so batching never changes a row's
-// result. OpenBLAS's sgemm did not have that property (it takes a gemv path for one row).
+// Both dtypes go through oneDNN matmul, in one call or in fixed 16-row tiles (RowTileFor), so
+// that a row's result does not depend on the number of rows (tested bitwise) and batching never
+// changes it. OpenBLAS's sgemm did not have that property (it takes a gemv path for one row).
 void Linear::Forward(const float* x, float* out, int64_t m) {
   if (m == 0) return;
   const int64_t tile = context_->row_tile_;
@@ -135,9 +136,10 @@ void Linear::Forward(const float* x, float* out, int64_t m) {
   const int64_t rest = m - i;
   std::vector<float>& xp = context_->x_pad_;
   std::vector<float>& op = context_->out_pad_;
-  xp.assign(tile * k_, 0.f);
-  op.assign(tile * n_, 0.f);
+  xp.resize(tile * k_);
+  op.resize(tile * n_);  // its padding rows are computed and dropped: any finite values do
   std::memcpy(xp.data(), x + i * k_, rest * k_ * sizeof(float));
+  std::fill(xp.begin() + rest * k_, xp.end(), 0.f);  // only the padding rows
   if (accumulate_) std::memcpy(op.data(), out + i * n_, rest * n_ * sizeof(float));
   Run(xp.data(), op.data(), tile);
   std::memcpy(out + i * n_, op.data(), rest * n_ * sizeof(float));
