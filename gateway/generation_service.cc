@@ -1,57 +1,156 @@
 #include "gateway/generation_service.h"
 
+#include <memory>
+#include <vector>
+
 #include "gateway/auth/grpc_admission.h"
+#include "gateway/generation_call.h"
 
 namespace ferry::gateway {
 
-grpc::Status GenerationService::Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
-                                         ferry::v1::GenerateResponse* response) {
-  grpc::Status status = Run(context, *request, [&](const ferry::v1::GenerateChunk& chunk) {
-    AppendChunk(chunk, *response);
-    return true;
-  });
-  // A unary call that ran out of time must end with DEADLINE_EXCEEDED (gRPC's
-  // rule); the partial text is then dropped.
-  if (status.ok() && response->finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating");
+namespace {
+
+using ferry::v1::GenerateChunk;
+
+// What both reactors share: the caller's admission, the scheduler attempts' contexts (each
+// propagates the client's deadline and cancellation), the refund of unused tokens and the
+// retry trailer.
+class Front {
+ public:
+  Front(GenerationService& service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {}
+
+  // Authenticates and charges the caller; a status to answer at once when refused.
+  grpc::Status Admit(const ferry::v1::GenerateRequest& request) {
+    admission_ = AdmitCall(service_.auth(), service_.generator(), *context_, request);
+    if (!admission_.status.ok()) {
+      const bool limited = admission_.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      service_.generator().CountRejection(limited ? "rate_limit" : "auth", request.lane(),
+                                          admission_.status.error_code());
+    }
+    return admission_.status;
   }
-  return status;
+
+  // Hooks with the attempts' contexts and cancellation; the reactor adds write and done.
+  CallHooks Hooks() {
+    CallHooks hooks;
+    // A replica that fails before the start is left for another: each attempt gets a fresh context.
+    hooks.make_context = [this]() -> grpc::ClientContext* {
+      if (attempts_.size() >= 4) return nullptr;
+      attempts_.push_back(grpc::ClientContext::FromCallbackServerContext(*context_));
+      return attempts_.back().get();
+    };
+    hooks.client_cancelled = [context = context_] { return context->IsCancelled(); };
+    return hooks;
+  }
+
+  void Count(const GenerateChunk& chunk) {
+    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) completion_tokens_ = chunk.usage().completion_tokens();
+  }
+
+  // The request ended: gRPC's retry design (the server tells the client when to retry a refused
+  // call), and the refund.
+  void End(int64_t retry_after_ms) {
+    if (retry_after_ms > 0) context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(retry_after_ms));
+    ferry::v1::GenerateResponse generated;
+    generated.mutable_usage()->set_completion_tokens(completion_tokens_);
+    RefundUnused(service_.auth(), admission_, generated);
+  }
+
+ private:
+  GenerationService& service_;
+  grpc::CallbackServerContext* context_;
+  Admission admission_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> attempts_;  // alive until the call's end
+  int32_t completion_tokens_ = 0;
+};
+
+class StreamReactor final : public grpc::ServerWriteReactor<GenerateChunk> {
+ public:
+  StreamReactor(GenerationService& service, grpc::CallbackServerContext* context,
+                const ferry::v1::GenerateRequest& request)
+      : front_(service, context) {
+    if (grpc::Status refused = front_.Admit(request); !refused.ok()) {
+      Finish(refused);
+      return;
+    }
+    CallHooks hooks = front_.Hooks();
+    hooks.write = [this](GenerateChunk chunk) {
+      front_.Count(chunk);
+      out_ = std::move(chunk);
+      StartWrite(&out_);
+    };
+    hooks.done = [this](grpc::Status status, int64_t retry_after_ms) {
+      front_.End(retry_after_ms);
+      Finish(status);
+    };
+    // Kept before Start: the call may end, and this reactor with it, before Start returns.
+    call_ = service.generator().NewCall(std::move(hooks));
+    std::shared_ptr<GenerationCall> call = call_;
+    call->Start(request);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::shared_ptr<GenerationCall> call = call_;
+    call->WriteDone(ok);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Front front_;
+  GenerateChunk out_;  // the write in flight
+  std::shared_ptr<GenerationCall> call_;
+};
+
+class UnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryReactor(GenerationService& service, grpc::CallbackServerContext* context,
+               const ferry::v1::GenerateRequest& request, ferry::v1::GenerateResponse* response)
+      : front_(service, context), response_(response) {
+    if (grpc::Status refused = front_.Admit(request); !refused.ok()) {
+      Finish(refused);
+      return;
+    }
+    CallHooks hooks = front_.Hooks();
+    hooks.write = [this](GenerateChunk chunk) {
+      front_.Count(chunk);
+      AppendChunk(chunk, *response_);
+      std::shared_ptr<GenerationCall> call = call_;
+      call->WriteDone(true);
+    };
+    hooks.done = [this](grpc::Status status, int64_t retry_after_ms) {
+      front_.End(retry_after_ms);
+      // A unary call that ran out of time must end with DEADLINE_EXCEEDED (gRPC's rule); the
+      // partial text is then dropped.
+      if (status.ok() && response_->finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
+        status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating");
+      }
+      Finish(status);
+    };
+    call_ = service.generator().NewCall(std::move(hooks));
+    std::shared_ptr<GenerationCall> call = call_;
+    call->Start(request);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Front front_;
+  ferry::v1::GenerateResponse* response_;
+  std::shared_ptr<GenerationCall> call_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
+                                                      const ferry::v1::GenerateRequest* request,
+                                                      ferry::v1::GenerateResponse* response) {
+  return new UnaryReactor(*this, context, *request, response);
 }
 
-grpc::Status GenerationService::GenerateStream(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
-                                               grpc::ServerWriter<ferry::v1::GenerateChunk>* writer) {
-  return Run(context, *request, [&](const ferry::v1::GenerateChunk& chunk) { return writer->Write(chunk); });
-}
-
-grpc::Status GenerationService::Run(grpc::ServerContext* context, const ferry::v1::GenerateRequest& request,
-                                    const Generator::ChunkSink& sink) {
-  const Admission admission = AdmitCall(auth_, generator_, *context, request);
-  if (!admission.status.ok()) {
-    const bool limited = admission.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    generator_.CountRejection(limited ? "rate_limit" : "auth", request.lane(), admission.status.error_code());
-    return admission.status;
-  }
-  // Counts what was generated, for the refund.
-  ferry::v1::GenerateResponse generated;
-  auto counting_sink = [&](const ferry::v1::GenerateChunk& chunk) {
-    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) *generated.mutable_usage() = chunk.usage();
-    return sink(chunk);
-  };
-  // Propagates the client's deadline and cancellation to the scheduler call.
-  // Each attempt (a replica that fails before the start is left for another) gets a fresh context.
-  std::vector<std::unique_ptr<grpc::ClientContext>> attempts;
-  auto make_context = [&]() -> grpc::ClientContext* {
-    if (attempts.size() >= 4) return nullptr;
-    attempts.push_back(grpc::ClientContext::FromServerContext(*context));
-    return attempts.back().get();
-  };
-  int64_t retry_after_ms = 0;
-  grpc::Status status = generator_.Run(request, make_context, [context] { return context->IsCancelled(); },
-                                       counting_sink, &retry_after_ms);
-  // gRPC's retry design: the server tells the client when to retry a refused call.
-  if (retry_after_ms > 0) context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(retry_after_ms));
-  RefundUnused(auth_, admission, generated);
-  return status;
+grpc::ServerWriteReactor<GenerateChunk>* GenerationService::GenerateStream(grpc::CallbackServerContext* context,
+                                                                           const ferry::v1::GenerateRequest* request) {
+  return new StreamReactor(*this, context, *request);
 }
 
 }  // namespace ferry::gateway

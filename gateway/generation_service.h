@@ -1,4 +1,5 @@
-// gRPC adapter of the public Generation API over the gateway's Generator.
+// gRPC adapter of the public Generation API over the gateway's Generator. Both methods are
+// callback reactors (generation_call.h): no thread waits on a request.
 #pragma once
 
 #include "ferry/v1/generation.grpc.pb.h"
@@ -7,20 +8,19 @@
 
 namespace ferry::gateway {
 
-class GenerationService final : public ferry::v1::Generation::Service {
+class GenerationService final : public ferry::v1::Generation::CallbackService {
  public:
   GenerationService(Generator& generator, Authenticator& auth) : generator_(generator), auth_(auth) {}
 
-  grpc::Status Generate(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
-                        ferry::v1::GenerateResponse* response) override;
-  grpc::Status GenerateStream(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
-                              grpc::ServerWriter<ferry::v1::GenerateChunk>* writer) override;
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context, const ferry::v1::GenerateRequest* request,
+                                     ferry::v1::GenerateResponse* response) override;
+  grpc::ServerWriteReactor<ferry::v1::GenerateChunk>* GenerateStream(
+      grpc::CallbackServerContext* context, const ferry::v1::GenerateRequest* request) override;
+
+  Generator& generator() { return generator_; }
+  Authenticator& auth() { return auth_; }
 
  private:
-  // Admits the call (authorization metadata), runs it, and refunds unused tokens.
-  grpc::Status Run(grpc::ServerContext* context, const ferry::v1::GenerateRequest& request,
-                   const Generator::ChunkSink& sink);
-
   Generator& generator_;
   Authenticator& auth_;
 };

@@ -1,14 +1,17 @@
 // The gateway's logic, shared by every front (gRPC, OpenAI HTTP, jobs): validate and tokenise
 // a request, submit it to the scheduler, and turn the scheduler's token stream into text chunks
 // (incremental detokenisation, stop strings, logprobs, usage, timings). A front prepares the
-// scheduler call's ClientContext (deadline, cancellation) and receives chunks through a sink.
+// scheduler call's ClientContext (deadline, cancellation) and receives chunks either through
+// callbacks (Start: no thread per request; generation_call.h) or a blocking sink (Run).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
@@ -25,6 +28,8 @@
 namespace ferry::gateway {
 
 struct GatewayMetrics;
+class GenerationCall;
+struct CallHooks;
 
 struct GatewayOptions {
   ModelLimits limits;
@@ -45,6 +50,13 @@ struct StreamProgress {
   ferry::v1::GenerateChunk Consume(const ferry::v1::TokenEvent& event, const tokenizer::Tokenizer& tokenizer);
 };
 
+// A request that passed validation and holds a place in its lane.
+struct AdmittedRequest {
+  ValidatedRequest v;
+  LaneQueues::Ticket ticket;  // released when the scheduler starts it (or it ends)
+  std::chrono::steady_clock::time_point arrival;
+};
+
 class Generator {
  public:
   // Returns false when the client is gone; the generation is then cancelled.
@@ -61,7 +73,11 @@ class Generator {
             prometheus::Registry& registry);
   ~Generator();
 
-  // Runs one request to its end. `downstream` is the scheduler call's context (its deadline
+  // A request driven by callbacks (generation_call.h): the front keeps the call, then calls its
+  // Start, which returns at once; the hooks see its chunks and its end.
+  std::shared_ptr<GenerationCall> NewCall(CallHooks hooks);
+
+  // Runs one request to its end on the caller's thread. `downstream` is the scheduler call's context (its deadline
   // and cancellation are the front's business); `client_cancelled` tells whether the client
   // gave up. The last chunk carries finish reason, usage and timings.
   // retry_after_ms (optional): set with a retry hint when the lane is full (RESOURCE_EXHAUSTED).
@@ -85,15 +101,17 @@ class Generator {
   }
 
  private:
+  friend class GenerationCall;
+
+  // Validates, tokenises and enters the request's lane; a status when it is refused (counted),
+  // with a retry hint in retry_after_ms when the lane is full.
+  std::variant<grpc::Status, AdmittedRequest> Admit(ferry::v1::GenerateRequest& request, int64_t& retry_after_ms);
   // Decides the call's status once the scheduler stream has ended.
-  grpc::Status Conclude(bool client_cancelled, const grpc::Status& downstream, bool client_gone,
-                        StreamProgress& progress);
+  static grpc::Status Conclude(bool client_cancelled, const grpc::Status& downstream, bool client_gone,
+                               StreamProgress& progress);
+  static void ApplyLaneDeadline(const Lane& lane, grpc::ClientContext& downstream);
 
   const tokenizer::Tokenizer& tokenizer_;
-  static void ApplyLaneDeadline(const Lane& lane, grpc::ClientContext& downstream);
-  grpc::Status Stream(ferry::v1::Scheduler::Stub& stub, grpc::ClientContext& downstream, const ValidatedRequest& v,
-                      std::chrono::steady_clock::time_point arrival, const ChunkSink& sink,
-                      LaneQueues::Ticket& ticket, StreamProgress& progress, bool& client_gone);
 
   std::shared_ptr<ReplicaRouter> router_;
   const GatewayOptions options_;

@@ -6,7 +6,7 @@
 
 namespace ferry::gateway {
 
-std::optional<std::string> BearerToken(const grpc::ServerContext& context) {
+std::optional<std::string> BearerToken(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) return std::nullopt;
@@ -16,7 +16,7 @@ std::optional<std::string> BearerToken(const grpc::ServerContext& context) {
   return value.substr(kPrefix.size());
 }
 
-grpc::Status ToGrpcStatus(const AuthResult& result, grpc::ServerContext& context) {
+grpc::Status ToGrpcStatus(const AuthResult& result, grpc::ServerContextBase& context) {
   switch (result.code) {
     case AuthCode::kOk: return grpc::Status::OK;
     case AuthCode::kUnauthenticated: return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, result.message);
@@ -30,7 +30,7 @@ grpc::Status ToGrpcStatus(const AuthResult& result, grpc::ServerContext& context
   return grpc::Status(grpc::StatusCode::INTERNAL, "unknown auth result");
 }
 
-Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::ServerContext& context,
+Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::ServerContextBase& context,
                     const ferry::v1::GenerateRequest& request) {
   Admission admission;
   const auto bearer = BearerToken(context);

@@ -16,10 +16,10 @@
 namespace ferry::gateway {
 
 // The key from "authorization: Bearer <key>"; nullopt when absent or not a bearer token.
-std::optional<std::string> BearerToken(const grpc::ServerContext& context);
+std::optional<std::string> BearerToken(const grpc::ServerContextBase& context);
 
 // UNAUTHENTICATED / PERMISSION_DENIED / RESOURCE_EXHAUSTED (+ retry trailer) / OK.
-grpc::Status ToGrpcStatus(const AuthResult& result, grpc::ServerContext& context);
+grpc::Status ToGrpcStatus(const AuthResult& result, grpc::ServerContextBase& context);
 
 struct Admission {
   grpc::Status status;         // not OK: answer the call with it
@@ -29,7 +29,7 @@ struct Admission {
 
 // Authenticates the caller and charges the request to its tenant. A request naming an unknown
 // lane is only authenticated (nothing charged); the Generator then rejects it.
-Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::ServerContext& context,
+Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::ServerContextBase& context,
                     const ferry::v1::GenerateRequest& request);
 
 // Returns what an admitted request reserved but did not generate.

@@ -65,7 +65,7 @@ def test_catalogue_rows_are_well_formed():
 def test_every_metric_in_the_sources_is_catalogued():
     in_sources = set()
     for d in SERVICE_DIRS:
-        for path in (REPO / d).rglob("*.cc"):
+        for path in [*(REPO / d).rglob("*.cc"), *(REPO / d).rglob("*.h")]:
             if path.name.endswith("_test.cc") or "bench" in path.name:
                 continue
             in_sources |= set(re.findall(r'Name\("(ferry_[a-z0-9_]+)"\)', path.read_text()))

@@ -1,0 +1,278 @@
+// GenerationCall's contract (generation_call.h) against scripted schedulers served over real gRPC
+// on loopback: flow control, a client that goes away, failover before the start, refusals, and
+// the blocking Run built on it. End-to-end behaviour with the real services is in tests/python.
+#include "gateway/generation_call.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
+
+#include "gateway/tokenizer/bpe_trainer.h"
+
+namespace ferry::gateway {
+namespace {
+
+using namespace std::chrono_literals;
+using ferry::v1::GenerateChunk;
+using ferry::v1::TokenEvent;
+
+const tokenizer::Tokenizer& TestTokenizer() {
+  static const auto tok = tokenizer::Tokenizer::FromJson(tokenizer::TrainQwen2TokenizerJson(
+      tokenizer::DefaultTrainingCorpus(), 600, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}));
+  return *tok;
+}
+
+// Answers each Submit with `events`, or at once with `refusal`; with `hold_open`, keeps the
+// stream open after the events until the gateway cancels it (up to 10 s).
+class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
+ public:
+  grpc::Status Submit(grpc::ServerContext* context, const ferry::v1::SubmitRequest*,
+                      grpc::ServerWriter<TokenEvent>* writer) override {
+    ++submits;
+    if (!refusal.ok()) return refusal;
+    for (const TokenEvent& event : events) {
+      if (!writer->Write(event)) return grpc::Status::CANCELLED;
+    }
+    if (hold_open) {
+      for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+        if (context->IsCancelled()) {
+          saw_cancel = true;
+          return grpc::Status::CANCELLED;
+        }
+        std::this_thread::sleep_for(5ms);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  std::vector<TokenEvent> events;
+  grpc::Status refusal = grpc::Status::OK;
+  bool hold_open = false;
+  std::atomic<int> submits{0};
+  std::atomic<bool> saw_cancel{false};
+};
+
+struct Server {
+  explicit Server(ScriptedScheduler& service) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~Server() { server->Shutdown(std::chrono::system_clock::now() + 1s); }
+  std::shared_ptr<grpc::Channel> Channel() const {
+    return grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  }
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+TokenEvent Event(std::vector<int32_t> ids, ferry::v1::FinishKind finish = ferry::v1::FINISH_KIND_NONE) {
+  TokenEvent event;
+  for (int32_t id : ids) event.add_token_ids(id);
+  event.set_finish(finish);
+  return event;
+}
+
+// A front that records what the call hands it and answers writes only when told to.
+class RecordingFront {
+ public:
+  CallHooks Hooks() {
+    CallHooks hooks;
+    hooks.make_context = [this]() -> grpc::ClientContext* {
+      std::lock_guard lock(mu_);
+      contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      return contexts_.back().get();
+    };
+    hooks.client_cancelled = [] { return false; };
+    hooks.write = [this](GenerateChunk chunk) {
+      std::lock_guard lock(mu_);
+      chunks_.push_back(std::move(chunk));
+      cv_.notify_all();
+    };
+    hooks.done = [this](grpc::Status status, int64_t) {
+      std::lock_guard lock(mu_);
+      status_ = std::move(status);
+      cv_.notify_all();
+    };
+    return hooks;
+  }
+  // Waits (up to 10 s) until `n` chunks were written.
+  bool WaitChunks(size_t n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 10s, [&] { return chunks_.size() >= n; });
+  }
+  std::optional<grpc::Status> status_now() {
+    std::lock_guard lock(mu_);
+    return status_;
+  }
+  std::optional<grpc::Status> WaitDone() {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, 10s, [&] { return status_.has_value(); });
+    return status_;
+  }
+  size_t num_chunks() {
+    std::lock_guard lock(mu_);
+    return chunks_.size();
+  }
+  GenerateChunk chunk(size_t i) {
+    std::lock_guard lock(mu_);
+    return chunks_.at(i);
+  }
+  size_t num_contexts() {
+    std::lock_guard lock(mu_);
+    return contexts_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<GenerateChunk> chunks_;
+  std::optional<grpc::Status> status_;
+};
+
+class GenerationCallTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Generator> MakeGenerator(std::vector<std::shared_ptr<grpc::Channel>> channels) {
+    GatewayOptions options;
+    options.limits.max_model_len = 128;
+    options.limits.vocab_size = static_cast<int32_t>(TestTokenizer().vocab_size());
+    std::vector<std::string> names(channels.size(), "scripted");
+    return std::make_unique<Generator>(TestTokenizer(),
+                                       std::make_shared<ReplicaRouter>(std::move(channels), std::move(names)),
+                                       options, registry_);
+  }
+  static ferry::v1::GenerateRequest Request(int32_t max_tokens) {
+    ferry::v1::GenerateRequest request;
+    request.set_text("hello world");
+    request.mutable_sampling()->set_max_tokens(max_tokens);
+    return request;
+  }
+  std::vector<int32_t> Ids(const std::string& text) { return TestTokenizer().Encode(text); }
+
+  prometheus::Registry registry_;
+};
+
+TEST_F(GenerationCallTest, ReadsTheNextEventOnlyAfterTheFrontTookTheLastChunk) {
+  ScriptedScheduler scheduler;
+  const auto ids = Ids("one two three");
+  ASSERT_GE(ids.size(), 3u);
+  scheduler.events = {Event({ids[0]}), Event({ids[1]}), Event({ids[2]}, ferry::v1::FINISH_KIND_LENGTH)};
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(3));
+  ASSERT_TRUE(front.WaitChunks(1));
+  // The scheduler has sent everything; unanswered, the call holds back.
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(front.num_chunks(), 1u);
+  call->WriteDone(true);
+  ASSERT_TRUE(front.WaitChunks(2));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(front.num_chunks(), 2u);
+  call->WriteDone(true);
+  ASSERT_TRUE(front.WaitChunks(3));
+  const GenerateChunk last = front.chunk(2);
+  EXPECT_EQ(last.finish_reason(), ferry::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(last.usage().completion_tokens(), 3);
+  EXPECT_EQ(last.token_ids_size(), 1);
+  EXPECT_EQ(last.token_ids(0), ids[2]);
+  EXPECT_EQ(front.chunk(0).token_ids(0), ids[0]);
+  EXPECT_EQ(front.chunk(1).token_ids(0), ids[1]);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(front.num_contexts(), 1u);
+  call->WriteDone(true);  // the final chunk's answer ends the call
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+}
+
+TEST_F(GenerationCallTest, AClientThatGoesAwayCancelsTheSchedulerStream) {
+  ScriptedScheduler scheduler;
+  scheduler.events = {Event({Ids("one")[0]})};
+  scheduler.hold_open = true;
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(8));
+  ASSERT_TRUE(front.WaitChunks(1));
+  call->WriteDone(false);
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::CANCELLED) << status->error_message();
+  for (int i = 0; i < 200 && !scheduler.saw_cancel; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(scheduler.saw_cancel);
+  EXPECT_EQ(front.num_chunks(), 1u);  // no final chunk for a client that is gone
+}
+
+TEST_F(GenerationCallTest, AReplicaUnavailableBeforeTheStartIsLeftForTheNext) {
+  ScriptedScheduler down, up;
+  down.refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away");
+  up.events = {Event({Ids("one")[0]}, ferry::v1::FINISH_KIND_EOS)};
+  Server first(down), second(up);
+  auto generator = MakeGenerator({first.Channel(), second.Channel()});  // equal load: replica 0 first
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(8));
+  ASSERT_TRUE(front.WaitChunks(1));
+  EXPECT_EQ(front.chunk(0).finish_reason(), ferry::v1::FINISH_REASON_EOS);
+  call->WriteDone(true);
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+  EXPECT_EQ(down.submits, 1);
+  EXPECT_EQ(up.submits, 1);
+  EXPECT_EQ(front.num_contexts(), 2u);  // a fresh context per attempt
+}
+
+TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt) {
+  ScriptedScheduler scheduler;
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(1000));  // beyond max_model_len
+  const auto status = front.status_now();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status->error_message().find("max_tokens"), std::string::npos) << status->error_message();
+  EXPECT_EQ(front.num_contexts(), 0u);
+  EXPECT_EQ(scheduler.submits, 0);
+}
+
+TEST_F(GenerationCallTest, BlockingRunDeliversEveryChunkInOrderOnTheCallersThread) {
+  ScriptedScheduler scheduler;
+  const auto ids = Ids("one two three four");
+  ASSERT_GE(ids.size(), 4u);
+  for (size_t i = 0; i + 1 < 4; ++i) scheduler.events.push_back(Event({ids[i]}));
+  scheduler.events.push_back(Event({ids[3]}, ferry::v1::FINISH_KIND_LENGTH));
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  grpc::ClientContext context;
+  const auto caller = std::this_thread::get_id();
+  std::vector<int32_t> seen;
+  bool same_thread = true;
+  ferry::v1::FinishReason reason = ferry::v1::FINISH_REASON_UNSPECIFIED;
+  const grpc::Status status = generator->Run(Request(4), context, [] { return false; }, [&](const GenerateChunk& c) {
+    same_thread = same_thread && std::this_thread::get_id() == caller;
+    seen.insert(seen.end(), c.token_ids().begin(), c.token_ids().end());
+    if (c.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) reason = c.finish_reason();
+    return true;
+  });
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(same_thread);
+  EXPECT_EQ(seen, std::vector<int32_t>(ids.begin(), ids.begin() + 4));
+  EXPECT_EQ(reason, ferry::v1::FINISH_REASON_LENGTH);
+}
+
+}  // namespace
+}  // namespace ferry::gateway
