@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
   int http_port = -1;  // OpenAI-compatible HTTP front
   app.add_option("--http-port", http_port, "OpenAI-compatible HTTP port (-1: off; 0: kernel chooses; "
                  "written to <ready-file>.http.json)");
+  int http_max_connections = 1024;  // a streamed response holds its connection's thread
+  app.add_option("--http-max-connections", http_max_connections,
+                 "HTTP connections served at once, a thread each (more wait to be accepted)")
+      ->check(CLI::Range(1, 65536));
   CLI11_PARSE(app, argc, argv);
   ferry::InitLogging("gateway", flags.service.log_level);
 
@@ -140,7 +144,8 @@ int main(int argc, char** argv) {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
         generator, *http_auth,
         ferry::gateway::http::HttpServerOptions{
-            flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer)});
+            flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer),
+            http_max_connections});
     const int bound = http->Start(flags.service.host, http_port);
     if (bound < 0) {
       spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, http_port);

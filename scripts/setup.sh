@@ -10,7 +10,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libutf8proc-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev libssl-dev
-  prometheus python3 python3-venv python3-pip python3-matplotlib
+  prometheus python3 python3-venv python3-pip python3-matplotlib iproute2
 )
 # Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
 # through --system-site-packages.

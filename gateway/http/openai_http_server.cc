@@ -1,6 +1,11 @@
 #include "gateway/http/openai_http_server.h"
 
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -9,6 +14,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "gateway/generation_call.h"
 #include "gateway/http/connection_watch.h"
 
 namespace ferry::gateway::http {
@@ -47,15 +53,45 @@ ApiError FromAuth(const AuthResult& auth) {
   }
 }
 
-// One streamed generation: the Generator runs on `producer` and hands chunks to the HTTP
-// writer through a queue. When the client goes away the scheduler call is cancelled, which
-// frees the sequence. Destroying the call waits for the producer.
+// The scheduler call's contexts of one request: a fresh one per attempt (a replica that fails
+// before the start is left for another), each with the request's deadline. Cancel reaches the
+// current attempt and any later one.
+class AttemptContexts {
+ public:
+  explicit AttemptContexts(std::optional<int64_t> timeout_ms)
+      : deadline_(timeout_ms ? std::optional(std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms))
+                             : std::nullopt) {}
+  // The next attempt's context, or nullptr when no further attempt may be made.
+  grpc::ClientContext* Next() {
+    std::lock_guard lock(mu_);
+    if (contexts_.size() >= 4) return nullptr;
+    auto context = std::make_unique<grpc::ClientContext>();
+    if (deadline_) context->set_deadline(*deadline_);
+    if (cancelled_) context->TryCancel();
+    contexts_.push_back(std::move(context));
+    return contexts_.back().get();
+  }
+  void Cancel() {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    if (!contexts_.empty()) contexts_.back()->TryCancel();
+  }
+
+ private:
+  std::mutex mu_;
+  const std::optional<std::chrono::system_clock::time_point> deadline_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;  // alive until the request ends
+  bool cancelled_ = false;
+};
+
+// One streamed generation: the Generator's call (generation_call.h) runs on gRPC's threads and
+// hands chunks to the HTTP writer through a queue. When the client goes away the scheduler call
+// is cancelled, which frees the sequence. The call's hooks hold this object, so the contexts
+// outlive every attempt.
 class StreamCall {
  public:
-  ~StreamCall() {
-    ClientGone();
-    if (producer.joinable()) producer.join();
-  }
+  explicit StreamCall(std::optional<int64_t> timeout_ms) : contexts(timeout_ms) {}
+
   bool Sink(const GenerateChunk& chunk) {
     if (is_client_gone_) return false;
     std::lock_guard lock(mu_);
@@ -90,13 +126,14 @@ class StreamCall {
   }
   void ClientGone() {
     is_client_gone_ = true;
-    context.TryCancel();
+    contexts.Cancel();
   }
   bool is_client_gone() const { return is_client_gone_; }
 
-  grpc::ClientContext context;
-  std::thread producer;
-  int completion_tokens = 0;  // set by the producer before Close
+  AttemptContexts contexts;
+  // The call whose hooks hold this object (so never dangling when a hook runs).
+  GenerationCall* generation = nullptr;
+  int64_t completion_tokens = 0;  // written by the call's hooks only
 
  private:
   std::mutex mu_;
@@ -105,10 +142,6 @@ class StreamCall {
   std::optional<grpc::Status> status_;
   std::atomic<bool> is_client_gone_{false};
 };
-
-void SetDeadline(grpc::ClientContext& context, const std::optional<int64_t>& timeout_ms) {
-  if (timeout_ms) context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms));
-}
 
 // Writes the SSE events of one call; false when the client went away.
 bool WriteStream(StreamCall& call, const ResponseContext& ctx, bool include_usage, httplib::DataSink& sink) {
@@ -147,6 +180,19 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_->set_tcp_nodelay(true);
   const int num_threads = options_.num_threads;
   server_->new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
+  // cpp-httplib closes a connection after 5 requests by default: a client sending its next
+  // request on it as the server closes it gets a read error (ferry-bench saw 2-3% of requests
+  // fail so at 256 clients). Servers such as uvicorn keep a connection for any number.
+  server_->set_keep_alive_max_count(1'000'000);
+  // Debian's cpp-httplib listens with a backlog of 5 (compiled in): 256 clients connecting at
+  // once overflow it, and each dropped connection costs its client a 1 s SYN retransmit (P99
+  // TTFT was 1.05 s). The socket is listened on again with the kernel's maximum after bind.
+  auto listening = std::make_shared<std::atomic<int>>(-1);
+  server_->set_socket_options([listening](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // what the default options set
+    listening->store(sock);
+  });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kCompletions);
   });
@@ -161,6 +207,9 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
   int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) return -1;
+  if (const int sock = listening->load(); sock >= 0 && ::listen(sock, SOMAXCONN) != 0) {
+    spdlog::warn("HTTP: cannot raise the listen backlog: {}", std::strerror(errno));
+  }
   port_ = bound;
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   return bound;
@@ -220,17 +269,17 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
 
 void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
-  grpc::ClientContext context;
-  SetDeadline(context, request.timeout_ms);
+  AttemptContexts contexts(request.timeout_ms);
   // A client that closes its connection before the answer cancels the call, queued or running.
   const ConnectionWatch watch(FindConnectionSocket(req.remote_addr, req.remote_port, port_),
-                              [&context] { context.TryCancel(); });
+                              [&contexts] { contexts.Cancel(); });
   if (!watch.watching()) {
     spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   }
   ferry::v1::GenerateResponse response;
   const grpc::Status status = generator_.Run(
-      std::move(request.generate), context, [&watch] { return watch.gone(); }, [&](const GenerateChunk& chunk) {
+      std::move(request.generate), [&contexts] { return contexts.Next(); }, [&watch] { return watch.gone(); },
+      [&](const GenerateChunk& chunk) {
         response.mutable_text()->append(chunk.text());
         response.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
         response.mutable_logprobs()->MergeFrom(chunk.logprobs());
@@ -251,20 +300,25 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
 
 void OpenAiHttpServer::RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
                                      const std::string& tenant, int64_t max_tokens) {
-  auto call = std::make_shared<StreamCall>();
-  SetDeadline(call->context, request.timeout_ms);
-  StreamCall* raw = call.get();  // the producer never owns the call: its owner joins it
-  call->producer = std::thread([this, raw, generate = std::move(request.generate), tenant, max_tokens]() mutable {
-    int completion_tokens = 0;
-    grpc::Status status = generator_.Run(
-        std::move(generate), raw->context, [raw] { return raw->is_client_gone(); },
-        [raw, &completion_tokens](const GenerateChunk& chunk) {
-          completion_tokens += chunk.token_ids_size();
-          return raw->Sink(chunk);
-        });
-    authenticator_.Refund(tenant, std::max<int64_t>(0, max_tokens - completion_tokens));
-    raw->Close(std::move(status));
-  });
+  auto call = std::make_shared<StreamCall>(request.timeout_ms);
+  CallHooks hooks;
+  hooks.make_context = [call] { return call->contexts.Next(); };
+  hooks.client_cancelled = [call] { return call->is_client_gone(); };
+  // The queue takes every chunk at once; the HTTP writer drains it at the client's pace.
+  hooks.write = [call](GenerateChunk chunk) {
+    call->completion_tokens += chunk.token_ids_size();
+    const bool taken = call->Sink(chunk);
+    call->generation->WriteDone(taken);
+  };
+  // Close is the last touch: once the writer sees it, Stop may return (the server's owner
+  // keeps the Authenticator and the Generator for longer).
+  hooks.done = [&auth = authenticator_, call, tenant, max_tokens](grpc::Status status, int64_t) {
+    auth.Refund(tenant, std::max<int64_t>(0, max_tokens - call->completion_tokens));
+    call->Close(std::move(status));
+  };
+  std::shared_ptr<GenerationCall> generation = generator_.NewCall(std::move(hooks));
+  call->generation = generation.get();  // set before Start: the hooks may run from there on
+  generation->Start(std::move(request.generate));
   // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
   if (auto error = call->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
   const bool include_usage = request.include_usage;

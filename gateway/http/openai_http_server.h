@@ -25,7 +25,7 @@ namespace ferry::gateway::http {
 struct HttpServerOptions {
   std::string model_name;          // what /v1/models lists and responses echo
   ChatTemplate chat_template = ChatTemplate::FromTemplateText("");
-  int num_threads = 64;            // connections served at once (streams hold one each)
+  int num_threads = 1024;          // connections served at once, a thread each (--http-max-connections)
 };
 
 class OpenAiHttpServer {
