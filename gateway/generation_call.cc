@@ -175,8 +175,9 @@ void GenerationCall::Conclude(const grpc::Status& downstream) {
   const double total_s = Seconds(admitted_->arrival, Clock::now());
   // queue_s is the scheduler's own measure (its clock reads on two threads can disagree by a
   // few ms on this VM); the queue is part of the wait for the first token, so never longer.
-  last.mutable_timings()->set_queue_s(progress.completion_tokens > 0 ? std::min(progress.queue_s, progress.first_token_s)
-                                                                     : progress.queue_s);
+  const double queue_s =
+      progress.completion_tokens > 0 ? std::min(progress.queue_s, progress.first_token_s) : progress.queue_s;
+  last.mutable_timings()->set_queue_s(queue_s);
   last.mutable_timings()->set_first_token_s(progress.first_token_s);
   last.mutable_timings()->set_total_s(total_s);
   LaneSeries& lane = *lane_series_;

@@ -20,32 +20,23 @@ class Front {
   Front(GenerationService& service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {}
 
-  // Authenticates and charges the caller; a status to answer at once when refused.
-  grpc::Status Admit(const ferry::v1::GenerateRequest& request) {
-    admission_ = AdmitCall(service_.auth(), service_.generator(), *context_, request);
-    if (!admission_.status.ok()) {
-      const bool limited = admission_.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      service_.generator().CountRejection(limited ? "rate_limit" : "auth", request.lane(),
-                                          admission_.status.error_code());
-    }
-    return admission_.status;
-  }
-
-  // Hooks with the attempts' contexts and cancellation; the reactor adds write and done.
-  CallHooks Hooks() {
-    CallHooks hooks;
-    // A replica that fails before the start is left for another: each attempt gets a fresh context.
-    hooks.make_context = [this]() -> grpc::ClientContext* {
-      if (attempts_.size() >= 4) return nullptr;
-      attempts_.push_back(grpc::ClientContext::FromCallbackServerContext(*context_));
-      return attempts_.back().get();
-    };
-    hooks.client_cancelled = [context = context_] { return context->IsCancelled(); };
-    return hooks;
+  // Admits the caller and starts its call, kept in `slot` first: the call may end, and the
+  // reactor with it, before Start returns. A refusal goes straight to `done`.
+  void Start(const ferry::v1::GenerateRequest& request, std::function<void(GenerateChunk)> write,
+             std::function<void(grpc::Status, int64_t)> done, std::shared_ptr<GenerationCall>& slot) {
+    if (grpc::Status refused = Admit(request); !refused.ok()) return done(std::move(refused), 0);
+    CallHooks hooks = Hooks();
+    hooks.write = std::move(write);
+    hooks.done = std::move(done);
+    slot = service_.generator().NewCall(std::move(hooks));
+    std::shared_ptr<GenerationCall> call = slot;
+    call->Start(request);
   }
 
   void Count(const GenerateChunk& chunk) {
-    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) completion_tokens_ = chunk.usage().completion_tokens();
+    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+      completion_tokens_ = chunk.usage().completion_tokens();
+    }
   }
 
   // The request ended: gRPC's retry design (the server tells the client when to retry a refused
@@ -58,6 +49,30 @@ class Front {
   }
 
  private:
+  // Authenticates and charges the caller; a status to answer at once when refused.
+  grpc::Status Admit(const ferry::v1::GenerateRequest& request) {
+    admission_ = AdmitCall(service_.auth(), service_.generator(), *context_, request);
+    if (!admission_.status.ok()) {
+      const bool limited = admission_.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      service_.generator().CountRejection(limited ? "rate_limit" : "auth", request.lane(),
+                                          admission_.status.error_code());
+    }
+    return admission_.status;
+  }
+
+  // Hooks with the attempts' contexts and cancellation.
+  CallHooks Hooks() {
+    CallHooks hooks;
+    // A replica that fails before the start is left for another: each attempt gets a fresh context.
+    hooks.make_context = [this]() -> grpc::ClientContext* {
+      if (attempts_.size() >= 4) return nullptr;
+      attempts_.push_back(grpc::ClientContext::FromCallbackServerContext(*context_));
+      return attempts_.back().get();
+    };
+    hooks.client_cancelled = [context = context_] { return context->IsCancelled(); };
+    return hooks;
+  }
+
   GenerationService& service_;
   grpc::CallbackServerContext* context_;
   Admission admission_;
@@ -70,24 +85,18 @@ class StreamReactor final : public grpc::ServerWriteReactor<GenerateChunk> {
   StreamReactor(GenerationService& service, grpc::CallbackServerContext* context,
                 const ferry::v1::GenerateRequest& request)
       : front_(service, context) {
-    if (grpc::Status refused = front_.Admit(request); !refused.ok()) {
-      Finish(refused);
-      return;
-    }
-    CallHooks hooks = front_.Hooks();
-    hooks.write = [this](GenerateChunk chunk) {
-      front_.Count(chunk);
-      out_ = std::move(chunk);
-      StartWrite(&out_);
-    };
-    hooks.done = [this](grpc::Status status, int64_t retry_after_ms) {
-      front_.End(retry_after_ms);
-      Finish(status);
-    };
-    // Kept before Start: the call may end, and this reactor with it, before Start returns.
-    call_ = service.generator().NewCall(std::move(hooks));
-    std::shared_ptr<GenerationCall> call = call_;
-    call->Start(request);
+    front_.Start(
+        request,
+        [this](GenerateChunk chunk) {
+          front_.Count(chunk);
+          out_ = std::move(chunk);
+          StartWrite(&out_);
+        },
+        [this](grpc::Status status, int64_t retry_after_ms) {
+          front_.End(retry_after_ms);
+          Finish(status);
+        },
+        call_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -107,29 +116,24 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
   UnaryReactor(GenerationService& service, grpc::CallbackServerContext* context,
                const ferry::v1::GenerateRequest& request, ferry::v1::GenerateResponse* response)
       : front_(service, context), response_(response) {
-    if (grpc::Status refused = front_.Admit(request); !refused.ok()) {
-      Finish(refused);
-      return;
-    }
-    CallHooks hooks = front_.Hooks();
-    hooks.write = [this](GenerateChunk chunk) {
-      front_.Count(chunk);
-      AppendChunk(chunk, *response_);
-      std::shared_ptr<GenerationCall> call = call_;
-      call->WriteDone(true);
-    };
-    hooks.done = [this](grpc::Status status, int64_t retry_after_ms) {
-      front_.End(retry_after_ms);
-      // A unary call that ran out of time must end with DEADLINE_EXCEEDED (gRPC's rule); the
-      // partial text is then dropped.
-      if (status.ok() && response_->finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
-        status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating");
-      }
-      Finish(status);
-    };
-    call_ = service.generator().NewCall(std::move(hooks));
-    std::shared_ptr<GenerationCall> call = call_;
-    call->Start(request);
+    front_.Start(
+        request,
+        [this](GenerateChunk chunk) {
+          front_.Count(chunk);
+          AppendChunk(chunk, *response_);
+          std::shared_ptr<GenerationCall> call = call_;
+          call->WriteDone(true);
+        },
+        [this](grpc::Status status, int64_t retry_after_ms) {
+          front_.End(retry_after_ms);
+          // A unary call that ran out of time must end with DEADLINE_EXCEEDED (gRPC's rule); the
+          // partial text is then dropped.
+          if (status.ok() && response_->finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
+            status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating");
+          }
+          Finish(status);
+        },
+        call_);
   }
 
   void OnDone() override { delete this; }

@@ -168,8 +168,8 @@ grpc::Status Generator::Run(ferry::v1::GenerateRequest request, grpc::ClientCont
                             const std::function<bool()>& client_cancelled, const ChunkSink& sink,
                             int64_t* retry_after_ms) {
   bool used = false;  // one context, so one attempt
-  return Run(std::move(request), [&]() -> grpc::ClientContext* { return std::exchange(used, true) ? nullptr : &downstream; },
-             client_cancelled, sink, retry_after_ms);
+  auto once = [&]() -> grpc::ClientContext* { return std::exchange(used, true) ? nullptr : &downstream; };
+  return Run(std::move(request), once, client_cancelled, sink, retry_after_ms);
 }
 
 void Generator::ApplyLaneDeadline(const Lane& lane, grpc::ClientContext& downstream) {
