@@ -109,14 +109,12 @@ Error ParseSamplingFloats(const json& body, SamplingParams& s) {
 Error ParseSampling(const json& body, SamplingParams& s) {
   if (Error e = ParseSamplingFloats(body, s)) return e;
   std::optional<int32_t> max_tokens, top_k;
-  std::optional<int64_t> seed, n;
+  std::optional<int64_t> seed;
   std::optional<bool> ignore_eos;
   if (Error e = GetInt32(body, "max_tokens", max_tokens)) return e;
   if (Error e = GetInt32(body, "top_k", top_k)) return e;
   if (Error e = GetInt(body, "seed", seed)) return e;
-  if (Error e = GetInt(body, "n", n)) return e;
   if (Error e = GetBool(body, "ignore_eos", ignore_eos)) return e;
-  if (n && *n != 1) return InvalidField("n", fmt::format("n = {} is not supported: must be 1", *n));
   if (max_tokens) s.set_max_tokens(*max_tokens);
   if (top_k) s.set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM's "off" is -1
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));
@@ -130,8 +128,13 @@ Error ParseCommon(const json& body, OpenAiRequest& r) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
   std::optional<std::string> model, lane;
   std::optional<bool> stream;
-  std::optional<int64_t> timeout_ms;
+  std::optional<int64_t> timeout_ms, n;
   if (Error e = GetString(body, "model", model)) return e;
+  if (Error e = GetInt(body, "n", n)) return e;
+  if (n && (*n < 1 || *n > kMaxChoices)) {
+    return InvalidField("n", fmt::format("n = {} must be in [1, {}]", *n, kMaxChoices));
+  }
+  r.n = static_cast<int32_t>(n.value_or(1));
   if (Error e = GetString(body, "lane", lane)) return e;
   if (Error e = GetBool(body, "stream", stream)) return e;
   if (Error e = GetInt(body, "timeout_ms", timeout_ms)) return e;

@@ -10,12 +10,15 @@
 //   ignore_eos, stop_token_ids; plus Ferry's lane and timeout_ms.
 // - seed: 0 or absent picks a random seed (Ferry's rule); any other value is reproducible.
 // - chat without max_tokens may use the rest of the context (max_model_len - prompt), as vLLM.
+// - n > 1: n choices of the same prompt, choice i seeded with seed + i when a seed is set
+//   (choice_set.h); usage counts the prompt once and the completions of every choice.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include <grpcpp/support/status.h>
 #include <nlohmann/json.hpp>
@@ -44,8 +47,12 @@ ApiError ErrorFromStatus(const grpc::Status& status);
 
 enum class Endpoint { kCompletions, kChat };
 
+// OpenAI's own limit on `n`.
+inline constexpr int64_t kMaxChoices = 128;
+
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
+  int32_t n = 1;                        // choices
   ferry::v1::GenerateRequest generate;
   std::string model;
   bool stream = false;
@@ -66,12 +73,16 @@ struct ResponseContext {
   std::string model;
 };
 
-// Whole (non-streamed) response from the accumulated chunks.
-json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response);
+// Whole (non-streamed) response from the accumulated chunks of each choice (index = position).
+json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices);
+inline json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response) {
+  return CompletionResponseJson(ctx, std::vector<ferry::v1::GenerateResponse>{response});
+}
 
 // Per-stream state for SSE chunks (chat sends the role once; completions logprobs carry
 // text offsets across chunks).
 struct StreamState {
+  int32_t index = 0;  // the choice
   bool is_role_sent = false;
   int64_t text_offset = 0;
 };

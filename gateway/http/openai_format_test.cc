@@ -60,6 +60,11 @@ TEST(ParseCompletion, UnsetFieldsStayUnset) {
   EXPECT_FALSE(r.stream);
 }
 
+TEST(ParseCompletion, ChoicesDefaultToOne) {
+  EXPECT_EQ(ParseOk({{"prompt", "x"}}).n, 1);
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"n", 4}}).n, 4);
+}
+
 TEST(ParseCompletion, PromptForms) {
   EXPECT_EQ(ParseOk({{"prompt", {1, 2, 3}}}).generate.token_ids().ids_size(), 3);
   EXPECT_EQ(ParseOk({{"prompt", {{1, 2}}}}).generate.token_ids().ids_size(), 2);
@@ -67,7 +72,11 @@ TEST(ParseCompletion, PromptForms) {
 }
 
 TEST(ParseCompletion, ErrorsNameTheField) {
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"n", 2}}).param, "n");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"n", 0}}).param, "n");
+  const ApiError too_many = ParseError({{"prompt", "x"}, {"n", 129}});
+  EXPECT_EQ(too_many.param, "n");
+  EXPECT_NE(too_many.message.find("129"), std::string::npos) << too_many.message;
+  EXPECT_NE(too_many.message.find("128"), std::string::npos) << too_many.message;
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"temperature", "hot"}}).param, "temperature");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"max_tokens", 1.5}}).param, "max_tokens");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"stop", {1}}}).param, "stop");
@@ -169,6 +178,29 @@ TEST(Responses, CompletionWholeAndChunks) {
   EXPECT_EQ(last["choices"][0]["logprobs"]["text_offset"][0], 1);
   EXPECT_EQ(last["choices"][0]["logprobs"]["top_logprobs"][0]["bc"], -0.5);
   EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+TEST(Responses, SeveralChoicesAreIndexedAndUsageCountsThePromptOnce) {
+  const ResponseContext ctx{Endpoint::kChat, "chatcmpl-2", 123, "m"};
+  std::vector<ferry::v1::GenerateResponse> choices(3);
+  for (int i = 0; i < 3; ++i) {
+    choices[i].set_text("t" + std::to_string(i));
+    choices[i].set_finish_reason(ferry::v1::FINISH_REASON_LENGTH);
+    choices[i].mutable_usage()->set_prompt_tokens(5);
+    choices[i].mutable_usage()->set_completion_tokens(i + 1);
+  }
+  const json j = CompletionResponseJson(ctx, choices);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], "t" + std::to_string(i));
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(j["usage"]["total_tokens"], 11);
+  StreamState second;
+  second.index = 1;
+  EXPECT_EQ(StreamChunkJson(ctx, Chunk("x", ferry::v1::FINISH_REASON_UNSPECIFIED), second)["choices"][0]["index"], 1);
 }
 
 TEST(Responses, ChatChunksSendRoleOnceAndChatLogprobs) {

@@ -14,7 +14,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include "gateway/generation_call.h"
+#include "gateway/http/choice_set.h"
 #include "gateway/http/connection_watch.h"
 
 namespace ferry::gateway::http {
@@ -53,113 +53,27 @@ ApiError FromAuth(const AuthResult& auth) {
   }
 }
 
-// The scheduler call's contexts of one request: a fresh one per attempt (a replica that fails
-// before the start is left for another), each with the request's deadline. Cancel reaches the
-// current attempt and any later one.
-class AttemptContexts {
- public:
-  explicit AttemptContexts(std::optional<int64_t> timeout_ms)
-      : deadline_(timeout_ms ? std::optional(std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms))
-                             : std::nullopt) {}
-  // The next attempt's context, or nullptr when no further attempt may be made.
-  grpc::ClientContext* Next() {
-    std::lock_guard lock(mu_);
-    if (contexts_.size() >= 4) return nullptr;
-    auto context = std::make_unique<grpc::ClientContext>();
-    if (deadline_) context->set_deadline(*deadline_);
-    if (cancelled_) context->TryCancel();
-    contexts_.push_back(std::move(context));
-    return contexts_.back().get();
-  }
-  void Cancel() {
-    std::lock_guard lock(mu_);
-    cancelled_ = true;
-    if (!contexts_.empty()) contexts_.back()->TryCancel();
-  }
-
- private:
-  std::mutex mu_;
-  const std::optional<std::chrono::system_clock::time_point> deadline_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;  // alive until the request ends
-  bool cancelled_ = false;
-};
-
-// One streamed generation: the Generator's call (generation_call.h) runs on gRPC's threads and
-// hands chunks to the HTTP writer through a queue. When the client goes away the scheduler call
-// is cancelled, which frees the sequence. The call's hooks hold this object, so the contexts
-// outlive every attempt.
-class StreamCall {
- public:
-  explicit StreamCall(std::optional<int64_t> timeout_ms) : contexts(timeout_ms) {}
-
-  bool Sink(const GenerateChunk& chunk) {
-    if (is_client_gone_) return false;
-    std::lock_guard lock(mu_);
-    chunks_.push_back(chunk);
-    cv_.notify_all();
-    return true;
-  }
-  void Close(grpc::Status status) {
-    std::lock_guard lock(mu_);
-    status_ = std::move(status);
-    cv_.notify_all();
-  }
-  // Waits for the next chunk; false once the call has ended and every chunk was taken.
-  bool Next(GenerateChunk& out) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !chunks_.empty() || status_; });
-    if (chunks_.empty()) return false;
-    out = std::move(chunks_.front());
-    chunks_.pop_front();
-    return true;
-  }
-  // Waits for the first chunk or the end; returns the error when it failed before any chunk.
-  std::optional<grpc::Status> WaitStarted() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !chunks_.empty() || status_; });
-    if (chunks_.empty() && !status_->ok()) return *status_;
-    return std::nullopt;
-  }
-  grpc::Status status() {
-    std::lock_guard lock(mu_);
-    return status_.value_or(grpc::Status::OK);
-  }
-  void ClientGone() {
-    is_client_gone_ = true;
-    contexts.Cancel();
-  }
-  bool is_client_gone() const { return is_client_gone_; }
-
-  AttemptContexts contexts;
-  // The call whose hooks hold this object (so never dangling when a hook runs).
-  GenerationCall* generation = nullptr;
-  int64_t completion_tokens = 0;  // written by the call's hooks only
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<GenerateChunk> chunks_;
-  std::optional<grpc::Status> status_;
-  std::atomic<bool> is_client_gone_{false};
-};
-
-// Writes the SSE events of one call; false when the client went away.
-bool WriteStream(StreamCall& call, const ResponseContext& ctx, bool include_usage, httplib::DataSink& sink) {
+// Writes the SSE events of one request's choices; false when the client went away.
+bool WriteStream(ChoiceSet& choices, const ResponseContext& ctx, bool include_usage, httplib::DataSink& sink) {
   auto write = [&](const std::string& s) {
     if (sink.write(s.data(), s.size())) return true;
-    call.ClientGone();
+    choices.ClientGone();
     return false;
   };
-  StreamState state;
-  GenerateChunk chunk;
-  while (call.Next(chunk)) {
-    if (!write(SseEvent(StreamChunkJson(ctx, chunk, state)))) return false;
-    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED && include_usage &&
-        !write(SseEvent(StreamUsageJson(ctx, chunk.usage())))) {
-      return false;
+  std::vector<StreamState> states(static_cast<size_t>(choices.size()));
+  for (size_t i = 0; i < states.size(); ++i) states[i].index = static_cast<int32_t>(i);
+  ferry::v1::Usage usage;  // the prompt once, the completions of every choice
+  ChoiceSet::Chunk next;
+  while (choices.Next(next)) {
+    const GenerateChunk& chunk = next.chunk;
+    if (!write(SseEvent(StreamChunkJson(ctx, chunk, states.at(static_cast<size_t>(next.index)))))) return false;
+    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+      usage.set_prompt_tokens(chunk.usage().prompt_tokens());
+      usage.set_completion_tokens(usage.completion_tokens() + chunk.usage().completion_tokens());
     }
   }
-  const grpc::Status status = call.status();
+  const grpc::Status status = choices.status();
+  if (status.ok() && include_usage && !write(SseEvent(StreamUsageJson(ctx, usage)))) return false;
   if (!status.ok() && !write(SseEvent(ErrorJson(ErrorFromStatus(status))))) return false;
   if (!write(std::string(kSseDone))) return false;
   sink.done();
@@ -257,7 +171,8 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
   if (!request.is_max_tokens_set && prompt_tokens < max_model_len) {
     sampling.set_max_tokens(static_cast<int32_t>(max_model_len - prompt_tokens));  // chat: the rest of the context
   }
-  charged_max_tokens = sampling.has_max_tokens() ? sampling.max_tokens() : kDefaultMaxTokens;
+  // Every choice may generate max_tokens; the prompt is computed (and charged) once.
+  charged_max_tokens = int64_t{request.n} * (sampling.has_max_tokens() ? sampling.max_tokens() : kDefaultMaxTokens);
   const auto lane = generator_.options().lanes.Find(request.generate.lane());
   const AuthResult auth =
       authenticator_.Admit(Bearer(req), lane ? lane->name : request.generate.lane(), prompt_tokens,
@@ -269,62 +184,44 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
 
 void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
-  AttemptContexts contexts(request.timeout_ms);
+  auto choices = std::make_shared<ChoiceSet>(request.n, request.timeout_ms);
   // A client that closes its connection before the answer cancels the call, queued or running.
   const ConnectionWatch watch(FindConnectionSocket(req.remote_addr, req.remote_port, port_),
-                              [&contexts] { contexts.Cancel(); });
+                              [&choices] { choices->ClientGone(); });
   if (!watch.watching()) {
     spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   }
-  ferry::v1::GenerateResponse response;
-  const grpc::Status status = generator_.Run(
-      std::move(request.generate), [&contexts] { return contexts.Next(); }, [&watch] { return watch.gone(); },
-      [&](const GenerateChunk& chunk) {
-        response.mutable_text()->append(chunk.text());
-        response.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
-        response.mutable_logprobs()->MergeFrom(chunk.logprobs());
-        if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-          response.set_finish_reason(chunk.finish_reason());
-          *response.mutable_usage() = chunk.usage();
-        }
-        return true;
-      });
-  authenticator_.Refund(tenant, std::max<int64_t>(0, max_tokens - response.token_ids_size()));
-  if (!status.ok()) return SendError(res, ErrorFromStatus(status));
-  if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
-    return SendError(res, ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating"}));
+  choices->Start(generator_, request.generate, [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
+    auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
+  });
+  std::vector<ferry::v1::GenerateResponse> responses(static_cast<size_t>(request.n));
+  ChoiceSet::Chunk next;
+  while (choices->Next(next)) AppendChunk(next.chunk, responses.at(static_cast<size_t>(next.index)));
+  if (grpc::Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
+  for (const auto& response : responses) {
+    if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
+      return SendError(res,
+                       ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating"}));
+    }
   }
-  res.set_content(CompletionResponseJson(ctx, response).dump(-1, ' ', false, json::error_handler_t::replace),
+  res.set_content(CompletionResponseJson(ctx, responses).dump(-1, ' ', false, json::error_handler_t::replace),
                   "application/json");
 }
 
 void OpenAiHttpServer::RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
                                      const std::string& tenant, int64_t max_tokens) {
-  auto call = std::make_shared<StreamCall>(request.timeout_ms);
-  CallHooks hooks;
-  hooks.make_context = [call] { return call->contexts.Next(); };
-  hooks.client_cancelled = [call] { return call->is_client_gone(); };
-  // The queue takes every chunk at once; the HTTP writer drains it at the client's pace.
-  hooks.write = [call](GenerateChunk chunk) {
-    call->completion_tokens += chunk.token_ids_size();
-    const bool taken = call->Sink(chunk);
-    call->generation->WriteDone(taken);
-  };
-  // Close is the last touch: once the writer sees it, Stop may return (the server's owner
-  // keeps the Authenticator and the Generator for longer).
-  hooks.done = [&auth = authenticator_, call, tenant, max_tokens](grpc::Status status, int64_t) {
-    auth.Refund(tenant, std::max<int64_t>(0, max_tokens - call->completion_tokens));
-    call->Close(std::move(status));
-  };
-  std::shared_ptr<GenerationCall> generation = generator_.NewCall(std::move(hooks));
-  call->generation = generation.get();  // set before Start: the hooks may run from there on
-  generation->Start(std::move(request.generate));
+  auto choices = std::make_shared<ChoiceSet>(request.n, request.timeout_ms);
+  // on_end runs before Next can return false: once the writer sees the end, Stop may return
+  // (the server's owner keeps the Authenticator for longer).
+  choices->Start(generator_, request.generate, [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
+    auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
+  });
   // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
-  if (auto error = call->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
+  if (auto error = choices->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
   const bool include_usage = request.include_usage;
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [call, ctx, include_usage](size_t, httplib::DataSink& sink) {
-    return WriteStream(*call, ctx, include_usage, sink);
+  res.set_chunked_content_provider("text/event-stream", [choices, ctx, include_usage](size_t, httplib::DataSink& sink) {
+    return WriteStream(*choices, ctx, include_usage, sink);
   });
 }
 

@@ -71,27 +71,32 @@ std::string FinishReasonName(ferry::v1::FinishReason reason) {
   }
 }
 
-json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response) {
-  const bool has_logprobs = response.logprobs_size() > 0;
-  json choice = {{"index", 0}, {"finish_reason", FinishJson(response.finish_reason())}, {"logprobs", nullptr}};
-  json out;
-  if (ctx.endpoint == Endpoint::kChat) {
-    out = Envelope(ctx, "chat.completion");
-    choice["message"] = {{"role", "assistant"}, {"content", response.text()}};
-    if (has_logprobs) choice["logprobs"] = ChatLogprobs(response.logprobs());
-  } else {
-    out = Envelope(ctx, "text_completion");
-    choice["text"] = response.text();
-    int64_t offset = 0;
-    if (has_logprobs) choice["logprobs"] = CompletionLogprobs(response.logprobs(), offset);
+json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices) {
+  json out = Envelope(ctx, ctx.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion");
+  out["choices"] = json::array();
+  ferry::v1::Usage usage;  // the prompt once, the completions of every choice
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ferry::v1::GenerateResponse& response = choices[i];
+    const bool has_logprobs = response.logprobs_size() > 0;
+    json choice = {{"index", i}, {"finish_reason", FinishJson(response.finish_reason())}, {"logprobs", nullptr}};
+    if (ctx.endpoint == Endpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", response.text()}};
+      if (has_logprobs) choice["logprobs"] = ChatLogprobs(response.logprobs());
+    } else {
+      choice["text"] = response.text();
+      int64_t offset = 0;
+      if (has_logprobs) choice["logprobs"] = CompletionLogprobs(response.logprobs(), offset);
+    }
+    out["choices"].push_back(std::move(choice));
+    usage.set_prompt_tokens(response.usage().prompt_tokens());
+    usage.set_completion_tokens(usage.completion_tokens() + response.usage().completion_tokens());
   }
-  out["choices"] = json::array({choice});
-  out["usage"] = UsageJson(response.usage());
+  out["usage"] = UsageJson(usage);
   return out;
 }
 
 json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {
-  json choice = {{"index", 0}, {"finish_reason", FinishJson(chunk.finish_reason())}, {"logprobs", nullptr}};
+  json choice = {{"index", state.index}, {"finish_reason", FinishJson(chunk.finish_reason())}, {"logprobs", nullptr}};
   json out;
   if (ctx.endpoint == Endpoint::kChat) {
     out = Envelope(ctx, "chat.completion.chunk");

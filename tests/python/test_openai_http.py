@@ -128,12 +128,43 @@ def test_bad_field_is_400_naming_it(client, http_stack):
         client.completions.create(model="m", prompt="Hi", max_tokens=4, temperature=-1)
     body = info.value.body
     assert body["param"] == "temperature" and "temperature" in body["message"] and "-1" in body["message"]
-    r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "n": 3})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "n": 129})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "128" in r.json()["error"]["message"]
     r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "max_tokens": 100000})
     assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
     r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "lane": "nope"})
     assert r.status_code in (400, 403)
+
+
+def test_n_choices_are_the_single_requests_seeded_seed_plus_index(client):
+    """OpenAI's n: choice i is what a single request with seed + i gives (vLLM's n with a seed is
+    reproducible the same way); usage counts the prompt once and every choice's completion."""
+    common = dict(model="m", prompt="Once upon a time", max_tokens=8, temperature=0.9, top_p=0.95)
+    several = client.completions.create(n=3, seed=1234, **common)
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    singles = [client.completions.create(seed=1234 + i, **common) for i in range(3)]
+    assert [c.text for c in several.choices] == [s.choices[0].text for s in singles]
+    assert len({c.text for c in several.choices}) > 1  # sampled apart
+    assert several.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert several.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+
+
+def test_n_streamed_choices_each_finish_and_done_comes_once(client):
+    common = dict(model="m", messages=MESSAGES, max_tokens=6, temperature=0.0)
+    whole = client.chat.completions.create(n=2, **common)
+    assert whole.choices[0].message.content == whole.choices[1].message.content  # greedy: equal
+    texts, finishes, usage = {}, {}, None
+    for chunk in client.chat.completions.create(n=2, stream=True, stream_options={"include_usage": True}, **common):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert sorted(texts) == [0, 1] and sorted(finishes) == [0, 1]
+    assert texts[0] == texts[1] == whole.choices[0].message.content
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
 
 
 def test_streams_are_sse_ending_with_done(http_stack):

@@ -1,0 +1,115 @@
+#include "gateway/http/choice_set.h"
+
+#include <string>
+#include <utility>
+
+#include "gateway/generation_call.h"
+
+namespace ferry::gateway::http {
+
+grpc::ClientContext* AttemptContexts::Next() {
+  std::lock_guard lock(mu_);
+  if (contexts_.size() >= 4) return nullptr;
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (deadline_) context->set_deadline(*deadline_);
+  if (cancelled_) context->TryCancel();
+  contexts_.push_back(std::move(context));
+  return contexts_.back().get();
+}
+
+void AttemptContexts::Cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  if (!contexts_.empty()) contexts_.back()->TryCancel();
+}
+
+ChoiceSet::ChoiceSet(int32_t n, std::optional<int64_t> timeout_ms) {
+  std::optional<std::chrono::system_clock::time_point> deadline;
+  if (timeout_ms) deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms);
+  for (int32_t i = 0; i < n; ++i) choices_.push_back(std::make_unique<Choice>(deadline));
+  num_open_ = n;
+}
+
+void ChoiceSet::Start(Generator& generator, const ferry::v1::GenerateRequest& request,
+                      std::function<void(int64_t)> on_end) {
+  on_end_ = std::move(on_end);
+  const auto self = shared_from_this();  // the hooks keep the set, and so the contexts, alive
+  for (int32_t i = 0; i < size(); ++i) {
+    Choice& choice = *choices_[static_cast<size_t>(i)];
+    CallHooks hooks;
+    hooks.make_context = [&choice, self] { return choice.contexts.Next(); };
+    hooks.client_cancelled = [self] { return self->is_client_gone(); };
+    // The queue takes every chunk at once; the connection's thread drains it.
+    hooks.write = [&choice, self, i](ferry::v1::GenerateChunk chunk) {
+      self->completion_tokens_ += chunk.token_ids_size();
+      bool taken = !self->is_client_gone();
+      if (taken) {
+        std::lock_guard lock(self->mu_);
+        self->chunks_.push_back(Chunk{i, std::move(chunk)});
+        self->cv_.notify_all();
+      }
+      choice.call->WriteDone(taken);
+    };
+    hooks.done = [self, i](grpc::Status status, int64_t) { self->OnChoiceDone(i, status); };
+    ferry::v1::GenerateRequest one = request;
+    if (size() > 1) {
+      one.set_request_id(request.request_id() + "-" + std::to_string(i));
+      const uint64_t seed = request.sampling().seed();
+      if (seed != 0) one.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
+    }
+    std::shared_ptr<GenerationCall> call = generator.NewCall(std::move(hooks));
+    choice.call = call.get();  // set before Start: the hooks may run from there on
+    call->Start(std::move(one));
+  }
+}
+
+void ChoiceSet::OnChoiceDone(int32_t index, const grpc::Status& status) {
+  bool last = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!status.ok() && !error_) {
+      error_ = status;
+      // The request has failed: the other choices stop (a choice that has not started yet sees
+      // the cancel on its first context).
+      for (int32_t i = 0; i < size(); ++i) {
+        if (i != index) choices_[static_cast<size_t>(i)]->contexts.Cancel();
+      }
+    }
+    last = --num_open_ == 0;
+  }
+  if (!last) return;
+  // Before the end is visible: once Next returns false the server may stop, while its owner
+  // keeps what on_end uses (the Authenticator) for longer.
+  on_end_(completion_tokens_);
+  std::lock_guard lock(mu_);
+  is_ended_ = true;
+  cv_.notify_all();
+}
+
+bool ChoiceSet::Next(Chunk& out) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !chunks_.empty() || is_ended_; });
+  if (chunks_.empty()) return false;
+  out = std::move(chunks_.front());
+  chunks_.pop_front();
+  return true;
+}
+
+std::optional<grpc::Status> ChoiceSet::WaitStarted() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !chunks_.empty() || is_ended_; });
+  if (chunks_.empty() && error_) return *error_;
+  return std::nullopt;
+}
+
+grpc::Status ChoiceSet::status() {
+  std::lock_guard lock(mu_);
+  return error_.value_or(grpc::Status::OK);
+}
+
+void ChoiceSet::ClientGone() {
+  is_client_gone_ = true;
+  for (auto& choice : choices_) choice->contexts.Cancel();
+}
+
+}  // namespace ferry::gateway::http

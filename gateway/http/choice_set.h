@@ -1,0 +1,91 @@
+// The generations behind one OpenAI HTTP request: OpenAI's `n` choices, each its own Generator
+// call (generation_call.h) running on gRPC's threads. Their chunks, tagged with the choice
+// index, go into one queue that the connection's thread drains at the client's pace; the
+// request ends when every choice has. One choice that fails cancels the others, and its status
+// is the request's.
+//
+// Choice i > 0 runs with the request's seed + i when a seed is set (so n = 1 with seed s + i
+// reproduces choice i), and request id `<id>-<i>`. With prefix caching the scheduler computes
+// the shared prompt once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <grpcpp/client_context.h>
+
+#include "ferry/v1/generation.pb.h"
+#include "gateway/generator.h"
+
+namespace ferry::gateway::http {
+
+// The scheduler call's contexts of one generation: a fresh one per attempt (a replica that fails
+// before the start is left for another), each with the request's deadline. Cancel reaches the
+// current attempt and any later one.
+class AttemptContexts {
+ public:
+  explicit AttemptContexts(std::optional<std::chrono::system_clock::time_point> deadline) : deadline_(deadline) {}
+  // The next attempt's context, or nullptr when no further attempt may be made.
+  grpc::ClientContext* Next();
+  void Cancel();
+
+ private:
+  std::mutex mu_;
+  const std::optional<std::chrono::system_clock::time_point> deadline_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;  // alive until the generation ends
+  bool cancelled_ = false;
+};
+
+class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
+ public:
+  struct Chunk {
+    int32_t index = 0;  // the choice
+    ferry::v1::GenerateChunk chunk;
+  };
+
+  ChoiceSet(int32_t n, std::optional<int64_t> timeout_ms);
+
+  // Starts every choice. `on_end` runs once, when the last choice has ended, with the completion
+  // tokens of all of them; then Next returns false.
+  void Start(Generator& generator, const ferry::v1::GenerateRequest& request,
+             std::function<void(int64_t completion_tokens)> on_end);
+  // Waits for the next chunk; false once every choice has ended and every chunk was taken.
+  bool Next(Chunk& out);
+  // Waits for the first chunk or the end; the error when the request failed before any chunk.
+  std::optional<grpc::Status> WaitStarted();
+  // OK, or the first choice's failure.
+  grpc::Status status();
+  // Cancels every choice (the client went away).
+  void ClientGone();
+  bool is_client_gone() const { return is_client_gone_; }
+  int32_t size() const { return static_cast<int32_t>(choices_.size()); }
+
+ private:
+  struct Choice {
+    explicit Choice(std::optional<std::chrono::system_clock::time_point> deadline) : contexts(deadline) {}
+    AttemptContexts contexts;
+    GenerationCall* call = nullptr;  // its hooks run only while it is alive
+  };
+  void OnChoiceDone(int32_t index, const grpc::Status& status);
+
+  std::vector<std::unique_ptr<Choice>> choices_;
+  std::function<void(int64_t)> on_end_;
+  std::atomic<int64_t> completion_tokens_{0};
+  std::atomic<bool> is_client_gone_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Chunk> chunks_;
+  int32_t num_open_ = 0;
+  bool is_ended_ = false;
+  std::optional<grpc::Status> error_;  // the first failure
+};
+
+}  // namespace ferry::gateway::http
