@@ -1,5 +1,6 @@
 #include "gateway/http/choice_set.h"
 
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -23,15 +24,16 @@ void AttemptContexts::Cancel() {
   if (!contexts_.empty()) contexts_.back()->TryCancel();
 }
 
-ChoiceSet::ChoiceSet(int32_t n, std::optional<int64_t> timeout_ms) {
+ChoiceSet::ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms) {
   std::optional<std::chrono::system_clock::time_point> deadline;
   if (timeout_ms) deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms);
-  for (int32_t i = 0; i < n; ++i) choices_.push_back(std::make_unique<Choice>(deadline));
-  num_open_ = n;
+  for (int32_t i = 0; i < num_choices; ++i) choices_.push_back(std::make_unique<Choice>(deadline));
+  num_open_ = num_choices;
 }
 
-void ChoiceSet::Start(Generator& generator, const ferry::v1::GenerateRequest& request,
+void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateRequest> requests,
                       std::function<void(int64_t)> on_end) {
+  if (requests.size() != choices_.size()) throw std::invalid_argument("ChoiceSet::Start: one request per choice");
   on_end_ = std::move(on_end);
   const auto self = shared_from_this();  // the hooks keep the set, and so the contexts, alive
   for (int32_t i = 0; i < size(); ++i) {
@@ -51,12 +53,8 @@ void ChoiceSet::Start(Generator& generator, const ferry::v1::GenerateRequest& re
       choice.call->WriteDone(taken);
     };
     hooks.done = [self, i](grpc::Status status, int64_t) { self->OnChoiceDone(i, status); };
-    ferry::v1::GenerateRequest one = request;
-    if (size() > 1) {
-      one.set_request_id(request.request_id() + "-" + std::to_string(i));
-      const uint64_t seed = request.sampling().seed();
-      if (seed != 0) one.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
-    }
+    ferry::v1::GenerateRequest& one = requests[static_cast<size_t>(i)];
+    if (size() > 1) one.set_request_id(one.request_id() + "-" + std::to_string(i));
     std::shared_ptr<GenerationCall> call = generator.NewCall(std::move(hooks));
     choice.call = call.get();  // set before Start: the hooks may run from there on
     call->Start(std::move(one));

@@ -1,12 +1,10 @@
-// The generations behind one OpenAI HTTP request: OpenAI's `n` choices, each its own Generator
-// call (generation_call.h) running on gRPC's threads. Their chunks, tagged with the choice
-// index, go into one queue that the connection's thread drains at the client's pace; the
-// request ends when every choice has. One choice that fails cancels the others, and its status
-// is the request's.
-//
-// Choice i > 0 runs with the request's seed + i when a seed is set (so n = 1 with seed s + i
-// reproduces choice i), and request id `<id>-<i>`. With prefix caching the scheduler computes
-// the shared prompt once.
+// The generations behind one OpenAI HTTP request: its choices (OpenAI's `n` per prompt, times
+// the prompts of a batch; openai_format.h ExpandChoices), each its own Generator call
+// (generation_call.h) running on gRPC's threads. Their chunks, tagged with the choice index, go
+// into one queue that the connection's thread drains at the client's pace; the request ends
+// when every choice has. One choice that fails cancels the others, and its status is the
+// request's. With several choices, choice k runs as request id `<id>-<k>`. With prefix caching
+// the scheduler computes a prompt shared by choices once.
 #pragma once
 
 #include <atomic>
@@ -51,11 +49,11 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     ferry::v1::GenerateChunk chunk;
   };
 
-  ChoiceSet(int32_t n, std::optional<int64_t> timeout_ms);
+  ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms);
 
-  // Starts every choice. `on_end` runs once, when the last choice has ended, with the completion
-  // tokens of all of them; then Next returns false.
-  void Start(Generator& generator, const ferry::v1::GenerateRequest& request,
+  // Starts choice k with requests[k] (num_choices of them). `on_end` runs once, when the last
+  // choice has ended, with the completion tokens of all of them; then Next returns false.
+  void Start(Generator& generator, std::vector<ferry::v1::GenerateRequest> requests,
              std::function<void(int64_t completion_tokens)> on_end);
   // Waits for the next chunk; false once every choice has ended and every chunk was taken.
   bool Next(Chunk& out);

@@ -161,23 +161,41 @@ bool IsTokenList(const json& v) {
   return true;
 }
 
-Error ParsePrompt(const json& body, ferry::v1::GenerateRequest& g) {
-  if (!body.contains("prompt") || body["prompt"].is_null()) return InvalidField("prompt", "prompt is required");
-  json prompt = body["prompt"];
-  // A list holding one prompt (string or token list) is that prompt; batches are refused.
-  if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) prompt = prompt[0];
+// One prompt: a string or a non-empty list of token ids.
+bool ParseOnePrompt(const json& prompt, ferry::v1::GenerateRequest& g) {
   if (prompt.is_string()) {
     g.set_text(prompt.get<std::string>());
-    return std::nullopt;
+    return true;
   }
-  if (IsTokenList(prompt)) {
-    for (const json& id : prompt) g.mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
-    return std::nullopt;
+  if (!IsTokenList(prompt)) return false;
+  for (const json& id : prompt) g.mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
+  return true;
+}
+
+// A prompt, or a list of prompts (OpenAI's batch: strings or token lists).
+Error ParsePrompt(const json& body, OpenAiRequest& r) {
+  if (!body.contains("prompt") || body["prompt"].is_null()) return InvalidField("prompt", "prompt is required");
+  const json& prompt = body["prompt"];
+  ferry::v1::GenerateRequest one;
+  if (ParseOnePrompt(prompt, one)) {
+    r.prompts.push_back(std::move(one));
+  } else if (prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array())) {
+    if (prompt.size() > static_cast<size_t>(kMaxPrompts)) {
+      return InvalidField("prompt", fmt::format("a batch of {} prompts exceeds the limit of {}", prompt.size(),
+                                                kMaxPrompts));
+    }
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      ferry::v1::GenerateRequest p;
+      if (!ParseOnePrompt(prompt[i], p)) {
+        return WrongType(fmt::format("prompt[{}]", i), prompt[i], "a string or a non-empty list of token ids");
+      }
+      r.prompts.push_back(std::move(p));
+    }
+  } else {
+    return WrongType("prompt", prompt, "a string, a non-empty list of token ids, or a list of those");
   }
-  if (prompt.is_array() && prompt.size() > 1 && (prompt[0].is_string() || prompt[0].is_array())) {
-    return InvalidField("prompt", fmt::format("a batch of {} prompts is not supported: send one", prompt.size()));
-  }
-  return WrongType("prompt", prompt, "a string or a non-empty list of token ids");
+  r.generate.MergeFrom(r.prompts.front());
+  return std::nullopt;
 }
 
 std::variant<ChatMessage, ApiError> ParseMessage(const json& m, size_t i) {
@@ -261,7 +279,7 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body) {
   OpenAiRequest r;
   r.endpoint = Endpoint::kCompletions;
   if (Error e = ParseCommon(body, r)) return *e;
-  if (Error e = ParsePrompt(body, r.generate)) return *e;
+  if (Error e = ParsePrompt(body, r)) return *e;
   std::optional<int32_t> logprobs;
   std::optional<bool> echo;
   if (Error e = GetInt32(body, "logprobs", logprobs)) return *e;
@@ -293,7 +311,23 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
     messages.push_back(std::move(std::get<ChatMessage>(m)));
   }
   r.generate.set_text(chat.Render(messages));
+  r.prompts.emplace_back().set_text(r.generate.text());
   return r;
+}
+
+std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r) {
+  std::vector<ferry::v1::GenerateRequest> choices;
+  const uint64_t seed = r.generate.sampling().seed();
+  for (const ferry::v1::GenerateRequest& prompt : r.prompts) {
+    for (int32_t i = 0; i < r.n; ++i) {
+      ferry::v1::GenerateRequest& c = choices.emplace_back(r.generate);
+      c.clear_text();
+      c.clear_token_ids();
+      c.MergeFrom(prompt);
+      if (seed != 0) c.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
+    }
+  }
+  return choices;
 }
 
 }  // namespace ferry::gateway::http

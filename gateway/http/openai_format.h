@@ -12,6 +12,7 @@
 // - chat without max_tokens may use the rest of the context (max_model_len - prompt), as vLLM.
 // - n > 1: n choices of the same prompt, choice i seeded with seed + i when a seed is set
 //   (choice_set.h); usage counts the prompt once and the completions of every choice.
+// - /v1/completions takes a list of prompts (a batch), each with its n choices, as vLLM does.
 #pragma once
 
 #include <cstdint>
@@ -49,11 +50,15 @@ enum class Endpoint { kCompletions, kChat };
 
 // OpenAI's own limit on `n`.
 inline constexpr int64_t kMaxChoices = 128;
+// Prompts one /v1/completions request may batch.
+inline constexpr int64_t kMaxPrompts = 1024;
 
 struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   int32_t n = 1;                        // choices
-  ferry::v1::GenerateRequest generate;
+  ferry::v1::GenerateRequest generate;  // sampling, lane, ... and the first prompt
+  // Every prompt (text or token_ids only): several for a /v1/completions batch, else one.
+  std::vector<ferry::v1::GenerateRequest> prompts;
   std::string model;
   bool stream = false;
   bool include_usage = false;           // stream_options.include_usage
@@ -65,6 +70,10 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body);
 // The chat prompt is rendered to text with `chat`; messages must be system/user/assistant.
 std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat);
 
+// One request per choice, in OpenAI's order: prompt p's choice i at index p * n + i, seeded with
+// seed + i when a seed is set (so a single request with seed + i reproduces it).
+std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r);
+
 // Identity of one response: the same in every chunk of a stream.
 struct ResponseContext {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -73,8 +82,10 @@ struct ResponseContext {
   std::string model;
 };
 
-// Whole (non-streamed) response from the accumulated chunks of each choice (index = position).
-json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices);
+// Whole (non-streamed) response from the accumulated chunks of each choice (index = position);
+// `n` choices per prompt, whose prompt usage counts once.
+json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices,
+                            int32_t n = 1);
 inline json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response) {
   return CompletionResponseJson(ctx, std::vector<ferry::v1::GenerateResponse>{response});
 }

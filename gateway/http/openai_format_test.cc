@@ -65,6 +65,37 @@ TEST(ParseCompletion, ChoicesDefaultToOne) {
   EXPECT_EQ(ParseOk({{"prompt", "x"}, {"n", 4}}).n, 4);
 }
 
+TEST(ParseCompletion, ABatchOfPromptsExpandsToNChoicesEach) {
+  OpenAiRequest r = ParseOk({{"prompt", {"one", "two"}}, {"n", 2}, {"seed", 7}, {"max_tokens", 3}});
+  ASSERT_EQ(r.prompts.size(), 2u);
+  const auto choices = ExpandChoices(r);
+  ASSERT_EQ(choices.size(), 4u);  // OpenAI's order: prompt 0's choices, then prompt 1's
+  const std::vector<std::string> texts = {"one", "one", "two", "two"};
+  const std::vector<uint64_t> seeds = {7, 8, 7, 8};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(choices[k].text(), texts[k]);
+    EXPECT_EQ(choices[k].sampling().seed(), seeds[k]);
+    EXPECT_EQ(choices[k].sampling().max_tokens(), 3);
+  }
+  r = ParseOk({{"prompt", {{1, 2}, {3}}}});
+  ASSERT_EQ(r.prompts.size(), 2u);
+  const auto ids = ExpandChoices(r);
+  EXPECT_EQ(ids[0].token_ids().ids_size(), 2);
+  EXPECT_EQ(ids[1].token_ids().ids_size(), 1);
+  EXPECT_FALSE(ids[1].has_text() && !ids[1].text().empty());
+  // No seed: every choice draws its own (Ferry's rule for seed 0).
+  EXPECT_EQ(ExpandChoices(ParseOk({{"prompt", "x"}, {"n", 3}}))[2].sampling().seed(), 0u);
+}
+
+TEST(ParseCompletion, ABadPromptInABatchIsNamed) {
+  EXPECT_EQ(ParseError({{"prompt", {"ok", 5}}}).param, "prompt[1]");
+  EXPECT_EQ(ParseError({{"prompt", {{1}, json::array()}}}).param, "prompt[1]");
+  const ApiError e = ParseError({{"prompt", std::vector<std::string>(1025, "x")}});
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_NE(e.message.find("1025"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("1024"), std::string::npos) << e.message;
+}
+
 TEST(ParseCompletion, PromptForms) {
   EXPECT_EQ(ParseOk({{"prompt", {1, 2, 3}}}).generate.token_ids().ids_size(), 3);
   EXPECT_EQ(ParseOk({{"prompt", {{1, 2}}}}).generate.token_ids().ids_size(), 2);
@@ -189,7 +220,7 @@ TEST(Responses, SeveralChoicesAreIndexedAndUsageCountsThePromptOnce) {
     choices[i].mutable_usage()->set_prompt_tokens(5);
     choices[i].mutable_usage()->set_completion_tokens(i + 1);
   }
-  const json j = CompletionResponseJson(ctx, choices);
+  const json j = CompletionResponseJson(ctx, choices, /*n=*/3);
   ASSERT_EQ(j["choices"].size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(j["choices"][i]["index"], i);
@@ -198,6 +229,10 @@ TEST(Responses, SeveralChoicesAreIndexedAndUsageCountsThePromptOnce) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
   EXPECT_EQ(j["usage"]["completion_tokens"], 6);
   EXPECT_EQ(j["usage"]["total_tokens"], 11);
+  // Two prompts with two choices each: each prompt's tokens count once.
+  const json batch = CompletionResponseJson(ctx, {choices[0], choices[1], choices[2], choices[0]}, 2);
+  EXPECT_EQ(batch["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(batch["usage"]["completion_tokens"], 1 + 2 + 3 + 1);
   StreamState second;
   second.index = 1;
   EXPECT_EQ(StreamChunkJson(ctx, Chunk("x", ferry::v1::FINISH_REASON_UNSPECIFIED), second)["choices"][0]["index"], 1);

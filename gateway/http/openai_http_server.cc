@@ -54,7 +54,9 @@ ApiError FromAuth(const AuthResult& auth) {
 }
 
 // Writes the SSE events of one request's choices; false when the client went away.
-bool WriteStream(ChoiceSet& choices, const ResponseContext& ctx, bool include_usage, httplib::DataSink& sink) {
+// `n` choices per prompt, whose prompt usage counts once.
+bool WriteStream(ChoiceSet& choices, const ResponseContext& ctx, int32_t n, bool include_usage,
+                 httplib::DataSink& sink) {
   auto write = [&](const std::string& s) {
     if (sink.write(s.data(), s.size())) return true;
     choices.ClientGone();
@@ -68,7 +70,7 @@ bool WriteStream(ChoiceSet& choices, const ResponseContext& ctx, bool include_us
     const GenerateChunk& chunk = next.chunk;
     if (!write(SseEvent(StreamChunkJson(ctx, chunk, states.at(static_cast<size_t>(next.index)))))) return false;
     if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-      usage.set_prompt_tokens(chunk.usage().prompt_tokens());
+      if (next.index % n == 0) usage.set_prompt_tokens(usage.prompt_tokens() + chunk.usage().prompt_tokens());
       usage.set_completion_tokens(usage.completion_tokens() + chunk.usage().completion_tokens());
     }
   }
@@ -163,17 +165,26 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
     }
     request.timeout_ms = ms;
   }
-  const auto& g = request.generate;
-  const int64_t prompt_tokens = g.has_token_ids() ? g.token_ids().ids_size()
-                                                  : static_cast<int64_t>(generator_.tokenizer().Encode(g.text()).size());
+  int64_t prompt_tokens = 0;  // every prompt of a batch, once
+  for (const auto& g : request.prompts) {
+    prompt_tokens += g.has_token_ids() ? g.token_ids().ids_size()
+                                       : static_cast<int64_t>(generator_.tokenizer().Encode(g.text()).size());
+  }
   auto& sampling = *request.generate.mutable_sampling();
   const int32_t max_model_len = generator_.options().limits.max_model_len;
-  if (!request.is_max_tokens_set && prompt_tokens < max_model_len) {
-    sampling.set_max_tokens(static_cast<int32_t>(max_model_len - prompt_tokens));  // chat: the rest of the context
+  if (!request.is_max_tokens_set && prompt_tokens < max_model_len) {  // chat: one prompt
+    sampling.set_max_tokens(static_cast<int32_t>(max_model_len - prompt_tokens));  // the rest of the context
   }
-  // Every choice may generate max_tokens; the prompt is computed (and charged) once.
-  charged_max_tokens = int64_t{request.n} * (sampling.has_max_tokens() ? sampling.max_tokens() : kDefaultMaxTokens);
   const auto lane = generator_.options().lanes.Find(request.generate.lane());
+  // Every choice waits in the lane at first: more than it queues could never all be admitted.
+  const int64_t num_choices = int64_t{request.n} * static_cast<int64_t>(request.prompts.size());
+  if (lane && lane->max_queued > 0 && num_choices > lane->max_queued) {
+    return InvalidField(request.prompts.size() > 1 ? "prompt" : "n",
+                        fmt::format("{} prompts x n = {} is {} choices, more than lane \"{}\" queues (max_queued {})",
+                                    request.prompts.size(), request.n, num_choices, lane->name, lane->max_queued));
+  }
+  // Every choice may generate max_tokens.
+  charged_max_tokens = num_choices * (sampling.has_max_tokens() ? sampling.max_tokens() : kDefaultMaxTokens);
   const AuthResult auth =
       authenticator_.Admit(Bearer(req), lane ? lane->name : request.generate.lane(), prompt_tokens,
                            charged_max_tokens);
@@ -184,17 +195,19 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
 
 void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
-  auto choices = std::make_shared<ChoiceSet>(request.n, request.timeout_ms);
+  std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
+  const auto num_choices = static_cast<int32_t>(requests.size());
+  auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
   // A client that closes its connection before the answer cancels the call, queued or running.
   const ConnectionWatch watch(FindConnectionSocket(req.remote_addr, req.remote_port, port_),
                               [&choices] { choices->ClientGone(); });
   if (!watch.watching()) {
     spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   }
-  choices->Start(generator_, request.generate, [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
+  choices->Start(generator_, std::move(requests), [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
     auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
   });
-  std::vector<ferry::v1::GenerateResponse> responses(static_cast<size_t>(request.n));
+  std::vector<ferry::v1::GenerateResponse> responses(static_cast<size_t>(num_choices));
   ChoiceSet::Chunk next;
   while (choices->Next(next)) AppendChunk(next.chunk, responses.at(static_cast<size_t>(next.index)));
   if (grpc::Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
@@ -204,24 +217,26 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
                        ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating"}));
     }
   }
-  res.set_content(CompletionResponseJson(ctx, responses).dump(-1, ' ', false, json::error_handler_t::replace),
+  res.set_content(CompletionResponseJson(ctx, responses, request.n).dump(-1, ' ', false, json::error_handler_t::replace),
                   "application/json");
 }
 
 void OpenAiHttpServer::RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
                                      const std::string& tenant, int64_t max_tokens) {
-  auto choices = std::make_shared<ChoiceSet>(request.n, request.timeout_ms);
+  std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
+  auto choices = std::make_shared<ChoiceSet>(static_cast<int32_t>(requests.size()), request.timeout_ms);
   // on_end runs before Next can return false: once the writer sees the end, Stop may return
   // (the server's owner keeps the Authenticator for longer).
-  choices->Start(generator_, request.generate, [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
+  choices->Start(generator_, std::move(requests), [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
     auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
   });
   // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
   if (auto error = choices->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
   const bool include_usage = request.include_usage;
+  const int32_t n = request.n;
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [choices, ctx, include_usage](size_t, httplib::DataSink& sink) {
-    return WriteStream(*choices, ctx, include_usage, sink);
+  res.set_chunked_content_provider("text/event-stream", [choices, ctx, n, include_usage](size_t, httplib::DataSink& sink) {
+    return WriteStream(*choices, ctx, n, include_usage, sink);
   });
 }
 

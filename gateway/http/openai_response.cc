@@ -1,4 +1,5 @@
 // Response side of openai_format.h: whole responses and SSE chunks.
+#include <algorithm>
 #include <string>
 
 #include "gateway/http/openai_format.h"
@@ -71,7 +72,8 @@ std::string FinishReasonName(ferry::v1::FinishReason reason) {
   }
 }
 
-json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices) {
+json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices,
+                            int32_t n) {
   json out = Envelope(ctx, ctx.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion");
   out["choices"] = json::array();
   ferry::v1::Usage usage;  // the prompt once, the completions of every choice
@@ -88,7 +90,9 @@ json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry:
       if (has_logprobs) choice["logprobs"] = CompletionLogprobs(response.logprobs(), offset);
     }
     out["choices"].push_back(std::move(choice));
-    usage.set_prompt_tokens(response.usage().prompt_tokens());
+    if (i % static_cast<size_t>(std::max(n, 1)) == 0) {
+      usage.set_prompt_tokens(usage.prompt_tokens() + response.usage().prompt_tokens());
+    }
     usage.set_completion_tokens(usage.completion_tokens() + response.usage().completion_tokens());
   }
   out["usage"] = UsageJson(usage);

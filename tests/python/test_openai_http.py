@@ -149,6 +149,26 @@ def test_n_choices_are_the_single_requests_seeded_seed_plus_index(client):
     assert several.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(client):
+    """/v1/completions with a list of prompts (lm-eval and vLLM clients send these): choices in
+    OpenAI's order, prompt p's i-th at p * n + i, each as its prompt gives alone."""
+    prompts = ["Once upon a time", "The sky", [11, 12, 13]]
+    common = dict(model="m", max_tokens=5, temperature=0.9, seed=77)
+    batch = client.completions.create(prompt=prompts, n=2, **common)
+    assert [c.index for c in batch.choices] == list(range(6))
+    alone = [client.completions.create(prompt=p, n=2, **common) for p in prompts]
+    assert [c.text for c in batch.choices] == [c.text for a in alone for c in a.choices]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+
+def test_more_choices_than_the_lane_queues_is_400(http_stack):
+    r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": ["a"] * 200, "n": 2}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    message = r.json()["error"]["message"]
+    assert "400 choices" in message and "interactive" in message and "256" in message, message
+
+
 def test_n_streamed_choices_each_finish_and_done_comes_once(client):
     common = dict(model="m", messages=MESSAGES, max_tokens=6, temperature=0.0)
     whole = client.chat.completions.create(n=2, **common)
