@@ -123,9 +123,39 @@ Error ParseSampling(const json& body, SamplingParams& s) {
   return ParseStopTokenIds(body, s);
 }
 
+// Fields that would change the output, which Ferry does not implement: refused rather than
+// ignored, so a client never gets plain text where it asked for JSON, a tool call or a bias.
+// Values that ask for nothing (null, empty, "text", "none", a best_of equal to n) pass.
+Error RefuseUnsupported(const json& body) {
+  auto asks = [&](const char* key) {
+    if (!body.contains(key)) return false;
+    const json& v = body[key];
+    return !(v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty()));
+  };
+  for (const char* key : {"logit_bias", "tools", "functions", "function_call", "guided_json", "guided_regex",
+                          "guided_choice", "guided_grammar", "structured_outputs"}) {
+    if (asks(key)) return InvalidField(key, fmt::format("{} is not supported", key));
+  }
+  if (asks("tool_choice") && !(body["tool_choice"].is_string() && body["tool_choice"] == "none")) {
+    return InvalidField("tool_choice", "tool_choice is not supported (tools are not)");
+  }
+  if (asks("response_format") &&
+      !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
+    return InvalidField("response_format", "response_format other than {\"type\": \"text\"} is not supported");
+  }
+  if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != body.value("n", json(1))) {
+    return InvalidField("best_of", "best_of is not supported (n choices are: ask for n)");
+  }
+  if (body.contains("min_tokens") && body["min_tokens"].is_number() && body["min_tokens"].get<double>() > 0) {
+    return InvalidField("min_tokens", fmt::format("min_tokens = {} is not supported", body["min_tokens"].dump()));
+  }
+  return std::nullopt;
+}
+
 // Fields every generation request shares: model, stream, lane, timeout, sampling.
 Error ParseCommon(const json& body, OpenAiRequest& r) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
+  if (Error e = RefuseUnsupported(body)) return e;
   std::optional<std::string> model, lane;
   std::optional<bool> stream;
   std::optional<int64_t> timeout_ms, n;

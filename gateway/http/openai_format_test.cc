@@ -96,6 +96,21 @@ TEST(ParseCompletion, ABadPromptInABatchIsNamed) {
   EXPECT_NE(e.message.find("1024"), std::string::npos) << e.message;
 }
 
+TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}).param, "logit_bias");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}).param, "response_format");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"tools", {{{"type", "function"}}}}}).param, "tools");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"tool_choice", "auto"}}).param, "tool_choice");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"best_of", 3}}).param, "best_of");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"min_tokens", 4}}).param, "min_tokens");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}).param, "guided_json");
+  // Values that ask for nothing pass, as clients often send them.
+  ParseOk({{"prompt", "x"}, {"logit_bias", json::object()}, {"tools", json::array()}, {"tool_choice", "none"},
+           {"response_format", {{"type", "text"}}}, {"best_of", 1}, {"min_tokens", 0}, {"user", "u-1"},
+           {"logit_bias", nullptr}});
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"n", 2}, {"best_of", 2}}).n, 2);
+}
+
 TEST(ParseCompletion, PromptForms) {
   EXPECT_EQ(ParseOk({{"prompt", {1, 2, 3}}}).generate.token_ids().ids_size(), 3);
   EXPECT_EQ(ParseOk({{"prompt", {{1, 2}}}}).generate.token_ids().ids_size(), 2);
