@@ -133,6 +133,18 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
                                           fmt::format("is outside the vocabulary [0, {})", limits.vocab_size))};
     }
   }
+  if (s.logit_bias_size() > kMaxLogitBias) {
+    return ValidationError{FieldMessage("sampling.logit_bias", s.logit_bias_size(),
+                                        fmt::format("entries exceed the limit of {}", kMaxLogitBias))};
+  }
+  for (const auto& [token, bias] : s.logit_bias()) {
+    const std::string field = fmt::format("sampling.logit_bias[{}]", token);
+    if (token < 0 || token >= limits.vocab_size) {
+      return ValidationError{
+          FieldMessage(field, token, fmt::format("names a token outside the vocabulary [0, {})", limits.vocab_size))};
+    }
+    if (!(bias >= -100 && bias <= 100)) return ValidationError{FieldMessage(field, bias, "must be in [-100, 100]")};
+  }
 
   ValidatedRequest out;
   auto& sub = out.submit;
@@ -151,6 +163,7 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   sub.set_logprobs(s.has_logprobs() ? s.logprobs() : -1);
   sub.set_seed(s.seed());
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
+  *sub.mutable_logit_bias() = s.logit_bias();
   sub.set_ignore_eos(s.ignore_eos());
   sub.set_priority(lane->priority);
   sub.set_lane(lane->name);

@@ -31,6 +31,8 @@ struct ModelLimits {
 };
 
 inline constexpr int32_t kMaxLogprobs = 20;
+// OpenAI's limit on logit_bias entries.
+inline constexpr int32_t kMaxLogitBias = 300;
 
 inline constexpr int32_t kDefaultMaxTokens = 16;
 

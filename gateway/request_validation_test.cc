@@ -58,6 +58,19 @@ TEST_F(ValidateRequestTest, LengthLimitNamesBothCountsAndTheLimit) {
   EXPECT_NE(e.find("max_model_len 64"), std::string::npos) << e;
 }
 
+TEST_F(ValidateRequestTest, LogitBiasReachesTheScheduler) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  (*r.mutable_sampling()->mutable_logit_bias())[42] = -100;
+  (*r.mutable_sampling()->mutable_logit_bias())[7] = 5.5f;
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  const auto& bias = std::get<ValidatedRequest>(v).submit.logit_bias();
+  ASSERT_EQ(bias.size(), 2u);
+  EXPECT_EQ(bias.at(42), -100.f);
+  EXPECT_EQ(bias.at(7), 5.5f);
+}
+
 TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
   struct Case { std::function<void(ferry::v1::GenerateRequest&)> edit; std::string needle; };
   const std::vector<Case> cases = {
@@ -69,6 +82,14 @@ TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
       {[](auto& r) { r.mutable_sampling()->add_stop_token_ids(9999); }, "sampling.stop_token_ids[0] = 9999"},
       {[](auto& r) { r.mutable_token_ids()->add_ids(-1); }, "token_ids.ids[0] = -1"},
       {[](auto& r) { r.set_text(std::string("\xff")); }, "text is not valid UTF-8"},
+      {[](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[500] = 1; },
+       "sampling.logit_bias[500] = 500 names a token outside the vocabulary [0, 500)"},
+      {[](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[7] = 101; },
+       "sampling.logit_bias[7] = 101 must be in [-100, 100]"},
+      {[](auto& r) {
+         for (int i = 0; i < 301; ++i) (*r.mutable_sampling()->mutable_logit_bias())[i] = 1;
+       },
+       "sampling.logit_bias = 301 entries exceed the limit of 300"},
   };
   for (const auto& c : cases) {
     ferry::v1::GenerateRequest r;

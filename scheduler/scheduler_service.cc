@@ -26,6 +26,8 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   p.repetition_penalty = r.repetition_penalty() > 0 ? r.repetition_penalty() : 1.f;
   p.logprobs = r.logprobs();
   p.seed = r.seed();
+  p.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
   spec.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
   spec.eos_token_ids = eos_ids;
   spec.ignore_eos = r.ignore_eos();

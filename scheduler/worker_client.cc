@@ -109,6 +109,7 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->set_repetition_penalty(p.repetition_penalty);
     out->set_logprobs(p.logprobs);
     out->set_seed(p.seed);
+    for (const auto& [id, bias] : p.logit_bias) (*out->mutable_logit_bias())[id] = bias;
   }
   for (const auto& s : plan.scheduled) {
     auto* out = request.add_scheduled();

@@ -85,6 +85,7 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.sampling.repetition_penalty = n.repetition_penalty();
     s.sampling.logprobs = n.logprobs();
     s.sampling.seed = n.seed();
+    s.sampling.logit_bias.assign(n.logit_bias().begin(), n.logit_bias().end());
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {

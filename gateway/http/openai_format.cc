@@ -106,6 +106,23 @@ Error ParseSamplingFloats(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
+// {"<token id>": bias, ...}: OpenAI's keys are token ids written as strings.
+Error ParseLogitBias(const json& body, SamplingParams& s) {
+  if (!body.contains("logit_bias") || body["logit_bias"].is_null()) return std::nullopt;
+  const json& bias = body["logit_bias"];
+  if (!bias.is_object()) return WrongType("logit_bias", bias, "an object of token id -> bias");
+  for (const auto& [key, value] : bias.items()) {
+    char* end = nullptr;
+    const long long id = std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id > INT32_MAX) {
+      return InvalidField("logit_bias", fmt::format("logit_bias key \"{}\" is not a token id", key));
+    }
+    if (!value.is_number()) return WrongType(fmt::format("logit_bias[{}]", key), value, "a number");
+    (*s.mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
+  }
+  return std::nullopt;
+}
+
 Error ParseSampling(const json& body, SamplingParams& s) {
   if (Error e = ParseSamplingFloats(body, s)) return e;
   std::optional<int32_t> max_tokens, top_k;
@@ -119,6 +136,7 @@ Error ParseSampling(const json& body, SamplingParams& s) {
   if (top_k) s.set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM's "off" is -1
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));
   if (ignore_eos) s.set_ignore_eos(*ignore_eos);
+  if (Error e = ParseLogitBias(body, s)) return e;
   if (Error e = ParseStop(body, s)) return e;
   return ParseStopTokenIds(body, s);
 }
@@ -132,7 +150,7 @@ Error RefuseUnsupported(const json& body) {
     const json& v = body[key];
     return !(v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty()));
   };
-  for (const char* key : {"logit_bias", "tools", "functions", "function_call", "guided_json", "guided_regex",
+  for (const char* key : {"tools", "functions", "function_call", "guided_json", "guided_regex",
                           "guided_choice", "guided_grammar", "structured_outputs"}) {
     if (asks(key)) return InvalidField(key, fmt::format("{} is not supported", key));
   }

@@ -13,7 +13,8 @@
 // - n > 1: n choices of the same prompt, choice i seeded with seed + i when a seed is set
 //   (choice_set.h); usage counts the prompt once and the completions of every choice.
 // - /v1/completions takes a list of prompts (a batch), each with its n choices, as vLLM does.
-// - fields that would change the output and are not implemented (logit_bias, tools,
+// - logit_bias: {"<token id>": bias in [-100, 100]}, at most 300 entries (OpenAI's limits).
+// - fields that would change the output and are not implemented (tools,
 //   response_format other than text, best_of != n, min_tokens, vLLM's guided_*) are refused
 //   with 400 naming the field, never ignored.
 #pragma once

@@ -97,7 +97,6 @@ TEST(ParseCompletion, ABadPromptInABatchIsNamed) {
 }
 
 TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}).param, "logit_bias");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}).param, "response_format");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tools", {{{"type", "function"}}}}}).param, "tools");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tool_choice", "auto"}}).param, "tool_choice");
@@ -109,6 +108,17 @@ TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
            {"response_format", {{"type", "text"}}}, {"best_of", 1}, {"min_tokens", 0}, {"user", "u-1"},
            {"logit_bias", nullptr}});
   EXPECT_EQ(ParseOk({{"prompt", "x"}, {"n", 2}, {"best_of", 2}}).n, 2);
+}
+
+TEST(ParseCompletion, LogitBiasKeysAreTokenIds) {
+  const OpenAiRequest r = ParseOk({{"prompt", "x"}, {"logit_bias", {{"50256", -100}, {"7", 2.5}}}});
+  const auto& bias = r.generate.sampling().logit_bias();
+  ASSERT_EQ(bias.size(), 2u);
+  EXPECT_EQ(bias.at(50256), -100.f);
+  EXPECT_EQ(bias.at(7), 2.5f);
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}).param, "logit_bias");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"logit_bias", {{"5", "high"}}}}).param, "logit_bias[5]");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"logit_bias", {1, 2}}}).param, "logit_bias");
 }
 
 TEST(ParseCompletion, PromptForms) {

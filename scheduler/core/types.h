@@ -64,6 +64,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;
   int32_t logprobs = -1;  // -1 none; N >= 0: the sampled token's plus the top N
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias), sorted by id
 };
 
 // Log-probability of a sampled token and the most likely alternatives.

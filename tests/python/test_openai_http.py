@@ -136,6 +136,20 @@ def test_bad_field_is_400_naming_it(client, http_stack):
     assert r.status_code in (400, 403)
 
 
+def test_logit_bias_forces_and_bans_tokens(client, grpc_gen):
+    """OpenAI's logit_bias, over HTTP and gRPC: +100 forces a token, -100 bans one."""
+    plain = grpc_gen("Once upon a time", max_tokens=6, temperature=0.0)
+    first = plain.token_ids[0]
+    target = (first + 7) % 100 + 10
+    forced = grpc_gen("Once upon a time", max_tokens=6, temperature=0.0, logit_bias={target: 100.0})
+    assert list(forced.token_ids) == [target] * 6
+    banned = grpc_gen("Once upon a time", max_tokens=6, temperature=0.8, seed=5, logit_bias={first: -100.0})
+    assert first not in banned.token_ids
+    over_http = client.completions.create(model="m", prompt="Once upon a time", max_tokens=6, temperature=0.0,
+                                          logit_bias={str(target): 100})
+    assert over_http.choices[0].text == forced.text
+
+
 def test_n_choices_are_the_single_requests_seeded_seed_plus_index(client):
     """OpenAI's n: choice i is what a single request with seed + i gives (vLLM's n with a seed is
     reproducible the same way); usage counts the prompt once and every choice's completion."""

@@ -70,6 +70,9 @@ struct SamplingOptions {
   // Logprobs are log-softmax of the raw logits (before penalties and temperature).
   int32_t logprobs = -1;
   uint64_t seed = 0;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the raw logits before
+  // penalties and temperature (vLLM's order). Logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // A sequence sent in full once (mirrors ferry.v1.NewSequence).

@@ -86,6 +86,10 @@ std::string CheckSamplingOptions(const SamplingOptions& o) {
   if (o.logprobs < -1 || o.logprobs > kMaxLogprobs) {
     return out_of("logprobs", o.logprobs, "[-1, 20]");
   }
+  for (const auto& [id, bias] : o.logit_bias) {
+    if (id < 0) return out_of("logit_bias token id", id, "[0, vocab)");
+    if (!InRange(bias, -100.f, 100.f)) return out_of("logit_bias value", bias, "[-100, 100]");
+  }
   return {};
 }
 
@@ -137,8 +141,15 @@ SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingO
                              const TokenCounts* history, int32_t sample_index) {
   SampleResult out;
   const float* x = logits;
-  if (history != nullptr && HasPenalties(options) && !history->entries().empty()) {
+  if (!options.logit_bias.empty()) {
     penalized_.assign(logits, logits + vocab);
+    for (const auto& [id, bias] : options.logit_bias) {
+      if (id < vocab) penalized_[static_cast<size_t>(id)] += bias;  // ids are checked against the vocab
+    }
+    x = penalized_.data();
+  }
+  if (history != nullptr && HasPenalties(options) && !history->entries().empty()) {
+    if (x == logits) penalized_.assign(logits, logits + vocab);
     ApplyPenalties(penalized_.data(), options, *history);
     x = penalized_.data();
   }

@@ -62,7 +62,7 @@ struct SampleResult {
 
 class Sampler {
  public:
-  // Order: penalties, temperature, top-k, top-p, min-p, draw. Temperature 0 (or below 1e-5):
+  // Order: logit bias, penalties, temperature, top-k, top-p, min-p, draw. Temperature 0 (or below 1e-5):
   // argmax of the penalised logits, lowest id on ties. Otherwise logits / temperature, keep the
   // top_k most likely (when top_k > 0), then the smallest most-likely set whose mass reaches
   // top_p, then drop tokens with p < min_p * max p, renormalise and draw with

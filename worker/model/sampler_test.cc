@@ -106,6 +106,31 @@ TEST(SamplerTest, GreedyPicksLowestIdOnTies) {
   EXPECT_EQ(Argmax(logits.data(), 5), 1);
 }
 
+TEST(SamplerTest, LogitBiasForcesBansAndComesBeforePenalties) {
+  Sampler sampler;
+  const std::vector<float> logits{0.f, 3.f, 1.f, 2.5f, -1.f};
+  // +100 all but forces a token, -100 bans one, even when sampling at temperature 1.
+  for (int32_t i = 0; i < 50; ++i) {
+    EXPECT_EQ(sampler.Sample(logits.data(), 5, {.temperature = 1.f, .seed = 3, .logit_bias = {{4, 100.f}}}, i), 4);
+  }
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, {.logit_bias = {{1, -100.f}}}, 0), 3);
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, {.logit_bias = {{2, 2.5f}}}, 0), 2);  // 1 + 2.5 > 3
+  // Before penalties (vLLM's order): a repetition penalty of 2 then halves 1 + 5 = 6 to 3, which
+  // ties with token 1 (not in the history) and loses to its lower id; applied after the
+  // penalty the bias would give 0.5 + 5 = 5.5 and win.
+  const TokenCounts c = Counts({2}, 0);
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, {.repetition_penalty = 2.f, .logit_bias = {{2, 5.f}}}, &c, 0)
+                .token_id,
+            1);
+  // Logprobs stay those of the raw logits; the input row is never changed.
+  const SampleResult r = sampler.Sample(logits.data(), 5, {.logprobs = 0, .logit_bias = {{4, 100.f}}}, nullptr, 0);
+  EXPECT_EQ(r.token_id, 4);
+  EXPECT_LT(r.logprob, -3.f);
+  EXPECT_EQ(logits[4], -1.f);
+  EXPECT_NE(CheckSamplingOptions({.logit_bias = {{1, 101.f}}}), "");
+  EXPECT_NE(CheckSamplingOptions({.logit_bias = {{-1, 1.f}}}), "");
+}
+
 TEST(SamplerTest, CounterUniformIsStatelessAndInRange) {
   EXPECT_EQ(CounterUniform(7, 3), CounterUniform(7, 3));
   EXPECT_NE(CounterUniform(7, 3), CounterUniform(7, 4));

@@ -48,6 +48,12 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
   if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
     Invalid(id + ": bad sampling options: " + bad);
   }
+  for (const auto& [token, bias] : seq.sampling.logit_bias) {
+    if (token >= info.vocab_size) {
+      Invalid(id + ": logit_bias token id " + std::to_string(token) + " outside vocab of " +
+              std::to_string(info.vocab_size));
+    }
+  }
 }
 
 // `num_known` tokens, `num_computed` of them in the cache, `num_blocks` blocks before this step.
