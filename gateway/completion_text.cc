@@ -4,8 +4,9 @@
 
 namespace ferry::gateway {
 
-CompletionText::CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop)
-    : decoder_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)) {}
+CompletionText::CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop,
+                               int32_t min_tokens)
+    : decoder_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)), min_tokens_(min_tokens) {}
 
 size_t CompletionText::HoldBack() const {
   size_t hold = 0;
@@ -24,6 +25,11 @@ size_t CompletionText::HoldBack() const {
 std::string CompletionText::Add(int32_t token_id) {
   if (stopped_) return {};
   pending_ += decoder_.Add(token_id);
+  if (++num_tokens_ < min_tokens_) {  // no stop yet: all of it is final
+    std::string out;
+    out.swap(pending_);
+    return out;
+  }
   // Earliest match across all stop strings wins.
   size_t cut = std::string::npos;
   for (const std::string& s : stop_) cut = std::min(cut, pending_.find(s));

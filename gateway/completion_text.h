@@ -12,7 +12,9 @@ namespace ferry::gateway {
 
 class CompletionText {
  public:
-  CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop);
+  // Stop strings are looked for only from the min_tokens-th token on (vLLM's min_tokens: text
+  // before it is emitted as is, and a stop string within it ends nothing).
+  CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop, int32_t min_tokens = 0);
 
   // Adds one token; returns the text that is now final (may be empty). After
   // a stop string matched, stopped() is true and further tokens are ignored.
@@ -30,6 +32,8 @@ class CompletionText {
   std::vector<std::string> stop_;
   std::string pending_;  // decoded but not yet emitted
   bool stopped_ = false;
+  int32_t min_tokens_ = 0;
+  int32_t num_tokens_ = 0;  // added so far
 };
 
 }  // namespace ferry::gateway

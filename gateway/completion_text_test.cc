@@ -72,5 +72,19 @@ TEST(CompletionText, RandomTextsNeverEmitPastTheStop) {
   }
 }
 
+TEST(CompletionText, StopStringsWaitForMinTokens) {
+  const auto& tok = TestTokenizer();
+  const auto ids = tok.Encode("stop here and stop there");
+  // With min_tokens past the first "stop", only the second one ends the text.
+  const auto first_stop_end = tok.Encode("stop").size();
+  CompletionText late(tok, {"stop"}, static_cast<int32_t>(first_stop_end + 1));
+  const std::string out = Feed(late, ids);
+  EXPECT_TRUE(late.stopped());
+  EXPECT_EQ(out, "stop here and ");
+  CompletionText early(tok, {"stop"}, 0);
+  EXPECT_EQ(Feed(early, ids), "");
+  EXPECT_TRUE(early.stopped());
+}
+
 }  // namespace
 }  // namespace ferry::gateway

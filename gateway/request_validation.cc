@@ -133,6 +133,10 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
                                           fmt::format("is outside the vocabulary [0, {})", limits.vocab_size))};
     }
   }
+  if (s.min_tokens() < 0 || s.min_tokens() > max_tokens) {
+    return ValidationError{FieldMessage("sampling.min_tokens", s.min_tokens(),
+                                        fmt::format("must be in [0, max_tokens = {}]", max_tokens))};
+  }
   if (s.logit_bias_size() > kMaxLogitBias) {
     return ValidationError{FieldMessage("sampling.logit_bias", s.logit_bias_size(),
                                         fmt::format("entries exceed the limit of {}", kMaxLogitBias))};
@@ -164,6 +168,7 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   sub.set_seed(s.seed());
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
   *sub.mutable_logit_bias() = s.logit_bias();
+  sub.set_min_tokens(s.min_tokens());
   sub.set_ignore_eos(s.ignore_eos());
   sub.set_priority(lane->priority);
   sub.set_lane(lane->name);

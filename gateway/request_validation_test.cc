@@ -82,6 +82,11 @@ TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
       {[](auto& r) { r.mutable_sampling()->add_stop_token_ids(9999); }, "sampling.stop_token_ids[0] = 9999"},
       {[](auto& r) { r.mutable_token_ids()->add_ids(-1); }, "token_ids.ids[0] = -1"},
       {[](auto& r) { r.set_text(std::string("\xff")); }, "text is not valid UTF-8"},
+      {[](auto& r) {
+         r.mutable_sampling()->set_max_tokens(8);
+         r.mutable_sampling()->set_min_tokens(9);
+       },
+       "sampling.min_tokens = 9 must be in [0, max_tokens = 8]"},
       {[](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[500] = 1; },
        "sampling.logit_bias[500] = 500 names a token outside the vocabulary [0, 500)"},
       {[](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[7] = 101; },

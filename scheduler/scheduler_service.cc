@@ -31,6 +31,12 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   spec.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
   spec.eos_token_ids = eos_ids;
   spec.ignore_eos = r.ignore_eos();
+  p.min_tokens = r.min_tokens();
+  if (p.min_tokens > 0) {
+    if (!spec.ignore_eos) p.min_tokens_suppressed_ids = eos_ids;
+    p.min_tokens_suppressed_ids.insert(p.min_tokens_suppressed_ids.end(), spec.stop_token_ids.begin(),
+                                       spec.stop_token_ids.end());
+  }
   spec.priority = r.priority();
   spec.lane = r.lane();
   spec.arrival = Clock::now();

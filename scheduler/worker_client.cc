@@ -110,6 +110,9 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->set_logprobs(p.logprobs);
     out->set_seed(p.seed);
     for (const auto& [id, bias] : p.logit_bias) (*out->mutable_logit_bias())[id] = bias;
+    out->set_min_tokens(p.min_tokens);
+    out->mutable_min_tokens_suppressed_ids()->Add(p.min_tokens_suppressed_ids.begin(),
+                                                  p.min_tokens_suppressed_ids.end());
   }
   for (const auto& s : plan.scheduled) {
     auto* out = request.add_scheduled();

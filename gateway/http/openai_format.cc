@@ -125,17 +125,19 @@ Error ParseLogitBias(const json& body, SamplingParams& s) {
 
 Error ParseSampling(const json& body, SamplingParams& s) {
   if (Error e = ParseSamplingFloats(body, s)) return e;
-  std::optional<int32_t> max_tokens, top_k;
+  std::optional<int32_t> max_tokens, top_k, min_tokens;
   std::optional<int64_t> seed;
   std::optional<bool> ignore_eos;
   if (Error e = GetInt32(body, "max_tokens", max_tokens)) return e;
   if (Error e = GetInt32(body, "top_k", top_k)) return e;
+  if (Error e = GetInt32(body, "min_tokens", min_tokens)) return e;
   if (Error e = GetInt(body, "seed", seed)) return e;
   if (Error e = GetBool(body, "ignore_eos", ignore_eos)) return e;
   if (max_tokens) s.set_max_tokens(*max_tokens);
   if (top_k) s.set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM's "off" is -1
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));
   if (ignore_eos) s.set_ignore_eos(*ignore_eos);
+  if (min_tokens) s.set_min_tokens(*min_tokens);
   if (Error e = ParseLogitBias(body, s)) return e;
   if (Error e = ParseStop(body, s)) return e;
   return ParseStopTokenIds(body, s);
@@ -163,9 +165,6 @@ Error RefuseUnsupported(const json& body) {
   }
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != body.value("n", json(1))) {
     return InvalidField("best_of", "best_of is not supported (n choices are: ask for n)");
-  }
-  if (body.contains("min_tokens") && body["min_tokens"].is_number() && body["min_tokens"].get<double>() > 0) {
-    return InvalidField("min_tokens", fmt::format("min_tokens = {} is not supported", body["min_tokens"].dump()));
   }
   return std::nullopt;
 }

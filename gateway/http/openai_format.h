@@ -14,8 +14,9 @@
 //   (choice_set.h); usage counts the prompt once and the completions of every choice.
 // - /v1/completions takes a list of prompts (a batch), each with its n choices, as vLLM does.
 // - logit_bias: {"<token id>": bias in [-100, 100]}, at most 300 entries (OpenAI's limits).
+// - min_tokens (vLLM's extra): EOS, stop tokens and stop strings end nothing before it.
 // - fields that would change the output and are not implemented (tools,
-//   response_format other than text, best_of != n, min_tokens, vLLM's guided_*) are refused
+//   response_format other than text, best_of != n, vLLM's guided_*) are refused
 //   with 400 naming the field, never ignored.
 #pragma once
 

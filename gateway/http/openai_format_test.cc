@@ -101,7 +101,8 @@ TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tools", {{{"type", "function"}}}}}).param, "tools");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tool_choice", "auto"}}).param, "tool_choice");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"best_of", 3}}).param, "best_of");
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"min_tokens", 4}}).param, "min_tokens");
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"min_tokens", 4}}).generate.sampling().min_tokens(), 4);
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"min_tokens", "four"}}).param, "min_tokens");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}).param, "guided_json");
   // Values that ask for nothing pass, as clients often send them.
   ParseOk({{"prompt", "x"}, {"logit_bias", json::object()}, {"tools", json::array()}, {"tool_choice", "none"},

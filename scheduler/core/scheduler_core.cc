@@ -23,8 +23,11 @@ bool Contains(const std::vector<int32_t>& ids, int32_t id) {
 
 // Whether `token`, sampled into position `pos` of seq.tokens, ends the sequence.
 FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t pos, int32_t max_model_len) {
-  if (!seq.spec.ignore_eos && Contains(seq.spec.eos_token_ids, token)) return FinishKind::kEos;
-  if (Contains(seq.spec.stop_token_ids, token)) return FinishKind::kStopToken;
+  // Before min_tokens the worker does not sample EOS or stop tokens; should one come anyway, it
+  // ends nothing (vLLM skips its stop checks until then).
+  const bool may_stop = pos + 1 - seq.num_prompt_tokens() >= seq.spec.sampling.min_tokens;
+  if (may_stop && !seq.spec.ignore_eos && Contains(seq.spec.eos_token_ids, token)) return FinishKind::kEos;
+  if (may_stop && Contains(seq.spec.stop_token_ids, token)) return FinishKind::kStopToken;
   if (pos + 1 - seq.num_prompt_tokens() >= seq.spec.max_tokens) return FinishKind::kLength;
   if (pos + 1 >= max_model_len) return FinishKind::kLength;
   return FinishKind::kNone;

@@ -155,6 +155,17 @@ TEST(SchedulerCoreTest, FinishKinds) {
   EXPECT_EQ(core.num_free_blocks(), core.num_total_blocks());
 }
 
+TEST(SchedulerCoreTest, MinTokensLetsNoEndTokenFinishBeforeIt) {
+  SchedulerCore core(MakeConfig());
+  RequestSpec r = MakeRequest(1, {.max_tokens = 6, .stop_token_ids = {77}});
+  r.sampling.min_tokens = 3;
+  core.Add(r);
+  // The worker suppresses these before min_tokens; should one come, it ends nothing.
+  SeqEvent early = RunWith(core, 1, {testing::kEosToken, 77});
+  EXPECT_EQ(early.finish, FinishKind::kNone);
+  EXPECT_EQ(RunWith(core, 1, {77}).finish, FinishKind::kStopToken);  // the third token may stop
+}
+
 TEST(SchedulerCoreTest, CancelRunningFreesBlocksAndTellsWorker) {
   SchedulerCore core(MakeConfig(16, 4));
   core.Add(MakeRequest(1, {.prompt_len = 10}));

@@ -150,6 +150,25 @@ def test_logit_bias_forces_and_bans_tokens(client, grpc_gen):
     assert over_http.choices[0].text == forced.text
 
 
+def test_min_tokens_holds_back_end_tokens_and_stop_strings(client, grpc_gen):
+    """vLLM's min_tokens: no stop token (not sampled) and no stop string (not looked for) before it."""
+    plain = grpc_gen("Once upon a time", max_tokens=8, temperature=0.0, ignore_eos=True)
+    first = plain.token_ids[0]
+    stopped = grpc_gen("Once upon a time", max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[first])
+    assert list(stopped.token_ids) == [first]
+    held = grpc_gen("Once upon a time", max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[first],
+                    min_tokens=4)
+    assert len(held.token_ids) >= 4 and first not in held.token_ids[:4]
+    stop = plain.text[:1]
+    assert stop
+    common = dict(model="m", prompt="Once upon a time", max_tokens=8, temperature=0.0, extra_body={"ignore_eos": True})
+    cut = client.completions.create(stop=[stop], **common)
+    assert cut.choices[0].finish_reason == "stop" and not cut.choices[0].text.startswith(stop)
+    later = client.completions.create(stop=[stop], **{**common, "extra_body": {"ignore_eos": True, "min_tokens": 4}})
+    assert later.usage.completion_tokens >= 4
+    assert later.choices[0].text.startswith(plain.text[:1])
+
+
 def test_n_choices_are_the_single_requests_seeded_seed_plus_index(client):
     """OpenAI's n: choice i is what a single request with seed + i gives (vLLM's n with a seed is
     reproducible the same way); usage counts the prompt once and every choice's completion."""

@@ -24,7 +24,8 @@ constexpr float kMinTemperature = 1e-5f;
 
 // Whether a row's sample needs the host sampler rather than the device argmax.
 bool NeedsHostSampler(const SamplingOptions& o) {
-  return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty();
+  return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty() ||
+         o.min_tokens > 0;
 }
 
 }  // namespace

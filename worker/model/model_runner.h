@@ -73,6 +73,10 @@ struct SamplingOptions {
   // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the raw logits before
   // penalties and temperature (vLLM's order). Logprobs stay those of the raw logits.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's min_tokens: while the sample index (tokens generated so far) is below min_tokens,
+  // these ids (end-of-sequence, stop tokens) are not sampled.
+  int32_t min_tokens = 0;
+  std::vector<int32_t> min_tokens_suppressed_ids;
 };
 
 // A sequence sent in full once (mirrors ferry.v1.NewSequence).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace ferry::worker {
 namespace {
@@ -90,6 +91,10 @@ std::string CheckSamplingOptions(const SamplingOptions& o) {
     if (id < 0) return out_of("logit_bias token id", id, "[0, vocab)");
     if (!InRange(bias, -100.f, 100.f)) return out_of("logit_bias value", bias, "[-100, 100]");
   }
+  if (o.min_tokens < 0) return out_of("min_tokens", o.min_tokens, "[0, inf)");
+  for (int32_t id : o.min_tokens_suppressed_ids) {
+    if (id < 0) return out_of("min_tokens_suppressed_ids entry", id, "[0, vocab)");
+  }
   return {};
 }
 
@@ -141,10 +146,16 @@ SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingO
                              const TokenCounts* history, int32_t sample_index) {
   SampleResult out;
   const float* x = logits;
-  if (!options.logit_bias.empty()) {
+  const bool suppress = sample_index < options.min_tokens && !options.min_tokens_suppressed_ids.empty();
+  if (!options.logit_bias.empty() || suppress) {
     penalized_.assign(logits, logits + vocab);
     for (const auto& [id, bias] : options.logit_bias) {
       if (id < vocab) penalized_[static_cast<size_t>(id)] += bias;  // ids are checked against the vocab
+    }
+    if (suppress) {
+      for (int32_t id : options.min_tokens_suppressed_ids) {
+        if (id < vocab) penalized_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      }
     }
     x = penalized_.data();
   }

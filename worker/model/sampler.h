@@ -62,7 +62,8 @@ struct SampleResult {
 
 class Sampler {
  public:
-  // Order: logit bias, penalties, temperature, top-k, top-p, min-p, draw. Temperature 0 (or below 1e-5):
+  // Order: logit bias and min_tokens suppression, penalties, temperature, top-k, top-p, min-p,
+  // draw. Temperature 0 (or below 1e-5):
   // argmax of the penalised logits, lowest id on ties. Otherwise logits / temperature, keep the
   // top_k most likely (when top_k > 0), then the smallest most-likely set whose mass reaches
   // top_p, then drop tokens with p < min_p * max p, renormalise and draw with

@@ -131,6 +131,19 @@ TEST(SamplerTest, LogitBiasForcesBansAndComesBeforePenalties) {
   EXPECT_NE(CheckSamplingOptions({.logit_bias = {{-1, 1.f}}}), "");
 }
 
+TEST(SamplerTest, MinTokensSuppressesEndTokensUntilTheIndexReachesIt) {
+  Sampler sampler;
+  const std::vector<float> logits{0.f, 3.f, 1.f, 2.5f, -1.f};  // greedy: 1
+  const SamplingOptions o{.min_tokens = 2, .min_tokens_suppressed_ids = {1, 3}};
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, o, 0), 2);  // 1 and 3 suppressed: next best
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, o, 1), 2);
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, o, 2), 1);  // two generated: free again
+  // Sampling never draws a suppressed token, whatever the draw.
+  const SamplingOptions t{.temperature = 2.f, .seed = 9, .min_tokens = 1000, .min_tokens_suppressed_ids = {1}};
+  for (int32_t i = 0; i < 500; ++i) ASSERT_NE(sampler.Sample(logits.data(), 5, t, i), 1);
+  EXPECT_NE(CheckSamplingOptions({.min_tokens = -1}), "");
+}
+
 TEST(SamplerTest, CounterUniformIsStatelessAndInRange) {
   EXPECT_EQ(CounterUniform(7, 3), CounterUniform(7, 3));
   EXPECT_NE(CounterUniform(7, 3), CounterUniform(7, 4));

@@ -48,6 +48,12 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
   if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
     Invalid(id + ": bad sampling options: " + bad);
   }
+  for (int32_t token : seq.sampling.min_tokens_suppressed_ids) {
+    if (token >= info.vocab_size) {
+      Invalid(id + ": min_tokens_suppressed_ids entry " + std::to_string(token) + " outside vocab of " +
+              std::to_string(info.vocab_size));
+    }
+  }
   for (const auto& [token, bias] : seq.sampling.logit_bias) {
     if (token >= info.vocab_size) {
       Invalid(id + ": logit_bias token id " + std::to_string(token) + " outside vocab of " +
