@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Stack
+from conftest import REPO, Stack
 
 openai = pytest.importorskip("openai")
 
@@ -25,6 +25,23 @@ MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 @pytest.fixture(scope="module")
 def http_stack(tiny_model, tmp_path_factory):
     s = Stack(tiny_model, tmp_path_factory.mktemp("http-stack"), extra_args=["--http-port", "0"])
+    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
+    yield s
+    code = s.stop()
+    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+
+
+@pytest.fixture(scope="module")
+def slow_http_stack(tiny_model, tmp_path_factory):
+    """The HTTP front over the sim worker at 10 ms a step: a 1,800-token stream runs for 18 s, so the
+    tests that end one mid-way never race the tiny CPU model, which finishes it in about a second."""
+    run_dir = tmp_path_factory.mktemp("slow-http-stack")
+    cost = json.loads((REPO / "scheduler" / "sim" / "presets" / "h200.json").read_text())
+    cost["fixed_s"] = 0.01
+    (run_dir / "cost.json").write_text(json.dumps(cost))
+    s = Stack(tiny_model, run_dir, ["--http-port", "0", "--worker-arg=--backend=sim",
+                                    f"--worker-arg=--cost-model={run_dir / 'cost.json'}",
+                                    "--worker-arg=--sim-live-tokens=1000"])
     s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
     yield s
     code = s.stop()
@@ -258,44 +275,44 @@ def cancelled(http_stack):
                if name == "ferry_gateway_requests_total" and ("code", "CANCELLED") in labels)
 
 
-def test_cancelled_stream_frees_its_sequence(http_stack):
-    assert wait_running(http_stack, 0) == 0
-    before = cancelled(http_stack)
+def test_cancelled_stream_frees_its_sequence(slow_http_stack):
+    assert wait_running(slow_http_stack, 0) == 0
+    before = cancelled(slow_http_stack)
     body = {"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", http_stack.http + "/v1/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", slow_http_stack.http + "/v1/completions", json=body, timeout=60) as r:
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data: ")
             if seen == 3:
                 break
-        assert wait_running(http_stack, 1) == 1
+        assert wait_running(slow_http_stack, 1) == 1
     deadline = time.time() + 30
-    while time.time() < deadline and (running(http_stack) != 0 or cancelled(http_stack) == before):
+    while time.time() < deadline and (running(slow_http_stack) != 0 or cancelled(slow_http_stack) == before):
         time.sleep(0.05)
-    assert running(http_stack) == 0
-    assert cancelled(http_stack) == before + 1
+    assert running(slow_http_stack) == 0
+    assert cancelled(slow_http_stack) == before + 1
 
 
-def test_closed_connection_cancels_a_whole_request(http_stack):
+def test_closed_connection_cancels_a_whole_request(slow_http_stack):
     """A non-streamed request whose client hangs up stops generating (vLLM aborts it too)."""
-    assert wait_running(http_stack, 0) == 0
-    before = cancelled(http_stack)
-    host, port = http_stack.http.removeprefix("http://").split(":")
+    assert wait_running(slow_http_stack, 0) == 0
+    before = cancelled(slow_http_stack)
+    host, port = slow_http_stack.http.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True}
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     deadline = time.time() + 30
-    while time.time() < deadline and running(http_stack) != 1:
+    while time.time() < deadline and running(slow_http_stack) != 1:
         time.sleep(0.02)
-    assert running(http_stack) == 1  # generating, 1,800 tokens to go
+    assert running(slow_http_stack) == 1  # generating, 1,800 tokens to go
     conn.close()  # gives up before the answer
     deadline = time.time() + 30
-    while time.time() < deadline and (running(http_stack) != 0 or cancelled(http_stack) == before):
+    while time.time() < deadline and (running(slow_http_stack) != 0 or cancelled(slow_http_stack) == before):
         time.sleep(0.05)
-    assert running(http_stack) == 0
-    assert cancelled(http_stack) == before + 1  # cancelled, not run to its 1,800th token
+    assert running(slow_http_stack) == 0
+    assert cancelled(slow_http_stack) == before + 1  # cancelled, not run to its 1,800th token
     # The next request is served.
-    r = httpx.post(http_stack.http + "/v1/completions",
+    r = httpx.post(slow_http_stack.http + "/v1/completions",
                    json={"prompt": "Hi", "max_tokens": 4, "ignore_eos": True}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
@@ -327,14 +344,14 @@ def test_listen_backlog_takes_a_burst_of_connections(http_stack):
     assert backlogs and min(backlogs) >= 1024, out
 
 
-def test_streams_beyond_the_old_64_connection_limit_run_at_once(http_stack):
+def test_streams_beyond_the_old_64_connection_limit_run_at_once(slow_http_stack):
     """Every stream holds a server thread; 96 sent at once all generate together (the front served 64
     connections at a time, so the rest were submitted only as earlier ones ended). All 96 requests
     go out within a few engine steps, and the first needs 1,800 steps to finish."""
     import selectors
     import socket
     n = 96
-    host, port = http_stack.http.removeprefix("http://").split(":")
+    host, port = slow_http_stack.http.removeprefix("http://").split(":")
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True, "stream": True})
     request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
@@ -359,12 +376,12 @@ def test_streams_beyond_the_old_64_connection_limit_run_at_once(http_stack):
                     selector.unregister(s)
         assert not waiting, f"{len(waiting)} of {n} streams had no token after 120 s"
         assert all(r.startswith(b"HTTP/1.1 200") for r in received.values())
-        generating = wait_running(http_stack, n)
+        generating = wait_running(slow_http_stack, n)
     finally:
         for s in socks:
             s.close()
     assert generating == n
     deadline = time.time() + 30
-    while time.time() < deadline and running(http_stack) != 0:
+    while time.time() < deadline and running(slow_http_stack) != 0:
         time.sleep(0.05)
-    assert running(http_stack) == 0  # the closed streams were cancelled
+    assert running(slow_http_stack) == 0  # the closed streams were cancelled
