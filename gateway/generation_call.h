@@ -31,6 +31,10 @@ namespace ferry::gateway {
 
 struct LaneSeries;
 
+// Scheduler attempts one request may make: a replica that fails before the start is left for
+// another, up to this many in all. Fronts stop handing out contexts past it.
+inline constexpr size_t kMaxSchedulerAttempts = 4;
+
 struct CallHooks {
   // The scheduler call's context for each attempt (owned by the front), or nullptr when no
   // further attempt may be made.

@@ -65,7 +65,7 @@ class Front {
     CallHooks hooks;
     // A replica that fails before the start is left for another: each attempt gets a fresh context.
     hooks.make_context = [this]() -> grpc::ClientContext* {
-      if (attempts_.size() >= 4) return nullptr;
+      if (attempts_.size() >= kMaxSchedulerAttempts) return nullptr;
       attempts_.push_back(grpc::ClientContext::FromCallbackServerContext(*context_));
       return attempts_.back().get();
     };

@@ -10,7 +10,7 @@ namespace ferry::gateway::http {
 
 grpc::ClientContext* AttemptContexts::Next() {
   std::lock_guard lock(mu_);
-  if (contexts_.size() >= 4) return nullptr;
+  if (contexts_.size() >= kMaxSchedulerAttempts) return nullptr;
   auto context = std::make_unique<grpc::ClientContext>();
   if (deadline_) context->set_deadline(*deadline_);
   if (cancelled_) context->TryCancel();

@@ -107,6 +107,9 @@ struct StreamState {
 json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state);
 // The extra final chunk for stream_options.include_usage: empty choices and usage.
 json StreamUsageJson(const ResponseContext& ctx, const ferry::v1::Usage& usage);
+// Adds one choice's usage to a request's total: its completion always, its prompt only for the
+// first of its prompt's `n` choices (index % n == 0), so each prompt counts once.
+void AddChoiceUsage(const ferry::v1::Usage& choice, size_t index, int32_t n, ferry::v1::Usage& total);
 // "data: <json>\n\n"
 std::string SseEvent(const json& data);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";

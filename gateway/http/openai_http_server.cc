@@ -4,10 +4,7 @@
 
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <random>
 
 #include <fmt/format.h>
@@ -70,8 +67,7 @@ bool WriteStream(ChoiceSet& choices, const ResponseContext& ctx, int32_t n, bool
     const GenerateChunk& chunk = next.chunk;
     if (!write(SseEvent(StreamChunkJson(ctx, chunk, states.at(static_cast<size_t>(next.index)))))) return false;
     if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-      if (next.index % n == 0) usage.set_prompt_tokens(usage.prompt_tokens() + chunk.usage().prompt_tokens());
-      usage.set_completion_tokens(usage.completion_tokens() + chunk.usage().completion_tokens());
+      AddChoiceUsage(chunk.usage(), static_cast<size_t>(next.index), n, usage);
     }
   }
   const grpc::Status status = choices.status();

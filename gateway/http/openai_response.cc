@@ -90,10 +90,7 @@ json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry:
       if (has_logprobs) choice["logprobs"] = CompletionLogprobs(response.logprobs(), offset);
     }
     out["choices"].push_back(std::move(choice));
-    if (i % static_cast<size_t>(std::max(n, 1)) == 0) {
-      usage.set_prompt_tokens(usage.prompt_tokens() + response.usage().prompt_tokens());
-    }
-    usage.set_completion_tokens(usage.completion_tokens() + response.usage().completion_tokens());
+    AddChoiceUsage(response.usage(), i, n, usage);
   }
   out["usage"] = UsageJson(usage);
   return out;
@@ -124,6 +121,13 @@ json StreamUsageJson(const ResponseContext& ctx, const ferry::v1::Usage& usage) 
   out["choices"] = json::array();
   out["usage"] = UsageJson(usage);
   return out;
+}
+
+void AddChoiceUsage(const ferry::v1::Usage& choice, size_t index, int32_t n, ferry::v1::Usage& total) {
+  if (index % static_cast<size_t>(std::max(n, 1)) == 0) {
+    total.set_prompt_tokens(total.prompt_tokens() + choice.prompt_tokens());
+  }
+  total.set_completion_tokens(total.completion_tokens() + choice.completion_tokens());
 }
 
 std::string SseEvent(const json& data) {
