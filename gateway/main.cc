@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_option("--http-max-connections", http_max_connections,
                  "HTTP connections served at once, a thread each (more wait to be accepted)")
       ->check(CLI::Range(1, 65536));
+  size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
+  app.add_option("--http-max-body-bytes", http_max_body_bytes,
+                 "largest HTTP request body read; a larger one is answered 413")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
   CLI11_PARSE(app, argc, argv);
   ferry::InitLogging("gateway", flags.service.log_level);
 
@@ -145,7 +149,7 @@ int main(int argc, char** argv) {
         generator, *http_auth,
         ferry::gateway::http::HttpServerOptions{
             flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer),
-            http_max_connections});
+            http_max_connections, http_max_body_bytes});
     const int bound = http->Start(flags.service.host, http_port);
     if (bound < 0) {
       spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, http_port);

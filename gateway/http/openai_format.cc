@@ -22,7 +22,7 @@ std::string ParamFromMessage(const std::string& message) {
 std::string TypeName(const json& v) { return v.type_name(); }
 
 Error WrongType(const std::string& param, const json& v, const std::string& want) {
-  return InvalidField(param, fmt::format("{} must be {}, got {} ({})", param, want, TypeName(v), v.dump()));
+  return InvalidField(param, fmt::format("{} must be {}, got {} ({})", param, want, TypeName(v), Brief(v)));
 }
 
 // Reads body[key] into out when present and not null; the type must match.
@@ -290,6 +290,64 @@ ApiError InvalidField(const std::string& param, const std::string& message) {
   e.param = param;
   return e;
 }
+
+bool NestsDeeperThan(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+constexpr size_t kBriefChars = 48;  // of a string
+constexpr size_t kBriefItems = 4;   // of an array or object
+
+// Cuts a UTF-8 string at a character boundary at or before `bytes`.
+std::string CutUtf8(const std::string& s, size_t bytes) {
+  if (s.size() <= bytes) return s;
+  while (bytes > 0 && (static_cast<unsigned char>(s[bytes]) & 0xC0) == 0x80) --bytes;
+  return s.substr(0, bytes) + "...";
+}
+
+std::string BriefAt(const json& v, int depth) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    return json(CutUtf8(s, kBriefChars)).dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  if (!v.is_structured()) return v.dump();
+  const bool is_array = v.is_array();
+  if (v.empty()) return is_array ? "[]" : "{}";
+  if (depth >= 2) return is_array ? "[...]" : "{...}";
+  std::string out = is_array ? "[" : "{";
+  size_t i = 0;
+  for (auto it = v.begin(); it != v.end(); ++it, ++i) {
+    if (i == kBriefItems) {
+      out += fmt::format(", ... ({} in all)", v.size());
+      break;
+    }
+    if (i > 0) out += ", ";
+    if (!is_array) out += BriefAt(json(it.key()), depth + 1) + ": ";
+    out += BriefAt(*it, depth + 1);
+  }
+  return out + (is_array ? "]" : "}");
+}
+
+}  // namespace
+
+std::string Brief(const json& value) { return BriefAt(value, 0); }
 
 json ErrorJson(const ApiError& e) {
   json error = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};

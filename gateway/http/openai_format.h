@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -48,6 +49,16 @@ struct ApiError {
 
 json ErrorJson(const ApiError& error);
 ApiError InvalidField(const std::string& param, const std::string& message);
+
+// Request bodies may nest arrays and objects this deep. None of the API's fields needs more than
+// 3; the limit keeps anything recursive (printing, comparing) from running out of stack.
+inline constexpr int kMaxJsonDepth = 64;
+// True when `text` nests arrays and objects deeper than max_depth (brackets inside strings do
+// not count). Checked before parsing.
+bool NestsDeeperThan(std::string_view text, int max_depth);
+// A short rendering of a client's value for an error message: strings and containers are cut
+// (a message never quotes a whole megabyte prompt back).
+std::string Brief(const json& value);
 // Maps the Generator's (or the authenticator's) gRPC status to an HTTP error.
 ApiError ErrorFromStatus(const grpc::Status& status);
 

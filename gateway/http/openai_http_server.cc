@@ -28,7 +28,8 @@ std::string NewId(const char* prefix) {
 void SendError(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
   if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
-  res.set_content(ErrorJson(error).dump(), "application/json");
+  // A message may quote a client's text cut mid-character: never throw on it.
+  res.set_content(ErrorJson(error).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 std::optional<std::string> Bearer(const httplib::Request& req) {
@@ -105,6 +106,16 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // what the default options set
     listening->store(sock);
   });
+  // cpp-httplib reads any body length by default: a client could make the gateway hold gigabytes.
+  server_->set_payload_max_length(options_.max_body_bytes);
+  server_->set_error_handler([max = options_.max_body_bytes](const httplib::Request&, httplib::Response& res) {
+    if (res.status != 413 || !res.body.empty()) return;
+    ApiError error = InvalidField("", fmt::format("the request body is larger than the limit of {} bytes "
+                                                  "(--http-max-body-bytes)",
+                                                  max));
+    error.http_status = 413;
+    SendError(res, error);
+  });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kCompletions);
   });
@@ -133,6 +144,11 @@ void OpenAiHttpServer::Stop() {
 }
 
 void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  if (NestsDeeperThan(req.body, kMaxJsonDepth)) {
+    return SendError(res, InvalidField("", fmt::format("the request body nests arrays and objects more than {} "
+                                                       "levels deep",
+                                                       kMaxJsonDepth)));
+  }
   const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return SendError(res, InvalidField("", "the request body is not valid JSON"));
   auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(body, options_.chat_template)

@@ -26,6 +26,8 @@ struct HttpServerOptions {
   std::string model_name;          // what /v1/models lists and responses echo
   ChatTemplate chat_template = ChatTemplate::FromTemplateText("");
   int num_threads = 1024;          // connections served at once, a thread each (--http-max-connections)
+  // Largest request body read (--http-max-body-bytes); the gRPC front takes messages this large.
+  size_t max_body_bytes = size_t{64} << 20;
 };
 
 class OpenAiHttpServer {

@@ -20,11 +20,13 @@ openai = pytest.importorskip("openai")
 
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+MAX_BODY_BYTES = 1 << 20  # http_stack's --http-max-body-bytes
 
 
 @pytest.fixture(scope="module")
 def http_stack(tiny_model, tmp_path_factory):
-    s = Stack(tiny_model, tmp_path_factory.mktemp("http-stack"), extra_args=["--http-port", "0"])
+    s = Stack(tiny_model, tmp_path_factory.mktemp("http-stack"),
+              extra_args=["--http-port", "0", f"--gateway-arg=--http-max-body-bytes={MAX_BODY_BYTES}"])
     s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
     yield s
     code = s.stop()
@@ -151,6 +153,28 @@ def test_bad_field_is_400_naming_it(client, http_stack):
     assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
     r = httpx.post(http_stack.http + "/v1/completions", json={"prompt": "Hi", "lane": "nope"})
     assert r.status_code in (400, 403)
+
+
+def test_hostile_bodies_get_a_clear_error_and_the_next_request_is_served(http_stack):
+    url = http_stack.http + "/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    # Nesting that printing the value back would recurse through (it crashed the gateway).
+    deep = '{"prompt": "Hi", "temperature": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    r = httpx.post(url, content=deep, headers=headers)
+    assert r.status_code == 400 and "64 levels" in r.json()["error"]["message"]
+    # A wrong-typed value is quoted in brief, not whole.
+    r = httpx.post(url, json={"prompt": "Hi", "temperature": list(range(100_000))})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "temperature" and len(error["message"]) < 300
+    assert "100000 in all" in error["message"]
+    # Larger than --http-max-body-bytes: 413 naming the limit, without reading it all.
+    r = httpx.post(url, json={"prompt": "x" * (MAX_BODY_BYTES + 1)})
+    assert r.status_code == 413 and str(MAX_BODY_BYTES) in r.json()["error"]["message"]
+    for body in (b"\xff\xfe{}", b"[1, 2]", b"", b'"prompt"'):
+        r = httpx.post(url, content=body, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["message"], body
+    r = httpx.post(url, json={"prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
 def test_logit_bias_forces_and_bans_tokens(client, grpc_gen):

@@ -1,0 +1,139 @@
+// Every request field the OpenAI parsers read, given every kind of JSON value (and the bodies
+// that are not objects at all): each parse returns a request or a 400 that names the field,
+// and never throws. A throw here would reach cpp-httplib as a 500 with no message.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gateway/http/openai_format.h"
+
+namespace ferry::gateway::http {
+namespace {
+
+const std::vector<std::string> kFields = {
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "min_p", "n", "best_of", "stop", "stop_token_ids", "seed", "logprobs", "top_logprobs", "echo", "suffix",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos",
+    "stream", "stream_options", "lane", "timeout_ms", "user", "tools", "tool_choice", "functions",
+    "function_call", "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "structured_outputs"};
+
+// Values of every JSON type, at and past the edges the parsers convert to (int32, uint64, float).
+std::vector<json> Values() {
+  return {nullptr,
+          true,
+          false,
+          0,
+          -1,
+          1,
+          2147483647,
+          2147483648LL,
+          -2147483649LL,
+          json(18446744073709551615ULL),
+          json(-9223372036854775807LL - 1),
+          0.5,
+          -0.0,
+          1e300,
+          -1e300,
+          "",
+          "x",
+          "\u00e9\u4e2d",  // json::parse refuses invalid UTF-8, so a body's strings are valid
+          json::array(),
+          json::array({1, 2}),
+          json::array({"a", nullptr}),
+          json::array({json::array({1, "x"})}),
+          json::array({json::object({{"role", "user"}, {"content", 5}})}),
+          json::array({json::object({{"role", 7}})}),
+          json::object(),
+          json::object({{"include_usage", "yes"}}),
+          json::object({{"type", "json_object"}}),
+          json::object({{"12", 200}}),
+          json::object({{"-5", 1}}),
+          json::object({{"abc", 1}}),
+          json::object({{"99999999999999999999", 1}}),
+          json::object({{"3", "x"}})};
+}
+
+std::string Dump(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Parses with `parse` and checks it neither throws nor returns an error without a message.
+template <typename Parse>
+void ExpectCleanOutcome(const json& body, Parse parse) {
+  std::variant<OpenAiRequest, ApiError> out;
+  ASSERT_NO_THROW(out = parse(body)) << Dump(body);
+  if (const auto* error = std::get_if<ApiError>(&out)) {
+    EXPECT_EQ(error->http_status, 400) << Dump(body);
+    EXPECT_FALSE(error->message.empty()) << Dump(body);
+    return;
+  }
+  const auto& request = std::get<OpenAiRequest>(out);
+  EXPECT_FALSE(request.prompts.empty()) << Dump(body);
+  std::vector<ferry::v1::GenerateRequest> choices;
+  ASSERT_NO_THROW(choices = ExpandChoices(request)) << Dump(body);
+  EXPECT_EQ(choices.size(), static_cast<size_t>(request.n) * request.prompts.size()) << Dump(body);
+}
+
+const ChatTemplate& Template() {
+  static const ChatTemplate t = ChatTemplate::FromTemplateText("<|im_start|>system\nYou are a bot.<|im_end|>");
+  return t;
+}
+
+TEST(OpenAiFuzz, EveryFieldWithEveryJsonTypeGivesARequestOrA400) {
+  const json completion = {{"prompt", "hi"}, {"max_tokens", 4}};
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  for (const std::string& field : kFields) {
+    for (const json& value : Values()) {
+      json a = completion;
+      a[field] = value;
+      ExpectCleanOutcome(a, [](const json& b) { return ParseCompletionRequest(b); });
+      json c = chat;
+      c[field] = value;
+      ExpectCleanOutcome(c, [](const json& b) { return ParseChatRequest(b, Template()); });
+    }
+  }
+}
+
+TEST(OpenAiFuzz, BodiesThatAreNotObjectsGiveA400) {
+  for (const json& body : Values()) {
+    if (body.is_object()) continue;
+    ExpectCleanOutcome(body, [](const json& b) { return ParseCompletionRequest(b); });
+    ExpectCleanOutcome(body, [](const json& b) { return ParseChatRequest(b, Template()); });
+    EXPECT_TRUE(std::holds_alternative<ApiError>(ParseCompletionRequest(body))) << Dump(body);
+  }
+}
+
+TEST(OpenAiFuzz, MessageFieldsWithEveryJsonType) {
+  for (const char* field : {"role", "content", "name"}) {
+    for (const json& value : Values()) {
+      json message = {{"role", "user"}, {"content", "hi"}};
+      message[field] = value;
+      ExpectCleanOutcome(json{{"messages", json::array({message})}},
+                         [](const json& b) { return ParseChatRequest(b, Template()); });
+    }
+  }
+}
+
+TEST(OpenAiFuzz, NestingIsCountedOutsideStringsOnly) {
+  EXPECT_FALSE(NestsDeeperThan(R"({"a": [[1]]})", 3));
+  EXPECT_TRUE(NestsDeeperThan(R"({"a": [[[1]]]})", 3));
+  EXPECT_FALSE(NestsDeeperThan(R"({"a": "[[[[[[", "b": "\"[[[["})", 1));  // brackets in strings
+  EXPECT_TRUE(NestsDeeperThan(std::string(100'000, '['), kMaxJsonDepth));  // unbalanced too
+  EXPECT_FALSE(NestsDeeperThan("", kMaxJsonDepth));
+}
+
+TEST(OpenAiFuzz, BriefCutsLongAndDeepValues) {
+  EXPECT_EQ(Brief(json(0.5)), "0.5");
+  EXPECT_EQ(Brief(json::array({1, 2})), "[1, 2]");
+  EXPECT_EQ(Brief(json::array({1, 2, 3, 4, 5, 6})), "[1, 2, 3, 4, ... (6 in all)]");
+  EXPECT_EQ(Brief(json::parse("[[[[1]]]]")), "[[[...]]]");
+  EXPECT_EQ(Brief(json{{"k", "v"}}), R"({"k": "v"})");
+  const std::string long_text(1000, 'a');
+  EXPECT_EQ(Brief(json(long_text)), "\"" + std::string(48, 'a') + "...\"");
+  // A cut never splits a character: 47 ASCII bytes, then a 2-byte character across the cut.
+  const std::string s = std::string(47, 'a') + "\u00e9" + std::string(10, 'b');
+  EXPECT_EQ(Brief(json(s)), "\"" + std::string(47, 'a') + "...\"");
+}
+
+}  // namespace
+}  // namespace ferry::gateway::http
