@@ -84,7 +84,8 @@ std::variant<grpc::Status, AdmittedRequest> Generator::Admit(ferry::v1::Generate
                                                             int64_t& retry_after_ms) {
   const auto arrival = Clock::now();
   if (request.request_id().empty()) request.set_request_id(NewRequestId());
-  const std::string id = request.request_id();
+  // A bad id is refused below; it is not written to the log.
+  const std::string id = CheckRequestId(request.request_id()).empty() ? request.request_id() : "(invalid id)";
   auto validated = ValidateRequest(request, options_.limits, options_.lanes, tokenizer_);
   if (auto* error = std::get_if<ValidationError>(&validated)) {
     spdlog::info("req={} invalid: {}", id, error->message);

@@ -102,10 +102,24 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
+std::string CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdBytes) {
+    return FieldMessage("request_id (bytes)", id.size(), fmt::format("exceeds the limit of {}", kMaxRequestIdBytes));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const auto c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return fmt::format("request_id has a control character (byte 0x{:02x} at {}); it must be printable", c, i);
+    }
+  }
+  return {};
+}
+
 std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1::GenerateRequest& r,
                                                                 const ModelLimits& limits,
                                                                 const LaneTable& lanes,
                                                                 const tokenizer::Tokenizer& tokenizer) {
+  if (std::string e = CheckRequestId(r.request_id()); !e.empty()) return ValidationError{e};
   const auto lane = lanes.Find(r.lane());
   if (!lane) return ValidationError{FieldMessage("lane", r.lane(), "is not a known lane (" + lanes.Names() + ")")};
   const auto& s = r.sampling();
@@ -126,6 +140,10 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
     return ValidationError{fmt::format(
         "prompt tokens ({}) + sampling.max_tokens ({}) = {} exceeds max_model_len {}", ids.size(), max_tokens,
         total, limits.max_model_len)};
+  }
+  if (s.stop_token_ids_size() > kMaxStopTokenIds) {
+    return ValidationError{FieldMessage("sampling.stop_token_ids (count)", s.stop_token_ids_size(),
+                                        fmt::format("exceeds the limit of {}", kMaxStopTokenIds))};
   }
   for (int i = 0; i < s.stop_token_ids_size(); ++i) {
     if (s.stop_token_ids(i) < 0 || s.stop_token_ids(i) >= limits.vocab_size) {

@@ -35,6 +35,12 @@ inline constexpr int32_t kMaxLogprobs = 20;
 inline constexpr int32_t kMaxLogitBias = 300;
 
 inline constexpr int32_t kDefaultMaxTokens = 16;
+// A client's request_id goes into every log line and chunk of its request: bounded and printable.
+inline constexpr size_t kMaxRequestIdBytes = 128;
+inline constexpr int32_t kMaxStopTokenIds = 1024;
+
+// Empty when `id` may be a request id, else why not (naming the field and the limit).
+std::string CheckRequestId(const std::string& id);
 
 struct ValidatedRequest {
   ferry::v1::SubmitRequest submit;  // prompt tokenised, defaults filled in

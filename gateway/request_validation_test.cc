@@ -95,6 +95,12 @@ TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
          for (int i = 0; i < 301; ++i) (*r.mutable_sampling()->mutable_logit_bias())[i] = 1;
        },
        "sampling.logit_bias = 301 entries exceed the limit of 300"},
+      {[](auto& r) { r.set_request_id(std::string(129, 'a')); }, "request_id (bytes) = 129 exceeds the limit of 128"},
+      {[](auto& r) { r.set_request_id("a\nINFO forged"); }, "request_id has a control character (byte 0x0a at 1)"},
+      {[](auto& r) {
+         for (int i = 0; i < 1025; ++i) r.mutable_sampling()->add_stop_token_ids(1);
+       },
+       "sampling.stop_token_ids (count) = 1025 exceeds the limit of 1024"},
   };
   for (const auto& c : cases) {
     ferry::v1::GenerateRequest r;
