@@ -32,9 +32,10 @@ ChoiceSet::ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms) {
 }
 
 void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateRequest> requests,
-                      std::function<void(int64_t)> on_end) {
+                      std::function<void(int64_t)> on_end, ChunkSink sink) {
   if (requests.size() != choices_.size()) throw std::invalid_argument("ChoiceSet::Start: one request per choice");
   on_end_ = std::move(on_end);
+  sink_ = std::move(sink);
   const auto self = shared_from_this();  // the hooks keep the set, and so the contexts, alive
   for (int32_t i = 0; i < size(); ++i) {
     Choice& choice = *choices_[static_cast<size_t>(i)];
@@ -45,7 +46,9 @@ void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateReque
     hooks.write = [&choice, self, i](ferry::v1::GenerateChunk chunk) {
       self->completion_tokens_ += chunk.token_ids_size();
       bool taken = !self->is_client_gone();
-      if (taken) {
+      if (taken && self->sink_) {
+        self->sink_(i, chunk);
+      } else if (taken) {
         std::lock_guard lock(self->mu_);
         self->chunks_.push_back(Chunk{i, std::move(chunk)});
         self->cv_.notify_all();
@@ -91,13 +94,6 @@ bool ChoiceSet::Next(Chunk& out) {
   out = std::move(chunks_.front());
   chunks_.pop_front();
   return true;
-}
-
-std::optional<grpc::Status> ChoiceSet::WaitStarted() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !chunks_.empty() || is_ended_; });
-  if (chunks_.empty() && error_) return *error_;
-  return std::nullopt;
 }
 
 grpc::Status ChoiceSet::status() {

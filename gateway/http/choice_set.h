@@ -1,7 +1,8 @@
 // The generations behind one OpenAI HTTP request: its choices (OpenAI's `n` per prompt, times
 // the prompts of a batch; openai_format.h ExpandChoices), each its own Generator call
 // (generation_call.h) running on gRPC's threads. Their chunks, tagged with the choice index, go
-// into one queue that the connection's thread drains at the client's pace; the request ends
+// into one queue that the connection's thread drains at the client's pace (a whole response), or
+// to a sink on the gRPC thread (a stream: sse_stream.h); the request ends
 // when every choice has. One choice that fails cancels the others, and its status is the
 // request's. With several choices, choice k runs as request id `<id>-<k>`. With prefix caching
 // the scheduler computes a prompt shared by choices once.
@@ -51,14 +52,17 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
 
   ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms);
 
+  // Takes choice `index`'s next chunk on the gRPC thread that received it, in place of the queue
+  // (calls for different choices may run at once).
+  using ChunkSink = std::function<void(int32_t index, const ferry::v1::GenerateChunk& chunk)>;
+
   // Starts choice k with requests[k] (num_choices of them). `on_end` runs once, when the last
-  // choice has ended, with the completion tokens of all of them; then Next returns false.
+  // choice has ended, with the completion tokens of all of them; then Next returns false. With
+  // a `sink`, chunks go to it and Next sees none.
   void Start(Generator& generator, std::vector<ferry::v1::GenerateRequest> requests,
-             std::function<void(int64_t completion_tokens)> on_end);
+             std::function<void(int64_t completion_tokens)> on_end, ChunkSink sink = nullptr);
   // Waits for the next chunk; false once every choice has ended and every chunk was taken.
   bool Next(Chunk& out);
-  // Waits for the first chunk or the end; the error when the request failed before any chunk.
-  std::optional<grpc::Status> WaitStarted();
   // OK, or the first choice's failure.
   grpc::Status status();
   // Cancels every choice (the client went away).
@@ -76,6 +80,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
 
   std::vector<std::unique_ptr<Choice>> choices_;
   std::function<void(int64_t)> on_end_;
+  ChunkSink sink_;
   std::atomic<int64_t> completion_tokens_{0};
   std::atomic<bool> is_client_gone_{false};
   std::mutex mu_;

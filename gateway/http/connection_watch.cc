@@ -65,6 +65,22 @@ int FindConnectionSocket(const std::string& peer_addr, int peer_port, int local_
   return found;
 }
 
+int ConnectionSocketOfThisThread(const std::string& peer_addr, int peer_port, int local_port) {
+  struct Remembered {
+    std::string peer_addr;
+    int peer_port = -1;
+    int local_port = -1;
+    int socket = -1;
+  };
+  thread_local Remembered last;
+  if (last.socket >= 0 && last.peer_port == peer_port && last.local_port == local_port &&
+      last.peer_addr == peer_addr && Matches(last.socket, peer_addr, peer_port, local_port)) {
+    return last.socket;
+  }
+  last = Remembered{peer_addr, peer_port, local_port, FindConnectionSocket(peer_addr, peer_port, local_port)};
+  return last.socket;
+}
+
 ConnectionWatch::ConnectionWatch(int socket, std::function<void()> on_gone) : on_gone_(std::move(on_gone)) {
   if (socket < 0) return;
   wake_fd_ = eventfd(0, EFD_CLOEXEC);

@@ -15,6 +15,10 @@ namespace ferry::gateway::http {
 // -1. cpp-httplib serves a connection on one thread and keeps its socket open
 // while the handler runs, so the descriptor stays valid for the handler.
 int FindConnectionSocket(const std::string& peer_addr, int peer_port, int local_port);
+// The same, remembered per thread: cpp-httplib serves a connection's requests on one thread, so
+// a keep-alive connection is looked up once (the scan of /proc/self/fd costs ~1 ms with a
+// thousand connections open), and the remembered socket is checked against the peer each time.
+int ConnectionSocketOfThisThread(const std::string& peer_addr, int peer_port, int local_port);
 
 class ConnectionWatch {
  public:

@@ -2,6 +2,7 @@
 // a connection by its peer, fires when the client closes, and not for bytes of
 // a pipelined request; stopping it is immediate.
 #include "gateway/http/connection_watch.h"
+#include "gateway/http/loopback_test_util.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -11,41 +12,10 @@
 
 #include <chrono>
 #include <future>
+#include <memory>
 
 namespace ferry::gateway::http {
 namespace {
-
-int Port(int fd, bool peer) {
-  sockaddr_in a{};
-  socklen_t len = sizeof(a);
-  if (peer) getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  else getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  return ntohs(a.sin_port);
-}
-
-// A connected pair over 127.0.0.1 (kernel-chosen port): the client's and the
-// server's (accepted) descriptors, and the listening port.
-struct Connection {
-  int listener = -1, client = -1, server = -1, port = 0;
-  Connection() {
-    listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    listen(listener, 4);
-    port = Port(listener, false);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    client = socket(AF_INET, SOCK_STREAM, 0);
-    connect(client, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    server = accept(listener, nullptr, nullptr);
-  }
-  ~Connection() {
-    for (int fd : {listener, client, server}) {
-      if (fd >= 0) close(fd);
-    }
-  }
-};
 
 TEST(ConnectionWatchTest, FindsTheServerSideOfAConnectionByItsPeer) {
   Connection c;
@@ -54,6 +24,18 @@ TEST(ConnectionWatchTest, FindsTheServerSideOfAConnectionByItsPeer) {
   EXPECT_EQ(FindConnectionSocket("127.0.0.1", client_port, c.port), c.server);
   EXPECT_EQ(FindConnectionSocket("127.0.0.2", client_port, c.port), -1);  // another peer
   EXPECT_EQ(FindConnectionSocket("127.0.0.1", client_port, c.port + 1), -1);  // another local port
+}
+
+TEST(ConnectionWatchTest, RemembersAConnectionPerThreadAndChecksItAgain) {
+  const auto c = std::make_unique<Connection>();
+  const int client_port = Port(c->client, false);
+  EXPECT_EQ(ConnectionSocketOfThisThread("127.0.0.1", client_port, c->port), c->server);
+  EXPECT_EQ(ConnectionSocketOfThisThread("127.0.0.1", client_port, c->port), c->server);  // remembered
+  // The connection closes: its descriptor no longer matches, so it is not answered again.
+  const int server = c->server;
+  close(c->server);
+  c->server = -1;
+  EXPECT_EQ(ConnectionSocketOfThisThread("127.0.0.1", client_port, c->port), -1) << "closed fd " << server;
 }
 
 TEST(ConnectionWatchTest, FiresWhenTheClientCloses) {

@@ -13,6 +13,7 @@
 
 #include "gateway/http/choice_set.h"
 #include "gateway/http/connection_watch.h"
+#include "gateway/http/sse_stream.h"
 
 namespace ferry::gateway::http {
 
@@ -49,34 +50,6 @@ ApiError FromAuth(const AuthResult& auth) {
       return e;
     }
   }
-}
-
-// Writes the SSE events of one request's choices; false when the client went away.
-// `n` choices per prompt, whose prompt usage counts once.
-bool WriteStream(ChoiceSet& choices, const ResponseContext& ctx, int32_t n, bool include_usage,
-                 httplib::DataSink& sink) {
-  auto write = [&](const std::string& s) {
-    if (sink.write(s.data(), s.size())) return true;
-    choices.ClientGone();
-    return false;
-  };
-  std::vector<StreamState> states(static_cast<size_t>(choices.size()));
-  for (size_t i = 0; i < states.size(); ++i) states[i].index = static_cast<int32_t>(i);
-  ferry::v1::Usage usage;  // the prompt once, the completions of every choice
-  ChoiceSet::Chunk next;
-  while (choices.Next(next)) {
-    const GenerateChunk& chunk = next.chunk;
-    if (!write(SseEvent(StreamChunkJson(ctx, chunk, states.at(static_cast<size_t>(next.index)))))) return false;
-    if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-      AddChoiceUsage(chunk.usage(), static_cast<size_t>(next.index), n, usage);
-    }
-  }
-  const grpc::Status status = choices.status();
-  if (status.ok() && include_usage && !write(SseEvent(StreamUsageJson(ctx, usage)))) return false;
-  if (!status.ok() && !write(SseEvent(ErrorJson(ErrorFromStatus(status))))) return false;
-  if (!write(std::string(kSseDone))) return false;
-  sink.done();
-  return true;
 }
 
 }  // namespace
@@ -161,7 +134,7 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
   ResponseContext ctx{endpoint, NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
                       static_cast<int64_t>(std::time(nullptr)), options_.model_name};
   request.generate.set_request_id(ctx.id);
-  if (request.stream) return RespondStream(std::move(request), ctx, res, tenant, max_tokens);
+  if (request.stream) return RespondStream(req, std::move(request), ctx, res, tenant, max_tokens);
   RespondWhole(req, std::move(request), ctx, res, tenant, max_tokens);
 }
 
@@ -211,7 +184,7 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
   const auto num_choices = static_cast<int32_t>(requests.size());
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
   // A client that closes its connection before the answer cancels the call, queued or running.
-  const ConnectionWatch watch(FindConnectionSocket(req.remote_addr, req.remote_port, port_),
+  const ConnectionWatch watch(ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_),
                               [&choices] { choices->ClientGone(); });
   if (!watch.watching()) {
     spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
@@ -233,22 +206,30 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
                   "application/json");
 }
 
-void OpenAiHttpServer::RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
-                                     const std::string& tenant, int64_t max_tokens) {
+void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
+                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
   std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
-  auto choices = std::make_shared<ChoiceSet>(static_cast<int32_t>(requests.size()), request.timeout_ms);
-  // on_end runs before Next can return false: once the writer sees the end, Stop may return
-  // (the server's owner keeps the Authenticator for longer).
-  choices->Start(generator_, std::move(requests), [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
-    auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
-  });
+  const auto num_choices = static_cast<int32_t>(requests.size());
+  auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
+  auto stream = std::make_shared<SseStream>(ctx, num_choices, request.n, request.include_usage);
+  // on_end runs before the stream sees its end: once the writer has it, Stop may return (the
+  // server's owner keeps the Authenticator for longer). The set outlives its own on_end.
+  choices->Start(
+      generator_, std::move(requests),
+      [&auth = authenticator_, tenant, max_tokens, stream, set = choices.get()](int64_t generated) {
+        auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
+        stream->End(set->status());
+      },
+      [stream](int32_t index, const GenerateChunk& chunk) { stream->OnChunk(index, chunk); });
   // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
-  if (auto error = choices->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
-  const bool include_usage = request.include_usage;
-  const int32_t n = request.n;
+  if (auto error = stream->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
+  const int socket = ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_);
+  if (socket < 0) spdlog::warn("{}: cannot find the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [choices, ctx, n, include_usage](size_t, httplib::DataSink& sink) {
-    return WriteStream(*choices, ctx, n, include_usage, sink);
+  res.set_chunked_content_provider("text/event-stream", [choices, stream, socket](size_t, httplib::DataSink& sink) {
+    if (stream->Serve(socket, sink)) return true;
+    choices->ClientGone();
+    return false;
   });
 }
 

@@ -48,8 +48,8 @@ class OpenAiHttpServer {
                                 int64_t& charged_max_tokens);
   void RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                     httplib::Response& res, const std::string& tenant, int64_t max_tokens);
-  void RespondStream(OpenAiRequest request, const ResponseContext& ctx, httplib::Response& res,
-                     const std::string& tenant, int64_t max_tokens);
+  void RespondStream(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
+                     httplib::Response& res, const std::string& tenant, int64_t max_tokens);
 
   Generator& generator_;
   Authenticator& authenticator_;
