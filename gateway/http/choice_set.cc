@@ -34,6 +34,7 @@ ChoiceSet::ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms) {
 void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateRequest> requests,
                       std::function<void(int64_t)> on_end, ChunkSink sink) {
   if (requests.size() != choices_.size()) throw std::invalid_argument("ChoiceSet::Start: one request per choice");
+  if (!sink) throw std::invalid_argument("ChoiceSet::Start: no sink");
   on_end_ = std::move(on_end);
   sink_ = std::move(sink);
   const auto self = shared_from_this();  // the hooks keep the set, and so the contexts, alive
@@ -42,17 +43,10 @@ void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateReque
     CallHooks hooks;
     hooks.make_context = [&choice, self] { return choice.contexts.Next(); };
     hooks.client_cancelled = [self] { return self->is_client_gone(); };
-    // The queue takes every chunk at once; the connection's thread drains it.
     hooks.write = [&choice, self, i](ferry::v1::GenerateChunk chunk) {
       self->completion_tokens_ += chunk.token_ids_size();
-      bool taken = !self->is_client_gone();
-      if (taken && self->sink_) {
-        self->sink_(i, chunk);
-      } else if (taken) {
-        std::lock_guard lock(self->mu_);
-        self->chunks_.push_back(Chunk{i, std::move(chunk)});
-        self->cv_.notify_all();
-      }
+      const bool taken = !self->is_client_gone();
+      if (taken) self->sink_(i, chunk);
       choice.call->WriteDone(taken);
     };
     hooks.done = [self, i](grpc::Status status, int64_t) { self->OnChoiceDone(i, status); };
@@ -87,13 +81,9 @@ void ChoiceSet::OnChoiceDone(int32_t index, const grpc::Status& status) {
   cv_.notify_all();
 }
 
-bool ChoiceSet::Next(Chunk& out) {
+void ChoiceSet::WaitEnded() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !chunks_.empty() || is_ended_; });
-  if (chunks_.empty()) return false;
-  out = std::move(chunks_.front());
-  chunks_.pop_front();
-  return true;
+  cv_.wait(lock, [&] { return is_ended_; });
 }
 
 grpc::Status ChoiceSet::status() {

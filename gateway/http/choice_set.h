@@ -1,9 +1,9 @@
 // The generations behind one OpenAI HTTP request: its choices (OpenAI's `n` per prompt, times
 // the prompts of a batch; openai_format.h ExpandChoices), each its own Generator call
 // (generation_call.h) running on gRPC's threads. Their chunks, tagged with the choice index, go
-// into one queue that the connection's thread drains at the client's pace (a whole response), or
-// to a sink on the gRPC thread (a stream: sse_stream.h); the request ends
-// when every choice has. One choice that fails cancels the others, and its status is the
+// to a sink on the gRPC thread that received them (a stream's: sse_stream.h; a whole response's:
+// its choices' texts), so the connection's thread wakes only at the start and the end; the
+// request ends when every choice has. One choice that fails cancels the others, and its status is the
 // request's. With several choices, choice k runs as request id `<id>-<k>`. With prefix caching
 // the scheduler computes a prompt shared by choices once.
 #pragma once
@@ -12,7 +12,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -45,24 +44,19 @@ class AttemptContexts {
 
 class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
  public:
-  struct Chunk {
-    int32_t index = 0;  // the choice
-    ferry::v1::GenerateChunk chunk;
-  };
+  // Takes choice `index`'s next chunk on the gRPC thread that received it. A choice's chunks
+  // come one after another; calls for different choices may run at once.
+  using ChunkSink = std::function<void(int32_t index, const ferry::v1::GenerateChunk& chunk)>;
 
   ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms);
 
-  // Takes choice `index`'s next chunk on the gRPC thread that received it, in place of the queue
-  // (calls for different choices may run at once).
-  using ChunkSink = std::function<void(int32_t index, const ferry::v1::GenerateChunk& chunk)>;
-
-  // Starts choice k with requests[k] (num_choices of them). `on_end` runs once, when the last
-  // choice has ended, with the completion tokens of all of them; then Next returns false. With
-  // a `sink`, chunks go to it and Next sees none.
+  // Starts choice k with requests[k] (num_choices of them); their chunks go to `sink` until the
+  // client is gone. `on_end` runs once, when the last choice has ended, with the completion
+  // tokens of all of them; then WaitEnded returns.
   void Start(Generator& generator, std::vector<ferry::v1::GenerateRequest> requests,
-             std::function<void(int64_t completion_tokens)> on_end, ChunkSink sink = nullptr);
-  // Waits for the next chunk; false once every choice has ended and every chunk was taken.
-  bool Next(Chunk& out);
+             std::function<void(int64_t completion_tokens)> on_end, ChunkSink sink);
+  // Waits until every choice has ended, and every chunk was given to the sink.
+  void WaitEnded();
   // OK, or the first choice's failure.
   grpc::Status status();
   // Cancels every choice (the client went away).
@@ -85,7 +79,6 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
   std::atomic<bool> is_client_gone_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Chunk> chunks_;
   int32_t num_open_ = 0;
   bool is_ended_ = false;
   std::optional<grpc::Status> error_;  // the first failure

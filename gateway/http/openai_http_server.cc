@@ -189,12 +189,19 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
   if (!watch.watching()) {
     spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   }
-  choices->Start(generator_, std::move(requests), [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
-    auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
-  });
-  std::vector<ferry::v1::GenerateResponse> responses(static_cast<size_t>(num_choices));
-  ChoiceSet::Chunk next;
-  while (choices->Next(next)) AppendChunk(next.chunk, responses.at(static_cast<size_t>(next.index)));
+  // Each choice's chunks are appended on the gRPC thread that receives them (a choice's come one
+  // after another; choices touch their own response), so this thread wakes once, at the end.
+  auto collected = std::make_shared<std::vector<ferry::v1::GenerateResponse>>(static_cast<size_t>(num_choices));
+  choices->Start(
+      generator_, std::move(requests),
+      [&auth = authenticator_, tenant, max_tokens](int64_t generated) {
+        auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
+      },
+      [collected](int32_t index, const GenerateChunk& chunk) {
+        AppendChunk(chunk, collected->at(static_cast<size_t>(index)));
+      });
+  choices->WaitEnded();
+  const std::vector<ferry::v1::GenerateResponse>& responses = *collected;
   if (grpc::Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
   for (const auto& response : responses) {
     if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
