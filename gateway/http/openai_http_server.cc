@@ -21,6 +21,10 @@ namespace {
 
 using ferry::v1::GenerateChunk;
 
+// A stream without its first token after this long is queued: its connection is watched from then
+// on (a thread each, so not for the streams that start at once).
+constexpr std::chrono::milliseconds kWatchQueuedAfter{50};
+
 std::string NewId(const char* prefix) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   return fmt::format("{}-{:016x}", prefix, rng());
@@ -228,16 +232,28 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
         stream->End(set->status());
       },
       [stream](int32_t index, const GenerateChunk& chunk) { stream->OnChunk(index, chunk); });
-  // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
-  if (auto error = stream->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
   const int socket = ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_);
   if (socket < 0) spdlog::warn("{}: cannot find the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
+  if (!stream->WaitStartedFor(kWatchQueuedAfter)) {
+    // Queued: a client that hangs up now has written nothing more, so only a watch on its socket
+    // notices; it cancels the request, which then never takes a seat.
+    const ConnectionWatch watch(socket, [&choices] { choices->ClientGone(); });
+    stream->WaitStarted();
+  }
+  // Errors before the first token (validation, lane full, unavailable) keep their HTTP status.
+  if (auto error = stream->WaitStarted()) return SendError(res, ErrorFromStatus(*error));
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [choices, stream, socket](size_t, httplib::DataSink& sink) {
-    if (stream->Serve(socket, sink)) return true;
-    choices->ClientGone();
-    return false;
-  });
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [choices, stream, socket](size_t, httplib::DataSink& sink) {
+        if (stream->Serve(socket, sink)) return true;
+        choices->ClientGone();
+        return false;
+      },
+      // Unsuccessful also when the headers could not be written and Serve never ran.
+      [choices](bool success) {
+        if (!success) choices->ClientGone();
+      });
 }
 
 }  // namespace ferry::gateway::http

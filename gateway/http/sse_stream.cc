@@ -91,6 +91,11 @@ std::optional<grpc::Status> SseStream::WaitStarted() {
   return std::nullopt;
 }
 
+bool SseStream::WaitStartedFor(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return is_started_ || is_ended_; });
+}
+
 bool SseStream::FlushLocked(std::unique_lock<std::mutex>& lock, int socket, httplib::DataSink& sink) {
   const std::string tail = std::move(unsent_tail_);
   const std::string events = std::move(queued_);

@@ -10,6 +10,7 @@
 // token was half of the gateway's CPU at 256 streams.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -44,6 +45,8 @@ class SseStream {
   // The connection's thread, before the headers: waits for the first chunk or the end; the
   // error when the request failed before any chunk (it keeps its own HTTP status then).
   std::optional<grpc::Status> WaitStarted();
+  // The same wait, for at most `timeout`: true when the first chunk or the end came.
+  bool WaitStartedFor(std::chrono::milliseconds timeout);
   // The connection's thread, after the headers: writes the rest of the stream to `socket` (the
   // connection's; -1: everything goes through `sink` from this thread) and ends the body. False
   // when the client went away; the caller cancels the generation then.

@@ -341,6 +341,48 @@ def test_closed_connection_cancels_a_whole_request(slow_http_stack):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
+def waiting(http_stack):
+    samples = scrape(http_stack.metrics_urls()["scheduler"])
+    return sum(v for (name, labels), v in samples.items()
+               if name == "ferry_scheduler_requests" and ("state", "waiting") in labels)
+
+
+def test_a_queued_stream_whose_client_hangs_up_never_runs(slow_http_stack, ferry_pb):
+    """A streamed request waiting for a seat has written nothing yet, so no write can fail: the
+    gateway watches its connection and cancels it (it would otherwise run to its end for nobody)."""
+    assert wait_running(slow_http_stack, 0) == 0
+    admin = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(slow_http_stack.scheduler))
+    old_cap = admin.GetState(ferry_pb.sched.GetStateRequest()).max_num_seqs
+    admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=1))
+    try:
+        before = cancelled(slow_http_stack)
+        body = {"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", slow_http_stack.http + "/v1/completions", json=body, timeout=60) as seated:
+            lines = seated.iter_lines()
+            assert next(line for line in lines if line).startswith("data: ")  # the one seat is taken
+            host, port = slow_http_stack.http.removeprefix("http://").split(":")
+            queued = http.client.HTTPConnection(host, int(port), timeout=60)
+            queued.request("POST", "/v1/completions", body=json.dumps(body),
+                           headers={"Content-Type": "application/json"})
+            deadline = time.time() + 30
+            while time.time() < deadline and waiting(slow_http_stack) != 1:
+                time.sleep(0.02)
+            assert waiting(slow_http_stack) == 1
+            queued.close()  # hangs up while queued
+            deadline = time.time() + 30
+            while time.time() < deadline and (waiting(slow_http_stack) != 0 or cancelled(slow_http_stack) == before):
+                time.sleep(0.05)
+            assert waiting(slow_http_stack) == 0 and cancelled(slow_http_stack) == before + 1
+            assert running(slow_http_stack) == 1  # the seated stream goes on
+            assert next(line for line in lines if line).startswith("data: ")
+        assert wait_running(slow_http_stack, 0) == 0
+        # Had the queued one survived, it would now hold the seat for 18 s.
+        time.sleep(0.5)
+        assert running(slow_http_stack) == 0 and waiting(slow_http_stack) == 0
+    finally:
+        admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=old_cap))
+
+
 def test_a_connection_serves_any_number_of_requests(http_stack):
     """Keep-alive holds past cpp-httplib's default of 5 requests per connection, which made clients
     that sent on a connection as the server closed it fail (2-3% of requests at 256 clients)."""
