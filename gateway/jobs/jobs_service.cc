@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gateway/auth/grpc_admission.h"
+#include "gateway/request_validation.h"
 
 namespace ferry::gateway {
 
@@ -44,6 +45,14 @@ grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::
     const bool limited = admission.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     generator_.CountRejection(limited ? "rate_limit" : "auth", request->lane(), admission.status.error_code());
     return admission.status;
+  }
+  // Bad input is refused now, naming the field, rather than accepted and failed later.
+  const auto validated = ValidateRequest(*request, generator_.options().limits, generator_.options().lanes,
+                                         generator_.tokenizer());
+  if (const auto* error = std::get_if<ValidationError>(&validated)) {
+    auth_.Refund(admission.tenant, admission.reserved_completion_tokens);
+    generator_.CountRejection("invalid", request->lane(), grpc::StatusCode::INVALID_ARGUMENT);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error->message);
   }
   auto id = store_.Submit(admission.tenant, *request, JobStore::Clock::now());
   if (!id) {

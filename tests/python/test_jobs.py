@@ -132,6 +132,21 @@ def test_submit_needs_a_key(stubs, pb):
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_bad_input_is_refused_at_submit(stubs, pb):
+    jobs, _ = stubs
+    before = jobs.ListJobs(pb.jobs.ListJobsRequest(), metadata=auth("alpha"), timeout=30)
+    bad = greedy(pb, "x")
+    bad.sampling.temperature = -1
+    with pytest.raises(grpc.RpcError) as e:
+        jobs.Submit(bad, metadata=auth("alpha"), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sampling.temperature = -1" in e.value.details() and ">= 0" in e.value.details()
+    after = jobs.ListJobs(pb.jobs.ListJobsRequest(), metadata=auth("alpha"), timeout=30)
+    assert len(after.jobs) == len(before.jobs)  # nothing stored
+    job_id = jobs.Submit(greedy(pb, "x", 2), metadata=auth("alpha"), timeout=30).job_id
+    assert wait_all(jobs, pb, [job_id], "alpha")[job_id].state == pb.jobs.JOB_STATE_DONE
+
+
 def test_finished_jobs_expire_after_retention(stubs, pb):
     jobs, _ = stubs
     job_id = jobs.Submit(greedy(pb, "short lived"), metadata=auth("beta"), timeout=30).job_id
