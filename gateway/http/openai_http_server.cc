@@ -85,13 +85,13 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   });
   // cpp-httplib reads any body length by default: a client could make the gateway hold gigabytes.
   server_->set_payload_max_length(options_.max_body_bytes);
-  server_->set_error_handler([max = options_.max_body_bytes](const httplib::Request&, httplib::Response& res) {
+  server_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (res.status != 413 || !res.body.empty()) return;
     ApiError error = InvalidField("", fmt::format("the request body is larger than the limit of {} bytes "
                                                   "(--http-max-body-bytes)",
-                                                  max));
+                                                  options_.max_body_bytes));
     error.http_status = 413;
-    SendError(res, error);
+    Refuse(req, res, error);
   });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kCompletions);
@@ -120,21 +120,32 @@ void OpenAiHttpServer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
+  // Counted as the gRPC front counts its refusals, so one dashboard shows both fronts.
+  const char* reason = "invalid";
+  grpc::StatusCode code = grpc::StatusCode::INVALID_ARGUMENT;
+  if (error.http_status == 401) reason = "auth", code = grpc::StatusCode::UNAUTHENTICATED;
+  if (error.http_status == 403) reason = "auth", code = grpc::StatusCode::PERMISSION_DENIED;
+  if (error.http_status == 429) reason = "rate_limit", code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  generator_.CountRejection(reason, req.get_header_value("X-Ferry-Lane"), code);
+  SendError(res, error);
+}
+
 void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
   if (NestsDeeperThan(req.body, kMaxJsonDepth)) {
-    return SendError(res, InvalidField("", fmt::format("the request body nests arrays and objects more than {} "
-                                                       "levels deep",
-                                                       kMaxJsonDepth)));
+    return Refuse(req, res, InvalidField("", fmt::format("the request body nests arrays and objects more than {} "
+                                                         "levels deep",
+                                                         kMaxJsonDepth)));
   }
   const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return SendError(res, InvalidField("", "the request body is not valid JSON"));
+  if (body.is_discarded()) return Refuse(req, res, InvalidField("", "the request body is not valid JSON"));
   auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(body, options_.chat_template)
                                             : ParseCompletionRequest(body);
-  if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(res, *error);
+  if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
   OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
   std::string tenant;
   int64_t max_tokens = 0;
-  if (auto error = Admit(req, request, tenant, max_tokens)) return SendError(res, *error);
+  if (auto error = Admit(req, request, tenant, max_tokens)) return Refuse(req, res, *error);
   ResponseContext ctx{endpoint, NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
                       static_cast<int64_t>(std::time(nullptr)), options_.model_name};
   request.generate.set_request_id(ctx.id);

@@ -42,6 +42,8 @@ class OpenAiHttpServer {
   void Stop();
 
  private:
+  // Answers a request refused before it reached the Generator, and counts it.
+  void Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error);
   void HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   // Auth and the context of one admitted request; returns an error to send instead.
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,

@@ -158,6 +158,12 @@ def test_bad_field_is_400_naming_it(client, http_stack):
 def test_hostile_bodies_get_a_clear_error_and_the_next_request_is_served(http_stack):
     url = http_stack.http + "/v1/completions"
     headers = {"Content-Type": "application/json"}
+
+    def invalid_count():
+        return sum(v for (name, labels), v in scrape(http_stack.metrics_urls()["gateway"]).items()
+                   if name == "ferry_gateway_rejections_total" and ("reason", "invalid") in labels)
+
+    invalid_before = invalid_count()
     # Nesting that printing the value back would recurse through (it crashed the gateway).
     deep = '{"prompt": "Hi", "temperature": ' + "[" * 100_000 + "]" * 100_000 + "}"
     r = httpx.post(url, content=deep, headers=headers)
@@ -173,6 +179,7 @@ def test_hostile_bodies_get_a_clear_error_and_the_next_request_is_served(http_st
     for body in (b"\xff\xfe{}", b"[1, 2]", b"", b'"prompt"'):
         r = httpx.post(url, content=body, headers=headers)
         assert r.status_code == 400 and r.json()["error"]["message"], body
+    assert invalid_count() == invalid_before + 7  # each refusal is counted, as on the gRPC front
     r = httpx.post(url, json={"prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
