@@ -405,6 +405,14 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
   if (max_completion_tokens && !s.has_max_tokens()) s.set_max_tokens(*max_completion_tokens);
   r.is_max_tokens_set = s.has_max_tokens();
   if (Error e = ParseChatLogprobs(body, s)) return *e;
+  auto prompt = RenderChatPrompt(body, chat);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return *e;
+  r.generate.set_text(std::get<std::string>(prompt));
+  r.prompts.emplace_back().set_text(r.generate.text());
+  return r;
+}
+
+std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     return InvalidField("messages", "messages must be a non-empty list");
   }
@@ -415,9 +423,7 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
     if (auto* e = std::get_if<ApiError>(&m)) return *e;
     messages.push_back(std::move(std::get<ChatMessage>(m)));
   }
-  r.generate.set_text(chat.Render(messages));
-  r.prompts.emplace_back().set_text(r.generate.text());
-  return r;
+  return chat.Render(messages);
 }
 
 std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r) {

@@ -85,6 +85,9 @@ struct OpenAiRequest {
 std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body);
 // The chat prompt is rendered to text with `chat`; messages must be system/user/assistant.
 std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat);
+// body.messages rendered with `chat`, ending with the assistant's turn opened (the prompt a chat
+// request generates from).
+std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat);
 
 // One request per choice, in OpenAI's order: prompt p's choice i at index p * n + i, seeded with
 // seed + i when a seed is set (so a single request with seed + i reproduces it).

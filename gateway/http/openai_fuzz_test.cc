@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "gateway/http/openai_format.h"
+#include "gateway/http/tokenize_api.h"
 
 namespace ferry::gateway::http {
 namespace {
@@ -112,6 +113,42 @@ TEST(OpenAiFuzz, MessageFieldsWithEveryJsonType) {
                          [](const json& b) { return ParseChatRequest(b, Template()); });
     }
   }
+}
+
+TEST(OpenAiFuzz, TokenizerApiFieldsWithEveryJsonType) {
+  for (const char* field : {"prompt", "messages", "tokens", "add_special_tokens", "add_generation_prompt", "model"}) {
+    for (const json& value : Values()) {
+      for (json body : {json{{"prompt", "hi"}}, json{{"tokens", {1, 2}}}}) {
+        body[field] = value;
+        std::variant<std::string, ApiError> text;
+        ASSERT_NO_THROW(text = ParseTokenizeRequest(body, Template())) << Dump(body);
+        std::variant<std::vector<int32_t>, ApiError> ids;
+        ASSERT_NO_THROW(ids = ParseDetokenizeRequest(body, 500)) << Dump(body);
+        if (const auto* error = std::get_if<ApiError>(&ids)) EXPECT_FALSE(error->message.empty());
+      }
+    }
+  }
+  for (const json& body : Values()) {  // not objects, or empty ones
+    EXPECT_NO_THROW(ParseTokenizeRequest(body, Template())) << Dump(body);
+    EXPECT_NO_THROW(ParseDetokenizeRequest(body, 500)) << Dump(body);
+  }
+}
+
+TEST(TokenizerApi, ParsesWhatVllmTakes) {
+  EXPECT_EQ(std::get<std::string>(ParseTokenizeRequest({{"prompt", "hi"}, {"add_special_tokens", true}}, Template())),
+            "hi");
+  const auto chat = ParseTokenizeRequest({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, Template());
+  ASSERT_TRUE(std::holds_alternative<std::string>(chat));
+  EXPECT_NE(std::get<std::string>(chat).find("<|im_start|>assistant\n"), std::string::npos);
+  auto error = std::get<ApiError>(ParseTokenizeRequest({{"prompt", "x"}, {"add_generation_prompt", false}}, Template()));
+  EXPECT_EQ(error.param, "add_generation_prompt");
+  error = std::get<ApiError>(ParseTokenizeRequest(json::object(), Template()));
+  EXPECT_EQ(error.message, "set exactly one of prompt and messages");
+  EXPECT_EQ(std::get<std::vector<int32_t>>(ParseDetokenizeRequest({{"tokens", {3, 499}}}, 500)),
+            (std::vector<int32_t>{3, 499}));
+  error = std::get<ApiError>(ParseDetokenizeRequest({{"tokens", {3, 500}}}, 500));
+  EXPECT_EQ(error.message, "tokens[1] = 500 is not a token id in [0, 500)");
+  EXPECT_EQ(TokenizeResponseJson({5, 6}, 64).dump(), R"({"count":2,"max_model_len":64,"tokens":[5,6]})");
 }
 
 TEST(OpenAiFuzz, NestingIsCountedOutsideStringsOnly) {

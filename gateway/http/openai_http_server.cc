@@ -14,6 +14,7 @@
 #include "gateway/http/choice_set.h"
 #include "gateway/http/connection_watch.h"
 #include "gateway/http/sse_stream.h"
+#include "gateway/http/tokenize_api.h"
 
 namespace ferry::gateway::http {
 
@@ -99,6 +100,12 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kChat);
   });
+  server_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTokenizer(req, res, /*encode=*/true);
+  });
+  server_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTokenizer(req, res, /*encode=*/false);
+  });
   server_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json model = {{"id", options_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "ferry"},
                   {"max_model_len", generator_.options().limits.max_model_len}};
@@ -131,16 +138,47 @@ void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& re
   SendError(res, error);
 }
 
-void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+std::optional<json> OpenAiHttpServer::ParseBody(const httplib::Request& req, httplib::Response& res) {
   if (NestsDeeperThan(req.body, kMaxJsonDepth)) {
-    return Refuse(req, res, InvalidField("", fmt::format("the request body nests arrays and objects more than {} "
-                                                         "levels deep",
-                                                         kMaxJsonDepth)));
+    Refuse(req, res, InvalidField("", fmt::format("the request body nests arrays and objects more than {} "
+                                                  "levels deep",
+                                                  kMaxJsonDepth)));
+    return std::nullopt;
   }
-  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return Refuse(req, res, InvalidField("", "the request body is not valid JSON"));
-  auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(body, options_.chat_template)
-                                            : ParseCompletionRequest(body);
+  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    Refuse(req, res, InvalidField("", "the request body is not valid JSON"));
+    return std::nullopt;
+  }
+  return body;
+}
+
+void OpenAiHttpServer::HandleTokenizer(const httplib::Request& req, httplib::Response& res, bool encode) {
+  if (!authenticator_.Identify(Bearer(req))) {
+    return Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
+  }
+  const std::optional<json> body = ParseBody(req, res);
+  if (!body) return;
+  const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();
+  json answer;
+  if (encode) {
+    auto text = ParseTokenizeRequest(*body, options_.chat_template);
+    if (auto* error = std::get_if<ApiError>(&text)) return Refuse(req, res, *error);
+    answer = TokenizeResponseJson(tokenizer.Encode(std::get<std::string>(text)),
+                                  generator_.options().limits.max_model_len);
+  } else {
+    auto ids = ParseDetokenizeRequest(*body, tokenizer.vocab_size());
+    if (auto* error = std::get_if<ApiError>(&ids)) return Refuse(req, res, *error);
+    answer = DetokenizeResponseJson(tokenizer.Decode(std::get<std::vector<int32_t>>(ids), /*skip_special=*/false));
+  }
+  res.set_content(answer.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  const std::optional<json> body = ParseBody(req, res);
+  if (!body) return;
+  auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(*body, options_.chat_template)
+                                            : ParseCompletionRequest(*body);
   if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
   OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
   std::string tenant;

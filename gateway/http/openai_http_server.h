@@ -1,7 +1,8 @@
 // OpenAI-compatible HTTP front of the gateway (cpp-httplib): /v1/completions,
-// /v1/chat/completions (both with SSE streaming), /v1/models and /health, over the same
-// Generator, lanes, limits and tenants as the gRPC front. Translation lives in openai_format.h;
-// this class owns the sockets, auth, deadlines and cancellation.
+// /v1/chat/completions (both with SSE streaming), /v1/models, /health, and vLLM's /tokenize and
+// /detokenize, over the same Generator, lanes, limits and tenants as the gRPC front. Translation
+// lives in openai_format.h and tokenize_api.h; this class owns the sockets, auth, deadlines and
+// cancellation.
 #pragma once
 
 #include <atomic>
@@ -44,6 +45,10 @@ class OpenAiHttpServer {
  private:
   // Answers a request refused before it reached the Generator, and counts it.
   void Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error);
+  // The request body as JSON, or nullopt after refusing it (too deep, not JSON).
+  std::optional<json> ParseBody(const httplib::Request& req, httplib::Response& res);
+  // /tokenize (encode) and /detokenize: tokenize_api.h.
+  void HandleTokenizer(const httplib::Request& req, httplib::Response& res, bool encode);
   void HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   // Auth and the context of one admitted request; returns an error to send instead.
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,

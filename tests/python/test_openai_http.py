@@ -136,6 +136,32 @@ def test_chat_prompt_matches_transformers_template(client, tiny_model):
         assert r.usage.prompt_tokens == len(ids)
 
 
+def test_tokenize_and_detokenize_match_transformers(http_stack, tiny_model):
+    """vLLM's /tokenize and /detokenize: the ids and text transformers gives for the same model."""
+    pytest.importorskip("jinja2")
+    text = "Hello, world! Tokenise <|im_end|> this: 12345 caf\u00e9 \u4f60\u597d"
+    script = ("import json, sys; from transformers import AutoTokenizer; "
+              "tok = AutoTokenizer.from_pretrained(sys.argv[1]); m, t = json.load(sys.stdin); "
+              "chat = tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True); "
+              "ids = tok.encode(t, add_special_tokens=False); "
+              "print(json.dumps([chat, ids, tok.decode(ids), tok.decode(chat)]))")
+    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps([MESSAGES, text]),
+                         capture_output=True, text=True, check=True).stdout
+    chat_ids, text_ids, text_back, chat_back = json.loads(out.strip().splitlines()[-1])
+    r = httpx.post(http_stack.http + "/tokenize", json={"model": "m", "prompt": text})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == text_ids and r.json()["count"] == len(text_ids)
+    assert r.json()["max_model_len"] > 0
+    r = httpx.post(http_stack.http + "/tokenize", json={"messages": MESSAGES})
+    assert r.json()["tokens"] == chat_ids
+    assert httpx.post(http_stack.http + "/detokenize", json={"tokens": text_ids}).json()["prompt"] == text_back
+    assert httpx.post(http_stack.http + "/detokenize", json={"tokens": chat_ids}).json()["prompt"] == chat_back
+    r = httpx.post(http_stack.http + "/detokenize", json={"tokens": [1, -5]})
+    assert r.status_code == 400 and "tokens[1] = -5" in r.json()["error"]["message"]
+    r = httpx.post(http_stack.http + "/tokenize", json={"prompt": "x", "messages": MESSAGES})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_models_and_health(client, http_stack, tiny_model):
     models = client.models.list()
     assert [m.id for m in models.data] == [str(tiny_model)]

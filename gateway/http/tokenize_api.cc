@@ -1,0 +1,64 @@
+#include "gateway/http/tokenize_api.h"
+
+#include <fmt/format.h>
+
+namespace ferry::gateway::http {
+
+namespace {
+
+// Fields vLLM's tokenizer API takes that change nothing here.
+std::optional<ApiError> CheckOptionalBool(const json& body, const char* key) {
+  if (body.contains(key) && !body[key].is_null() && !body[key].is_boolean()) {
+    return InvalidField(key, fmt::format("{} must be a boolean, got {} ({})", key, body[key].type_name(),
+                                         Brief(body[key])));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat) {
+  if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
+  if (auto e = CheckOptionalBool(body, "add_special_tokens")) return *e;
+  if (auto e = CheckOptionalBool(body, "add_generation_prompt")) return *e;
+  if (body.contains("add_generation_prompt") && body["add_generation_prompt"].is_boolean() &&
+      !body["add_generation_prompt"].get<bool>()) {
+    return InvalidField("add_generation_prompt", "add_generation_prompt = false is not supported");
+  }
+  const bool has_prompt = body.contains("prompt") && !body["prompt"].is_null();
+  const bool has_messages = body.contains("messages") && !body["messages"].is_null();
+  if (has_prompt == has_messages) return InvalidField("prompt", "set exactly one of prompt and messages");
+  if (has_messages) return RenderChatPrompt(body, chat);
+  if (!body["prompt"].is_string()) {
+    return InvalidField("prompt", fmt::format("prompt must be a string, got {} ({})", body["prompt"].type_name(),
+                                              Brief(body["prompt"])));
+  }
+  return body["prompt"].get<std::string>();
+}
+
+std::variant<std::vector<int32_t>, ApiError> ParseDetokenizeRequest(const json& body, int32_t vocab_size) {
+  if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    return InvalidField("tokens", "tokens must be a list of token ids");
+  }
+  const json& tokens = body["tokens"];
+  std::vector<int32_t> ids;
+  ids.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const json& t = tokens[i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab_size) {
+      return InvalidField("tokens", fmt::format("tokens[{}] = {} is not a token id in [0, {})", i, Brief(t),
+                                                vocab_size));
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  return ids;
+}
+
+json TokenizeResponseJson(const std::vector<int32_t>& tokens, int32_t max_model_len) {
+  return json{{"count", tokens.size()}, {"max_model_len", max_model_len}, {"tokens", tokens}};
+}
+
+json DetokenizeResponseJson(const std::string& text) { return json{{"prompt", text}}; }
+
+}  // namespace ferry::gateway::http

@@ -1,0 +1,28 @@
+// vLLM's tokenizer API beside the OpenAI one, for clients that count or check tokens with the
+// served model's own tokenizer:
+//   POST /tokenize   {"prompt": "..."} or {"messages": [...]}  ->  {"count", "max_model_len", "tokens"}
+//   POST /detokenize {"tokens": [...]}                          ->  {"prompt"}
+// "model" is accepted and ignored, as on the other endpoints. Messages are rendered with the chat
+// template and the assistant's turn opened (vLLM's add_generation_prompt, its default);
+// add_special_tokens is accepted: Qwen2's tokenizer adds no special tokens either way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gateway/http/chat_template.h"
+#include "gateway/http/openai_format.h"
+
+namespace ferry::gateway::http {
+
+// The text /tokenize encodes.
+std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat);
+// The ids /detokenize decodes, each checked against [0, vocab_size).
+std::variant<std::vector<int32_t>, ApiError> ParseDetokenizeRequest(const json& body, int32_t vocab_size);
+
+json TokenizeResponseJson(const std::vector<int32_t>& tokens, int32_t max_model_len);
+json DetokenizeResponseJson(const std::string& text);
+
+}  // namespace ferry::gateway::http
