@@ -106,7 +106,8 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTokenizer(req, res, /*encode=*/false);
   });
-  server_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Identified(req, res)) return;
     json model = {{"id", options_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "ferry"},
                   {"max_model_len", generator_.options().limits.max_model_len}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
@@ -153,10 +154,14 @@ std::optional<json> OpenAiHttpServer::ParseBody(const httplib::Request& req, htt
   return body;
 }
 
+bool OpenAiHttpServer::Identified(const httplib::Request& req, httplib::Response& res) {
+  if (authenticator_.Identify(Bearer(req))) return true;
+  Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
+  return false;
+}
+
 void OpenAiHttpServer::HandleTokenizer(const httplib::Request& req, httplib::Response& res, bool encode) {
-  if (!authenticator_.Identify(Bearer(req))) {
-    return Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
-  }
+  if (!Identified(req, res)) return;
   const std::optional<json> body = ParseBody(req, res);
   if (!body) return;
   const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();

@@ -45,6 +45,9 @@ class OpenAiHttpServer {
  private:
   // Answers a request refused before it reached the Generator, and counts it.
   void Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error);
+  // Whether the caller's key is valid (always, with auth off); answers 401 when not. For the
+  // endpoints that charge nothing: /v1/models, /tokenize, /detokenize.
+  bool Identified(const httplib::Request& req, httplib::Response& res);
   // The request body as JSON, or nullopt after refusing it (too deep, not JSON).
   std::optional<json> ParseBody(const httplib::Request& req, httplib::Response& res);
   // /tokenize (encode) and /detokenize: tokenize_api.h.

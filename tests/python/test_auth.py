@@ -171,6 +171,20 @@ def test_http_front_answers_401_403_429(auth_stack):
     assert 1 <= int(headers["Retry-After"]) <= 5, headers
 
 
+def test_http_models_and_tokenizer_need_a_key(auth_stack):
+    """As vLLM with --api-key: every endpoint but /health answers 401 without a valid key."""
+    import httpx
+
+    for key, expected in ((None, 401), ("fk-" + secrets.token_hex(16), 401), (KEYS["acme"], 200)):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        assert httpx.get(auth_stack.http + "/v1/models", headers=headers).status_code == expected
+        r = httpx.post(auth_stack.http + "/tokenize", json={"prompt": "hi"}, headers=headers)
+        assert r.status_code == expected, r.text
+        r = httpx.post(auth_stack.http + "/detokenize", json={"tokens": [1]}, headers=headers)
+        assert r.status_code == expected, r.text
+    assert httpx.get(auth_stack.http + "/health").status_code == 200
+
+
 def test_no_key_in_any_log_line(auth_stack, stub, ferry_pb):
     # One more of each outcome, then read every service's log (ferry-launch gathers them).
     for key in KEYS.values():
