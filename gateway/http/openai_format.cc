@@ -219,10 +219,23 @@ bool ParseOnePrompt(const json& prompt, ferry::v1::GenerateRequest& g) {
   return true;
 }
 
+// Ids past int32 cannot be stored as token ids: refused here, naming the value, not wrapped.
+Error CheckTokenIdRange(const json& prompt, const std::string& name) {
+  if (!IsTokenList(prompt)) return std::nullopt;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const json& id = prompt[i];
+    const bool fits = id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
+                                              : id.get<int64_t>() >= INT32_MIN && id.get<int64_t>() <= INT32_MAX;
+    if (!fits) return InvalidField("prompt", fmt::format("{}[{}] = {} is not a token id", name, i, id.dump()));
+  }
+  return std::nullopt;
+}
+
 // A prompt, or a list of prompts (OpenAI's batch: strings or token lists).
 Error ParsePrompt(const json& body, OpenAiRequest& r) {
   if (!body.contains("prompt") || body["prompt"].is_null()) return InvalidField("prompt", "prompt is required");
   const json& prompt = body["prompt"];
+  if (Error e = CheckTokenIdRange(prompt, "prompt")) return e;
   ferry::v1::GenerateRequest one;
   if (ParseOnePrompt(prompt, one)) {
     r.prompts.push_back(std::move(one));
@@ -233,6 +246,7 @@ Error ParsePrompt(const json& body, OpenAiRequest& r) {
     }
     for (size_t i = 0; i < prompt.size(); ++i) {
       ferry::v1::GenerateRequest p;
+      if (Error e = CheckTokenIdRange(prompt[i], fmt::format("prompt[{}]", i))) return e;
       if (!ParseOnePrompt(prompt[i], p)) {
         return WrongType(fmt::format("prompt[{}]", i), prompt[i], "a string or a non-empty list of token ids");
       }

@@ -115,6 +115,22 @@ TEST(OpenAiFuzz, MessageFieldsWithEveryJsonType) {
   }
 }
 
+TEST(OpenAiFuzz, TokenIdsPastInt32AreRefusedNotWrapped) {
+  for (const json& prompt : {json{1, 4294967297LL}, json{json{1}, json{-2147483649LL}},
+                             json{json(18446744073709551615ULL)}}) {
+    const auto out = ParseCompletionRequest({{"prompt", prompt}});
+    ASSERT_TRUE(std::holds_alternative<ApiError>(out)) << Dump(prompt);
+    const ApiError& e = std::get<ApiError>(out);
+    EXPECT_EQ(e.param, "prompt");
+    EXPECT_NE(e.message.find("is not a token id"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(std::get<ApiError>(ParseCompletionRequest({{"prompt", {1, 4294967297LL}}})).message,
+            "prompt[1] = 4294967297 is not a token id");
+  const auto ok = ParseCompletionRequest({{"prompt", {0, 2147483647}}});
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(ok));  // int32 ids pass; the vocabulary is checked later
+  EXPECT_EQ(std::get<OpenAiRequest>(ok).prompts[0].token_ids().ids(1), 2147483647);
+}
+
 TEST(OpenAiFuzz, TokenizerApiFieldsWithEveryJsonType) {
   for (const char* field : {"prompt", "messages", "tokens", "add_special_tokens", "add_generation_prompt", "model"}) {
     for (const json& value : Values()) {
