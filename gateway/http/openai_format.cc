@@ -36,6 +36,9 @@ Error GetNumber(const json& body, const char* key, std::optional<double>& out) {
 Error GetInt(const json& body, const char* key, std::optional<int64_t>& out) {
   if (!body.contains(key) || body[key].is_null()) return std::nullopt;
   if (!body[key].is_number_integer()) return WrongType(key, body[key], "an integer");
+  if (body[key].is_number_unsigned() && body[key].get<uint64_t>() > INT64_MAX) {
+    return InvalidField(key, fmt::format("{} = {} is out of range", key, body[key].dump()));
+  }
   out = body[key].get<int64_t>();
   return std::nullopt;
 }
@@ -84,6 +87,11 @@ Error ParseStopTokenIds(const json& body, SamplingParams& s) {
   if (!ids.is_array()) return WrongType("stop_token_ids", ids, "a list of integers");
   for (const json& id : ids) {
     if (!id.is_number_integer()) return WrongType("stop_token_ids", id, "an integer");
+    const bool fits = id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
+                                              : id.get<int64_t>() >= INT32_MIN && id.get<int64_t>() <= INT32_MAX;
+    if (!fits) {
+      return InvalidField("stop_token_ids", fmt::format("stop_token_ids value {} is not a token id", id.dump()));
+    }
     s.add_stop_token_ids(static_cast<int32_t>(id.get<int64_t>()));
   }
   return std::nullopt;

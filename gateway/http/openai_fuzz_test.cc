@@ -126,6 +126,10 @@ TEST(OpenAiFuzz, TokenIdsPastInt32AreRefusedNotWrapped) {
   }
   EXPECT_EQ(std::get<ApiError>(ParseCompletionRequest({{"prompt", {1, 4294967297LL}}})).message,
             "prompt[1] = 4294967297 is not a token id");
+  auto error = std::get<ApiError>(ParseCompletionRequest({{"prompt", "x"}, {"stop_token_ids", {4294967297LL}}}));
+  EXPECT_EQ(error.message, "stop_token_ids value 4294967297 is not a token id");
+  error = std::get<ApiError>(ParseCompletionRequest({{"prompt", "x"}, {"max_tokens", 18446744073709551615ULL}}));
+  EXPECT_EQ(error.message, "max_tokens = 18446744073709551615 is out of range");
   const auto ok = ParseCompletionRequest({{"prompt", {0, 2147483647}}});
   ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(ok));  // int32 ids pass; the vocabulary is checked later
   EXPECT_EQ(std::get<OpenAiRequest>(ok).prompts[0].token_ids().ids(1), 2147483647);
