@@ -282,7 +282,9 @@ std::variant<ChatMessage, ApiError> ParseMessage(const json& m, size_t i) {
     out.content = content.get<std::string>();
   } else if (content.is_array()) {  // content parts: text only, joined as vLLM does
     for (const json& part : content) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      const bool is_text = part.is_object() && part.contains("type") && part["type"] == "text" &&
+                           part.contains("text") && part["text"].is_string();
+      if (!is_text) {
         return InvalidField("messages", where + ".content: only parts of type \"text\" are supported");
       }
       out.content += (out.content.empty() ? "" : "\n") + part["text"].get<std::string>();

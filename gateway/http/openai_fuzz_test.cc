@@ -104,6 +104,17 @@ TEST(OpenAiFuzz, BodiesThatAreNotObjectsGiveA400) {
   }
 }
 
+TEST(OpenAiFuzz, ContentPartFieldsWithEveryJsonType) {
+  for (const char* field : {"type", "text"}) {
+    for (const json& value : Values()) {
+      json part = {{"type", "text"}, {"text", "hi"}};
+      part[field] = value;
+      const json body = {{"messages", json::array({{{"role", "user"}, {"content", json::array({part})}}})}};
+      ExpectCleanOutcome(body, [](const json& b) { return ParseChatRequest(b, Template()); });
+    }
+  }
+}
+
 TEST(OpenAiFuzz, MessageFieldsWithEveryJsonType) {
   for (const char* field : {"role", "content", "name"}) {
     for (const json& value : Values()) {
