@@ -168,7 +168,8 @@ Error RefuseUnsupported(const json& body) {
     return InvalidField("tool_choice", "tool_choice is not supported (tools are not)");
   }
   if (asks("response_format") &&
-      !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text")) {
+      !(body["response_format"].is_object() && body["response_format"].contains("type") &&
+        body["response_format"]["type"] == "text")) {
     return InvalidField("response_format", "response_format other than {\"type\": \"text\"} is not supported");
   }
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != body.value("n", json(1))) {

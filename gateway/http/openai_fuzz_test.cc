@@ -104,6 +104,16 @@ TEST(OpenAiFuzz, BodiesThatAreNotObjectsGiveA400) {
   }
 }
 
+TEST(OpenAiFuzz, NestedObjectFieldsWithEveryJsonType) {
+  for (const auto& [outer, inner] : {std::pair{"response_format", "type"}, {"stream_options", "include_usage"}}) {
+    for (const json& value : Values()) {
+      json body = {{"prompt", "hi"}};
+      body[outer] = json{{inner, value}};
+      ExpectCleanOutcome(body, [](const json& b) { return ParseCompletionRequest(b); });
+    }
+  }
+}
+
 TEST(OpenAiFuzz, ContentPartFieldsWithEveryJsonType) {
   for (const char* field : {"type", "text"}) {
     for (const json& value : Values()) {
