@@ -94,6 +94,19 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
     error.http_status = 413;
     Refuse(req, res, error);
   });
+  // A handler that throws is a bug; the client still gets OpenAI's error shape, and the log the cause.
+  server_->set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    spdlog::error("HTTP {} {}: handler threw: {}", req.method, req.path, what);
+    ApiError error = ErrorFromStatus({grpc::StatusCode::INTERNAL, "internal error: " + what});
+    SendError(res, error);
+  });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kCompletions);
   });
