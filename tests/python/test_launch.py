@@ -37,3 +37,28 @@ def test_sigterm_stops_all_children(tiny_model, tmp_path):
     pids = [w["pid"] for w in s.ports["workers"]] + [s.ports["scheduler"]["pid"], s.ports["gateway"]["pid"]]
     assert s.stop() == 0, s.log_text()
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_vllm_engine_flags_reach_the_services_that_own_them(tiny_model, tmp_path, ferry_pb):
+    import grpc
+
+    s = Stack(tiny_model, tmp_path, ["--max-num-seqs", "3", "--max-num-batched-tokens", "256",
+                                     "--max-model-len", "200", "--block-size", "32", "--no-enable-prefix-caching",
+                                     "--controller-mode", "static", "--dtype", "float32"])
+    try:
+        stub = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(s.scheduler))
+        state = stub.GetState(ferry_pb.sched.GetStateRequest(), timeout=30)
+        assert state.max_num_seqs == 3 and state.controller_mode == "static"
+        info = stub.Info(ferry_pb.sched.SchedulerInfoRequest(), timeout=30)
+        assert info.max_model_len == 200 and info.block_size == 32
+        gen = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(s.gateway))
+        prompt = ferry_pb.gen.TokenIds(ids=list(range(1, 65)))  # 64 tokens: two full blocks
+        for _ in range(2):
+            gen.Generate(ferry_pb.gen.GenerateRequest(token_ids=prompt, sampling=ferry_pb.gen.SamplingParams(
+                max_tokens=2)), timeout=60)
+        # Prefix caching off: the second identical prompt reuses no block.
+        assert stub.GetState(ferry_pb.sched.GetStateRequest(), timeout=30).prefix_cache_hits == 0
+        with_cli = " ".join(open(f"/proc/{s.ports['workers'][0]['pid']}/cmdline").read().split("\0"))
+        assert "--dtype=float32" in with_cli and "--max-num-batched-tokens=256" in with_cli
+    finally:
+        assert s.stop() == 0, s.log_text()

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/process.h"
 #include "tools/launch/child_process.h"
+#include "tools/launch/engine_flags.h"
 
 namespace fs = std::filesystem;
 using ferry::launch::ChildProcess;
@@ -37,6 +38,7 @@ struct Flags {
   std::vector<std::string> worker_args;     // passed through
   std::vector<std::string> scheduler_args;  // passed through
   std::vector<std::string> gateway_args;    // passed through
+  ferry::launch::EngineFlags engine;        // forwarded before the passed-through flags
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -55,6 +57,7 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--worker-arg", f.worker_args, "Extra flag for every worker, e.g. --worker-arg=--num-kv-blocks=512");
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
   app.add_option("--gateway-arg", f.gateway_args, "Extra flag for the gateway, e.g. --gateway-arg=--api-keys-file=keys.yaml");
+  ferry::launch::AddEngineFlags(app, f.engine);
 }
 
 std::string SelfDir() { return fs::read_symlink("/proc/self/exe").parent_path().string(); }
@@ -94,6 +97,8 @@ std::vector<std::string> StartWorkers(const Flags& f, Stack& stack) {
     std::vector<std::string> argv = {f.bin_dir + "/ferry-worker", "--model", f.model, "--host", "127.0.0.1",
                                      "--port", "0", "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
                                      "--tp-rank", std::to_string(rank), "--dist-store-dir", store};
+    const std::vector<std::string> engine = ferry::launch::WorkerArgs(f.engine);
+    argv.insert(argv.end(), engine.begin(), engine.end());
     argv.insert(argv.end(), f.worker_args.begin(), f.worker_args.end());
     workers.push_back(&Spawn(f, stack, "worker-" + std::to_string(rank), argv));
   }
@@ -111,6 +116,8 @@ void StartAll(const Flags& f, Stack& stack) {
   for (const std::string& address : StartWorkers(f, stack)) {
     scheduler_argv.insert(scheduler_argv.end(), {"--worker", address});
   }
+  const std::vector<std::string> engine = ferry::launch::SchedulerArgs(f.engine);
+  scheduler_argv.insert(scheduler_argv.end(), engine.begin(), engine.end());
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
   stack.ports["scheduler"] = WaitReady(f, Spawn(f, stack, "scheduler", scheduler_argv));
   const int scheduler_port = stack.ports["scheduler"]["grpc_port"];

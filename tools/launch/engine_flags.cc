@@ -1,0 +1,61 @@
+#include "tools/launch/engine_flags.h"
+
+namespace ferry::launch {
+
+void AddEngineFlags(CLI::App& app, EngineFlags& f) {
+  const std::string group = "Engine (vLLM's names; forwarded)";
+  app.add_option("--max-num-seqs", f.max_num_seqs, "Sequences per step (scheduler cap; worker buffers)")
+      ->check(CLI::Range(1, 4096))
+      ->group(group);
+  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "Tokens per step (scheduler; worker)")
+      ->check(CLI::Range(1, 1048576))
+      ->group(group);
+  app.add_option("--max-model-len", f.max_model_len, "Longest sequence (worker; default: config.json)")
+      ->check(CLI::Range(1, 1 << 24))
+      ->group(group);
+  app.add_option("--block-size", f.block_size, "Tokens per KV block (worker)")->check(CLI::Range(1, 1024))->group(group);
+  app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization, "GPU memory share (worker, --device cuda)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->group(group);
+  CLI::Option* on = app.add_flag("--enable-prefix-caching", f.prefix_caching_on,
+                                 "Share KV blocks of identical prefixes (scheduler; default on)")
+                        ->group(group);
+  app.add_flag("--no-enable-prefix-caching", f.prefix_caching_off, "No prefix caching (scheduler)")
+      ->excludes(on)
+      ->group(group);
+  app.add_option("--dtype", f.dtype, "Weights and activations (worker)")
+      ->check(CLI::IsMember({"bfloat16", "float32"}))
+      ->group(group);
+  app.add_option("--device", f.device, "cpu or cuda (worker)")->check(CLI::IsMember({"cpu", "cuda"}))->group(group);
+  app.add_option("--controller-mode", f.controller_mode, "max_num_seqs controller (scheduler)")
+      ->check(CLI::IsMember({"static", "load-level", "slo"}))
+      ->group(group);
+  app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs (worker, --device cuda)")->group(group);
+}
+
+std::vector<std::string> WorkerArgs(const EngineFlags& f) {
+  std::vector<std::string> out;
+  if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
+  if (f.max_num_batched_tokens > 0) out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  if (f.max_model_len > 0) out.push_back("--max-model-len=" + std::to_string(f.max_model_len));
+  if (f.block_size > 0) out.push_back("--block-size=" + std::to_string(f.block_size));
+  if (f.gpu_memory_utilization > 0) {
+    out.push_back("--gpu-memory-utilization=" + std::to_string(f.gpu_memory_utilization));
+  }
+  if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
+  if (!f.device.empty()) out.push_back("--device=" + f.device);
+  if (f.enforce_eager) out.push_back("--enforce-eager");
+  return out;
+}
+
+std::vector<std::string> SchedulerArgs(const EngineFlags& f) {
+  std::vector<std::string> out;
+  if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
+  if (f.max_num_batched_tokens > 0) out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  if (f.prefix_caching_on) out.push_back("--enable-prefix-caching");
+  if (f.prefix_caching_off) out.push_back("--no-enable-prefix-caching");
+  if (!f.controller_mode.empty()) out.push_back("--controller-mode=" + f.controller_mode);
+  return out;
+}
+
+}  // namespace ferry::launch

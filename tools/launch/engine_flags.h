@@ -1,0 +1,35 @@
+// The engine flags users know from `vllm serve`, taken by ferry-launch and forwarded to the
+// services that own them: the scheduler plans under max_num_seqs / max_num_batched_tokens and
+// owns prefix caching and the cap controller; the worker sizes its KV cache and buffers (block
+// size, max_model_len, memory share, dtype, device) and also takes the two batch limits, which
+// bound its GPU buffers. Without them, --scheduler-arg / --worker-arg still pass any flag.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace ferry::launch {
+
+struct EngineFlags {
+  int max_num_seqs = 0;              // 0: the services' defaults
+  int max_num_batched_tokens = 0;
+  int max_model_len = 0;
+  int block_size = 0;
+  double gpu_memory_utilization = 0;
+  bool prefix_caching_on = false;    // neither: the scheduler's default
+  bool prefix_caching_off = false;
+  std::string dtype;
+  std::string device;
+  std::string controller_mode;
+  bool enforce_eager = false;
+};
+
+void AddEngineFlags(CLI::App& app, EngineFlags& f);
+
+// The flags that were set, as each service's arguments.
+std::vector<std::string> WorkerArgs(const EngineFlags& f);
+std::vector<std::string> SchedulerArgs(const EngineFlags& f);
+
+}  // namespace ferry::launch
