@@ -42,7 +42,9 @@ def test_sigterm_stops_all_children(tiny_model, tmp_path):
 def test_vllm_engine_flags_reach_the_services_that_own_them(tiny_model, tmp_path, ferry_pb):
     import grpc
 
-    s = Stack(tiny_model, tmp_path, ["--max-num-seqs", "3", "--max-num-batched-tokens", "256",
+    # A flag also passed through (--scheduler-arg) wins over the forwarded one.
+    s = Stack(tiny_model, tmp_path, ["--max-num-seqs", "5", "--scheduler-arg=--max-num-seqs=3",
+                                     "--worker-arg=--max-num-seqs=3", "--max-num-batched-tokens", "256",
                                      "--max-model-len", "200", "--block-size", "32", "--no-enable-prefix-caching",
                                      "--controller-mode", "static", "--dtype", "float32"])
     try:

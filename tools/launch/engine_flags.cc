@@ -1,5 +1,7 @@
 #include "tools/launch/engine_flags.h"
 
+#include <algorithm>
+
 namespace ferry::launch {
 
 void AddEngineFlags(CLI::App& app, EngineFlags& f) {
@@ -33,7 +35,21 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
   app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs (worker, --device cuda)")->group(group);
 }
 
-std::vector<std::string> WorkerArgs(const EngineFlags& f) {
+namespace {
+
+// "--name=value" or "--name" -> "--name".
+std::string FlagName(const std::string& arg) { return arg.substr(0, arg.find('=')); }
+
+std::vector<std::string> Without(std::vector<std::string> forwarded, const std::vector<std::string>& passed) {
+  std::erase_if(forwarded, [&](const std::string& arg) {
+    return std::any_of(passed.begin(), passed.end(), [&](const std::string& p) { return FlagName(p) == FlagName(arg); });
+  });
+  return forwarded;
+}
+
+}  // namespace
+
+std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std::string>& passed) {
   std::vector<std::string> out;
   if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
   if (f.max_num_batched_tokens > 0) out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
@@ -45,17 +61,17 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f) {
   if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
   if (!f.device.empty()) out.push_back("--device=" + f.device);
   if (f.enforce_eager) out.push_back("--enforce-eager");
-  return out;
+  return Without(std::move(out), passed);
 }
 
-std::vector<std::string> SchedulerArgs(const EngineFlags& f) {
+std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<std::string>& passed) {
   std::vector<std::string> out;
   if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
   if (f.max_num_batched_tokens > 0) out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
   if (f.prefix_caching_on) out.push_back("--enable-prefix-caching");
   if (f.prefix_caching_off) out.push_back("--no-enable-prefix-caching");
   if (!f.controller_mode.empty()) out.push_back("--controller-mode=" + f.controller_mode);
-  return out;
+  return Without(std::move(out), passed);
 }
 
 }  // namespace ferry::launch

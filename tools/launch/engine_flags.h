@@ -28,8 +28,10 @@ struct EngineFlags {
 
 void AddEngineFlags(CLI::App& app, EngineFlags& f);
 
-// The flags that were set, as each service's arguments.
-std::vector<std::string> WorkerArgs(const EngineFlags& f);
-std::vector<std::string> SchedulerArgs(const EngineFlags& f);
+// The flags that were set, as each service's arguments, less any flag the user also passes
+// through to that service (`passed`, e.g. --scheduler-arg=--max-num-seqs=5): that one wins,
+// where both would make the service refuse to start.
+std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std::string>& passed = {});
+std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<std::string>& passed = {});
 
 }  // namespace ferry::launch

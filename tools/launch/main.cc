@@ -97,7 +97,7 @@ std::vector<std::string> StartWorkers(const Flags& f, Stack& stack) {
     std::vector<std::string> argv = {f.bin_dir + "/ferry-worker", "--model", f.model, "--host", "127.0.0.1",
                                      "--port", "0", "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
                                      "--tp-rank", std::to_string(rank), "--dist-store-dir", store};
-    const std::vector<std::string> engine = ferry::launch::WorkerArgs(f.engine);
+    const std::vector<std::string> engine = ferry::launch::WorkerArgs(f.engine, f.worker_args);
     argv.insert(argv.end(), engine.begin(), engine.end());
     argv.insert(argv.end(), f.worker_args.begin(), f.worker_args.end());
     workers.push_back(&Spawn(f, stack, "worker-" + std::to_string(rank), argv));
@@ -116,7 +116,7 @@ void StartAll(const Flags& f, Stack& stack) {
   for (const std::string& address : StartWorkers(f, stack)) {
     scheduler_argv.insert(scheduler_argv.end(), {"--worker", address});
   }
-  const std::vector<std::string> engine = ferry::launch::SchedulerArgs(f.engine);
+  const std::vector<std::string> engine = ferry::launch::SchedulerArgs(f.engine, f.scheduler_args);
   scheduler_argv.insert(scheduler_argv.end(), engine.begin(), engine.end());
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
   stack.ports["scheduler"] = WaitReady(f, Spawn(f, stack, "scheduler", scheduler_argv));
