@@ -15,7 +15,9 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
   app.add_option("--max-model-len", f.max_model_len, "Longest sequence (worker; default: config.json)")
       ->check(CLI::Range(1, 1 << 24))
       ->group(group);
-  app.add_option("--block-size", f.block_size, "Tokens per KV block (worker)")->check(CLI::Range(1, 1024))->group(group);
+  app.add_option("--block-size", f.block_size, "Tokens per KV block (worker)")
+      ->check(CLI::Range(1, 1024))
+      ->group(group);
   app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization, "GPU memory share (worker, --device cuda)")
       ->check(CLI::Range(0.01, 1.0))
       ->group(group);
@@ -42,7 +44,8 @@ std::string FlagName(const std::string& arg) { return arg.substr(0, arg.find('='
 
 std::vector<std::string> Without(std::vector<std::string> forwarded, const std::vector<std::string>& passed) {
   std::erase_if(forwarded, [&](const std::string& arg) {
-    return std::any_of(passed.begin(), passed.end(), [&](const std::string& p) { return FlagName(p) == FlagName(arg); });
+    return std::any_of(passed.begin(), passed.end(),
+                       [&](const std::string& p) { return FlagName(p) == FlagName(arg); });
   });
   return forwarded;
 }
@@ -52,7 +55,8 @@ std::vector<std::string> Without(std::vector<std::string> forwarded, const std::
 std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std::string>& passed) {
   std::vector<std::string> out;
   if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
-  if (f.max_num_batched_tokens > 0) out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  if (f.max_num_batched_tokens > 0)
+    out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
   if (f.max_model_len > 0) out.push_back("--max-model-len=" + std::to_string(f.max_model_len));
   if (f.block_size > 0) out.push_back("--block-size=" + std::to_string(f.block_size));
   if (f.gpu_memory_utilization > 0) {
@@ -67,7 +71,8 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
 std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<std::string>& passed) {
   std::vector<std::string> out;
   if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
-  if (f.max_num_batched_tokens > 0) out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  if (f.max_num_batched_tokens > 0)
+    out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
   if (f.prefix_caching_on) out.push_back("--enable-prefix-caching");
   if (f.prefix_caching_off) out.push_back("--no-enable-prefix-caching");
   if (!f.controller_mode.empty()) out.push_back("--controller-mode=" + f.controller_mode);

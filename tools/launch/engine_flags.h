@@ -5,20 +5,19 @@
 // bound its GPU buffers. Without them, --scheduler-arg / --worker-arg still pass any flag.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace ferry::launch {
 
 struct EngineFlags {
-  int max_num_seqs = 0;              // 0: the services' defaults
+  int max_num_seqs = 0;  // 0: the services' defaults
   int max_num_batched_tokens = 0;
   int max_model_len = 0;
   int block_size = 0;
   double gpu_memory_utilization = 0;
-  bool prefix_caching_on = false;    // neither: the scheduler's default
+  bool prefix_caching_on = false;  // neither: the scheduler's default
   bool prefix_caching_off = false;
   std::string dtype;
   std::string device;
