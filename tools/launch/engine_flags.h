@@ -5,9 +5,10 @@
 // bound its GPU buffers. Without them, --scheduler-arg / --worker-arg still pass any flag.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 namespace ferry::launch {
 
