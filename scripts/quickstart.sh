@@ -12,6 +12,10 @@ if [ ! -f "$MODEL/config.json" ]; then
   build/bin/ferry-make-model --preset qwen2.5-0.5b --seed 0 --out "$MODEL"
 fi
 PORT=${FERRY_PORT:-50051}
-echo "quickstart: starting the stack on 127.0.0.1:$PORT (Ctrl-C stops it)"
+HTTP_PORT=${FERRY_HTTP_PORT:-8000}
+echo "quickstart: starting the stack: gRPC on 127.0.0.1:$PORT, OpenAI HTTP on 127.0.0.1:$HTTP_PORT (Ctrl-C stops it)"
 echo "quickstart: call it with: build/bin/ferry-client --target 127.0.0.1:$PORT --stream \"Hello\""
-exec build/bin/ferry-launch --model "$MODEL" --port "$PORT" --metrics-port 9400
+echo "quickstart:           or: curl 127.0.0.1:$HTTP_PORT/v1/completions -H 'Content-Type: application/json' \\"
+echo "quickstart:                 -d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'"
+# Any further arguments go to ferry-launch, e.g. --max-num-seqs 64 --max-model-len 4096.
+exec build/bin/ferry-launch --model "$MODEL" --port "$PORT" --http-port "$HTTP_PORT" --metrics-port 9400 "$@"

@@ -195,6 +195,10 @@ int main(int argc, char** argv) {
               << "  metrics: gateway :" << stack.ports["gateway"]["metrics_port"] << ", scheduler :"
               << stack.ports["scheduler"]["metrics_port"] << "\n"
               << "  try: build/bin/ferry-client --target " << Addr(flags, port) << " \"Hello\"" << std::endl;
+    if (flags.http_port >= 0) {
+      const int http = stack.ports["gateway"]["http_port"];
+      std::cout << "  OpenAI-compatible HTTP: http://" << Addr(flags, http) << "/v1" << std::endl;
+    }
     code = Supervise(stack);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
