@@ -24,6 +24,9 @@ class MetricsServer {
 
   prometheus::Registry& registry() { return *registry_; }
   int port() const;
+  // The registry in Prometheus' text format (what /metrics serves), for a second endpoint such as
+  // the gateway's OpenAI HTTP port.
+  std::string Text() const;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
         generator, *http_auth,
         ferry::gateway::http::HttpServerOptions{
             flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer),
-            http_max_connections, http_max_body_bytes});
+            http_max_connections, http_max_body_bytes, [&metrics] { return metrics.Text(); }});
     const int bound = http->Start(flags.service.host, http_port);
     if (bound < 0) {
       spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, http_port);

@@ -125,6 +125,11 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
                   {"max_model_len", generator_.options().limits.max_model_len}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
   });
+  if (options_.metrics_text) {
+    server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(options_.metrics_text(), "text/plain; version=0.0.4");
+    });
+  }
   server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
   int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) return -1;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +30,8 @@ struct HttpServerOptions {
   int num_threads = 1024;          // connections served at once, a thread each (--http-max-connections)
   // Largest request body read (--http-max-body-bytes); the gRPC front takes messages this large.
   size_t max_body_bytes = size_t{64} << 20;
+  // When set, GET /metrics on this port serves it too (vLLM serves its metrics on the API port).
+  std::function<std::string()> metrics_text;
 };
 
 class OpenAiHttpServer {

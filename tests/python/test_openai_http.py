@@ -166,6 +166,11 @@ def test_models_and_health(client, http_stack, tiny_model):
     models = client.models.list()
     assert [m.id for m in models.data] == [str(tiny_model)]
     assert httpx.get(http_stack.http + "/health").status_code == 200
+    # The gateway's metrics on the API port too, as vLLM serves them: the same registry.
+    r = httpx.get(http_stack.http + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    names = {f.name for f in text_string_to_metric_families(r.text)}
+    assert "ferry_gateway_requests_in_flight" in names and "ferry_gateway_rejections" in names
 
 
 def test_bad_field_is_400_naming_it(client, http_stack):
