@@ -70,6 +70,12 @@ std::string PreparePrompt(const ferry::v1::GenerateRequest& r, const ModelLimits
   }
   if (r.text().empty()) return "prompt is empty: set text or token_ids";
   if (!IsValidUtf8(r.text())) return "text is not valid UTF-8";
+  // A text too long for the context is refused before it is encoded (~56 ns a byte, on the
+  // thread that serves the call).
+  if (const int64_t at_least = tokenizer.MinTokensFor(r.text().size()); at_least > limits.max_model_len) {
+    return fmt::format("text is {} bytes, at least {} tokens: more than max_model_len {}", r.text().size(),
+                       at_least, limits.max_model_len);
+  }
   ids = tokenizer.Encode(r.text());
   if (ids.empty()) return "prompt is empty: text produced no tokens";
   return {};

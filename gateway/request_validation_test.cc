@@ -96,6 +96,7 @@ TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
        },
        "sampling.logit_bias = 301 entries exceed the limit of 300"},
       {[](auto& r) { r.set_request_id(std::string(129, 'a')); }, "request_id (bytes) = 129 exceeds the limit of 128"},
+      {[](auto& r) { r.set_text(std::string(1 << 20, 'a')); }, "text is 1048576 bytes, at least"},
       {[](auto& r) { r.set_request_id("a\nINFO forged"); }, "request_id has a control character (byte 0x0a at 1)"},
       {[](auto& r) {
          for (int i = 0; i < 1025; ++i) r.mutable_sampling()->add_stop_token_ids(1);

@@ -228,10 +228,12 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
   }
   int64_t prompt_tokens = 0;  // every prompt of a batch, once
   for (auto& g : request.prompts) {
-    if (!g.has_token_ids()) {
+    const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();
+    if (!g.has_token_ids() && tokenizer.MinTokensFor(g.text().size()) <= generator_.options().limits.max_model_len) {
       // Tokenised once: the ids replace the text (the Generator would encode it again, ~56 ns
-      // a byte here). An empty result keeps the text, whose refusal then names it.
-      std::vector<int32_t> ids = generator_.tokenizer().Encode(g.text());
+      // a byte here). An empty result, or a text too long to fit, keeps the text, whose refusal
+      // then names it.
+      std::vector<int32_t> ids = tokenizer.Encode(g.text());
       if (!ids.empty()) g.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
     }
     prompt_tokens += g.has_token_ids() ? g.token_ids().ids_size() : 0;

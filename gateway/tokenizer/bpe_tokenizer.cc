@@ -76,7 +76,15 @@ void BpeTokenizer::BuildDecodeTable(const TokenizerSpec& spec) {
     is_known_[id] = 1;
     // HF skips special tokens by content, whichever id carries it.
     is_special_[id] = is_special_content.count(*text_of[id]) ? 1 : 0;
+    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, static_cast<int64_t>(token_bytes_[id].size()));
+    // An added token matches its content, which may differ from its decoded bytes.
+    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, static_cast<int64_t>(text_of[id]->size()));
   }
+}
+
+int64_t BpeTokenizer::MinTokensFor(size_t text_bytes) const {
+  const int64_t per_token = (normalize_nfc_ ? 4 : 1) * max_token_bytes_;
+  return (static_cast<int64_t>(text_bytes) + per_token - 1) / per_token;
 }
 
 std::vector<int32_t> BpeTokenizer::Encode(std::string_view text) const {

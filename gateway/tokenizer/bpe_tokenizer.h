@@ -36,6 +36,7 @@ class BpeTokenizer final : public Tokenizer {
   std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const override;
   std::optional<int32_t> TokenToId(std::string_view token) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
+  int64_t MinTokensFor(size_t text_bytes) const override;
 
   // Appends the bytes `id` decodes to before UTF-8 repair; unknown ids, and
   // special tokens when `skip_special`, append nothing (as HF's decode drops them).
@@ -56,6 +57,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> token_bytes_;
   std::vector<uint8_t> is_known_;
   std::vector<uint8_t> is_special_;
+  int64_t max_token_bytes_ = 1;  // the longest entry of token_bytes_
 };
 
 }  // namespace ferry::tokenizer

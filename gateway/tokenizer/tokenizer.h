@@ -30,6 +30,11 @@ class Tokenizer {
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   // One past the largest id (vocab + added tokens).
   virtual int32_t vocab_size() const = 0;
+  // A lower bound on the ids Encode gives for any text of `text_bytes` bytes: no token stands for
+  // more bytes than the longest one decodes to, and NFC shrinks UTF-8 at most 3x (U+0390 from its
+  // 6-byte decomposition; 4 is used). Lets a caller refuse a prompt that cannot fit the context
+  // before paying ~56 ns a byte to encode it.
+  virtual int64_t MinTokensFor(size_t text_bytes) const = 0;
 };
 
 // Streams text from token ids without ever emitting half a UTF-8 character:

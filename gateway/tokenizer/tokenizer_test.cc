@@ -156,6 +156,34 @@ TEST(RoundTripTest, DecodeOfEncodeIsNfcOfInput) {
   }
 }
 
+// MinTokensFor never exceeds what Encode gives, on the texts that pack the most bytes per token:
+// the longest token over and over, special tokens, and fully decomposed text that NFC shrinks
+// (U+0390 from 6 bytes to 2, Hangul syllables from three 3-byte jamo to 3 bytes).
+TEST(MinTokensForTest, IsALowerBoundOnEncode) {
+  const Tokenizer& tokenizer = DemoTokenizer();
+  std::string longest;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    const std::string text = tokenizer.Decode(std::vector<int32_t>{id});
+    if (text.size() > longest.size()) longest = text;
+  }
+  ASSERT_FALSE(longest.empty());
+  std::vector<std::string> texts = {"", "a", "<|im_end|>"};
+  for (const std::string& unit : {longest, std::string("<|endoftext|>"), std::string("\u03B9\u0308\u0301"),
+                                  std::string("\u1100\u1161\u11A8"), std::string(" "), std::string("a\xFF")}) {
+    std::string text;
+    while (text.size() < 20000) text += unit;
+    texts.push_back(text);
+  }
+  std::mt19937 rng(3);
+  for (int i = 0; i < 500; ++i) texts.push_back(testing::RandomText(rng));
+  for (const std::string& text : texts) {
+    const int64_t bound = tokenizer.MinTokensFor(text.size());
+    EXPECT_LE(bound, static_cast<int64_t>(tokenizer.Encode(text).size())) << text.substr(0, 40);
+  }
+  // And it is of use: a megabyte cannot be a few tokens.
+  EXPECT_GT(tokenizer.MinTokensFor(1 << 20), 1000);
+}
+
 TEST(RoundTripTest, InvalidUtf8InputIsRepaired) {
   const Tokenizer& tokenizer = DemoTokenizer();
   EXPECT_EQ(tokenizer.Decode(tokenizer.Encode("a\xFF" "b")), "a\uFFFD" "b");

@@ -38,6 +38,7 @@ CASES = [
     ("logprobs too many", dict(sampling={"logprobs": 21}), ["sampling.logprobs", "21", "[0, 20]"]),
     ("logprobs negative", dict(sampling={"logprobs": -1}), ["sampling.logprobs", "-1", "[0, 20]"]),
     ("temperature nan", dict(sampling={"temperature": float("nan")}), ["sampling.temperature", "nan", ">= 0"]),
+    ("text that cannot fit", dict(text=b"a" * (1 << 20)), ["text is 1048576 bytes", "max_model_len"]),
     ("request id too long", dict(request_id="r" * 129), ["request_id", "129", "128"]),
     ("request id with a newline", dict(request_id="a\nb"), ["request_id", "control character", "0x0a"]),
     ("too many stop token ids", dict(sampling={"stop_token_ids": [1] * 1025}),
