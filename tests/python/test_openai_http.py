@@ -489,3 +489,50 @@ def test_streams_beyond_the_old_64_connection_limit_run_at_once(slow_http_stack)
     while time.time() < deadline and running(slow_http_stack) != 0:
         time.sleep(0.05)
     assert running(slow_http_stack) == 0  # the closed streams were cancelled
+
+
+def test_streams_aborted_at_random_leave_the_engine_idle(slow_http_stack):
+    """300 streams at once (n of 1 or 2, usage on), most given up by their clients at random
+    points: events go out from gRPC threads while clients vanish. Every kept stream ends with
+    [DONE], the engine ends idle and the next request is served."""
+    import asyncio
+    import random
+
+    rng = random.Random(5)
+    stats = {"done": 0, "aborted": 0, "refused": 0, "other": []}
+
+    async def one(client):
+        body = {"prompt": "Once upon a time", "max_tokens": rng.choice([8, 32, 64]), "ignore_eos": True,
+                "stream": True, "n": rng.choice([1, 1, 2]), "stream_options": {"include_usage": True}}
+        abort_after = rng.choice([None, 0, 1, 5, 20])
+        async with client.stream("POST", slow_http_stack.http + "/v1/completions", json=body, timeout=120) as r:
+            if r.status_code == 429:  # the lane's queue is full: a refusal, not a failure
+                stats["refused"] += 1
+                return
+            if r.status_code != 200:
+                stats["other"].append(r.status_code)
+                return
+            seen = 0
+            async for line in r.aiter_lines():
+                if not line:
+                    continue
+                seen += 1
+                if abort_after is not None and seen > abort_after:
+                    stats["aborted"] += 1
+                    return
+                if line == "data: [DONE]":
+                    stats["done"] += 1
+
+    async def run():
+        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+        async with httpx.AsyncClient(limits=limits) as client:
+            await asyncio.gather(*(one(client) for _ in range(300)))
+
+    asyncio.run(run())
+    print(stats)
+    assert not stats["other"], stats
+    assert stats["done"] > 0 and stats["aborted"] > 0, stats
+    assert wait_running(slow_http_stack, 0, timeout_s=30) == 0
+    assert waiting(slow_http_stack) == 0
+    r = httpx.post(slow_http_stack.http + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
