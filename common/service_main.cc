@@ -88,7 +88,11 @@ int ServeUntilSignal(const ServiceFlags& flags, const std::vector<grpc::Service*
   spdlog::info("signal {}: draining (health NOT_SERVING, new calls refused, up to {} s for calls in flight)", sig,
                drain.count());
   health.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + drain);
+  const auto deadline = std::chrono::system_clock::now() + drain;
+  std::thread other;
+  if (hooks.drain) other = std::thread([&hooks, deadline] { hooks.drain(deadline); });
+  server->Shutdown(deadline);
+  if (other.joinable()) other.join();
   spdlog::info("drained; exiting");
   return 0;
 }

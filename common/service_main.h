@@ -38,6 +38,9 @@ struct ServeHooks {
   // Whether the whole path behind this service is ready; grpc.health.v1 reports SERVING only
   // while it is true (polled every 500 ms). Unset: always ready.
   std::function<bool()> is_ready;
+  // Drains what the service serves besides its gRPC server (the gateway's HTTP front), by the
+  // same deadline; runs beside the gRPC server's own drain. Unset: nothing else.
+  std::function<void(std::chrono::system_clock::time_point deadline)> drain;
 };
 
 // Serves services on flags.host:flags.port with grpc.health.v1 and reflection, writes the

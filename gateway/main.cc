@@ -163,6 +163,9 @@ int main(int argc, char** argv) {
   // SERVING only while some scheduler replica behind answers (each needs its workers).
   ferry::ServeHooks hooks;
   hooks.is_ready = [&router] { return router->AnyHealthy(); };
+  hooks.drain = [&http](std::chrono::system_clock::time_point deadline) {
+    if (http) http->Drain(deadline);
+  };
   return ferry::ServeUntilSignal(flags.service, {&service, &jobs_service}, metrics, std::chrono::seconds(30),
                                  hooks);
 }

@@ -130,7 +130,9 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
       res.set_content(options_.metrics_text(), "text/plain; version=0.0.4");
     });
   }
-  server_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
+  server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (!RefusedWhileDraining(res)) res.set_content("", "text/plain");  // a balancer stops sending while draining
+  });
   int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) return -1;
   if (const int sock = listening->load(); sock >= 0 && ::listen(sock, SOMAXCONN) != 0) {
@@ -144,6 +146,49 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
 void OpenAiHttpServer::Stop() {
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+// Removes its response's generation from the server's in-flight set when the response is done.
+class OpenAiHttpServer::ActiveGuard {
+ public:
+  ActiveGuard(OpenAiHttpServer& server, std::shared_ptr<ChoiceSet> choices)
+      : server_(server), choices_(std::move(choices)) {}
+  ~ActiveGuard() {
+    std::lock_guard lock(server_.active_mu_);
+    server_.active_.erase(choices_);
+    server_.active_cv_.notify_all();
+  }
+
+ private:
+  OpenAiHttpServer& server_;
+  const std::shared_ptr<ChoiceSet> choices_;
+};
+
+std::shared_ptr<OpenAiHttpServer::ActiveGuard> OpenAiHttpServer::Track(std::shared_ptr<ChoiceSet> choices) {
+  {
+    std::lock_guard lock(active_mu_);
+    active_.insert(choices);
+  }
+  return std::make_shared<ActiveGuard>(*this, std::move(choices));
+}
+
+bool OpenAiHttpServer::RefusedWhileDraining(httplib::Response& res) {
+  if (!draining_) return false;
+  SendError(res, ErrorFromStatus({grpc::StatusCode::UNAVAILABLE, "the server is shutting down"}));
+  return true;
+}
+
+void OpenAiHttpServer::Drain(std::chrono::system_clock::time_point deadline) {
+  draining_ = true;
+  std::unique_lock lock(active_mu_);
+  if (!active_cv_.wait_until(lock, deadline, [&] { return active_.empty(); })) {
+    spdlog::warn("HTTP drain: {} requests still in flight at the deadline; cancelling them", active_.size());
+    for (const auto& choices : active_) choices->ClientGone();
+    // Cancelled, each ends within a step or two (a stream with an error event and [DONE]).
+    active_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return active_.empty(); });
+  }
+  lock.unlock();
+  Stop();
 }
 
 void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
@@ -179,7 +224,7 @@ bool OpenAiHttpServer::Identified(const httplib::Request& req, httplib::Response
 }
 
 void OpenAiHttpServer::HandleTokenizer(const httplib::Request& req, httplib::Response& res, bool encode) {
-  if (!Identified(req, res)) return;
+  if (RefusedWhileDraining(res) || !Identified(req, res)) return;
   const std::optional<json> body = ParseBody(req, res);
   if (!body) return;
   const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();
@@ -198,6 +243,7 @@ void OpenAiHttpServer::HandleTokenizer(const httplib::Request& req, httplib::Res
 }
 
 void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  if (RefusedWhileDraining(res)) return;
   const std::optional<json> body = ParseBody(req, res);
   if (!body) return;
   auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(*body, options_.chat_template)
@@ -266,6 +312,7 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
   std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
   const auto num_choices = static_cast<int32_t>(requests.size());
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
+  const auto active = Track(choices);
   // A client that closes its connection before the answer cancels the call, queued or running.
   const ConnectionWatch watch(ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_),
                               [&choices] { choices->ClientGone(); });
@@ -302,6 +349,7 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
   const auto num_choices = static_cast<int32_t>(requests.size());
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
   auto stream = std::make_shared<SseStream>(ctx, num_choices, request.n, request.include_usage);
+  auto active = Track(choices);  // held by the content provider until the response is done
   // on_end runs before the stream sees its end: once the writer has it, Stop may return (the
   // server's owner keeps the Authenticator for longer). The set outlives its own on_end.
   choices->Start(
@@ -324,7 +372,7 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [choices, stream, socket](size_t, httplib::DataSink& sink) {
+      [choices, stream, socket, active](size_t, httplib::DataSink& sink) {
         if (stream->Serve(socket, sink)) return true;
         choices->ClientGone();
         return false;

@@ -6,14 +6,19 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "gateway/auth/authenticator.h"
 #include "gateway/generator.h"
 #include "gateway/http/chat_template.h"
+#include "gateway/http/choice_set.h"
 #include "gateway/http/openai_format.h"
 
 namespace httplib {
@@ -44,6 +49,10 @@ class OpenAiHttpServer {
   int Start(const std::string& host, int port);
   // Stops accepting, ends connections and waits for the serving thread.
   void Stop();
+  // On SIGTERM (ServeHooks::drain): new requests get 503 and /health 503; requests in flight get
+  // until `deadline` to finish, then are cancelled (a stream ends with an error event and
+  // [DONE]); then Stop.
+  void Drain(std::chrono::system_clock::time_point deadline);
 
  private:
   // Answers a request refused before it reached the Generator, and counts it.
@@ -64,8 +73,18 @@ class OpenAiHttpServer {
   void RespondStream(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                      httplib::Response& res, const std::string& tenant, int64_t max_tokens);
 
+  // The generations in flight, for Drain; a guard per response removes its own.
+  class ActiveGuard;
+  std::shared_ptr<ActiveGuard> Track(std::shared_ptr<ChoiceSet> choices);
+  // Answers 503 when draining; true when it did.
+  bool RefusedWhileDraining(httplib::Response& res);
+
   Generator& generator_;
   Authenticator& authenticator_;
+  std::atomic<bool> draining_{false};
+  std::mutex active_mu_;
+  std::condition_variable active_cv_;
+  std::set<std::shared_ptr<ChoiceSet>> active_;
   const HttpServerOptions options_;
   std::unique_ptr<httplib::Server> server_;
   int port_ = -1;  // the bound port (a connection's local port, to find its socket)

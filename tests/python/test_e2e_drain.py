@@ -67,3 +67,75 @@ def test_sigterm_drains_live_streams(tiny_model, tmp_path, ferry_pb):
     assert f"gateway (pid {s.ports['gateway']['pid']}) exited with code 0" in log, log
     assert f"scheduler (pid {s.ports['scheduler']['pid']}) exited with code 0" in log, log
     s.stop()
+
+
+def test_sigterm_drains_http_streams_and_whole_requests(tiny_model, tmp_path):
+    """The OpenAI HTTP front drains with the gRPC server: requests in flight finish (streams to
+    [DONE] with every token), new ones get 503, /health 503, and the gateway exits 0."""
+    import http.client
+    import json
+
+    s = Stack(tiny_model, tmp_path, [
+        "--http-port", "0", "--worker-arg=--backend=sim",
+        f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_20ms.json'}", "--worker-arg=--sim-live-tokens=1000"])
+    port = s.ports["gateway"]["http_port"]
+
+    def post(body, timeout=60):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+
+    def stream(i):
+        status, text = post({"prompt": f"drain {i}", "max_tokens": 60, "ignore_eos": True, "stream": True,
+                             "stream_options": {"include_usage": True}})
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        usage = json.loads(events[-2])["usage"]["completion_tokens"] if len(events) >= 2 else None
+        return status, events[-1] if events else None, usage
+
+    def whole(i):
+        status, text = post({"prompt": f"whole {i}", "max_tokens": 60, "ignore_eos": True})
+        return status, json.loads(text)["usage"]["completion_tokens"] if status == 200 else text
+
+    with cf.ThreadPoolExecutor(max_workers=12) as pool:
+        streams = [pool.submit(stream, i) for i in range(8)]
+        wholes = [pool.submit(whole, i) for i in range(4)]
+        time.sleep(0.4)  # all live: 60 steps of 20 ms each
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        late_status, late = post({"prompt": "late", "max_tokens": 2}, timeout=10)
+        assert late_status == 503 and "shutting down" in late, late
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 503
+        assert [f.result() for f in streams] == [(200, "[DONE]", 60)] * 8
+        assert [f.result() for f in wholes] == [(200, 60)] * 4
+    assert s.proc.wait(timeout=60) == 0
+    log = s.log_text()
+    assert f"gateway (pid {s.ports['gateway']['pid']}) exited with code 0" in log, log
+    s.stop()
+
+
+def test_http_streams_past_the_drain_grace_are_cancelled(tiny_model, tmp_path):
+    """A stream that outlasts --drain-grace-s ends with an error event and [DONE], not a cut
+    connection, and the gateway still exits 0."""
+    import http.client
+    import json
+
+    s = Stack(tiny_model, tmp_path, [
+        "--http-port", "0", "--gateway-arg=--drain-grace-s=1", "--worker-arg=--backend=sim",
+        f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_20ms.json'}", "--worker-arg=--sim-live-tokens=1000"])
+    conn = http.client.HTTPConnection("127.0.0.1", s.ports["gateway"]["http_port"], timeout=60)
+    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"prompt": "long", "max_tokens": 1000, "ignore_eos": True, "stream": True}))
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.readline().startswith(b"data: ")  # live: 1,000 steps of 20 ms to go
+    start = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    events = [line[6:].strip() for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    assert time.time() - start < 15
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
+    assert s.proc.wait(timeout=60) == 0
+    assert f"gateway (pid {s.ports['gateway']['pid']}) exited with code 0" in s.log_text()
+    s.stop()
