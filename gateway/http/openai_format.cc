@@ -81,15 +81,19 @@ Error ParseStop(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
+// An integer JSON value within int32 (a token id must be; larger ones are refused, not wrapped).
+bool FitsInt32(const json& v) {
+  return v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+}
+
 Error ParseStopTokenIds(const json& body, SamplingParams& s) {
   if (!body.contains("stop_token_ids") || body["stop_token_ids"].is_null()) return std::nullopt;
   const json& ids = body["stop_token_ids"];
   if (!ids.is_array()) return WrongType("stop_token_ids", ids, "a list of integers");
   for (const json& id : ids) {
     if (!id.is_number_integer()) return WrongType("stop_token_ids", id, "an integer");
-    const bool fits = id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
-                                              : id.get<int64_t>() >= INT32_MIN && id.get<int64_t>() <= INT32_MAX;
-    if (!fits) {
+    if (!FitsInt32(id)) {
       return InvalidField("stop_token_ids", fmt::format("stop_token_ids value {} is not a token id", id.dump()));
     }
     s.add_stop_token_ids(static_cast<int32_t>(id.get<int64_t>()));
@@ -233,9 +237,7 @@ Error CheckTokenIdRange(const json& prompt, const std::string& name) {
   if (!IsTokenList(prompt)) return std::nullopt;
   for (size_t i = 0; i < prompt.size(); ++i) {
     const json& id = prompt[i];
-    const bool fits = id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
-                                              : id.get<int64_t>() >= INT32_MIN && id.get<int64_t>() <= INT32_MAX;
-    if (!fits) return InvalidField("prompt", fmt::format("{}[{}] = {} is not a token id", name, i, id.dump()));
+    if (!FitsInt32(id)) return InvalidField("prompt", fmt::format("{}[{}] = {} is not a token id", name, i, id.dump()));
   }
   return std::nullopt;
 }
