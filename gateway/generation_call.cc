@@ -105,6 +105,7 @@ void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
   if (!progress.started) {
     progress.started = true;
     progress.queue_s = event.queue_s();
+    progress.num_cached_tokens = event.num_cached_tokens();
     admitted_->ticket.Release();
     lane_series_->waiting.Decrement();
     lane_series_->running.Increment();
@@ -172,6 +173,7 @@ void GenerationCall::Conclude(const grpc::Status& downstream) {
   last.set_finish_reason(progress.reason);
   last.mutable_usage()->set_prompt_tokens(prompt_tokens);
   last.mutable_usage()->set_completion_tokens(progress.completion_tokens);
+  last.mutable_usage()->set_cached_tokens(progress.num_cached_tokens);
   const double total_s = Seconds(admitted_->arrival, Clock::now());
   // queue_s is the scheduler's own measure (its clock reads on two threads can disagree by a
   // few ms on this VM); the queue is part of the wait for the first token, so never longer.

@@ -44,6 +44,7 @@ struct StreamProgress {
   int completion_tokens = 0;
   bool started = false;  // the scheduler has scheduled the sequence
   double queue_s = 0;
+  int32_t num_cached_tokens = 0;  // prompt tokens the scheduler found in its prefix cache
   double first_token_s = 0;
   double last_token_s = 0;  // since arrival, of the latest event that carried tokens
   // Folds one scheduler event into a chunk; sets reason when it ends the request.

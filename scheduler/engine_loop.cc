@@ -217,7 +217,7 @@ bool EngineLoop::LaunchStep() {
   for (const auto& seq : plan.new_sequences) {
     if (auto it = live_.find(seq.seq_id); it != live_.end()) {
       it->second.started = true;
-      it->second.channel->MarkStarted(start, seq.seq_id);
+      it->second.channel->MarkStarted(start, seq.seq_id, seq.num_cached_tokens);
     }
   }
   try {

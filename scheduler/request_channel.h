@@ -45,12 +45,13 @@ class RequestChannel {
 
   // First call only: records when the sequence was first scheduled and queues an
   // empty event, so the handler can tell the gateway it left the queue.
-  void MarkStarted(TimePoint when, uint64_t seq_id) {
+  void MarkStarted(TimePoint when, uint64_t seq_id, int32_t num_cached_tokens = 0) {
     Listener listener;
     {
       std::lock_guard lock(mu_);
       if (started_) return;
       started_ = when;
+      num_cached_tokens_ = num_cached_tokens;
       events_.push_back(SeqEvent{.seq_id = seq_id});
       listener = listener_;
     }
@@ -75,6 +76,12 @@ class RequestChannel {
   std::optional<TimePoint> started() const {
     std::lock_guard lock(mu_);
     return started_;
+  }
+
+  // Prompt tokens the prefix cache held when the sequence was first scheduled.
+  int32_t num_cached_tokens() const {
+    std::lock_guard lock(mu_);
+    return num_cached_tokens_;
   }
 
  private:
@@ -103,6 +110,7 @@ class RequestChannel {
   std::condition_variable cv_;
   std::deque<SeqEvent> events_;
   std::optional<TimePoint> started_;
+  int32_t num_cached_tokens_ = 0;
 };
 
 }  // namespace ferry::scheduler

@@ -190,6 +190,7 @@ class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEven
           // Clamped: `started` is read on the engine thread, `arrival` on another, and on this
           // VM one core's clock can lag another's by a few ms.
           out_.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival_).count()));
+          out_.set_num_cached_tokens(channel_->num_cached_tokens());
           first_ = false;
         }
         writing_ = true;

@@ -50,7 +50,8 @@ json ChatLogprobs(const RepeatedPtrField<TokenLogprob>& logprobs) {
 json UsageJson(const ferry::v1::Usage& usage) {
   return {{"prompt_tokens", usage.prompt_tokens()},
           {"completion_tokens", usage.completion_tokens()},
-          {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+          {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens()}}}};
 }
 
 json Envelope(const ResponseContext& ctx, const char* object) {
@@ -126,6 +127,7 @@ json StreamUsageJson(const ResponseContext& ctx, const ferry::v1::Usage& usage) 
 void AddChoiceUsage(const ferry::v1::Usage& choice, size_t index, int32_t n, ferry::v1::Usage& total) {
   if (index % static_cast<size_t>(std::max(n, 1)) == 0) {
     total.set_prompt_tokens(total.prompt_tokens() + choice.prompt_tokens());
+    total.set_cached_tokens(total.cached_tokens() + choice.cached_tokens());
   }
   total.set_completion_tokens(total.completion_tokens() + choice.completion_tokens());
 }

@@ -38,6 +38,22 @@ def test_prefix_caching_reuses_blocks_and_keeps_output(cached_stack, ferry_pb):
     assert len(other) == 8
 
 
+def test_usage_reports_the_prompt_tokens_found_in_the_cache(cached_stack, ferry_pb):
+    """usage.cached_tokens: the prompt tokens the first scheduling found in the prefix cache, in
+    whole blocks (OpenAI's prompt_tokens_details.cached_tokens over HTTP)."""
+    gen = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(cached_stack.gateway))
+    prompt = list(range(1000, 1000 + 70))  # 4 full blocks of 16 and 6 tokens
+
+    def usage():
+        req = ferry_pb.gen.GenerateRequest(token_ids=ferry_pb.gen.TokenIds(ids=prompt),
+                                           sampling=ferry_pb.gen.SamplingParams(max_tokens=2, ignore_eos=True))
+        return gen.Generate(req, timeout=60).usage
+
+    first, second = usage(), usage()
+    assert (first.prompt_tokens, first.cached_tokens) == (70, 0)
+    assert (second.prompt_tokens, second.cached_tokens) == (70, 64)
+
+
 def test_admin_sets_max_num_seqs(stack, ferry_pb):
     import urllib.request
 

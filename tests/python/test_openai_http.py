@@ -248,6 +248,17 @@ def test_min_tokens_holds_back_end_tokens_and_stop_strings(client, grpc_gen):
     assert later.choices[0].text.startswith(plain.text[:1])
 
 
+def test_usage_reports_cached_prompt_tokens(http_stack):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens, from the scheduler's prefix cache (on by
+    default): none the first time, the prompt's full blocks the second."""
+    body = {"prompt": list(range(1200, 1200 + 40)), "max_tokens": 1}
+    first = httpx.post(http_stack.http + "/v1/completions", json=body, timeout=60).json()["usage"]
+    second = httpx.post(http_stack.http + "/v1/completions", json=body, timeout=60).json()["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert second["prompt_tokens"] == 40 and 0 < cached < 40, second
+
+
 def test_n_choices_are_the_single_requests_seeded_seed_plus_index(client):
     """OpenAI's n: choice i is what a single request with seed + i gives (vLLM's n with a seed is
     reproducible the same way); usage counts the prompt once and every choice's completion."""
