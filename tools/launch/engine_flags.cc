@@ -50,13 +50,20 @@ std::vector<std::string> Without(std::vector<std::string> forwarded, const std::
   return forwarded;
 }
 
+// The two limits both services take: the scheduler plans under them, the worker sizes buffers.
+std::vector<std::string> BatchLimits(const EngineFlags& f) {
+  std::vector<std::string> out;
+  if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
+  if (f.max_num_batched_tokens > 0) {
+    out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std::string>& passed) {
-  std::vector<std::string> out;
-  if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
-  if (f.max_num_batched_tokens > 0)
-    out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  std::vector<std::string> out = BatchLimits(f);
   if (f.max_model_len > 0) out.push_back("--max-model-len=" + std::to_string(f.max_model_len));
   if (f.block_size > 0) out.push_back("--block-size=" + std::to_string(f.block_size));
   if (f.gpu_memory_utilization > 0) {
@@ -69,10 +76,7 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
 }
 
 std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<std::string>& passed) {
-  std::vector<std::string> out;
-  if (f.max_num_seqs > 0) out.push_back("--max-num-seqs=" + std::to_string(f.max_num_seqs));
-  if (f.max_num_batched_tokens > 0)
-    out.push_back("--max-num-batched-tokens=" + std::to_string(f.max_num_batched_tokens));
+  std::vector<std::string> out = BatchLimits(f);
   if (f.prefix_caching_on) out.push_back("--enable-prefix-caching");
   if (f.prefix_caching_off) out.push_back("--no-enable-prefix-caching");
   if (!f.controller_mode.empty()) out.push_back("--controller-mode=" + f.controller_mode);
