@@ -29,6 +29,9 @@ struct Flags {
   int job_store_size = 1000;   // async jobs kept at most
   int job_retention_s = 3600;  // finished jobs kept this long
   int job_workers = 8;         // async jobs running at once
+  int http_port = -1;          // OpenAI-compatible HTTP front; -1: off
+  int http_max_connections = 1024;  // a streamed response holds its connection's thread
+  size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -44,6 +47,14 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--job-retention-s", f.job_retention_s, "How long finished jobs are kept")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--job-workers", f.job_workers, "Async jobs running at once")->check(CLI::PositiveNumber);
+  app.add_option("--http-port", f.http_port, "OpenAI-compatible HTTP port (-1: off; 0: kernel chooses; "
+                 "written to <ready-file>.http.json)");
+  app.add_option("--http-max-connections", f.http_max_connections,
+                 "HTTP connections served at once, a thread each (more wait to be accepted)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--http-max-body-bytes", f.http_max_body_bytes,
+                 "largest HTTP request body read; a larger one is answered 413")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
 }
 
 // The gateway validates against the model's limits, so it needs the scheduler
@@ -64,6 +75,48 @@ ferry::v1::SchedulerInfo WaitForScheduler(ferry::v1::Scheduler::Stub& stub, int 
   }
 }
 
+// The model facts requests are validated against, from the scheduler (replica 0 answers: every
+// replica serves the same model).
+ferry::gateway::ModelLimits ModelLimitsFrom(const std::shared_ptr<grpc::Channel>& channel, int timeout_s) {
+  auto stub = ferry::v1::Scheduler::NewStub(channel);
+  const auto info = WaitForScheduler(*stub, timeout_s);
+  ferry::gateway::ModelLimits limits;
+  limits.max_model_len = info.max_model_len();
+  limits.vocab_size = info.vocab_size();
+  const auto& d = info.generation_defaults();
+  auto& defaults = limits.defaults;
+  if (d.has_temperature()) defaults.temperature = d.temperature();
+  if (d.has_top_p()) defaults.top_p = d.top_p();
+  if (d.has_top_k()) defaults.top_k = d.top_k();
+  if (d.has_min_p()) defaults.min_p = d.min_p();
+  if (d.has_repetition_penalty()) defaults.repetition_penalty = d.repetition_penalty();
+  spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
+               info.vocab_size());
+  return limits;
+}
+
+// Starts the OpenAI-compatible HTTP front on --http-port; null (logged) when it cannot listen.
+std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& flags,
+                                                                  ferry::gateway::Generator& generator,
+                                                                  ferry::gateway::Authenticator& auth,
+                                                                  ferry::MetricsServer& metrics) {
+  auto http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
+      generator, auth,
+      ferry::gateway::http::HttpServerOptions{
+          flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer),
+          flags.http_max_connections, flags.http_max_body_bytes, [&metrics] { return metrics.Text(); }});
+  const int bound = http->Start(flags.service.host, flags.http_port);
+  if (bound < 0) {
+    spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, flags.http_port);
+    return nullptr;
+  }
+  spdlog::info("OpenAI-compatible HTTP on {}:{}", flags.service.host, bound);
+  if (!flags.service.ready_file.empty()) {
+    ferry::WriteReadyFile(flags.service.ready_file + ".http.json", {{"http_port", bound}});
+  }
+  return http;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,17 +124,6 @@ int main(int argc, char** argv) {
   CLI::App app{"ferry-gateway: public gRPC API of Ferry"};
   Flags flags;
   AddFlags(app, flags);
-  int http_port = -1;  // OpenAI-compatible HTTP front
-  app.add_option("--http-port", http_port, "OpenAI-compatible HTTP port (-1: off; 0: kernel chooses; "
-                 "written to <ready-file>.http.json)");
-  int http_max_connections = 1024;  // a streamed response holds its connection's thread
-  app.add_option("--http-max-connections", http_max_connections,
-                 "HTTP connections served at once, a thread each (more wait to be accepted)")
-      ->check(CLI::Range(1, 65536));
-  size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
-  app.add_option("--http-max-body-bytes", http_max_body_bytes,
-                 "largest HTTP request body read; a larger one is answered 413")
-      ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
   CLI11_PARSE(app, argc, argv);
   ferry::InitLogging("gateway", flags.service.log_level);
 
@@ -95,28 +137,14 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  // Replica 0 answers the model facts; every replica serves the same model.
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const std::string& address : flags.schedulers) {
     channels.push_back(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
-  auto channel = channels.front();
   ferry::gateway::GatewayOptions options;
   try {
-    auto stub = ferry::v1::Scheduler::NewStub(channel);
     if (!flags.lanes_file.empty()) options.lanes = ferry::gateway::LaneTable::FromFile(flags.lanes_file);
-    const auto info = WaitForScheduler(*stub, flags.scheduler_timeout_s);
-    options.limits.max_model_len = info.max_model_len();
-    options.limits.vocab_size = info.vocab_size();
-    const auto& d = info.generation_defaults();
-    auto& defaults = options.limits.defaults;
-    if (d.has_temperature()) defaults.temperature = d.temperature();
-    if (d.has_top_p()) defaults.top_p = d.top_p();
-    if (d.has_top_k()) defaults.top_k = d.top_k();
-    if (d.has_min_p()) defaults.min_p = d.min_p();
-    if (d.has_repetition_penalty()) defaults.repetition_penalty = d.repetition_penalty();
-    spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
-                 info.vocab_size());
+    options.limits = ModelLimitsFrom(channels.front(), flags.scheduler_timeout_s);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 1;
@@ -142,23 +170,10 @@ int main(int argc, char** argv) {
   ferry::gateway::JobRunner job_runner(job_store, generator, *auth, flags.job_workers);
   ferry::gateway::JobsService jobs_service(job_store, job_runner, generator, *auth);
   // OpenAI-compatible HTTP front over the same Generator; stopped before the Generator goes.
-  ferry::gateway::Authenticator* http_auth = auth.get();
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
-  if (http_port >= 0) {
-    http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
-        generator, *http_auth,
-        ferry::gateway::http::HttpServerOptions{
-            flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer),
-            http_max_connections, http_max_body_bytes, [&metrics] { return metrics.Text(); }});
-    const int bound = http->Start(flags.service.host, http_port);
-    if (bound < 0) {
-      spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, http_port);
-      return 1;
-    }
-    spdlog::info("OpenAI-compatible HTTP on {}:{}", flags.service.host, bound);
-    if (!flags.service.ready_file.empty()) {
-      ferry::WriteReadyFile(flags.service.ready_file + ".http.json", {{"http_port", bound}});
-    }
+  if (flags.http_port >= 0) {
+    http = StartHttp(flags, generator, *auth, metrics);
+    if (!http) return 1;
   }
   // SERVING only while some scheduler replica behind answers (each needs its workers).
   ferry::ServeHooks hooks;

@@ -81,6 +81,68 @@ std::string PreparePrompt(const ferry::v1::GenerateRequest& r, const ModelLimits
   return {};
 }
 
+// Returns a message for the first bad field that names tokens or counts them (stop token ids,
+// min_tokens, logit bias): they need the vocabulary and the resolved max_tokens.
+std::string CheckTokenFields(const ferry::v1::SamplingParams& s, int32_t max_tokens, int32_t vocab_size) {
+  if (s.stop_token_ids_size() > kMaxStopTokenIds) {
+    return FieldMessage("sampling.stop_token_ids (count)", s.stop_token_ids_size(),
+                        fmt::format("exceeds the limit of {}", kMaxStopTokenIds));
+  }
+  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
+    if (s.stop_token_ids(i) < 0 || s.stop_token_ids(i) >= vocab_size) {
+      return FieldMessage(fmt::format("sampling.stop_token_ids[{}]", i), s.stop_token_ids(i),
+                          fmt::format("is outside the vocabulary [0, {})", vocab_size));
+    }
+  }
+  if (s.min_tokens() < 0 || s.min_tokens() > max_tokens) {
+    return FieldMessage("sampling.min_tokens", s.min_tokens(), fmt::format("must be in [0, max_tokens = {}]", max_tokens));
+  }
+  if (s.logit_bias_size() > kMaxLogitBias) {
+    return FieldMessage("sampling.logit_bias", s.logit_bias_size(),
+                        fmt::format("entries exceed the limit of {}", kMaxLogitBias));
+  }
+  for (const auto& [token, bias] : s.logit_bias()) {
+    const std::string field = fmt::format("sampling.logit_bias[{}]", token);
+    if (token < 0 || token >= vocab_size) {
+      return FieldMessage(field, token, fmt::format("names a token outside the vocabulary [0, {})", vocab_size));
+    }
+    if (!(bias >= -100 && bias <= 100)) return FieldMessage(field, bias, "must be in [-100, 100]");
+  }
+  return {};
+}
+
+// The scheduler's request for a valid one: fields left unset take the model's defaults.
+ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vector<int32_t>& ids,
+                             int32_t max_tokens, const SamplingDefaults& d, const Lane& lane) {
+  const auto& s = r.sampling();
+  ValidatedRequest out;
+  auto& sub = out.submit;
+  sub.set_request_id(r.request_id());
+  sub.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
+  sub.set_max_tokens(max_tokens);
+  sub.set_temperature(s.has_temperature() ? s.temperature() : d.temperature.value_or(0.f));
+  sub.set_top_p(s.has_top_p() ? s.top_p() : d.top_p.value_or(1.f));
+  sub.set_top_k(s.has_top_k() ? s.top_k() : d.top_k.value_or(0));
+  sub.set_min_p(s.has_min_p() ? s.min_p() : d.min_p.value_or(0.f));
+  sub.set_presence_penalty(s.presence_penalty());
+  sub.set_frequency_penalty(s.frequency_penalty());
+  sub.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty()
+                                                        : d.repetition_penalty.value_or(1.f));
+  sub.set_logprobs(s.has_logprobs() ? s.logprobs() : -1);
+  sub.set_seed(s.seed());
+  *sub.mutable_stop_token_ids() = s.stop_token_ids();
+  *sub.mutable_logit_bias() = s.logit_bias();
+  sub.set_min_tokens(s.min_tokens());
+  sub.set_ignore_eos(s.ignore_eos());
+  sub.set_priority(lane.priority);
+  sub.set_lane(lane.name);
+  sub.set_queue_timeout_ms(lane.queue_timeout_ms);
+  out.stop.assign(s.stop().begin(), s.stop().end());
+  out.lane = lane.name;
+  out.lane_rules = lane;
+  return out;
+}
+
 }  // namespace
 
 bool IsValidUtf8(std::string_view s) {
@@ -147,60 +209,8 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
         "prompt tokens ({}) + sampling.max_tokens ({}) = {} exceeds max_model_len {}", ids.size(), max_tokens,
         total, limits.max_model_len)};
   }
-  if (s.stop_token_ids_size() > kMaxStopTokenIds) {
-    return ValidationError{FieldMessage("sampling.stop_token_ids (count)", s.stop_token_ids_size(),
-                                        fmt::format("exceeds the limit of {}", kMaxStopTokenIds))};
-  }
-  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
-    if (s.stop_token_ids(i) < 0 || s.stop_token_ids(i) >= limits.vocab_size) {
-      return ValidationError{FieldMessage(fmt::format("sampling.stop_token_ids[{}]", i), s.stop_token_ids(i),
-                                          fmt::format("is outside the vocabulary [0, {})", limits.vocab_size))};
-    }
-  }
-  if (s.min_tokens() < 0 || s.min_tokens() > max_tokens) {
-    return ValidationError{FieldMessage("sampling.min_tokens", s.min_tokens(),
-                                        fmt::format("must be in [0, max_tokens = {}]", max_tokens))};
-  }
-  if (s.logit_bias_size() > kMaxLogitBias) {
-    return ValidationError{FieldMessage("sampling.logit_bias", s.logit_bias_size(),
-                                        fmt::format("entries exceed the limit of {}", kMaxLogitBias))};
-  }
-  for (const auto& [token, bias] : s.logit_bias()) {
-    const std::string field = fmt::format("sampling.logit_bias[{}]", token);
-    if (token < 0 || token >= limits.vocab_size) {
-      return ValidationError{
-          FieldMessage(field, token, fmt::format("names a token outside the vocabulary [0, {})", limits.vocab_size))};
-    }
-    if (!(bias >= -100 && bias <= 100)) return ValidationError{FieldMessage(field, bias, "must be in [-100, 100]")};
-  }
-
-  ValidatedRequest out;
-  auto& sub = out.submit;
-  sub.set_request_id(r.request_id());
-  sub.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
-  sub.set_max_tokens(max_tokens);
-  const SamplingDefaults& d = limits.defaults;
-  sub.set_temperature(s.has_temperature() ? s.temperature() : d.temperature.value_or(0.f));
-  sub.set_top_p(s.has_top_p() ? s.top_p() : d.top_p.value_or(1.f));
-  sub.set_top_k(s.has_top_k() ? s.top_k() : d.top_k.value_or(0));
-  sub.set_min_p(s.has_min_p() ? s.min_p() : d.min_p.value_or(0.f));
-  sub.set_presence_penalty(s.presence_penalty());
-  sub.set_frequency_penalty(s.frequency_penalty());
-  sub.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty()
-                                                        : d.repetition_penalty.value_or(1.f));
-  sub.set_logprobs(s.has_logprobs() ? s.logprobs() : -1);
-  sub.set_seed(s.seed());
-  *sub.mutable_stop_token_ids() = s.stop_token_ids();
-  *sub.mutable_logit_bias() = s.logit_bias();
-  sub.set_min_tokens(s.min_tokens());
-  sub.set_ignore_eos(s.ignore_eos());
-  sub.set_priority(lane->priority);
-  sub.set_lane(lane->name);
-  out.stop.assign(s.stop().begin(), s.stop().end());
-  out.lane = lane->name;
-  out.lane_rules = *lane;
-  sub.set_queue_timeout_ms(lane->queue_timeout_ms);
-  return out;
+  if (std::string e = CheckTokenFields(s, max_tokens, limits.vocab_size); !e.empty()) return ValidationError{e};
+  return BuildSubmit(r, ids, max_tokens, limits.defaults, *lane);
 }
 
 }  // namespace ferry::gateway

@@ -85,6 +85,51 @@ ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
   return c;
 }
 
+// The planner's configuration: the flags, within what the workers hold.
+ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1::WorkerInfo& worker_info) {
+  ferry::scheduler::SchedulerConfig config;
+  config.max_num_seqs = flags.max_num_seqs;
+  config.max_num_batched_tokens = flags.max_num_batched_tokens;
+  config.max_model_len = flags.max_model_len > 0 ? std::min(flags.max_model_len, worker_info.max_model_len())
+                                                 : worker_info.max_model_len();
+  config.block_size = worker_info.block_size();
+  config.num_kv_blocks = worker_info.num_kv_blocks();
+  config.enable_prefix_caching = flags.enable_prefix_caching;
+  config.aging_interval_ms = flags.aging_interval_ms;
+  config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
+  config.lane_reservations = ParseReservations(flags.lane_reservations);
+  return config;
+}
+
+// What the gateway learns from Info: the model's facts as this replica serves them.
+ferry::v1::SchedulerInfo InfoFrom(const ferry::v1::WorkerInfo& worker_info,
+                                  const ferry::scheduler::SchedulerConfig& config, int tensor_parallel_size) {
+  ferry::v1::SchedulerInfo info;
+  info.set_model(worker_info.model());
+  info.set_max_model_len(config.max_model_len);
+  info.set_vocab_size(worker_info.vocab_size());
+  *info.mutable_eos_token_ids() = worker_info.eos_token_ids();
+  info.set_num_kv_blocks(config.num_kv_blocks);
+  info.set_block_size(config.block_size);
+  *info.mutable_generation_defaults() = worker_info.generation_defaults();
+  info.set_tensor_parallel_size(tensor_parallel_size);
+  return info;
+}
+
+// ferry_scheduler_worker_up{rank}: an alert can name the replica and the rank that stopped answering.
+std::vector<prometheus::Gauge*> WorkerUpGauges(prometheus::Registry& registry, size_t num_ranks) {
+  auto& worker_up = prometheus::BuildGauge()
+                        .Name("ferry_scheduler_worker_up")
+                        .Help("1 while the worker rank answers its health check, else 0")
+                        .Register(registry);
+  std::vector<prometheus::Gauge*> rank_up;
+  for (size_t rank = 0; rank < num_ranks; ++rank) {
+    rank_up.push_back(&worker_up.Add({{"rank", std::to_string(rank)}}));
+    rank_up.back()->Set(1);  // WaitForInfo has just heard from every rank
+  }
+  return rank_up;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,33 +149,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   ferry::scheduler::SchedulerConfig config;
-  config.max_num_seqs = flags.max_num_seqs;
-  config.max_num_batched_tokens = flags.max_num_batched_tokens;
-  config.max_model_len = flags.max_model_len > 0 ? std::min(flags.max_model_len, worker_info.max_model_len())
-                                                 : worker_info.max_model_len();
-  config.block_size = worker_info.block_size();
-  config.num_kv_blocks = worker_info.num_kv_blocks();
-  config.enable_prefix_caching = flags.enable_prefix_caching;
-  config.aging_interval_ms = flags.aging_interval_ms;
-  config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   ferry::scheduler::ControllerOptions controller;
   try {
-    config.lane_reservations = ParseReservations(flags.lane_reservations);
+    config = ConfigFrom(flags, worker_info);
     controller = ControllerFlags(flags);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 2;
   }
-
-  ferry::v1::SchedulerInfo info;
-  info.set_model(worker_info.model());
-  info.set_max_model_len(config.max_model_len);
-  info.set_vocab_size(worker_info.vocab_size());
-  *info.mutable_eos_token_ids() = worker_info.eos_token_ids();
-  info.set_num_kv_blocks(config.num_kv_blocks);
-  info.set_block_size(config.block_size);
-  *info.mutable_generation_defaults() = worker_info.generation_defaults();
-  info.set_tensor_parallel_size(static_cast<int>(flags.workers.size()));
+  const ferry::v1::SchedulerInfo info = InfoFrom(worker_info, config, static_cast<int>(flags.workers.size()));
   spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {} ({}), max_num_batched_tokens {}, "
                "prefix caching {}, async scheduling {}", info.model(), config.num_kv_blocks, config.block_size,
                config.max_model_len, config.max_num_seqs, flags.controller_mode, config.max_num_batched_tokens,
@@ -141,15 +168,7 @@ int main(int argc, char** argv) {
   ferry::scheduler::SchedulerService service(loop, info);
   // SERVING only while every worker rank answers its health check; each rank's answer is
   // exported too (ferry_scheduler_worker_up), so an alert can name the replica and the rank.
-  auto& worker_up = prometheus::BuildGauge()
-                        .Name("ferry_scheduler_worker_up")
-                        .Help("1 while the worker rank answers its health check, else 0")
-                        .Register(metrics.registry());
-  std::vector<prometheus::Gauge*> rank_up;
-  for (size_t rank = 0; rank < flags.workers.size(); ++rank) {
-    rank_up.push_back(&worker_up.Add({{"rank", std::to_string(rank)}}));
-    rank_up.back()->Set(1);  // WaitForInfo has just heard from every rank
-  }
+  std::vector<prometheus::Gauge*> rank_up = WorkerUpGauges(metrics.registry(), flags.workers.size());
   ferry::ServeHooks hooks;
   hooks.is_ready = [&workers, &rank_up] {
     const std::vector<bool> ranks = workers.HealthyRanks(std::chrono::milliseconds(300));

@@ -66,6 +66,20 @@ OpenAiHttpServer::~OpenAiHttpServer() { Stop(); }
 
 int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_ = std::make_unique<httplib::Server>();
+  const auto listening = ConfigureTransport();
+  SetErrorHandlers();
+  AddRoutes();
+  int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return -1;
+  if (const int sock = listening->load(); sock >= 0 && ::listen(sock, SOMAXCONN) != 0) {
+    spdlog::warn("HTTP: cannot raise the listen backlog: {}", std::strerror(errno));
+  }
+  port_ = bound;
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  return bound;
+}
+
+std::shared_ptr<std::atomic<int>> OpenAiHttpServer::ConfigureTransport() {
   // Without it, Nagle's algorithm holds each small write (an SSE chunk, a short JSON answer)
   // until the client's delayed ACK: ~40-50 ms on the first token (measured with ferry-bench).
   server_->set_tcp_nodelay(true);
@@ -86,6 +100,10 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   });
   // cpp-httplib reads any body length by default: a client could make the gateway hold gigabytes.
   server_->set_payload_max_length(options_.max_body_bytes);
+  return listening;
+}
+
+void OpenAiHttpServer::SetErrorHandlers() {
   server_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (res.status != 413 || !res.body.empty()) return;
     ApiError error = InvalidField("", fmt::format("the request body is larger than the limit of {} bytes "
@@ -107,6 +125,9 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
     ApiError error = ErrorFromStatus({grpc::StatusCode::INTERNAL, "internal error: " + what});
     SendError(res, error);
   });
+}
+
+void OpenAiHttpServer::AddRoutes() {
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kCompletions);
   });
@@ -133,14 +154,6 @@ int OpenAiHttpServer::Start(const std::string& host, int port) {
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (!RefusedWhileDraining(res)) res.set_content("", "text/plain");  // a balancer stops sending while draining
   });
-  int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
-  if (bound <= 0) return -1;
-  if (const int sock = listening->load(); sock >= 0 && ::listen(sock, SOMAXCONN) != 0) {
-    spdlog::warn("HTTP: cannot raise the listen backlog: {}", std::strerror(errno));
-  }
-  port_ = bound;
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
-  return bound;
 }
 
 void OpenAiHttpServer::Stop() {

@@ -63,6 +63,11 @@ class OpenAiHttpServer {
   // The request body as JSON, or nullopt after refusing it (too deep, not JSON).
   std::optional<json> ParseBody(const httplib::Request& req, httplib::Response& res);
   // /tokenize (encode) and /detokenize: tokenize_api.h.
+  // Start's parts: socket and limit settings (returns the listening socket once bound), error
+  // handlers, and the routes.
+  std::shared_ptr<std::atomic<int>> ConfigureTransport();
+  void SetErrorHandlers();
+  void AddRoutes();
   void HandleTokenizer(const httplib::Request& req, httplib::Response& res, bool encode);
   void HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   // Auth and the context of one admitted request; returns an error to send instead.
