@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/utf8.h"
 #include "ferry/v1/generation.pb.h"
 #include "ferry/v1/scheduler.pb.h"
 #include "gateway/lanes.h"
@@ -58,6 +59,6 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
                                                                 const LaneTable& lanes,
                                                                 const tokenizer::Tokenizer& tokenizer);
 
-bool IsValidUtf8(std::string_view s);
+using ferry::IsValidUtf8;  // common/utf8.h
 
 }  // namespace ferry::gateway

@@ -7,18 +7,6 @@
 namespace ferry::gateway {
 namespace {
 
-TEST(IsValidUtf8, AcceptsAndRejects) {
-  EXPECT_TRUE(IsValidUtf8(""));
-  EXPECT_TRUE(IsValidUtf8("plain ascii"));
-  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe4\xb8\x96 \xf0\x9f\x9a\x80"));
-  EXPECT_FALSE(IsValidUtf8("caf\xc3"));              // truncated
-  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));             // overlong '/'
-  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));         // surrogate
-  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));     // past U+10FFFF
-  EXPECT_FALSE(IsValidUtf8("\x80"));                 // stray continuation
-  EXPECT_FALSE(IsValidUtf8("\xff"));
-}
-
 class ValidateRequestTest : public ::testing::Test {
  protected:
   ValidateRequestTest()

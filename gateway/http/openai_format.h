@@ -119,6 +119,9 @@ struct StreamState {
 // One streamed chunk object (without the "data: " framing). For the last chunk,
 // finish_reason is set.
 json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state);
+// SseEvent(StreamChunkJson(...)), byte for byte; a chunk without logprobs (nearly every one) is
+// written directly, without building a JSON tree (2.5 us a chunk on the dev VM).
+std::string StreamChunkEvent(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state);
 // The extra final chunk for stream_options.include_usage: empty choices and usage.
 json StreamUsageJson(const ResponseContext& ctx, const ferry::v1::Usage& usage);
 // Adds one choice's usage to a request's total: its completion always, its prompt only for the

@@ -281,5 +281,50 @@ TEST(Responses, ChatChunksSendRoleOnceAndChatLogprobs) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
 }
 
+// StreamChunkEvent writes the common chunk without nlohmann; it must give the same bytes as the
+// tree it replaces, for every state a stream passes through.
+TEST(Responses, StreamChunkEventIsTheJsonTreeByteForByte) {
+  const std::vector<std::string> texts = {"", "Hi", " there", "a\"b\\c\n\t\x01\x1f\x7f", "caf\xc3\xa9 \xf0\x9f\x9a\x80",
+                                          "</script>", std::string(300, 'x')};
+  const std::vector<ferry::v1::FinishReason> reasons = {
+      ferry::v1::FINISH_REASON_UNSPECIFIED, ferry::v1::FINISH_REASON_LENGTH, ferry::v1::FINISH_REASON_EOS,
+      ferry::v1::FINISH_REASON_STOP, ferry::v1::FINISH_REASON_TIMEOUT};
+  int cases = 0;
+  for (const Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChat}) {
+    const ResponseContext ctx{endpoint, "chatcmpl-\"quoted\"-\xc3\xa9", 1764590000, "qwen2.5 \"0.5b\"\\x"};
+    for (const std::string& text : texts) {
+      for (const auto reason : reasons) {
+        for (const bool role_sent : {false, true}) {
+          for (const int32_t index : {0, 7, 127}) {
+            ferry::v1::GenerateChunk chunk;
+            chunk.set_text(text);
+            chunk.set_finish_reason(reason);
+            StreamState fast{index, role_sent, 0}, tree{index, role_sent, 0};
+            ASSERT_EQ(StreamChunkEvent(ctx, chunk, fast), SseEvent(StreamChunkJson(ctx, chunk, tree)))
+                << "text \"" << text << "\" reason " << reason << " role_sent " << role_sent;
+            EXPECT_EQ(fast.is_role_sent, tree.is_role_sent);
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 2 * 7 * 5 * 2 * 3);
+}
+
+TEST(Responses, StreamChunkEventFallsBackForLogprobsAndBrokenText) {
+  const ResponseContext ctx{Endpoint::kCompletions, "cmpl-1", 123, "m"};
+  StreamState fast, tree;
+  const ferry::v1::GenerateChunk with_logprobs = Chunk("a", ferry::v1::FINISH_REASON_UNSPECIFIED);
+  ASSERT_GT(with_logprobs.logprobs_size(), 0);
+  EXPECT_EQ(StreamChunkEvent(ctx, with_logprobs, fast), SseEvent(StreamChunkJson(ctx, with_logprobs, tree)));
+  EXPECT_EQ(fast.text_offset, tree.text_offset);
+  ferry::v1::GenerateChunk broken;
+  broken.set_text("half \xe4\xb8");  // the tree replaces it with U+FFFD
+  const std::string event = StreamChunkEvent(ctx, broken, fast);
+  EXPECT_EQ(event, SseEvent(StreamChunkJson(ctx, broken, tree)));
+  EXPECT_NE(event.find("\xef\xbf\xbd"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ferry::gateway::http

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/utf8.h"
 #include "gateway/http/openai_format.h"
 
 namespace ferry::gateway::http {
@@ -114,6 +115,44 @@ json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk&
     if (chunk.logprobs_size() > 0) choice["logprobs"] = CompletionLogprobs(chunk.logprobs(), state.text_offset);
   }
   out["choices"] = json::array({choice});
+  return out;
+}
+
+std::string StreamChunkEvent(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {
+  if (chunk.logprobs_size() > 0 || !IsValidUtf8(chunk.text()) || !IsValidUtf8(ctx.id) || !IsValidUtf8(ctx.model)) {
+    return SseEvent(StreamChunkJson(ctx, chunk, state));
+  }
+  // nlohmann's objects are sorted maps: keys go out in that order, so the bytes are the same.
+  const bool chat = ctx.endpoint == Endpoint::kChat;
+  std::string out;
+  out.reserve(192 + ctx.id.size() + ctx.model.size() + chunk.text().size());
+  out += "data: {\"choices\":[{";
+  if (chat) {
+    out += "\"delta\":{";
+    if (!chunk.text().empty() || !state.is_role_sent) {
+      out += "\"content\":";
+      AppendJsonString(out, chunk.text());
+      if (!state.is_role_sent) out += ",\"role\":\"assistant\"";
+    }
+    out += "},";
+    state.is_role_sent = true;
+  }
+  out += "\"finish_reason\":";
+  if (chunk.finish_reason() == ferry::v1::FINISH_REASON_UNSPECIFIED) {
+    out += "null";
+  } else {
+    AppendJsonString(out, FinishReasonName(chunk.finish_reason()));
+  }
+  out += ",\"index\":" + std::to_string(state.index) + ",\"logprobs\":null";
+  if (!chat) {
+    out += ",\"text\":";
+    AppendJsonString(out, chunk.text());
+  }
+  out += "}],\"created\":" + std::to_string(ctx.created) + ",\"id\":";
+  AppendJsonString(out, ctx.id);
+  out += ",\"model\":";
+  AppendJsonString(out, ctx.model);
+  out += chat ? ",\"object\":\"chat.completion.chunk\"}\n\n" : ",\"object\":\"text_completion\"}\n\n";
   return out;
 }
 

@@ -48,7 +48,7 @@ SseStream::SseStream(ResponseContext ctx, int32_t num_choices, int32_t n, bool i
 void SseStream::OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk) {
   std::lock_guard lock(mu_);
   if (is_broken_) return;
-  std::string event = SseEvent(StreamChunkJson(ctx_, chunk, states_.at(static_cast<size_t>(index))));
+  std::string event = StreamChunkEvent(ctx_, chunk, states_.at(static_cast<size_t>(index)));
   if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
     AddChoiceUsage(chunk.usage(), static_cast<size_t>(index), n_, usage_);
   }
