@@ -79,6 +79,7 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
   lane_series_->waiting.Increment();
   progress_.emplace(StreamProgress{CompletionText(generator_.tokenizer_, v.stop, v.submit.min_tokens())});
   progress_->final_chunk.set_request_id(v.submit.request_id());
+  if (v.submit.has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
   prefix_key_ = PrefixKey(v.submit.prompt_token_ids());
   cost_ = v.submit.prompt_token_ids_size() + v.submit.max_tokens();
   StartAttempt();
@@ -128,7 +129,9 @@ void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
     if (progress.text.stopped()) attempt_->Cancel();  // the scheduler frees the sequence
     return attempt_->StopReading();
   }
-  if (chunk.token_ids_size() > 0 || !chunk.text().empty()) return hooks_.write(std::move(chunk));
+  if (chunk.token_ids_size() > 0 || !chunk.text().empty() || chunk.prompt_logprobs_size() > 0) {
+    return hooks_.write(std::move(chunk));
+  }
   attempt_->ReadNext();
 }
 

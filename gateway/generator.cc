@@ -201,6 +201,7 @@ void AppendChunk(const ferry::v1::GenerateChunk& chunk, ferry::v1::GenerateRespo
   response.mutable_text()->append(chunk.text());
   response.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
   response.mutable_logprobs()->MergeFrom(chunk.logprobs());
+  response.mutable_prompt_logprobs()->MergeFrom(chunk.prompt_logprobs());
   if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
     response.set_finish_reason(chunk.finish_reason());
     *response.mutable_usage() = chunk.usage();
@@ -208,22 +209,38 @@ void AppendChunk(const ferry::v1::GenerateChunk& chunk, ferry::v1::GenerateRespo
   }
 }
 
+namespace {
+
+// Copies a logprob entry, adding each token's own text, as OpenAI's logprobs show it.
+void AddDecoded(const ferry::v1::TokenLogprob& in, int32_t token, const tokenizer::Tokenizer& tokenizer,
+                ferry::v1::TokenLogprob* out) {
+  *out = in;
+  out->set_token_id(token);
+  out->set_token(tokenizer.Decode(std::span<const int32_t>(&token, 1)));
+  for (auto& top : *out->mutable_top()) {
+    const int32_t id = top.token_id();
+    top.set_token(tokenizer.Decode(std::span<const int32_t>(&id, 1)));
+  }
+}
+
+}  // namespace
+
 ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& event,
                                                 const tokenizer::Tokenizer& tokenizer) {
   ferry::v1::GenerateChunk chunk;
+  if (first_prompt_token >= 0) {
+    auto* head = chunk.add_prompt_logprobs();
+    head->set_token_id(first_prompt_token);
+    head->set_token(tokenizer.Decode(std::span<const int32_t>(&first_prompt_token, 1)));
+    first_prompt_token = -1;
+  }
+  for (const auto& lp : event.prompt_logprobs()) {
+    AddDecoded(lp, lp.token_id(), tokenizer, chunk.add_prompt_logprobs());
+  }
   for (int i = 0; i < event.token_ids_size(); ++i) {
     const int32_t token = event.token_ids(i);
     chunk.add_token_ids(token);
-    if (i < event.logprobs_size()) {
-      // The token's own text, as OpenAI's logprobs show it.
-      auto* lp = chunk.add_logprobs();
-      *lp = event.logprobs(i);
-      lp->set_token(tokenizer.Decode(std::span<const int32_t>(&token, 1)));
-      for (auto& top : *lp->mutable_top()) {
-        const int32_t id = top.token_id();
-        top.set_token(tokenizer.Decode(std::span<const int32_t>(&id, 1)));
-      }
-    }
+    if (i < event.logprobs_size()) AddDecoded(event.logprobs(i), token, tokenizer, chunk.add_logprobs());
     ++completion_tokens;
     chunk.mutable_text()->append(text.Add(token));
     if (text.stopped()) {

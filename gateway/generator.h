@@ -47,6 +47,9 @@ struct StreamProgress {
   int32_t num_cached_tokens = 0;  // prompt tokens the scheduler found in its prefix cache
   double first_token_s = 0;
   double last_token_s = 0;  // since arrival, of the latest event that carried tokens
+  // prompt_logprobs: the first prompt token, sent (without a logprob) ahead of the others in
+  // the first chunk; -1 when not requested or already sent.
+  int32_t first_prompt_token = -1;
   // Folds one scheduler event into a chunk; sets reason when it ends the request.
   ferry::v1::GenerateChunk Consume(const ferry::v1::TokenEvent& event, const tokenizer::Tokenizer& tokenizer);
 };

@@ -38,6 +38,9 @@ std::string CheckSampling(const ferry::v1::SamplingParams& s) {
   if (s.has_logprobs() && (s.logprobs() < 0 || s.logprobs() > kMaxLogprobs)) {
     return FieldMessage("sampling.logprobs", s.logprobs(), fmt::format("must be in [0, {}]", kMaxLogprobs));
   }
+  if (s.has_prompt_logprobs() && (s.prompt_logprobs() < 0 || s.prompt_logprobs() > kMaxLogprobs)) {
+    return FieldMessage("sampling.prompt_logprobs", s.prompt_logprobs(), fmt::format("must be in [0, {}]", kMaxLogprobs));
+  }
   if (s.stop_size() > kMaxStopStrings) {
     return FieldMessage("sampling.stop (count)", s.stop_size(), fmt::format("exceeds the limit of {}", kMaxStopStrings));
   }
@@ -129,6 +132,7 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   sub.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty()
                                                         : d.repetition_penalty.value_or(1.f));
   sub.set_logprobs(s.has_logprobs() ? s.logprobs() : -1);
+  if (s.has_prompt_logprobs()) sub.set_prompt_logprobs(s.prompt_logprobs());
   sub.set_seed(s.seed());
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
   *sub.mutable_logit_bias() = s.logit_bias();

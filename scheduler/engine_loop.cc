@@ -242,7 +242,8 @@ void EngineLoop::CompleteStep() {
   in_flight_.pop_front();
   std::vector<SeqEvent> events;
   try {
-    events = core_.Commit(step.plan, workers_.Receive());
+    StepOutput output = workers_.Receive();
+    events = core_.Commit(step.plan, output.sampled, output.prompt_logprobs);
   } catch (const std::exception& e) {
     AbortAll(e, step.plan.step_id);
     return;

@@ -33,10 +33,10 @@ class WorkerGroup {
   // Sends one step to every worker. Throws std::runtime_error when a worker
   // cannot be reached.
   virtual void Send(uint64_t step_id, const StepPlan& plan) = 0;
-  // Waits for the oldest step sent and not yet received; returns its samples
-  // (rank 0's). Throws std::runtime_error when a worker failed the step or
+  // Waits for the oldest step sent and not yet received; returns its samples and
+  // prompt logprobs (rank 0's). Throws std::runtime_error when a worker failed the step or
   // cannot be reached; the steps sent after it are then lost too.
-  virtual std::vector<SampledToken> Receive() = 0;
+  virtual StepOutput Receive() = 0;
 };
 
 struct LoopMetrics;

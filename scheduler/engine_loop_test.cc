@@ -23,7 +23,7 @@ class FakeWorkers : public WorkerGroup {
     max_outstanding = std::max(max_outstanding, sent_.size());
   }
   // Runs the oldest step sent (a worker runs them in order).
-  std::vector<SampledToken> Receive() override {
+  StepOutput Receive() override {
     if (gate.valid()) gate.wait();
     const StepPlan plan = std::move(sent_.front());
     sent_.pop_front();
@@ -45,7 +45,7 @@ class FakeWorkers : public WorkerGroup {
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-    return out;
+    return StepOutput{std::move(out), {}};
   }
   size_t live() const { return seqs_.size(); }
   // Most steps sent and not yet received at once (written by the loop thread;

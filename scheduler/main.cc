@@ -113,6 +113,7 @@ ferry::v1::SchedulerInfo InfoFrom(const ferry::v1::WorkerInfo& worker_info,
   info.set_block_size(config.block_size);
   *info.mutable_generation_defaults() = worker_info.generation_defaults();
   info.set_tensor_parallel_size(tensor_parallel_size);
+  info.set_supports_prompt_logprobs(worker_info.supports_prompt_logprobs());
   return info;
 }
 

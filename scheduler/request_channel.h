@@ -93,6 +93,8 @@ class RequestChannel {
       SeqEvent& next = events_.front();
       merged.new_tokens.insert(merged.new_tokens.end(), next.new_tokens.begin(), next.new_tokens.end());
       merged.logprobs.insert(merged.logprobs.end(), next.logprobs.begin(), next.logprobs.end());
+      merged.prompt_logprobs.insert(merged.prompt_logprobs.end(), next.prompt_logprobs.begin(),
+                                    next.prompt_logprobs.end());
       merged.finish = next.finish;
       events_.pop_front();
     }

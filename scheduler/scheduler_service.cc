@@ -25,6 +25,7 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   p.frequency_penalty = r.frequency_penalty();
   p.repetition_penalty = r.repetition_penalty() > 0 ? r.repetition_penalty() : 1.f;
   p.logprobs = r.logprobs();
+  p.prompt_logprobs = r.has_prompt_logprobs() ? r.prompt_logprobs() : -1;
   p.seed = r.seed();
   p.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
   std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
@@ -86,19 +87,34 @@ grpc::Status SchedulerService::Info(grpc::ServerContext*, const ferry::v1::Sched
 
 namespace {
 
+void ToProto(const TokenLogprob& in, int32_t token_id, ferry::v1::TokenLogprob* out) {
+  out->set_token_id(token_id);
+  out->set_logprob(in.logprob);
+  for (const auto& [id, logprob] : in.top) {
+    auto* top = out->add_top();
+    top->set_token_id(id);
+    top->set_logprob(logprob);
+  }
+}
+
+// A bad value would fail the worker's whole step, every sequence in it with it.
+void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
+  if (!r.has_prompt_logprobs()) return;
+  if (r.prompt_logprobs() < 0 || r.prompt_logprobs() > 20) {
+    throw std::invalid_argument(fmt::format("prompt_logprobs = {} must be in [0, 20]", r.prompt_logprobs()));
+  }
+  if (!info.supports_prompt_logprobs()) {
+    throw std::invalid_argument("prompt_logprobs is not supported by this replica's worker backend");
+  }
+}
+
 ferry::v1::TokenEvent ToTokenEvent(const SeqEvent& event) {
   ferry::v1::TokenEvent out;
   out.mutable_token_ids()->Add(event.new_tokens.begin(), event.new_tokens.end());
   for (size_t i = 0; i < event.logprobs.size() && i < event.new_tokens.size(); ++i) {
-    auto* lp = out.add_logprobs();
-    lp->set_token_id(event.new_tokens[i]);
-    lp->set_logprob(event.logprobs[i].logprob);
-    for (const auto& [id, logprob] : event.logprobs[i].top) {
-      auto* top = lp->add_top();
-      top->set_token_id(id);
-      top->set_logprob(logprob);
-    }
+    ToProto(event.logprobs[i], event.new_tokens[i], out.add_logprobs());
   }
+  for (const TokenLogprob& lp : event.prompt_logprobs) ToProto(lp, lp.token_id, out.add_prompt_logprobs());
   out.set_finish(ToProto(event.finish));
   return out;
 }
@@ -233,6 +249,7 @@ grpc::ServerWriteReactor<ferry::v1::TokenEvent>* SchedulerService::Submit(grpc::
   const std::vector<int32_t> eos(info_.eos_token_ids().begin(), info_.eos_token_ids().end());
   const auto arrival = Clock::now();
   try {
+    CheckPromptLogprobs(*request, info_);
     RequestSpec spec = ToRequestSpec(*request, eos);
     spec.deadline = SteadyDeadline(*context);
     const TimePoint queue_deadline = request->queue_timeout_ms() > 0

@@ -113,6 +113,7 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->set_min_tokens(p.min_tokens);
     out->mutable_min_tokens_suppressed_ids()->Add(p.min_tokens_suppressed_ids.begin(),
                                                   p.min_tokens_suppressed_ids.end());
+    if (p.prompt_logprobs >= 0) out->set_prompt_logprobs(p.prompt_logprobs);
   }
   for (const auto& s : plan.scheduled) {
     auto* out = request.add_scheduled();
@@ -137,9 +138,20 @@ void GrpcWorkerGroup::Send(uint64_t step_id, const StepPlan& plan) {
   }
 }
 
-std::vector<SampledToken> GrpcWorkerGroup::Receive() {
+namespace {
+
+TokenLogprob FromProto(const ferry::v1::TokenLogprob& in) {
+  TokenLogprob lp{.token_id = in.token_id(), .logprob = in.logprob(), .top = {}};
+  lp.top.reserve(in.top_size());
+  for (const auto& top : in.top()) lp.top.emplace_back(top.token_id(), top.logprob());
+  return lp;
+}
+
+}  // namespace
+
+StepOutput GrpcWorkerGroup::Receive() {
   if (!ranks_.front()->stream) throw std::runtime_error("no step in flight: the worker streams are closed");
-  std::vector<SampledToken> sampled;
+  StepOutput output;
   std::string error;
   for (size_t r = 0; r < ranks_.size(); ++r) {
     ferry::v1::StepResult result;
@@ -151,16 +163,18 @@ std::vector<SampledToken> GrpcWorkerGroup::Receive() {
     if (r != 0) continue;
     for (const auto& s : result.sampled()) {
       SampledToken token{s.seq_id(), s.token_id(), std::nullopt};
-      if (s.has_logprob()) {
-        TokenLogprob lp{s.logprob().logprob(), {}};
-        for (const auto& top : s.logprob().top()) lp.top.emplace_back(top.token_id(), top.logprob());
-        token.logprob = std::move(lp);
-      }
-      sampled.push_back(std::move(token));
+      if (s.has_logprob()) token.logprob = FromProto(s.logprob());
+      output.sampled.push_back(std::move(token));
+    }
+    for (const auto& p : result.prompt_logprobs()) {
+      PromptLogprobs& out = output.prompt_logprobs.emplace_back();
+      out.seq_id = p.seq_id();
+      out.first_index = p.first_index();
+      for (const auto& lp : p.logprobs()) out.logprobs.push_back(FromProto(lp));
     }
   }
   if (!error.empty()) throw std::runtime_error("worker failed step: " + error);
-  return sampled;
+  return output;
 }
 
 }  // namespace ferry::scheduler

@@ -29,7 +29,7 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // Reads one result from every rank, in rank order; on a failure the streams
   // close (the next Send opens new ones, and a worker forgets every sequence
   // when a new stream opens).
-  std::vector<SampledToken> Receive() override;
+  StepOutput Receive() override;
   // Whether every rank answers Health within timeout (thread-safe: only uses the stubs).
   bool Healthy(std::chrono::milliseconds timeout) const;
   // Each rank's answer, rank 0 first (every rank is asked, even after one fails).

@@ -52,6 +52,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   for (int32_t id : info.eos_token_ids) out->add_eos_token_ids(id);
   out->set_tp_rank(info.tp_rank);
   out->set_tp_size(info.tp_size);
+  out->set_supports_prompt_logprobs(info.supports_prompt_logprobs);
   const GenerationDefaults& d = info.generation_defaults;
   auto* defaults = out->mutable_generation_defaults();
   if (d.temperature) defaults->set_temperature(*d.temperature);
@@ -67,6 +68,20 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::Health
   out->set_ok(runner_.healthy());
   return grpc::Status::OK;
 }
+
+namespace {
+
+void ToTokenLogprob(const SampledTokenOut& s, ferry::v1::TokenLogprob* out) {
+  out->set_token_id(s.token_id);
+  out->set_logprob(s.logprob);
+  for (const auto& [id, logprob] : s.top_logprobs) {
+    auto* top = out->add_top();
+    top->set_token_id(id);
+    top->set_logprob(logprob);
+  }
+}
+
+}  // namespace
 
 StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
   StepSpec spec;
@@ -89,6 +104,7 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.sampling.min_tokens = n.min_tokens();
     s.sampling.min_tokens_suppressed_ids.assign(n.min_tokens_suppressed_ids().begin(),
                                                 n.min_tokens_suppressed_ids().end());
+    s.prompt_logprobs = n.has_prompt_logprobs() ? n.prompt_logprobs() : -1;
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {
@@ -111,15 +127,13 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
       auto* out = result.add_sampled();
       out->set_seq_id(s.seq_id);
       out->set_token_id(s.token_id);
-      if (!s.has_logprobs) continue;
-      auto* lp = out->mutable_logprob();
-      lp->set_token_id(s.token_id);
-      lp->set_logprob(s.logprob);
-      for (const auto& [id, logprob] : s.top_logprobs) {
-        auto* top = lp->add_top();
-        top->set_token_id(id);
-        top->set_logprob(logprob);
-      }
+      if (s.has_logprobs) ToTokenLogprob(s, out->mutable_logprob());
+    }
+    for (const PromptLogprobsOut& p : runner_.TakePromptLogprobs()) {
+      auto* out = result.add_prompt_logprobs();
+      out->set_seq_id(p.seq_id);
+      out->set_first_index(p.first_index);
+      for (const SampledTokenOut& t : p.tokens) ToTokenLogprob(t, out->add_logprobs());
     }
     int64_t computed = 0;
     for (const auto& s : spec.scheduled) computed += s.num_tokens;

@@ -80,6 +80,10 @@ struct OpenAiRequest {
   bool include_usage = false;           // stream_options.include_usage
   std::optional<int64_t> timeout_ms;    // body field timeout_ms
   bool is_max_tokens_set = true;        // chat: false when the client left it to the context
+  // Completions' echo: each choice's text (and, with logprobs, its logprobs) starts with its
+  // prompt's. Filled at parse time (token-id prompts: empty until decoded by the server).
+  bool echo = false;
+  std::vector<std::string> echo_texts;  // one per prompt
 };
 
 std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body);
@@ -92,6 +96,12 @@ std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const Cha
 // One request per choice, in OpenAI's order: prompt p's choice i at index p * n + i, seeded with
 // seed + i when a seed is set (so a single request with seed + i reproduces it).
 std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r);
+
+// echo: prefixes every choice (prompt p's choice i at index p * n + i) with its prompt's text
+// and, when the prompt's logprobs came back, its logprobs with them (the first prompt token's
+// without a logprob: null in the JSON, as OpenAI's).
+void ApplyEcho(const std::vector<std::string>& prompt_texts, int32_t n,
+               std::vector<ferry::v1::GenerateResponse>& responses);
 
 // Identity of one response: the same in every chunk of a stream.
 struct ResponseContext {

@@ -138,7 +138,7 @@ TEST(ParseCompletion, ErrorsNameTheField) {
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"max_tokens", 1.5}}).param, "max_tokens");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"stop", {1}}}).param, "stop");
   EXPECT_EQ(ParseError({{"max_tokens", 3}}).param, "prompt");
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"echo", true}}).param, "echo");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"echo", true}, {"stream", true}}).param, "echo");
   EXPECT_EQ(ParseError(json::array()).http_status, 400);
   const ApiError e = ParseError({{"prompt", "x"}, {"timeout_ms", 0}});
   EXPECT_EQ(e.param, "timeout_ms");
@@ -235,6 +235,51 @@ TEST(Responses, CompletionWholeAndChunks) {
   EXPECT_EQ(last["choices"][0]["logprobs"]["text_offset"][0], 1);
   EXPECT_EQ(last["choices"][0]["logprobs"]["top_logprobs"][0]["bc"], -0.5);
   EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+TEST(ParseCompletion, EchoWithLogprobsAsksForThePromptsLogprobs) {
+  const OpenAiRequest r = ParseOk({{"prompt", {"ab", "cd"}}, {"echo", true}, {"logprobs", 2}});
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.echo_texts, (std::vector<std::string>{"ab", "cd"}));
+  EXPECT_EQ(r.generate.sampling().prompt_logprobs(), 2);
+  const OpenAiRequest plain = ParseOk({{"prompt", "ab"}, {"echo", true}});
+  EXPECT_FALSE(plain.generate.sampling().has_prompt_logprobs()) << "text only: nothing to score";
+  EXPECT_FALSE(ParseOk({{"prompt", "ab"}, {"logprobs", 2}}).generate.sampling().has_prompt_logprobs());
+}
+
+TEST(Responses, EchoPrefixesThePromptAndItsLogprobsFirstOneNull) {
+  const ResponseContext ctx{Endpoint::kCompletions, "cmpl-1", 123, "m"};
+  std::vector<ferry::v1::GenerateResponse> choices(2);
+  for (auto& c : choices) {
+    c.set_text("!");
+    auto* head = c.add_prompt_logprobs();  // the first prompt token: nothing predicts it
+    head->set_token_id(1);
+    head->set_token("he");
+    auto* second = c.add_prompt_logprobs();
+    second->set_token_id(2);
+    second->set_token("llo");
+    second->set_logprob(-1.5f);
+    second->add_top()->set_token("llo");
+    second->mutable_top(0)->set_logprob(-1.5f);
+    auto* generated = c.add_logprobs();
+    generated->set_token("!");
+    generated->set_logprob(-0.25f);
+  }
+  choices[1].clear_prompt_logprobs();  // text-only echo
+  choices[1].clear_logprobs();
+  ApplyEcho({"hello"}, /*n=*/2, choices);
+  const json j = CompletionResponseJson(ctx, choices, /*n=*/2);
+  const json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(j["choices"][0]["text"], "hello!");
+  EXPECT_EQ(lp["tokens"], json({"he", "llo", "!"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["token_logprobs"][1], -1.5);
+  EXPECT_EQ(lp["top_logprobs"][1]["llo"], -1.5);
+  EXPECT_EQ(lp["token_logprobs"][2], -0.25);
+  EXPECT_EQ(lp["text_offset"], json({0, 2, 5}));
+  EXPECT_EQ(j["choices"][1]["text"], "hello!");
+  EXPECT_TRUE(j["choices"][1]["logprobs"].is_null());
 }
 
 TEST(Responses, SeveralChoicesAreIndexedAndUsageCountsThePromptOnce) {

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <span>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -320,6 +321,17 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
   return std::nullopt;
 }
 
+std::vector<std::string> OpenAiHttpServer::EchoTexts(const OpenAiRequest& request) const {
+  std::vector<std::string> texts = request.echo_texts;
+  for (size_t p = 0; p < texts.size() && p < request.prompts.size(); ++p) {
+    const ferry::v1::GenerateRequest& g = request.prompts[p];
+    if (texts[p].empty() && g.has_token_ids()) {  // a prompt sent as token ids
+      texts[p] = generator_.tokenizer().Decode(std::span<const int32_t>(g.token_ids().ids().data(), g.token_ids().ids_size()));
+    }
+  }
+  return texts;
+}
+
 void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
   std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
@@ -344,7 +356,7 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
         AppendChunk(chunk, collected->at(static_cast<size_t>(index)));
       });
   choices->WaitEnded();
-  const std::vector<ferry::v1::GenerateResponse>& responses = *collected;
+  std::vector<ferry::v1::GenerateResponse>& responses = *collected;
   if (grpc::Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
   for (const auto& response : responses) {
     if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
@@ -352,6 +364,7 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
                        ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating"}));
     }
   }
+  if (request.echo) ApplyEcho(EchoTexts(request), request.n, responses);
   res.set_content(CompletionResponseJson(ctx, responses, request.n).dump(-1, ' ', false, json::error_handler_t::replace),
                   "application/json");
 }

@@ -73,6 +73,8 @@ class OpenAiHttpServer {
   // Auth and the context of one admitted request; returns an error to send instead.
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
                                 int64_t& charged_max_tokens);
+  // Each prompt's text for echo (prompts sent as token ids decoded).
+  std::vector<std::string> EchoTexts(const OpenAiRequest& request) const;
   void RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                     httplib::Response& res, const std::string& tenant, int64_t max_tokens);
   void RespondStream(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,

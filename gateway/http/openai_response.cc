@@ -24,10 +24,15 @@ json CompletionLogprobs(const RepeatedPtrField<TokenLogprob>& logprobs, int64_t&
               {"text_offset", json::array()}};
   for (const TokenLogprob& lp : logprobs) {
     out["tokens"].push_back(lp.token());
-    out["token_logprobs"].push_back(lp.logprob());
-    json top = json::object();
-    for (const auto& t : lp.top()) top[t.token()] = t.logprob();
-    out["top_logprobs"].push_back(top);
+    if (!lp.has_logprob()) {  // an echoed prompt's first token: nothing predicts it
+      out["token_logprobs"].push_back(nullptr);
+      out["top_logprobs"].push_back(nullptr);
+    } else {
+      out["token_logprobs"].push_back(lp.logprob());
+      json top = json::object();
+      for (const auto& t : lp.top()) top[t.token()] = t.logprob();
+      out["top_logprobs"].push_back(top);
+    }
     out["text_offset"].push_back(text_offset);
     text_offset += static_cast<int64_t>(lp.token().size());
   }
@@ -96,6 +101,18 @@ json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry:
   }
   out["usage"] = UsageJson(usage);
   return out;
+}
+
+void ApplyEcho(const std::vector<std::string>& prompt_texts, int32_t n,
+               std::vector<ferry::v1::GenerateResponse>& responses) {
+  for (size_t i = 0; i < responses.size(); ++i) {
+    ferry::v1::GenerateResponse& r = responses[i];
+    r.set_text(prompt_texts.at(i / static_cast<size_t>(n)) + r.text());
+    if (r.prompt_logprobs_size() == 0) continue;
+    RepeatedPtrField<TokenLogprob> all = std::move(*r.mutable_prompt_logprobs());
+    all.MergeFrom(r.logprobs());
+    *r.mutable_logprobs() = std::move(all);
+  }
 }
 
 json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {

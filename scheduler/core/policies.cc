@@ -272,6 +272,8 @@ void StepPlanner::Unschedule(Sequence& seq) {
 
 std::vector<BlockId> StepPlanner::FindCachedPrefix(Sequence& seq) {
   if (!state_.config.enable_prefix_caching) return {};
+  // Prompt logprobs come from computing each prompt position, so none may be skipped.
+  if (seq.spec.sampling.prompt_logprobs >= 0) return {};
   const int32_t bs = state_.blocks.block_size();
   // Only blocks wholly before the last token: at least one token is computed
   // (for logits), and never into a shared block.

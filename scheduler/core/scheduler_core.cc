@@ -203,13 +203,17 @@ void SchedulerCore::ValidateCommit(const StepPlan& plan,
   }
 }
 
-std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
-                                            const std::vector<SampledToken>& sampled) {
+std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled,
+                                            const std::vector<PromptLogprobs>& prompt_logprobs) {
   ValidateCommit(plan, sampled);
   const InFlightStep step = std::move(in_flight_.front());
   in_flight_.pop_front();
   std::unordered_map<uint64_t, const SampledToken*> token_of;
   for (const auto& s : sampled) token_of.emplace(s.seq_id, &s);
+  std::unordered_map<uint64_t, std::vector<TokenLogprob>> prompt_of;
+  for (const PromptLogprobs& p : prompt_logprobs) {
+    if (Sequence* seq = Find(p.seq_id)) TakeNewPromptLogprobs(*seq, p, prompt_of[p.seq_id]);
+  }
   std::vector<SeqEvent> events;
   for (const PlannedEntry& entry : step.entries) {
     Sequence* seq = Find(entry.seq_id);
@@ -220,11 +224,27 @@ std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan,
     if (state_.config.enable_prefix_caching && seq->is_on_worker && seq->start_order == entry.start_order) {
       PublishComputedBlocks(state_.blocks, *seq, entry.computed_after);
     }
+    auto prompt = prompt_of.find(entry.seq_id);
     auto it = token_of.find(entry.seq_id);
-    if (it == token_of.end()) continue;  // a prefill chunk short of the end
+    if (it == token_of.end()) {  // a prefill chunk short of the end
+      if (prompt != prompt_of.end() && !prompt->second.empty()) {
+        events.push_back(SeqEvent{.seq_id = entry.seq_id, .prompt_logprobs = std::move(prompt->second)});
+      }
+      continue;
+    }
     events.push_back(ApplySample(*seq, *it->second));
+    if (prompt != prompt_of.end()) events.back().prompt_logprobs = std::move(prompt->second);
   }
   return events;
+}
+
+void SchedulerCore::TakeNewPromptLogprobs(Sequence& seq, const PromptLogprobs& from, std::vector<TokenLogprob>& to) {
+  const auto count = static_cast<int32_t>(from.logprobs.size());
+  const int32_t skip = std::max(0, seq.next_prompt_logprob - from.first_index);
+  // A gap would mean positions the worker never scored; forward only a contiguous run.
+  if (from.first_index > seq.next_prompt_logprob || skip >= count) return;
+  to.insert(to.end(), from.logprobs.begin() + skip, from.logprobs.end());
+  seq.next_prompt_logprob = from.first_index + count;
 }
 
 SeqEvent SchedulerCore::ApplySample(Sequence& seq, const SampledToken& sample) {

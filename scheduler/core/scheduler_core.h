@@ -55,7 +55,8 @@ class SchedulerCore {
   // (std::invalid_argument, state unchanged). Samples for sequences ended since
   // Plan are ignored; a sequence preempted since keeps its sample. Returns one
   // event per sequence that got a token, in plan order.
-  std::vector<SeqEvent> Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled);
+  std::vector<SeqEvent> Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled,
+                               const std::vector<PromptLogprobs>& prompt_logprobs = {});
   // Ends every live sequence with kAborted (ordered by seq_id) and frees all
   // blocks; any step in flight is forgotten. Ids the worker held go into the
   // next plan's finished_ids (a replacement worker should ignore unknown ids).
@@ -112,6 +113,9 @@ class SchedulerCore {
   // Writes a sampled token over the sequence's oldest pending one; returns the
   // event (and retires the sequence if the token ends it).
   SeqEvent ApplySample(Sequence& seq, const SampledToken& sample);
+  // The entries of `from` not forwarded before (a recomputed sequence scores its prompt again),
+  // appended to `to`; advances seq.next_prompt_logprob.
+  static void TakeNewPromptLogprobs(Sequence& seq, const PromptLogprobs& from, std::vector<TokenLogprob>& to);
   // Removes a live sequence (its lease frees the blocks); `seq` dangles after.
   void Retire(Sequence& seq);
   void ExpireDeadlines(TimePoint now);

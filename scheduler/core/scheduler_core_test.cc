@@ -250,5 +250,52 @@ TEST(SchedulerCoreTest, RejectsNonPositiveBudget) {
   EXPECT_THROW(core.Plan(MakeBudget(1, 0), TimePoint{}), std::invalid_argument);
 }
 
+// Scores prompt tokens [first_index, first_index + count) of `r` as a worker would.
+PromptLogprobs ScorePrompt(const RequestSpec& r, int32_t first_index, int32_t count) {
+  PromptLogprobs out{.seq_id = r.seq_id, .first_index = first_index, .logprobs = {}};
+  for (int32_t i = first_index; i < first_index + count; ++i) {
+    out.logprobs.push_back(TokenLogprob{.token_id = r.prompt[static_cast<size_t>(i)], .logprob = -0.5f * i, .top = {}});
+  }
+  return out;
+}
+
+TEST(SchedulerCoreTest, PromptLogprobsAreForwardedOnceInOrderAndNeverServedFromCache) {
+  SchedulerConfig cfg = MakeConfig(/*num_kv_blocks=*/64, /*block_size=*/4);
+  cfg.enable_prefix_caching = true;
+  SchedulerCore core(cfg);
+  // A first request leaves the 12-token prompt's blocks in the prefix cache.
+  const RequestSpec cached = MakeRequest(1, {.prompt_len = 12, .max_tokens = 1});
+  core.Add(cached);
+  StepPlan plan = core.Plan(MakeBudget(), TimePoint{});
+  core.Commit(plan, {SampledToken{1, 5, std::nullopt}});
+  RequestSpec scored = cached;
+  scored.seq_id = 2;
+  scored.sampling.prompt_logprobs = 0;
+  core.Add(scored);
+  plan = core.Plan(MakeBudget(256, /*max_num_batched_tokens=*/8), TimePoint{});
+  ASSERT_EQ(plan.new_sequences.size(), 1u);
+  EXPECT_EQ(plan.new_sequences[0].num_cached_tokens, 0) << "its prompt positions must all be computed";
+  EXPECT_EQ(plan.new_sequences[0].sampling.prompt_logprobs, 0);
+  // Positions 0..7 score prompt tokens 1..8; no token is sampled yet.
+  std::vector<SeqEvent> events = core.Commit(plan, {}, {ScorePrompt(scored, 1, 8)});
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].new_tokens.empty());
+  EXPECT_EQ(events[0].finish, FinishKind::kNone);
+  ASSERT_EQ(events[0].prompt_logprobs.size(), 8u);
+  EXPECT_EQ(events[0].prompt_logprobs[0].token_id, scored.prompt[1]);
+  // The last chunk comes from a worker that recomputed the whole prompt (as after a preemption):
+  // only tokens 9..11 are new, and they come with the first sampled token.
+  plan = core.Plan(MakeBudget(256, 8), TimePoint{});
+  events = core.Commit(plan, {SampledToken{2, 6, std::nullopt}}, {ScorePrompt(scored, 1, 11)});
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].new_tokens, std::vector<int32_t>{6});
+  ASSERT_EQ(events[0].prompt_logprobs.size(), 3u);
+  for (int32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(events[0].prompt_logprobs[static_cast<size_t>(i)].token_id, scored.prompt[static_cast<size_t>(9 + i)]);
+    EXPECT_FLOAT_EQ(events[0].prompt_logprobs[static_cast<size_t>(i)].logprob, -0.5f * static_cast<float>(9 + i));
+  }
+  EXPECT_EQ(events[0].finish, FinishKind::kLength);
+}
+
 }  // namespace
 }  // namespace ferry::scheduler

@@ -63,6 +63,8 @@ struct Sequence {
   // published (or found equal to a cached block).
   std::vector<uint64_t> block_hashes;
   int32_t num_published_blocks = 0;
+  // prompt_logprobs: the prompt index whose logprob is forwarded next (index 0 has none).
+  int32_t next_prompt_logprob = 1;
   BlockId last_published = kNoBlock;  // the cached block standing for block num_published - 1
   bool is_publishing_stopped = false;  // a hash collision with a held block
   std::multimap<TimePoint, uint64_t>::iterator deadline_pos;  // valid iff deadline is finite

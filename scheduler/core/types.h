@@ -69,10 +69,14 @@ struct SamplingParams {
   // ignored, and the stop token ids), and they end nothing.
   int32_t min_tokens = 0;
   std::vector<int32_t> min_tokens_suppressed_ids;
+  // -1 none; N >= 0: each prompt token's logprob after the first plus the top N. The planner
+  // never serves such a sequence from the prefix cache: every prompt position is computed.
+  int32_t prompt_logprobs = -1;
 };
 
 // Log-probability of a sampled token and the most likely alternatives.
 struct TokenLogprob {
+  int32_t token_id = -1;  // set for prompt tokens; a sampled token's is the event's token
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // (token id, logprob), most likely first
 };
@@ -143,6 +147,21 @@ struct SampledToken {
   std::optional<TokenLogprob> logprob;  // when the request asked for logprobs
 };
 
+// Logprobs of prompt tokens first_index, first_index + 1, ... of one sequence, computed in a
+// step (ferry.v1.PromptLogprobs). A recomputed sequence sends them again; Commit forwards each
+// index once.
+struct PromptLogprobs {
+  uint64_t seq_id = 0;
+  int32_t first_index = 1;
+  std::vector<TokenLogprob> logprobs;
+};
+
+// What the workers return for one step.
+struct StepOutput {
+  std::vector<SampledToken> sampled;
+  std::vector<PromptLogprobs> prompt_logprobs;
+};
+
 // kDeadlineExceeded: dropped while waiting, before it ever started.
 // kTimeout: stopped at its deadline after it started (running or preempted).
 enum class FinishKind {
@@ -156,6 +175,9 @@ struct SeqEvent {
   std::vector<int32_t> new_tokens;  // includes a final eos/stop token
   std::vector<TokenLogprob> logprobs;  // one per new token when requested, else empty
   FinishKind finish = FinishKind::kNone;
+  // The next prompt tokens' logprobs (prompt_logprobs requests), in prompt order, each once;
+  // all of them come before or with the first new token.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 const char* FinishKindName(FinishKind kind);

@@ -51,6 +51,7 @@ struct ModelInfo {
   GenerationDefaults generation_defaults;
   int32_t tp_rank = 0;
   int32_t tp_size = 1;
+  bool supports_prompt_logprobs = false;  // NewSequenceSpec.prompt_logprobs is honoured
 };
 
 // Applied in this order: penalties, temperature, top-k, top-p, min-p, draw.
@@ -88,6 +89,10 @@ struct NewSequenceSpec {
   // Leading tokens whose K/V are already in the sequence's first blocks (prefix
   // caching): computation starts at this position. < token_ids.size().
   int32_t num_cached_tokens = 0;
+  // -1: none; N (<= 20): as prompt positions are computed, the logprob of each prompt token
+  // after the first (from the logits one position before it) plus the N most likely, returned
+  // by TakePromptLogprobs. Needs num_cached_tokens == 0.
+  int32_t prompt_logprobs = -1;
 };
 
 // One sequence's share of a step (mirrors ferry.v1.ScheduledSequence).
@@ -112,6 +117,13 @@ struct SampledTokenOut {
   std::vector<std::pair<int32_t, float>> top_logprobs;  // (id, logprob), most likely first
 };
 
+// Prompt tokens first_index, first_index + 1, ... of one sequence, scored this step.
+struct PromptLogprobsOut {
+  uint64_t seq_id = 0;
+  int32_t first_index = 0;              // >= 1: the first prompt token has no logprob
+  std::vector<SampledTokenOut> tokens;  // token_id = the prompt token; has_logprobs set
+};
+
 // Owns the model weights, the paged KV cache and per-sequence state. Not
 // thread-safe: one caller drives it step by step.
 class ModelRunner {
@@ -129,6 +141,10 @@ class ModelRunner {
   // the samples in scheduled order. Throws std::invalid_argument on an
   // inconsistent spec (unknown id, too few blocks, ...), leaving state unchanged.
   virtual std::vector<SampledTokenOut> Step(const StepSpec& step) = 0;
+
+  // The prompt logprobs the last Step computed (sequences with prompt_logprobs >= 0), in
+  // scheduled order; empty for a backend without them (info().supports_prompt_logprobs).
+  virtual std::vector<PromptLogprobsOut> TakePromptLogprobs() { return {}; }
 
   // False once the engine can no longer run steps (a device error); the worker's
   // Health RPC and grpc.health.v1 report it, so the scheduler stops sending work.

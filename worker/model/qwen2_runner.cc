@@ -60,6 +60,7 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   info_.eos_token_ids = c.eos_token_ids;
   info_.generation_defaults = {c.default_temperature, c.default_top_p, c.default_top_k, c.default_min_p,
                                c.default_repetition_penalty};
+  info_.supports_prompt_logprobs = true;
   cache_ = std::make_unique<KvCache>(model_->kv_layout(), info_.num_kv_blocks, info_.block_size);
 }
 
@@ -84,6 +85,8 @@ void Qwen2Runner::Apply(const StepSpec& step) {
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
   for (const NewSequenceSpec& n : step.new_sequences) {
     Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated};
+    seq.prompt_logprobs = n.prompt_logprobs;
+    seq.prompt_len = static_cast<int32_t>(n.token_ids.size()) - n.num_generated;
     // After a preemption token_ids ends with the num_generated tokens sampled before it.
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
   }
@@ -95,14 +98,21 @@ void Qwen2Runner::Apply(const StepSpec& step) {
 
 std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   batch_ = ForwardBatch{};
-  std::vector<Sequence*> sampling;  // in scheduled order, matching the logits rows
+  prompt_logprobs_.clear();
+  prompt_token_rows_.clear();
+  std::vector<Sequence*> sampling;  // in scheduled order, matching the first logits rows
   std::vector<uint64_t> sampling_ids;
+  std::vector<PromptRows> prompt_rows;
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
     const bool reaches_end =
         seq.num_computed + s.num_tokens == static_cast<int32_t>(seq.token_ids.size());
+    const int32_t first_token_row = batch_.num_tokens();
     batch_.AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens, seq.num_computed,
                        seq.block_table, info_.block_size, reaches_end);
+    if (seq.prompt_logprobs >= 0) {
+      AddPromptRows(s.seq_id, seq, seq.num_computed, s.num_tokens, first_token_row, prompt_rows);
+    }
     seq.num_computed += s.num_tokens;
     if (reaches_end) {
       sampling.push_back(&seq);
@@ -112,9 +122,15 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   std::vector<SampledTokenOut> out;
   last_logits_.clear();
   if (step.scheduled.empty()) return out;
+  // Prompt rows were collected apart so that the sampled rows stay first, in scheduled order.
+  for (PromptRows& p : prompt_rows) {
+    p.first_row += static_cast<int32_t>(batch_.logits_rows.size());
+  }
+  batch_.logits_rows.insert(batch_.logits_rows.end(), prompt_token_rows_.begin(), prompt_token_rows_.end());
   const std::vector<float>& logits = model_->Forward(batch_, *cache_);
-  last_logits_.assign(logits.begin(), logits.end());
   const int32_t vocab = info_.vocab_size;
+  last_logits_.assign(logits.begin(), logits.begin() + sampling.size() * vocab);
+  ScorePromptRows(logits.data(), prompt_rows);
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];
     SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
@@ -126,6 +142,31 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
                    std::move(r.top_logprobs)});
   }
   return out;
+}
+
+void Qwen2Runner::AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,
+                                int32_t first_token_row, std::vector<PromptRows>& prompt_rows) {
+  // The logits at position p score prompt token p + 1; the last prompt position scores the
+  // first generated token, which the sampler reports.
+  const int32_t end = std::min(start + num_tokens, seq.prompt_len - 1);
+  if (end <= start) return;
+  PromptRows rows{seq_id, &seq, start + 1, static_cast<int32_t>(prompt_token_rows_.size()), end - start};
+  for (int32_t p = start; p < end; ++p) prompt_token_rows_.push_back(first_token_row + (p - start));
+  prompt_rows.push_back(rows);
+}
+
+void Qwen2Runner::ScorePromptRows(const float* logits, const std::vector<PromptRows>& prompt_rows) {
+  const int32_t vocab = info_.vocab_size;
+  for (const PromptRows& p : prompt_rows) {
+    PromptLogprobsOut out{p.seq_id, p.first_index, {}};
+    out.tokens.reserve(p.count);
+    for (int32_t i = 0; i < p.count; ++i) {
+      const int32_t token = p.seq->token_ids[p.first_index + i];
+      SampleResult r = sampler_.Score(logits + int64_t{p.first_row + i} * vocab, vocab, token, p.seq->prompt_logprobs);
+      out.tokens.push_back({p.seq_id, token, true, r.logprob, std::move(r.top_logprobs)});
+    }
+    prompt_logprobs_.push_back(std::move(out));
+  }
 }
 
 }  // namespace ferry::worker

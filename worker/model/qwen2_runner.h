@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "worker/model/model_runner.h"
@@ -19,6 +20,7 @@ class Qwen2Runner final : public ModelRunner {
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+  std::vector<PromptLogprobsOut> TakePromptLogprobs() override { return std::move(prompt_logprobs_); }
   void ForgetAll() override { seqs_.clear(); }
 
   // The fp32 logits the last Step sampled from, one row per returned token in the same order:
@@ -37,12 +39,29 @@ class Qwen2Runner final : public ModelRunner {
     // Occurrences of token_ids for penalties, rebuilt when (re)sent and extended per sample;
     // left empty when the options have no penalty.
     TokenCounts counts;
+    int32_t prompt_logprobs = -1;  // NewSequenceSpec.prompt_logprobs
+    int32_t prompt_len = 0;        // token_ids.size() - num_generated when (re)sent
+  };
+  // Prompt positions of one sequence scored this step: logits rows [first_row, first_row + count)
+  // (after the sampled rows) score prompt tokens first_index, first_index + 1, ...
+  struct PromptRows {
+    uint64_t seq_id = 0;
+    const Sequence* seq = nullptr;
+    int32_t first_index = 0;
+    int32_t first_row = 0;
+    int32_t count = 0;
   };
 
   // Throws std::invalid_argument (state untouched) unless the whole step can be applied.
   void Validate(const StepSpec& step) const;
   void Apply(const StepSpec& step);
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
+  // Appends the rows of `seq`'s prompt positions in this step's chunk [start, start + num_tokens)
+  // to batch_.logits_rows (token rows from first_token_row) and to prompt_rows.
+  void AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,
+                     int32_t first_token_row, std::vector<PromptRows>& prompt_rows);
+  void ScorePromptRows(const float* logits,  // [num logits rows, vocab]
+                       const std::vector<PromptRows>& prompt_rows);
 
   RunnerOptions options_;
   ModelInfo info_;
@@ -52,6 +71,8 @@ class Qwen2Runner final : public ModelRunner {
   Sampler sampler_;
   ForwardBatch batch_;  // rebuilt each step; kept to reuse its capacity
   std::vector<float> last_logits_;
+  std::vector<PromptLogprobsOut> prompt_logprobs_;  // of the last Step
+  std::vector<int32_t> prompt_token_rows_;  // this step's prompt rows, appended after the sampled
 };
 
 }  // namespace ferry::worker

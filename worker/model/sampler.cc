@@ -271,6 +271,13 @@ size_t Sampler::NucleusSize(size_t end, float max_logit, double target) {
   return hi;  // rounding of the chunked sums fell short by an ulp: keep the bracket
 }
 
+SampleResult Sampler::Score(const float* logits, int32_t vocab, int32_t token_id, int32_t num_top) {
+  SampleResult out;
+  out.token_id = token_id;
+  FillLogprobs(logits, vocab, std::min({num_top, kMaxLogprobs, vocab}), &out);
+  return out;
+}
+
 // Log-softmax of the raw logits: the sampled token's, and the num_top most likely via a
 // bounded heap (O(vocab log num_top), no vocab-sized buffer).
 void Sampler::FillLogprobs(const float* logits, int32_t vocab, int32_t num_top,

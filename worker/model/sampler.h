@@ -78,6 +78,11 @@ class Sampler {
     return Sample(logits, vocab, options, nullptr, sample_index).token_id;
   }
 
+  // Log-softmax of the raw logits at token_id, plus the num_top (<= 20) most likely: a prompt
+  // token's logprob, scored the way Sample scores a sampled one.
+  SampleResult Score(const float* logits,  // [vocab]
+                     int32_t vocab, int32_t token_id, int32_t num_top);
+
  private:
   struct Candidate {
     float logit;  // after penalties and temperature

@@ -45,6 +45,17 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
     Invalid(id + ": num_cached_tokens " + std::to_string(seq.num_cached_tokens) + " outside [0, " +
             std::to_string(num_tokens) + ")");
   }
+  if (seq.prompt_logprobs < -1 || seq.prompt_logprobs > kMaxLogprobs) {
+    Invalid(id + ": prompt_logprobs " + std::to_string(seq.prompt_logprobs) + " outside [-1, " +
+            std::to_string(kMaxLogprobs) + "]");
+  }
+  if (seq.prompt_logprobs >= 0 && !info.supports_prompt_logprobs) {
+    Invalid(id + ": prompt_logprobs is not supported by this backend");
+  }
+  // Cached positions are not computed, so their logprobs would be missing.
+  if (seq.prompt_logprobs >= 0 && seq.num_cached_tokens > 0) {
+    Invalid(id + ": prompt_logprobs needs num_cached_tokens 0, got " + std::to_string(seq.num_cached_tokens));
+  }
   if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
     Invalid(id + ": bad sampling options: " + bad);
   }
