@@ -420,7 +420,6 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body) {
   if (logprobs) r.generate.mutable_sampling()->set_logprobs(*logprobs);
   r.echo = echo.value_or(false);
   if (r.echo) {
-    if (r.stream) return InvalidField("echo", "echo = true is not supported with stream = true");
     // The prompt's logprobs come with the same number of alternatives as the completion's.
     if (logprobs) r.generate.mutable_sampling()->set_prompt_logprobs(*logprobs);
     for (const auto& p : r.prompts) r.echo_texts.push_back(p.has_text() ? p.text() : std::string());

@@ -103,6 +103,26 @@ std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r);
 void ApplyEcho(const std::vector<std::string>& prompt_texts, int32_t n,
                std::vector<ferry::v1::GenerateResponse>& responses);
 
+// echo for a stream: each choice's first chunk that has text, tokens or its finish goes out
+// prefixed with the prompt's text and, with logprobs, the prompt's logprobs, which the chunks
+// before it carried (they are held until then). Each choice's chunks come in order, and a
+// choice's state is its own, so choices may call from different threads.
+class StreamEcho {
+ public:
+  StreamEcho(std::vector<std::string> prompt_texts, int32_t n, int32_t num_choices);
+  // The chunk to send for choice `index`, or nullopt to send nothing yet.
+  std::optional<ferry::v1::GenerateChunk> Apply(int32_t index, const ferry::v1::GenerateChunk& chunk);
+
+ private:
+  struct Choice {
+    bool is_sent = false;  // the prompt went out
+    google::protobuf::RepeatedPtrField<ferry::v1::TokenLogprob> held;  // prompt logprobs so far
+  };
+  std::vector<std::string> prompt_texts_;
+  int32_t n_;
+  std::vector<Choice> choices_;
+};
+
 // Identity of one response: the same in every chunk of a stream.
 struct ResponseContext {
   Endpoint endpoint = Endpoint::kCompletions;

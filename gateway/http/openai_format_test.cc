@@ -138,7 +138,7 @@ TEST(ParseCompletion, ErrorsNameTheField) {
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"max_tokens", 1.5}}).param, "max_tokens");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"stop", {1}}}).param, "stop");
   EXPECT_EQ(ParseError({{"max_tokens", 3}}).param, "prompt");
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"echo", true}, {"stream", true}}).param, "echo");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"echo", "yes"}}).param, "echo");
   EXPECT_EQ(ParseError(json::array()).http_status, 400);
   const ApiError e = ParseError({{"prompt", "x"}, {"timeout_ms", 0}});
   EXPECT_EQ(e.param, "timeout_ms");
@@ -280,6 +280,35 @@ TEST(Responses, EchoPrefixesThePromptAndItsLogprobsFirstOneNull) {
   EXPECT_EQ(lp["text_offset"], json({0, 2, 5}));
   EXPECT_EQ(j["choices"][1]["text"], "hello!");
   EXPECT_TRUE(j["choices"][1]["logprobs"].is_null());
+}
+
+TEST(Responses, StreamEchoHoldsThePromptLogprobsUntilTheFirstTokenThenPassesChunksThrough) {
+  StreamEcho echo({"ab", "cd"}, /*n=*/1, /*num_choices=*/2);
+  ferry::v1::GenerateChunk early;
+  early.add_prompt_logprobs()->set_token("a");  // the first prompt token, without a logprob
+  EXPECT_FALSE(echo.Apply(0, early).has_value());
+  ferry::v1::GenerateChunk first;
+  first.add_prompt_logprobs()->set_token("b");
+  first.mutable_prompt_logprobs(0)->set_logprob(-2.f);
+  first.set_text("!");
+  first.add_token_ids(7);
+  first.add_logprobs()->set_token("!");
+  const auto out = echo.Apply(0, first);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->text(), "ab!");
+  EXPECT_EQ(out->prompt_logprobs_size(), 0);
+  ASSERT_EQ(out->logprobs_size(), 3);
+  EXPECT_EQ(out->logprobs(0).token(), "a");
+  EXPECT_FALSE(out->logprobs(0).has_logprob());
+  EXPECT_EQ(out->logprobs(1).logprob(), -2.f);
+  EXPECT_EQ(out->logprobs(2).token(), "!");
+  ferry::v1::GenerateChunk later;
+  later.set_text("?");
+  EXPECT_EQ(echo.Apply(0, later)->text(), "?") << "the prompt goes out once";
+  // Choice 1 ends without a token (a stop at once): its prompt still goes out, with the finish.
+  ferry::v1::GenerateChunk last;
+  last.set_finish_reason(ferry::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(echo.Apply(1, last)->text(), "cd");
 }
 
 TEST(Responses, SeveralChoicesAreIndexedAndUsageCountsThePromptOnce) {

@@ -375,6 +375,8 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
   const auto num_choices = static_cast<int32_t>(requests.size());
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
   auto stream = std::make_shared<SseStream>(ctx, num_choices, request.n, request.include_usage);
+  std::shared_ptr<StreamEcho> echo;
+  if (request.echo) echo = std::make_shared<StreamEcho>(EchoTexts(request), request.n, num_choices);
   auto active = Track(choices);  // held by the content provider until the response is done
   // on_end runs before the stream sees its end: once the writer has it, Stop may return (the
   // server's owner keeps the Authenticator for longer). The set outlives its own on_end.
@@ -384,7 +386,10 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
         auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
         stream->End(set->status());
       },
-      [stream](int32_t index, const GenerateChunk& chunk) { stream->OnChunk(index, chunk); });
+      [stream, echo](int32_t index, const GenerateChunk& chunk) {
+        if (!echo) return stream->OnChunk(index, chunk);
+        if (auto out = echo->Apply(index, chunk)) stream->OnChunk(index, *out);
+      });
   const int socket = ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_);
   if (socket < 0) spdlog::warn("{}: cannot find the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   if (!stream->WaitStartedFor(kWatchQueuedAfter)) {

@@ -1,6 +1,7 @@
 // Response side of openai_format.h: whole responses and SSE chunks.
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "common/utf8.h"
 #include "gateway/http/openai_format.h"
@@ -113,6 +114,28 @@ void ApplyEcho(const std::vector<std::string>& prompt_texts, int32_t n,
     all.MergeFrom(r.logprobs());
     *r.mutable_logprobs() = std::move(all);
   }
+}
+
+StreamEcho::StreamEcho(std::vector<std::string> prompt_texts, int32_t n, int32_t num_choices)
+    : prompt_texts_(std::move(prompt_texts)), n_(n), choices_(static_cast<size_t>(num_choices)) {}
+
+std::optional<ferry::v1::GenerateChunk> StreamEcho::Apply(int32_t index, const ferry::v1::GenerateChunk& chunk) {
+  Choice& c = choices_.at(static_cast<size_t>(index));
+  if (c.is_sent) return chunk;
+  c.held.MergeFrom(chunk.prompt_logprobs());
+  if (chunk.token_ids_size() == 0 && chunk.text().empty() &&
+      chunk.finish_reason() == ferry::v1::FINISH_REASON_UNSPECIFIED) {
+    return std::nullopt;  // only prompt logprobs so far
+  }
+  ferry::v1::GenerateChunk out = chunk;
+  out.clear_prompt_logprobs();
+  out.set_text(prompt_texts_.at(static_cast<size_t>(index / n_)) + chunk.text());
+  if (!c.held.empty()) {
+    c.held.MergeFrom(chunk.logprobs());
+    *out.mutable_logprobs() = std::move(c.held);
+  }
+  c.is_sent = true;
+  return out;
 }
 
 json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {

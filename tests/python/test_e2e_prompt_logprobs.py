@@ -162,10 +162,37 @@ def test_echo_without_logprobs_and_with_token_prompts(chunked_stack, hf):
     assert all(c["logprobs"] is None for c in body["choices"])
 
 
-def test_echo_with_stream_is_refused_naming_the_field(chunked_stack):
-    status, body = post(chunked_stack, {"prompt": "hi", "max_tokens": 2, "echo": True, "stream": True})
-    assert status == 400
-    assert body["error"]["param"] == "echo" and "stream" in body["error"]["message"]
+def stream_choices(stack, body):
+    """Per choice index: the text and the completions logprobs lists, concatenated over a stream."""
+    req = urllib.request.Request(stack.http + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    out = {}
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[len("data: "):])["choices"]:
+                acc = out.setdefault(c["index"], {"text": "", "tokens": [], "token_logprobs": [], "text_offset": []})
+                acc["text"] += c["text"]
+                if c["logprobs"]:
+                    for key in ("tokens", "token_logprobs", "text_offset"):
+                        acc[key] += c["logprobs"][key]
+    return out
+
+
+def test_streamed_echo_equals_the_whole_response(chunked_stack):
+    body = {"prompt": [PROMPT, [5, 6, 7]], "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1,
+            "ignore_eos": True}
+    status, whole = post(chunked_stack, body)
+    assert status == 200, whole
+    streamed = stream_choices(chunked_stack, body)
+    assert sorted(streamed) == [0, 1]
+    for c in whole["choices"]:
+        s = streamed[c["index"]]
+        assert s["text"] == c["text"] and s["text"].startswith(PROMPT if c["index"] == 0 else "")
+        for key in ("tokens", "token_logprobs", "text_offset"):
+            assert s[key] == c["logprobs"][key], (c["index"], key)
+    assert streamed[0]["token_logprobs"][0] is None and len(streamed[0]["tokens"]) > 40
 
 
 def test_a_backend_without_prompt_logprobs_refuses_them(tiny_model, tmp_path_factory, ferry_pb):

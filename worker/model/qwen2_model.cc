@@ -129,8 +129,13 @@ const std::vector<float>& Qwen2Model::Forward(const ForwardBatch& batch, KvCache
   // Every layer rotates by the same positions: the cos/sin table is computed once per step.
   kc::RotaryTable(batch.positions.data(), n, c.head_dim, c.rope_theta, ws.rope.data());
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, cache);
-  ComputeLogits(batch);
+  ComputeLogits(batch.logits_rows);
   return ws.logits;
+}
+
+const std::vector<float>& Qwen2Model::Logits(std::span<const int32_t> token_rows) {
+  ComputeLogits(token_rows);
+  return ws_->logits;
 }
 
 void Qwen2Model::Embed(const ForwardBatch& batch) {
@@ -213,15 +218,15 @@ void Qwen2Model::Attention(int32_t index, const ForwardBatch& batch, KvCache& ca
   kc::PagedAttention(p);
 }
 
-void Qwen2Model::ComputeLogits(const ForwardBatch& batch) {
+void Qwen2Model::ComputeLogits(std::span<const int32_t> token_rows) {
   // Only the rows that will be sampled pay for the final norm and the (large) LM head.
-  const int64_t rows = static_cast<int64_t>(batch.logits_rows.size());
+  const int64_t rows = static_cast<int64_t>(token_rows.size());
   const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   Workspace& ws = *ws_;
   Grow(ws.last, rows * hidden);
   ws.logits.resize(rows * vocab);
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(ws.last.data() + r * hidden, ws.x.data() + int64_t{batch.logits_rows[r]} * hidden,
+    std::memcpy(ws.last.data() + r * hidden, ws.x.data() + int64_t{token_rows[r]} * hidden,
                 hidden * sizeof(float));
   }
   kc::RmsNorm(ws.last.data(), final_norm_.data(), ws.last.data(), rows, hidden,

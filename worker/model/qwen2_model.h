@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,11 @@ class Qwen2Model {
   // on every rank. The batch must be consistent (the runner validates it); this does not
   // re-check.
   const std::vector<float>& Forward(const ForwardBatch& batch, KvCache& cache);
+  // The logits of other token rows of the last Forward's batch (its final hidden states are
+  // kept until the next Forward): [token_rows.size(), vocab_size]. Replaces what Forward or the
+  // previous call returned. Lets a caller that needs many rows (prompt logprobs) take them a
+  // slice at a time, bounding the logits buffer. Every rank must make the same calls.
+  const std::vector<float>& Logits(std::span<const int32_t> token_rows);
 
  private:
   struct Layer;
@@ -124,7 +130,7 @@ class Qwen2Model {
   void RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void Attention(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void AddToResidual(Linear& proj, const float* in, int64_t num_tokens);
-  void ComputeLogits(const ForwardBatch& batch);
+  void ComputeLogits(std::span<const int32_t> token_rows);
 
   Qwen2Config config_;
   ModelOptions options_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -100,7 +101,7 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   batch_ = ForwardBatch{};
   prompt_logprobs_.clear();
   prompt_token_rows_.clear();
-  std::vector<Sequence*> sampling;  // in scheduled order, matching the first logits rows
+  std::vector<Sequence*> sampling;  // in scheduled order, matching the logits rows
   std::vector<uint64_t> sampling_ids;
   std::vector<PromptRows> prompt_rows;
   for (const ScheduledSpec& s : step.scheduled) {
@@ -122,15 +123,9 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   std::vector<SampledTokenOut> out;
   last_logits_.clear();
   if (step.scheduled.empty()) return out;
-  // Prompt rows were collected apart so that the sampled rows stay first, in scheduled order.
-  for (PromptRows& p : prompt_rows) {
-    p.first_row += static_cast<int32_t>(batch_.logits_rows.size());
-  }
-  batch_.logits_rows.insert(batch_.logits_rows.end(), prompt_token_rows_.begin(), prompt_token_rows_.end());
   const std::vector<float>& logits = model_->Forward(batch_, *cache_);
+  last_logits_.assign(logits.begin(), logits.end());
   const int32_t vocab = info_.vocab_size;
-  last_logits_.assign(logits.begin(), logits.begin() + sampling.size() * vocab);
-  ScorePromptRows(logits.data(), prompt_rows);
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];
     SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
@@ -141,6 +136,9 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
     out.push_back({sampling_ids[i], r.token_id, seq.sampling.logprobs >= 0, r.logprob,
                    std::move(r.top_logprobs)});
   }
+  // After sampling: the prompt rows' logits replace the sampled rows' (only prompt positions
+  // are read from the sequences' tokens, so the samples just appended do not matter).
+  ScorePromptRows(prompt_rows);
   return out;
 }
 
@@ -155,17 +153,24 @@ void Qwen2Runner::AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t st
   prompt_rows.push_back(rows);
 }
 
-void Qwen2Runner::ScorePromptRows(const float* logits, const std::vector<PromptRows>& prompt_rows) {
+void Qwen2Runner::ScorePromptRows(const std::vector<PromptRows>& prompt_rows) {
   const int32_t vocab = info_.vocab_size;
-  for (const PromptRows& p : prompt_rows) {
-    PromptLogprobsOut out{p.seq_id, p.first_index, {}};
-    out.tokens.reserve(p.count);
-    for (int32_t i = 0; i < p.count; ++i) {
-      const int32_t token = p.seq->token_ids[p.first_index + i];
-      SampleResult r = sampler_.Score(logits + int64_t{p.first_row + i} * vocab, vocab, token, p.seq->prompt_logprobs);
-      out.tokens.push_back({p.seq_id, token, true, r.logprob, std::move(r.top_logprobs)});
+  const auto total = static_cast<int32_t>(prompt_token_rows_.size());
+  for (const PromptRows& p : prompt_rows) prompt_logprobs_.push_back({p.seq_id, p.first_index, {}});
+  // A slice of rows at a time: a whole 8,192-token prefill's logits would be 5 GB at Qwen2's
+  // 151,936-token vocabulary; a slice of 256 is 156 MB.
+  size_t seq = 0;  // prompt_rows[seq] holds the row being scored
+  for (int32_t begin = 0; begin < total; begin += kPromptRowsPerSlice) {
+    const int32_t count = std::min(kPromptRowsPerSlice, total - begin);
+    const std::vector<float>& logits =
+        model_->Logits(std::span<const int32_t>(prompt_token_rows_).subspan(begin, count));
+    for (int32_t row = begin; row < begin + count; ++row) {
+      while (row >= prompt_rows[seq].first_row + prompt_rows[seq].count) ++seq;
+      const PromptRows& p = prompt_rows[seq];
+      const int32_t token = p.seq->token_ids[p.first_index + (row - p.first_row)];
+      SampleResult r = sampler_.Score(logits.data() + int64_t{row - begin} * vocab, vocab, token, p.seq->prompt_logprobs);
+      prompt_logprobs_[seq].tokens.push_back({p.seq_id, token, true, r.logprob, std::move(r.top_logprobs)});
     }
-    prompt_logprobs_.push_back(std::move(out));
   }
 }
 

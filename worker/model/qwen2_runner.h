@@ -42,8 +42,8 @@ class Qwen2Runner final : public ModelRunner {
     int32_t prompt_logprobs = -1;  // NewSequenceSpec.prompt_logprobs
     int32_t prompt_len = 0;        // token_ids.size() - num_generated when (re)sent
   };
-  // Prompt positions of one sequence scored this step: logits rows [first_row, first_row + count)
-  // (after the sampled rows) score prompt tokens first_index, first_index + 1, ...
+  // Prompt positions of one sequence scored this step: prompt_token_rows_[first_row, first_row +
+  // count) are the token rows whose logits score prompt tokens first_index, first_index + 1, ...
   struct PromptRows {
     uint64_t seq_id = 0;
     const Sequence* seq = nullptr;
@@ -60,8 +60,9 @@ class Qwen2Runner final : public ModelRunner {
   // to batch_.logits_rows (token rows from first_token_row) and to prompt_rows.
   void AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,
                      int32_t first_token_row, std::vector<PromptRows>& prompt_rows);
-  void ScorePromptRows(const float* logits,  // [num logits rows, vocab]
-                       const std::vector<PromptRows>& prompt_rows);
+  // Scores every row of prompt_token_rows_ from the model's logits, kPromptRowsPerSlice at a time.
+  void ScorePromptRows(const std::vector<PromptRows>& prompt_rows);
+  static constexpr int32_t kPromptRowsPerSlice = 256;
 
   RunnerOptions options_;
   ModelInfo info_;
@@ -72,7 +73,7 @@ class Qwen2Runner final : public ModelRunner {
   ForwardBatch batch_;  // rebuilt each step; kept to reuse its capacity
   std::vector<float> last_logits_;
   std::vector<PromptLogprobsOut> prompt_logprobs_;  // of the last Step
-  std::vector<int32_t> prompt_token_rows_;  // this step's prompt rows, appended after the sampled
+  std::vector<int32_t> prompt_token_rows_;  // this step's token rows that score prompt tokens
 };
 
 }  // namespace ferry::worker
