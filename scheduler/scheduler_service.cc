@@ -90,6 +90,7 @@ namespace {
 void ToProto(const TokenLogprob& in, int32_t token_id, ferry::v1::TokenLogprob* out) {
   out->set_token_id(token_id);
   out->set_logprob(in.logprob);
+  if (in.rank > 0) out->set_rank(in.rank);
   for (const auto& [id, logprob] : in.top) {
     auto* top = out->add_top();
     top->set_token_id(id);

@@ -141,7 +141,7 @@ void GrpcWorkerGroup::Send(uint64_t step_id, const StepPlan& plan) {
 namespace {
 
 TokenLogprob FromProto(const ferry::v1::TokenLogprob& in) {
-  TokenLogprob lp{.token_id = in.token_id(), .logprob = in.logprob(), .top = {}};
+  TokenLogprob lp{.token_id = in.token_id(), .logprob = in.logprob(), .rank = in.rank(), .top = {}};
   lp.top.reserve(in.top_size());
   for (const auto& top : in.top()) lp.top.emplace_back(top.token_id(), top.logprob());
   return lp;

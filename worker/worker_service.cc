@@ -74,6 +74,7 @@ namespace {
 void ToTokenLogprob(const SampledTokenOut& s, ferry::v1::TokenLogprob* out) {
   out->set_token_id(s.token_id);
   out->set_logprob(s.logprob);
+  out->set_rank(s.rank);
   for (const auto& [id, logprob] : s.top_logprobs) {
     auto* top = out->add_top();
     top->set_token_id(id);

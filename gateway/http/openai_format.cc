@@ -205,6 +205,14 @@ Error ParseCommon(const json& body, OpenAiRequest& r) {
   if (lane) r.generate.set_lane(*lane);
   r.stream = stream.value_or(false);
   r.timeout_ms = timeout_ms;
+  std::optional<int32_t> prompt_logprobs;  // vLLM's extra field
+  if (Error e = GetInt32(body, "prompt_logprobs", prompt_logprobs)) return e;
+  if (prompt_logprobs) {
+    // As vLLM: the prompt's logprobs would have no place in a stream's chunks.
+    if (r.stream) return InvalidField("prompt_logprobs", "prompt_logprobs is not available with stream = true");
+    r.generate.mutable_sampling()->set_prompt_logprobs(*prompt_logprobs);
+    r.return_prompt_logprobs = true;
+  }
   if (body.contains("stream_options") && body["stream_options"].is_object()) {
     const json& options = body["stream_options"];
     r.include_usage = options.contains("include_usage") && options["include_usage"].is_boolean() &&
@@ -421,7 +429,12 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body) {
   r.echo = echo.value_or(false);
   if (r.echo) {
     // The prompt's logprobs come with the same number of alternatives as the completion's.
-    if (logprobs) r.generate.mutable_sampling()->set_prompt_logprobs(*logprobs);
+    auto& s = *r.generate.mutable_sampling();
+    if (logprobs && s.has_prompt_logprobs() && s.prompt_logprobs() != *logprobs) {
+      return InvalidField("prompt_logprobs", fmt::format("prompt_logprobs = {} must equal logprobs = {} when echo is set",
+                                                         s.prompt_logprobs(), *logprobs));
+    }
+    if (logprobs) s.set_prompt_logprobs(*logprobs);
     for (const auto& p : r.prompts) r.echo_texts.push_back(p.has_text() ? p.text() : std::string());
   }
   return r;

@@ -84,6 +84,8 @@ struct OpenAiRequest {
   // prompt's. Filled at parse time (token-id prompts: empty until decoded by the server).
   bool echo = false;
   std::vector<std::string> echo_texts;  // one per prompt
+  // vLLM's prompt_logprobs field: the response carries them in vLLM's form (ResponseContext).
+  bool return_prompt_logprobs = false;
 };
 
 std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body);
@@ -129,6 +131,8 @@ struct ResponseContext {
   std::string id;  // cmpl-... or chatcmpl-...
   int64_t created = 0;
   std::string model;
+  // vLLM's prompt_logprobs in the response: per choice (completions) or once (chat).
+  bool prompt_logprobs = false;
 };
 
 // Whole (non-streamed) response from the accumulated chunks of each choice (index = position);

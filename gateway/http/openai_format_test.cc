@@ -247,6 +247,49 @@ TEST(ParseCompletion, EchoWithLogprobsAsksForThePromptsLogprobs) {
   EXPECT_FALSE(ParseOk({{"prompt", "ab"}, {"logprobs", 2}}).generate.sampling().has_prompt_logprobs());
 }
 
+TEST(ParseCompletion, VllmPromptLogprobsField) {
+  const OpenAiRequest r = ParseOk({{"prompt", "ab"}, {"prompt_logprobs", 3}});
+  EXPECT_TRUE(r.return_prompt_logprobs);
+  EXPECT_EQ(r.generate.sampling().prompt_logprobs(), 3);
+  EXPECT_FALSE(ParseOk({{"prompt", "ab"}}).return_prompt_logprobs);
+  const ApiError stream = ParseError({{"prompt", "ab"}, {"prompt_logprobs", 1}, {"stream", true}});
+  EXPECT_EQ(stream.param, "prompt_logprobs");
+  EXPECT_NE(stream.message.find("stream"), std::string::npos) << stream.message;
+  const ApiError mismatch = ParseError({{"prompt", "ab"}, {"prompt_logprobs", 2}, {"echo", true}, {"logprobs", 1}});
+  EXPECT_EQ(mismatch.param, "prompt_logprobs");
+  EXPECT_NE(mismatch.message.find("prompt_logprobs = 2 must equal logprobs = 1"), std::string::npos) << mismatch.message;
+  EXPECT_EQ(ParseOk({{"prompt", "ab"}, {"prompt_logprobs", 1}, {"echo", true}, {"logprobs", 1}})
+                .generate.sampling().prompt_logprobs(), 1);
+  EXPECT_EQ(ParseError({{"prompt", "ab"}, {"prompt_logprobs", "x"}}).param, "prompt_logprobs");
+}
+
+TEST(Responses, VllmPromptLogprobsPerChoiceOrOncePerChat) {
+  std::vector<ferry::v1::GenerateResponse> choices(1);
+  choices[0].add_prompt_logprobs()->set_token("he");  // the first prompt token
+  auto* lp = choices[0].add_prompt_logprobs();
+  lp->set_token_id(9);
+  lp->set_token("llo");
+  lp->set_logprob(-2.5f);
+  lp->set_rank(1);
+  for (int32_t id : {9, 11}) {  // the token itself may be among the top N: listed once
+    auto* top = lp->add_top();
+    top->set_token_id(id);
+    top->set_token(id == 9 ? "llo" : "y");
+    top->set_logprob(id == 9 ? -2.5f : -3.f);
+  }
+  const json expected = json::array(
+      {nullptr, {{"9", {{"logprob", -2.5}, {"rank", 1}, {"decoded_token", "llo"}}},
+                 {"11", {{"logprob", -3.0}, {"rank", 2}, {"decoded_token", "y"}}}}});
+  ResponseContext ctx{Endpoint::kCompletions, "cmpl-1", 123, "m", /*prompt_logprobs=*/true};
+  EXPECT_EQ(CompletionResponseJson(ctx, choices, 1)["choices"][0]["prompt_logprobs"], expected);
+  ctx.endpoint = Endpoint::kChat;
+  const json chat = CompletionResponseJson(ctx, choices, 1);
+  EXPECT_EQ(chat["prompt_logprobs"], expected);
+  EXPECT_FALSE(chat["choices"][0].contains("prompt_logprobs"));
+  ctx.prompt_logprobs = false;
+  EXPECT_FALSE(CompletionResponseJson(ctx, choices, 1).contains("prompt_logprobs"));
+}
+
 TEST(Responses, EchoPrefixesThePromptAndItsLogprobsFirstOneNull) {
   const ResponseContext ctx{Endpoint::kCompletions, "cmpl-1", 123, "m"};
   std::vector<ferry::v1::GenerateResponse> choices(2);

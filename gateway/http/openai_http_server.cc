@@ -268,7 +268,8 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
   int64_t max_tokens = 0;
   if (auto error = Admit(req, request, tenant, max_tokens)) return Refuse(req, res, *error);
   ResponseContext ctx{endpoint, NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
-                      static_cast<int64_t>(std::time(nullptr)), options_.model_name};
+                      static_cast<int64_t>(std::time(nullptr)), options_.model_name,
+                      request.return_prompt_logprobs};
   request.generate.set_request_id(ctx.id);
   if (request.stream) return RespondStream(req, std::move(request), ctx, res, tenant, max_tokens);
   RespondWhole(req, std::move(request), ctx, res, tenant, max_tokens);

@@ -54,6 +54,28 @@ json ChatLogprobs(const RepeatedPtrField<TokenLogprob>& logprobs) {
   return json{{"content", content}};
 }
 
+// vLLM's prompt_logprobs: per prompt token null (the first) or {"<id>": {logprob, rank,
+// decoded_token}} for the token itself and each of the top N.
+json VllmPromptLogprobs(const RepeatedPtrField<TokenLogprob>& logprobs) {
+  json out = json::array();
+  for (const TokenLogprob& lp : logprobs) {
+    if (!lp.has_logprob()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json entry = {{std::to_string(lp.token_id()),
+                   {{"logprob", lp.logprob()}, {"rank", lp.rank()}, {"decoded_token", lp.token()}}}};
+    int32_t rank = 1;
+    for (const auto& t : lp.top()) {
+      const std::string key = std::to_string(t.token_id());
+      if (!entry.contains(key)) entry[key] = {{"logprob", t.logprob()}, {"rank", rank}, {"decoded_token", t.token()}};
+      ++rank;
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 json UsageJson(const ferry::v1::Usage& usage) {
   return {{"prompt_tokens", usage.prompt_tokens()},
           {"completion_tokens", usage.completion_tokens()},
@@ -96,11 +118,16 @@ json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry:
       choice["text"] = response.text();
       int64_t offset = 0;
       if (has_logprobs) choice["logprobs"] = CompletionLogprobs(response.logprobs(), offset);
+      if (ctx.prompt_logprobs) choice["prompt_logprobs"] = VllmPromptLogprobs(response.prompt_logprobs());
     }
     out["choices"].push_back(std::move(choice));
     AddChoiceUsage(response.usage(), i, n, usage);
   }
   out["usage"] = UsageJson(usage);
+  // Chat: once for the request (every choice has the same prompt), as vLLM.
+  if (ctx.prompt_logprobs && ctx.endpoint == Endpoint::kChat && !choices.empty()) {
+    out["prompt_logprobs"] = VllmPromptLogprobs(choices.front().prompt_logprobs());
+  }
   return out;
 }
 
@@ -110,7 +137,7 @@ void ApplyEcho(const std::vector<std::string>& prompt_texts, int32_t n,
     ferry::v1::GenerateResponse& r = responses[i];
     r.set_text(prompt_texts.at(i / static_cast<size_t>(n)) + r.text());
     if (r.prompt_logprobs_size() == 0) continue;
-    RepeatedPtrField<TokenLogprob> all = std::move(*r.mutable_prompt_logprobs());
+    RepeatedPtrField<TokenLogprob> all = r.prompt_logprobs();  // kept for vLLM's prompt_logprobs
     all.MergeFrom(r.logprobs());
     *r.mutable_logprobs() = std::move(all);
   }

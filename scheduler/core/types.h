@@ -78,6 +78,7 @@ struct SamplingParams {
 struct TokenLogprob {
   int32_t token_id = -1;  // set for prompt tokens; a sampled token's is the event's token
   float logprob = 0.0f;
+  int32_t rank = 0;       // prompt tokens: 1 + the number of more likely tokens
   std::vector<std::pair<int32_t, float>> top;  // (token id, logprob), most likely first
 };
 

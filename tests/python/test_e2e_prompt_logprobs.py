@@ -206,3 +206,43 @@ def test_a_backend_without_prompt_logprobs_refuses_them(tiny_model, tmp_path_fac
         assert generate(s, ferry_pb, [1, 2, 3], prompt_logprobs=None).token_ids
     finally:
         assert s.stop() == 0
+
+
+def post_to(stack, path, body):
+    req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_vllm_prompt_logprobs_field_with_ranks(chunked_stack, hf):
+    tok, model = hf
+    ids = tok(PROMPT).input_ids
+    expected = hf_prompt_logprobs(model, ids)
+    body = post_to(chunked_stack, "/v1/completions",
+                   {"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2})
+    choice = body["choices"][0]
+    assert choice["logprobs"] is None and choice["text"] and not choice["text"].startswith(PROMPT)
+    scored = choice["prompt_logprobs"]
+    assert len(scored) == len(ids) and scored[0] is None
+    for i in range(1, len(ids)):
+        row = expected[i - 1]
+        mine = scored[i][str(ids[i])]
+        assert abs(mine["logprob"] - row[ids[i]].item()) < 1e-3, i
+        assert mine["decoded_token"] == tok.decode([ids[i]])
+        # vLLM's rank: 1 + the tokens more likely (bounds allow float noise at a near tie).
+        x = row[ids[i]].item()
+        assert 1 + int((row > x + 1e-4).sum()) <= mine["rank"] <= 1 + int((row > x - 1e-4).sum()), i
+        top2 = torch.topk(row, 2).indices.tolist()
+        for rank, token in enumerate(top2, start=1):
+            assert str(token) in scored[i], i
+            if token != ids[i]:
+                assert scored[i][str(token)]["rank"] == rank, i
+        assert len(scored[i]) == len(set(top2) | {ids[i]}), i
+
+    chat = post_to(chunked_stack, "/v1/chat/completions",
+                   {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 1, "prompt_logprobs": 0})
+    prompt_scores = chat["prompt_logprobs"]
+    assert len(prompt_scores) == chat["usage"]["prompt_tokens"] and prompt_scores[0] is None
+    assert all(len(entry) == 1 for entry in prompt_scores[1:]), "top 0: the prompt token alone"
+    assert "prompt_logprobs" not in chat["choices"][0]

@@ -115,6 +115,7 @@ struct SampledTokenOut {
   bool has_logprobs = false;  // SamplingOptions.logprobs >= 0
   float logprob = 0.f;        // of token_id
   std::vector<std::pair<int32_t, float>> top_logprobs;  // (id, logprob), most likely first
+  int32_t rank = 0;  // prompt tokens: 1 + the number of more likely tokens (last: brace inits omit it)
 };
 
 // Prompt tokens first_index, first_index + 1, ... of one sequence, scored this step.

@@ -169,7 +169,7 @@ void Qwen2Runner::ScorePromptRows(const std::vector<PromptRows>& prompt_rows) {
       const PromptRows& p = prompt_rows[seq];
       const int32_t token = p.seq->token_ids[p.first_index + (row - p.first_row)];
       SampleResult r = sampler_.Score(logits.data() + int64_t{row - begin} * vocab, vocab, token, p.seq->prompt_logprobs);
-      prompt_logprobs_[seq].tokens.push_back({p.seq_id, token, true, r.logprob, std::move(r.top_logprobs)});
+      prompt_logprobs_[seq].tokens.push_back({p.seq_id, token, true, r.logprob, std::move(r.top_logprobs), r.rank});
     }
   }
 }

@@ -275,6 +275,8 @@ SampleResult Sampler::Score(const float* logits, int32_t vocab, int32_t token_id
   SampleResult out;
   out.token_id = token_id;
   FillLogprobs(logits, vocab, std::min({num_top, kMaxLogprobs, vocab}), &out);
+  const float mine = logits[token_id];
+  out.rank = 1 + static_cast<int32_t>(std::count_if(logits, logits + vocab, [mine](float l) { return l > mine; }));
   return out;
 }
 

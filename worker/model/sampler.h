@@ -57,6 +57,7 @@ void ApplyPenalties(float* logits,  // [vocab]
 struct SampleResult {
   int32_t token_id = 0;
   float logprob = 0.f;  // of token_id under the raw logits; set when options.logprobs >= 0
+  int32_t rank = 0;     // Score only: 1 + the number of tokens with a larger logit
   std::vector<std::pair<int32_t, float>> top_logprobs;  // most likely first, ties by lower id
 };
 
@@ -78,8 +79,8 @@ class Sampler {
     return Sample(logits, vocab, options, nullptr, sample_index).token_id;
   }
 
-  // Log-softmax of the raw logits at token_id, plus the num_top (<= 20) most likely: a prompt
-  // token's logprob, scored the way Sample scores a sampled one.
+  // Log-softmax of the raw logits at token_id, plus the num_top (<= 20) most likely, and
+  // token_id's rank: a prompt token's logprob, scored the way Sample scores a sampled one.
   SampleResult Score(const float* logits,  // [vocab]
                      int32_t vocab, int32_t token_id, int32_t num_top);
 

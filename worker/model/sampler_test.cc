@@ -99,6 +99,23 @@ TokenCounts Counts(const std::vector<int32_t>& tokens, int32_t num_generated) {
   return c;
 }
 
+TEST(SamplerTest, ScoreGivesAGivenTokensLogprobTopAndRank) {
+  const std::vector<float> logits{1.f, 3.f, 2.f, 3.f, -1.f};
+  double z = 0;
+  for (float l : logits) z += std::exp(double{l});
+  Sampler sampler;
+  const SampleResult mid = sampler.Score(logits.data(), 5, /*token_id=*/2, /*num_top=*/2);
+  EXPECT_EQ(mid.token_id, 2);
+  EXPECT_NEAR(mid.logprob, 2.0 - std::log(z), 1e-6);
+  EXPECT_EQ(mid.rank, 3) << "two tokens are more likely";
+  ASSERT_EQ(mid.top_logprobs.size(), 2u);
+  EXPECT_EQ(mid.top_logprobs[0].first, 1);  // ties: lower id first
+  EXPECT_EQ(mid.top_logprobs[1].first, 3);
+  EXPECT_EQ(sampler.Score(logits.data(), 5, 3, 0).rank, 1) << "a tie with the best is rank 1";
+  EXPECT_EQ(sampler.Score(logits.data(), 5, 4, 0).rank, 5);
+  EXPECT_TRUE(sampler.Score(logits.data(), 5, 4, 0).top_logprobs.empty());
+}
+
 TEST(SamplerTest, GreedyPicksLowestIdOnTies) {
   Sampler sampler;
   const std::vector<float> logits{0.f, 3.f, 1.f, 3.f, -1.f};
