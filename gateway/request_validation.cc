@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/json_schema.h"
 #include "common/status.h"
 
 namespace ferry::gateway {
@@ -10,6 +11,64 @@ namespace {
 
 constexpr int kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
+constexpr size_t kQuotedValueBytes = 32;  // of a long string quoted back in a message
+
+// The start of `s` (cut at a UTF-8 character boundary) for an error message; `s` is valid UTF-8.
+std::string Shortened(const std::string& s) {
+  if (s.size() <= kQuotedValueBytes) return s;
+  size_t end = kQuotedValueBytes;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + "...";
+}
+
+// Returns a message for a bad choice list, or an empty string.
+std::string CheckChoices(const ferry::v1::GuidedChoice& choice) {
+  const auto& choices = choice.choices();
+  if (choices.empty() || choices.size() > kMaxGuidedChoices) {
+    return FieldMessage("sampling.guided.choice.choices (count)", choices.size(),
+                        fmt::format("must be in [1, {}]", kMaxGuidedChoices));
+  }
+  for (int i = 0; i < choices.size(); ++i) {
+    const std::string& text = choices[i];
+    const std::string field = fmt::format("sampling.guided.choice.choices[{}]", i);
+    if (text.empty()) return FieldMessage(field, "", "must be non-empty");
+    if (!IsValidUtf8(text)) return field + " is not valid UTF-8";
+    if (text.size() > kMaxGuidedChoiceBytes) {
+      return FieldMessage(field, Shortened(text),
+                          fmt::format("is {} bytes, over the limit of {}", text.size(), kMaxGuidedChoiceBytes));
+    }
+  }
+  return {};
+}
+
+// Compiled here, as the worker will, so that a schema the engine cannot keep is refused before
+// it is queued (the compiler's message names the place and the keyword).
+std::string CheckJsonSchema(const std::string& schema) {
+  if (schema.size() > kMaxGuidedJsonSchemaBytes) {
+    return FieldMessage("sampling.guided.json_schema (bytes)", schema.size(),
+                        fmt::format("exceeds the limit of {}", kMaxGuidedJsonSchemaBytes));
+  }
+  try {
+    CompileJsonSchema(schema);
+  } catch (const JsonSchemaError& e) {
+    return std::string("sampling.guided.json_schema: ") + e.what();
+  }
+  return {};
+}
+
+// Returns a message for a bad structured output constraint, or an empty string. A json_object
+// set to false is refused rather than read as "unset": the client meant something by setting it.
+std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
+  switch (g.kind_case()) {
+    case ferry::v1::GuidedDecoding::kJsonObject:
+      if (g.json_object()) return {};
+      return FieldMessage("sampling.guided.json_object", false,
+                          "must be true when set (leave guided unset for no constraint)");
+    case ferry::v1::GuidedDecoding::kChoice: return CheckChoices(g.choice());
+    case ferry::v1::GuidedDecoding::kJsonSchema: return CheckJsonSchema(g.json_schema());
+    default: return {};
+  }
+}
 
 // Returns a message for the first bad sampling field, or an empty string.
 std::string CheckSampling(const ferry::v1::SamplingParams& s) {
@@ -53,7 +112,7 @@ std::string CheckSampling(const ferry::v1::SamplingParams& s) {
     }
     if (!IsValidUtf8(stop)) return field + " is not valid UTF-8";
   }
-  return {};
+  return CheckGuided(s.guided());
 }
 
 // Tokenises or checks the prompt; returns an error message or fills ids.
@@ -137,6 +196,7 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
   *sub.mutable_logit_bias() = s.logit_bias();
   sub.set_min_tokens(s.min_tokens());
+  if (s.guided().kind_case() != ferry::v1::GuidedDecoding::KIND_NOT_SET) *sub.mutable_guided() = s.guided();
   sub.set_ignore_eos(s.ignore_eos());
   sub.set_priority(lane.priority);
   sub.set_lane(lane.name);

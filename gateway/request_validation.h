@@ -34,6 +34,13 @@ struct ModelLimits {
 inline constexpr int32_t kMaxLogprobs = 20;
 // OpenAI's limit on logit_bias entries.
 inline constexpr int32_t kMaxLogitBias = 300;
+// A choice constraint's list (sampling.guided.choice): bounded so that the worker's matcher, which
+// walks every choice still possible at each step, stays cheap next to the forward pass.
+inline constexpr int32_t kMaxGuidedChoices = 256;
+inline constexpr size_t kMaxGuidedChoiceBytes = 1024;
+// A JSON schema's text (sampling.guided.json_schema): compiled at the gateway, the scheduler and
+// the worker, and its automaton is bounded too (common/json_schema.h's limits).
+inline constexpr size_t kMaxGuidedJsonSchemaBytes = 64 * 1024;
 
 inline constexpr int32_t kDefaultMaxTokens = 16;
 // A client's request_id goes into every log line and chunk of its request: bounded and printable.

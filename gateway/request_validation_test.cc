@@ -59,6 +59,104 @@ TEST_F(ValidateRequestTest, LogitBiasReachesTheScheduler) {
   EXPECT_EQ(bias.at(7), 5.5f);
 }
 
+TEST_F(ValidateRequestTest, GuidedDecodingReachesTheScheduler) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  auto* choice = r.mutable_sampling()->mutable_guided()->mutable_choice();
+  choice->add_choices("yes");
+  choice->add_choices(std::string(kMaxGuidedChoiceBytes, 'n'));  // at the limit
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  const auto& guided = std::get<ValidatedRequest>(v).submit.guided();
+  ASSERT_TRUE(guided.has_choice());
+  ASSERT_EQ(guided.choice().choices_size(), 2);
+  EXPECT_EQ(guided.choice().choices(0), "yes");
+
+  r.mutable_sampling()->mutable_guided()->set_json_object(true);  // the oneof now holds json_object
+  v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_TRUE(std::get<ValidatedRequest>(v).submit.guided().json_object());
+
+  // No constraint (guided unset, or set with neither kind): none reaches the scheduler.
+  r.mutable_sampling()->mutable_guided()->clear_kind();
+  v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_FALSE(std::get<ValidatedRequest>(v).submit.has_guided());
+
+  auto* many = r.mutable_sampling()->mutable_guided()->mutable_choice();
+  for (int i = 0; i < kMaxGuidedChoices; ++i) many->add_choices(std::to_string(i));
+  EXPECT_EQ(Error(r), "");  // 256 choices: at the limit
+}
+
+TEST_F(ValidateRequestTest, AJsonSchemaReachesTheSchedulerAsWritten) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  const std::string schema =
+      R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"enum":["x","y"]}},"required":["b"]})";
+  r.mutable_sampling()->mutable_guided()->set_json_schema(schema);
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.guided().json_schema(), schema);
+
+  // At the limit: a schema padded with whitespace to exactly 64 KiB.
+  const std::string padded = schema + std::string(kMaxGuidedJsonSchemaBytes - schema.size(), ' ');
+  r.mutable_sampling()->mutable_guided()->set_json_schema(padded);
+  EXPECT_EQ(Error(r), "");
+}
+
+TEST_F(ValidateRequestTest, AJsonSchemaTheEngineCannotKeepIsRefused) {
+  const auto error = [&](const std::string& schema) {
+    ferry::v1::GenerateRequest r;
+    r.set_text("hello");
+    r.mutable_sampling()->mutable_guided()->set_json_schema(schema);
+    return Error(r);
+  };
+  EXPECT_EQ(error(R"({"type":"string","minLength":3})"),
+            "sampling.guided.json_schema: schema at /: \"minLength\" is not supported");
+  EXPECT_EQ(error(R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})"),
+            "sampling.guided.json_schema: schema at /properties/age: \"minimum\" is not supported");
+  const std::string not_json = error("{\"type\": ");
+  EXPECT_EQ(not_json.rfind("sampling.guided.json_schema: schema is not JSON", 0), 0u) << not_json;
+  EXPECT_EQ(error("").rfind("sampling.guided.json_schema: schema is not JSON", 0), 0u);  // set, but empty
+  EXPECT_EQ(error(R"({"type":"object"})" + std::string(kMaxGuidedJsonSchemaBytes, ' ')),
+            "sampling.guided.json_schema (bytes) = 65553 exceeds the limit of 65536");
+}
+
+TEST_F(ValidateRequestTest, BadGuidedDecodingIsNamed) {
+  using Guided = ferry::v1::GuidedDecoding;
+  struct Case { std::function<void(Guided&)> edit; std::string message; };
+  const std::vector<Case> cases = {
+      {[](Guided& g) { g.set_json_object(false); },
+       "sampling.guided.json_object = false must be true when set (leave guided unset for no constraint)"},
+      {[](Guided& g) { g.mutable_choice(); }, "sampling.guided.choice.choices (count) = 0 must be in [1, 256]"},
+      {[](Guided& g) {
+         for (int i = 0; i < 257; ++i) g.mutable_choice()->add_choices("c");
+       },
+       "sampling.guided.choice.choices (count) = 257 must be in [1, 256]"},
+      {[](Guided& g) {
+         for (const char* c : {"a", "b", "c", ""}) g.mutable_choice()->add_choices(c);
+       },
+       "sampling.guided.choice.choices[3] = \"\" must be non-empty"},
+      {[](Guided& g) {
+         g.mutable_choice()->add_choices("ok");
+         g.mutable_choice()->add_choices(std::string("a\xff"));
+       },
+       "sampling.guided.choice.choices[1] is not valid UTF-8"},
+      {[](Guided& g) {
+         g.mutable_choice()->add_choices(std::string(30, 'x') + "\u00e9\u00e9" + std::string(1000, 'y'));
+       },
+       // Cut at 32 bytes, before the second 2-byte character rather than inside it.
+       "sampling.guided.choice.choices[0] = \"" + std::string(30, 'x') + "\u00e9...\" is 1034 bytes, over the limit of "
+       "1024"},
+  };
+  for (const auto& c : cases) {
+    ferry::v1::GenerateRequest r;
+    r.set_text("hello");
+    c.edit(*r.mutable_sampling()->mutable_guided());
+    EXPECT_EQ(Error(r), c.message);
+  }
+}
+
 TEST_F(ValidateRequestTest, EachBadFieldIsNamed) {
   struct Case { std::function<void(ferry::v1::GenerateRequest&)> edit; std::string needle; };
   const std::vector<Case> cases = {

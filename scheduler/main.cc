@@ -113,7 +113,9 @@ ferry::v1::SchedulerInfo InfoFrom(const ferry::v1::WorkerInfo& worker_info,
   info.set_block_size(config.block_size);
   *info.mutable_generation_defaults() = worker_info.generation_defaults();
   info.set_tensor_parallel_size(tensor_parallel_size);
+  // WaitForInfo sets these only when every rank does: a request the replica takes runs on all.
   info.set_supports_prompt_logprobs(worker_info.supports_prompt_logprobs());
+  info.set_supports_guided_decoding(worker_info.supports_guided_decoding());
   return info;
 }
 

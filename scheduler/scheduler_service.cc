@@ -7,9 +7,28 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/json_schema.h"
+
 namespace ferry::scheduler {
 
 namespace {
+
+GuidedDecoding ToGuided(const ferry::v1::GuidedDecoding& g) {
+  GuidedDecoding out;
+  switch (g.kind_case()) {
+    case ferry::v1::GuidedDecoding::kJsonObject: out.kind = GuidedDecoding::Kind::kJsonObject; break;
+    case ferry::v1::GuidedDecoding::kChoice:
+      out.kind = GuidedDecoding::Kind::kChoice;
+      out.choices.assign(g.choice().choices().begin(), g.choice().choices().end());
+      break;
+    case ferry::v1::GuidedDecoding::kJsonSchema:
+      out.kind = GuidedDecoding::Kind::kJsonSchema;
+      out.json_schema = g.json_schema();
+      break;
+    default: break;
+  }
+  return out;
+}
 
 RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<int32_t>& eos_ids) {
   RequestSpec spec;
@@ -26,6 +45,7 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   p.repetition_penalty = r.repetition_penalty() > 0 ? r.repetition_penalty() : 1.f;
   p.logprobs = r.logprobs();
   p.prompt_logprobs = r.has_prompt_logprobs() ? r.prompt_logprobs() : -1;
+  p.guided = ToGuided(r.guided());
   p.seed = r.seed();
   p.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
   std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
@@ -106,6 +126,30 @@ void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::Sch
   }
   if (!info.supports_prompt_logprobs()) {
     throw std::invalid_argument("prompt_logprobs is not supported by this replica's worker backend");
+  }
+}
+
+// Refused here rather than by the worker, whose refusal would fail every sequence in its step.
+// The gateway has checked the choices and the schema; an empty list would leave the worker
+// nothing to match, and a schema is compiled again since a client may call the scheduler directly.
+void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
+  const ferry::v1::GuidedDecoding& g = r.guided();
+  if (g.kind_case() == ferry::v1::GuidedDecoding::KIND_NOT_SET) return;
+  if (!info.supports_guided_decoding()) {
+    throw std::invalid_argument("guided decoding is not supported by this replica's worker backend");
+  }
+  if (g.has_json_object() && !g.json_object()) {
+    throw std::invalid_argument("guided.json_object = false must be true when set");
+  }
+  if (g.has_choice() && g.choice().choices_size() == 0) {
+    throw std::invalid_argument("guided.choice.choices (count) = 0 must be at least 1");
+  }
+  if (g.has_json_schema()) {
+    try {
+      CompileJsonSchema(g.json_schema());
+    } catch (const JsonSchemaError& e) {
+      throw std::invalid_argument(std::string("guided.json_schema: ") + e.what());
+    }
   }
 }
 
@@ -251,6 +295,7 @@ grpc::ServerWriteReactor<ferry::v1::TokenEvent>* SchedulerService::Submit(grpc::
   const auto arrival = Clock::now();
   try {
     CheckPromptLogprobs(*request, info_);
+    CheckGuided(*request, info_);
     RequestSpec spec = ToRequestSpec(*request, eos);
     spec.deadline = SteadyDeadline(*context);
     const TimePoint queue_deadline = request->queue_timeout_ms() > 0

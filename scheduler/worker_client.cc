@@ -59,8 +59,11 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout)
       grpc::Status status = ranks_[r]->stub->Info(&context, {}, &info);
       if (status.ok()) {
         if (r == 0) first = info;
-        // Every rank must hold every block id the scheduler hands out.
+        // Every rank must hold every block id the scheduler hands out, and honour every option
+        // the replica accepts.
         first.set_num_kv_blocks(std::min(first.num_kv_blocks(), info.num_kv_blocks()));
+        first.set_supports_prompt_logprobs(first.supports_prompt_logprobs() && info.supports_prompt_logprobs());
+        first.set_supports_guided_decoding(first.supports_guided_decoding() && info.supports_guided_decoding());
         break;
       }
       if (std::chrono::system_clock::now() >= deadline) {
@@ -90,6 +93,19 @@ void GrpcWorkerGroup::CloseStreams() {
   }
 }
 
+namespace {
+
+// kNone leaves NewSequence.guided unset: unconstrained.
+void SetGuided(const GuidedDecoding& g, ferry::v1::NewSequence& out) {
+  if (g.kind == GuidedDecoding::Kind::kJsonObject) out.mutable_guided()->set_json_object(true);
+  if (g.kind == GuidedDecoding::Kind::kChoice) {
+    out.mutable_guided()->mutable_choice()->mutable_choices()->Add(g.choices.begin(), g.choices.end());
+  }
+  if (g.kind == GuidedDecoding::Kind::kJsonSchema) out.mutable_guided()->set_json_schema(g.json_schema);
+}
+
+}  // namespace
+
 ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
   ferry::v1::StepRequest request;
   request.set_step_id(step_id);
@@ -114,6 +130,7 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->mutable_min_tokens_suppressed_ids()->Add(p.min_tokens_suppressed_ids.begin(),
                                                   p.min_tokens_suppressed_ids.end());
     if (p.prompt_logprobs >= 0) out->set_prompt_logprobs(p.prompt_logprobs);
+    SetGuided(p.guided, *out);
   }
   for (const auto& s : plan.scheduled) {
     auto* out = request.add_scheduled();

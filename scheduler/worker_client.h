@@ -20,7 +20,8 @@ class GrpcWorkerGroup final : public WorkerGroup {
   ~GrpcWorkerGroup() override;
 
   // Waits until every worker answers Info (they may still be loading weights),
-  // up to timeout; returns rank 0's info. Throws std::runtime_error on timeout.
+  // up to timeout; returns rank 0's info, with the fewest KV blocks of any rank and each
+  // supports_* flag set only when every rank sets it. Throws std::runtime_error on timeout.
   ferry::v1::WorkerInfo WaitForInfo(std::chrono::seconds timeout);
 
   // Writes the step to every rank's stream (opened on first use and after a

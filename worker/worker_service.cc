@@ -53,6 +53,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   out->set_tp_rank(info.tp_rank);
   out->set_tp_size(info.tp_size);
   out->set_supports_prompt_logprobs(info.supports_prompt_logprobs);
+  out->set_supports_guided_decoding(info.supports_guided_decoding);
   const GenerationDefaults& d = info.generation_defaults;
   auto* defaults = out->mutable_generation_defaults();
   if (d.temperature) defaults->set_temperature(*d.temperature);
@@ -82,6 +83,18 @@ void ToTokenLogprob(const SampledTokenOut& s, ferry::v1::TokenLogprob* out) {
   }
 }
 
+// No kind set: unconstrained (kNone). The gateway and the scheduler refuse json_object = false.
+GuidedSpec ToGuidedSpec(const ferry::v1::GuidedDecoding& g) {
+  GuidedSpec out;
+  if (g.has_json_object()) out.kind = GuidedSpec::Kind::kJsonObject;
+  if (g.has_choice()) {
+    out.kind = GuidedSpec::Kind::kChoice;
+    out.choices.assign(g.choice().choices().begin(), g.choice().choices().end());
+  }
+  if (g.has_json_schema()) out = GuidedSpec{GuidedSpec::Kind::kJsonSchema, {}, g.json_schema()};
+  return out;
+}
+
 }  // namespace
 
 StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
@@ -106,6 +119,7 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.sampling.min_tokens_suppressed_ids.assign(n.min_tokens_suppressed_ids().begin(),
                                                 n.min_tokens_suppressed_ids().end());
     s.prompt_logprobs = n.has_prompt_logprobs() ? n.prompt_logprobs() : -1;
+    s.sampling.guided = ToGuidedSpec(n.guided());
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {

@@ -1,12 +1,18 @@
 #include "gateway/http/openai_format.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
+
+#include "common/json_schema.h"
+#include "gateway/request_validation.h"  // the gateway's limits
 
 namespace ferry::gateway::http {
 
 namespace {
 
 using ferry::v1::SamplingParams;
+using nlohmann::ordered_json;
 using Error = std::optional<ApiError>;
 
 // Validation messages start with the proto field ("sampling.top_p = 2 must be ..."); the
@@ -16,6 +22,13 @@ std::string ParamFromMessage(const std::string& message) {
   if (field.rfind("sampling.", 0) == 0) field = field.substr(9);
   field = field.substr(0, field.find('['));
   if (field == "text" || field == "token_ids.ids" || field == "prompt") return "prompt";
+  // A choice list comes from guided_choice or structured_outputs.choice: vLLM's name stands for
+  // both (the message names the list's entry). json_object = false never comes from HTTP.
+  if (field == "guided.choice.choices") return "guided_choice";
+  if (field == "guided") return "";  // "guided decoding is not supported ...": whichever field asked
+  // The HTTP layer checks a schema itself, naming the field that gave it; one refused later came
+  // from any of response_format, guided_json and structured_outputs.json.
+  if (field.rfind("guided.json_schema", 0) == 0) return "";
   return field;
 }
 
@@ -135,7 +148,178 @@ Error ParseLogitBias(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
-Error ParseSampling(const json& body, SamplingParams& s) {
+// Whether body[key] asks for something: values that ask for nothing (null, empty) pass unread.
+bool Asks(const json& body, const char* key) {
+  if (!body.contains(key)) return false;
+  const json& v = body[key];
+  return !(v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty()));
+}
+
+// One structured output constraint and the request field that asked for it. A schema given as
+// JSON (not as text) stays where it lies until it is the one constraint (FinishJsonSchema).
+struct GuidedAsk {
+  std::string field;
+  ferry::v1::GuidedDecoding guided;
+  const json* schema = nullptr;  // a schema given as JSON, at `where` in the body
+  std::string where;             // a schema's place, dotted: "response_format.json_schema.schema"
+};
+
+GuidedAsk JsonObjectAsk(std::string field) {
+  GuidedAsk ask{std::move(field), {}};
+  ask.guided.set_json_object(true);
+  return ask;
+}
+
+// A list of strings: exactly one of them (its limits are the gateway's, request_validation.h).
+Error ParseChoices(const json& v, const std::string& field, std::vector<GuidedAsk>& asks) {
+  if (!v.is_array()) return WrongType(field, v, "a list of strings");
+  if (v.empty()) return std::nullopt;  // asks for nothing, as the other fields' empty values
+  GuidedAsk ask{field, {}};
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) return WrongType(fmt::format("{}[{}]", field, i), v[i], "a string");
+    ask.guided.mutable_choice()->add_choices(v[i].get<std::string>());
+  }
+  asks.push_back(std::move(ask));
+  return std::nullopt;
+}
+
+// vLLM's guided_json and structured_outputs.json: a schema as an object, or as a string holding
+// its JSON text (sent on as written). {} asks for nothing, as the other fields' empty values.
+Error ParseVllmSchema(const json& v, const std::string& field, std::vector<GuidedAsk>& asks) {
+  if (!v.is_object() && !v.is_string()) return WrongType(field, v, "a JSON schema (an object, or a string of one)");
+  if (v.is_object() && v.empty()) return std::nullopt;
+  GuidedAsk ask{field, {}, nullptr, field};
+  if (v.is_string()) {
+    ask.guided.set_json_schema(v.get<std::string>());
+  } else {
+    ask.schema = &v;
+  }
+  asks.push_back(std::move(ask));
+  return std::nullopt;
+}
+
+// OpenAI's {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
+// The schema is kept whether strict or not; name and description only describe it.
+Error ParseResponseJsonSchema(const json& format, std::vector<GuidedAsk>& asks) {
+  const auto spec = format.find("json_schema");
+  if (spec == format.end()) {
+    return InvalidField("response_format.json_schema", "response_format.json_schema is required with type "
+                                                       "\"json_schema\" (an object with a \"schema\")");
+  }
+  if (!spec->is_object()) return WrongType("response_format.json_schema", *spec, "an object with a \"schema\"");
+  const auto schema = spec->find("schema");
+  if (schema == spec->end()) {
+    return InvalidField("response_format.json_schema.schema", "response_format.json_schema.schema is required "
+                                                              "(a JSON schema: an object or a boolean)");
+  }
+  if (!schema->is_object() && !schema->is_boolean()) {
+    return WrongType("response_format.json_schema.schema", *schema, "a JSON schema (an object or a boolean)");
+  }
+  const auto strict = spec->find("strict");
+  if (strict != spec->end() && !strict->is_null() && !strict->is_boolean()) {
+    return WrongType("response_format.json_schema.strict", *strict, "a boolean");
+  }
+  asks.push_back({"response_format", {}, &*schema, "response_format.json_schema.schema"});
+  return std::nullopt;
+}
+
+// OpenAI's response_format: "text" is the default, "json_object" any JSON object, "json_schema"
+// a value valid under the schema.
+Error ParseResponseFormat(const json& body, std::vector<GuidedAsk>& asks) {
+  if (!Asks(body, "response_format")) return std::nullopt;
+  const json& format = body["response_format"];
+  const json type = format.is_object() && format.contains("type") ? format["type"] : json();
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    asks.push_back(JsonObjectAsk("response_format"));
+    return std::nullopt;
+  }
+  if (type == "json_schema") return ParseResponseJsonSchema(format, asks);
+  return InvalidField("response_format",
+                      fmt::format("response_format = {} is not supported (only the types \"text\", \"json_object\" "
+                                  "and \"json_schema\" are)", Brief(format)));
+}
+
+// vLLM's structured_outputs: choice, json_object and json are served; its other keys (regex,
+// grammar, structural_tag, ...) would change the output and are refused. Null values are unset.
+Error ParseStructuredOutputs(const json& body, std::vector<GuidedAsk>& asks) {
+  if (!Asks(body, "structured_outputs")) return std::nullopt;
+  const json& outputs = body["structured_outputs"];
+  if (!outputs.is_object()) return WrongType("structured_outputs", outputs, "an object");
+  for (const auto& [key, value] : outputs.items()) {
+    if (value.is_null()) continue;
+    if (key == "choice") {
+      if (Error e = ParseChoices(value, "structured_outputs.choice", asks)) return e;
+    } else if (key == "json_object") {
+      if (!value.is_boolean()) return WrongType("structured_outputs.json_object", value, "a boolean");
+      if (value.get<bool>()) asks.push_back(JsonObjectAsk("structured_outputs.json_object"));
+    } else if (key == "json") {
+      if (Error e = ParseVllmSchema(value, "structured_outputs.json", asks)) return e;
+    } else {
+      return InvalidField("structured_outputs",
+                          fmt::format("structured_outputs key {} is not supported (only \"choice\", "
+                                      "\"json_object\" and \"json\" are)", Brief(json(key))));
+    }
+  }
+  return std::nullopt;
+}
+
+// value's JSON text with its objects' keys in the order of body_text (the body as received), or
+// sorted when there is no text: json sorts keys, and properties are generated in the schema's
+// order. `where` is value's dotted place in the body. The body is parsed again only for this.
+std::string SchemaText(const json& value, std::string_view body_text, const std::string& where) {
+  if (!body_text.empty()) {
+    const ordered_json doc = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+    std::string pointer = "/" + where;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    const ordered_json::json_pointer at(pointer);
+    if (!doc.is_discarded() && doc.contains(at)) return doc.at(at).dump();
+  }
+  return value.dump();
+}
+
+// The one schema's text, checked as the worker will compile it, so that a schema the engine
+// cannot keep is a 400 naming the HTTP field (the gRPC check would name sampling.guided).
+Error FinishJsonSchema(GuidedAsk& ask, std::string_view body_text) {
+  if (ask.schema) ask.guided.set_json_schema(SchemaText(*ask.schema, body_text, ask.where));
+  const std::string& text = ask.guided.json_schema();
+  if (text.size() > kMaxGuidedJsonSchemaBytes) {
+    return InvalidField(ask.field, fmt::format("{} is {} bytes of JSON, over the limit of {}", ask.where, text.size(),
+                                               kMaxGuidedJsonSchemaBytes));
+  }
+  try {
+    CompileJsonSchema(text);
+  } catch (const JsonSchemaError& e) {
+    return InvalidField(ask.field, fmt::format("{}: {}", ask.where, e.what()));
+  }
+  return std::nullopt;
+}
+
+// At most one of response_format (json_object, json_schema), guided_choice, guided_json and
+// structured_outputs' constraints.
+Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& s) {
+  std::vector<GuidedAsk> asks;
+  if (Error e = ParseResponseFormat(body, asks)) return e;
+  if (Asks(body, "guided_choice")) {
+    if (Error e = ParseChoices(body["guided_choice"], "guided_choice", asks)) return e;
+  }
+  if (Asks(body, "guided_json")) {
+    if (Error e = ParseVllmSchema(body["guided_json"], "guided_json", asks)) return e;
+  }
+  if (Error e = ParseStructuredOutputs(body, asks)) return e;
+  if (asks.size() > 1) {
+    return InvalidField(asks[1].field, fmt::format("{} conflicts with {}: a request takes one structured output "
+                                                   "constraint", asks[1].field, asks[0].field));
+  }
+  if (asks.empty()) return std::nullopt;
+  if (asks.front().guided.has_json_schema() || asks.front().schema) {
+    if (Error e = FinishJsonSchema(asks.front(), body_text)) return e;
+  }
+  *s.mutable_guided() = std::move(asks.front().guided);
+  return std::nullopt;
+}
+
+Error ParseSampling(const json& body, std::string_view body_text, SamplingParams& s) {
   if (Error e = ParseSamplingFloats(body, s)) return e;
   std::optional<int32_t> max_tokens, top_k, min_tokens;
   std::optional<int64_t> seed;
@@ -151,30 +335,21 @@ Error ParseSampling(const json& body, SamplingParams& s) {
   if (ignore_eos) s.set_ignore_eos(*ignore_eos);
   if (min_tokens) s.set_min_tokens(*min_tokens);
   if (Error e = ParseLogitBias(body, s)) return e;
+  if (Error e = ParseGuided(body, body_text, s)) return e;
   if (Error e = ParseStop(body, s)) return e;
   return ParseStopTokenIds(body, s);
 }
 
 // Fields that would change the output, which Ferry does not implement: refused rather than
-// ignored, so a client never gets plain text where it asked for JSON, a tool call or a bias.
-// Values that ask for nothing (null, empty, "text", "none", a best_of equal to n) pass.
+// ignored, so a client never gets plain text where it asked for a regex, a tool call or a
+// grammar. Values that ask for nothing (null, empty, "none", a best_of equal to n) pass.
+// response_format, guided_json and structured_outputs are read, or refused, by ParseGuided.
 Error RefuseUnsupported(const json& body) {
-  auto asks = [&](const char* key) {
-    if (!body.contains(key)) return false;
-    const json& v = body[key];
-    return !(v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty()));
-  };
-  for (const char* key : {"tools", "functions", "function_call", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar", "structured_outputs"}) {
-    if (asks(key)) return InvalidField(key, fmt::format("{} is not supported", key));
+  for (const char* key : {"tools", "functions", "function_call", "guided_regex", "guided_grammar"}) {
+    if (Asks(body, key)) return InvalidField(key, fmt::format("{} is not supported", key));
   }
-  if (asks("tool_choice") && !(body["tool_choice"].is_string() && body["tool_choice"] == "none")) {
+  if (Asks(body, "tool_choice") && !(body["tool_choice"].is_string() && body["tool_choice"] == "none")) {
     return InvalidField("tool_choice", "tool_choice is not supported (tools are not)");
-  }
-  if (asks("response_format") &&
-      !(body["response_format"].is_object() && body["response_format"].contains("type") &&
-        body["response_format"]["type"] == "text")) {
-    return InvalidField("response_format", "response_format other than {\"type\": \"text\"} is not supported");
   }
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != body.value("n", json(1))) {
     return InvalidField("best_of", "best_of is not supported (n choices are: ask for n)");
@@ -183,7 +358,7 @@ Error RefuseUnsupported(const json& body) {
 }
 
 // Fields every generation request shares: model, stream, lane, timeout, sampling.
-Error ParseCommon(const json& body, OpenAiRequest& r) {
+Error ParseCommon(const json& body, std::string_view body_text, OpenAiRequest& r) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
   if (Error e = RefuseUnsupported(body)) return e;
   std::optional<std::string> model, lane;
@@ -218,7 +393,7 @@ Error ParseCommon(const json& body, OpenAiRequest& r) {
     r.include_usage = options.contains("include_usage") && options["include_usage"].is_boolean() &&
                       options["include_usage"].get<bool>();
   }
-  return ParseSampling(body, *r.generate.mutable_sampling());
+  return ParseSampling(body, body_text, *r.generate.mutable_sampling());
 }
 
 bool IsTokenList(const json& v) {
@@ -415,10 +590,10 @@ ApiError ErrorFromStatus(const grpc::Status& status) {
   return e;
 }
 
-std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body) {
+std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body, std::string_view body_text) {
   OpenAiRequest r;
   r.endpoint = Endpoint::kCompletions;
-  if (Error e = ParseCommon(body, r)) return *e;
+  if (Error e = ParseCommon(body, body_text, r)) return *e;
   if (Error e = ParsePrompt(body, r)) return *e;
   std::optional<int32_t> logprobs;
   std::optional<bool> echo;
@@ -440,10 +615,11 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body) {
   return r;
 }
 
-std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat) {
+std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat,
+                                                       std::string_view body_text) {
   OpenAiRequest r;
   r.endpoint = Endpoint::kChat;
-  if (Error e = ParseCommon(body, r)) return *e;
+  if (Error e = ParseCommon(body, body_text, r)) return *e;
   auto& s = *r.generate.mutable_sampling();
   std::optional<int32_t> max_completion_tokens;
   if (Error e = GetInt32(body, "max_completion_tokens", max_completion_tokens)) return *e;

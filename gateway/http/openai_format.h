@@ -15,9 +15,15 @@
 // - /v1/completions takes a list of prompts (a batch), each with its n choices, as vLLM does.
 // - logit_bias: {"<token id>": bias in [-100, 100]}, at most 300 entries (OpenAI's limits).
 // - min_tokens (vLLM's extra): EOS, stop tokens and stop strings end nothing before it.
-// - fields that would change the output and are not implemented (tools,
-//   response_format other than text, best_of != n, vLLM's guided_*) are refused
-//   with 400 naming the field, never ignored.
+// - structured output (sampling.guided), one constraint per request: response_format
+//   {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (both
+//   endpoints), vLLM's guided_choice (a list of strings) and guided_json (a schema, or a string
+//   of one), or vLLM's structured_outputs {"choice": [...]}, {"json_object": true} or
+//   {"json": ...}; a second one is a 400 naming it. A schema is compiled here (common/json_schema.h)
+//   and one the engine cannot keep is a 400 naming the field and the keyword.
+// - fields that would change the output and are not implemented (tools, best_of != n, vLLM's
+//   guided_regex/guided_grammar and structured_outputs' other keys) are refused with 400 naming
+//   the field, never ignored.
 #pragma once
 
 #include <cstdint>
@@ -88,9 +94,13 @@ struct OpenAiRequest {
   bool return_prompt_logprobs = false;
 };
 
-std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body);
+// body_text: the text `body` was parsed from. A JSON schema given as an object is read from it
+// again, as ordered_json, so that its keys keep their order (json sorts an object's keys, and
+// properties are generated in the schema's order); empty: the schema's keys are sent sorted.
+std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body, std::string_view body_text = {});
 // The chat prompt is rendered to text with `chat`; messages must be system/user/assistant.
-std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat);
+std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat,
+                                                       std::string_view body_text = {});
 // body.messages rendered with `chat`, ending with the assistant's turn opened (the prompt a chat
 // request generates from).
 std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat);

@@ -105,12 +105,47 @@ TEST(OpenAiFuzz, BodiesThatAreNotObjectsGiveA400) {
 }
 
 TEST(OpenAiFuzz, NestedObjectFieldsWithEveryJsonType) {
-  for (const auto& [outer, inner] : {std::pair{"response_format", "type"}, {"stream_options", "include_usage"}}) {
+  for (const auto& [outer, inner] :
+       {std::pair{"response_format", "type"}, {"stream_options", "include_usage"}, {"structured_outputs", "choice"},
+        {"structured_outputs", "json_object"}, {"structured_outputs", "json"}, {"structured_outputs", "regex"}}) {
     for (const json& value : Values()) {
       json body = {{"prompt", "hi"}};
       body[outer] = json{{inner, value}};
       ExpectCleanOutcome(body, [](const json& b) { return ParseCompletionRequest(b); });
     }
+  }
+}
+
+// The choice lists (guided_choice, structured_outputs.choice) with an entry of every JSON type,
+// and each structured output constraint beside another.
+TEST(OpenAiFuzz, StructuredOutputsWithEveryJsonType) {
+  for (const json& value : Values()) {
+    const json choices = json::array({"ok", value});
+    ExpectCleanOutcome(json{{"prompt", "hi"}, {"guided_choice", choices}},
+                       [](const json& b) { return ParseCompletionRequest(b); });
+    ExpectCleanOutcome(json{{"prompt", "hi"}, {"structured_outputs", {{"choice", choices}}}},
+                       [](const json& b) { return ParseCompletionRequest(b); });
+    ExpectCleanOutcome(json{{"prompt", "hi"}, {"response_format", {{"type", "json_object"}}}, {"guided_choice", value}},
+                       [](const json& b) { return ParseCompletionRequest(b); });
+  }
+}
+
+// response_format json_schema's parts with every JSON type, parsed from the tree and from the
+// body's text (whose schema is read again, in order).
+TEST(OpenAiFuzz, JsonSchemaWithEveryJsonType) {
+  const auto both = [](const json& body) {
+    ExpectCleanOutcome(body, [](const json& b) { return ParseCompletionRequest(b); });
+    ExpectCleanOutcome(body, [](const json& b) { return ParseCompletionRequest(b, Dump(b)); });
+  };
+  for (const json& value : Values()) {
+    for (const char* key : {"schema", "strict", "name"}) {
+      json spec = {{"schema", {{"type", "object"}}}};
+      spec[key] = value;
+      both(json{{"prompt", "hi"}, {"response_format", {{"type", "json_schema"}, {"json_schema", spec}}}});
+    }
+    both(json{{"prompt", "hi"}, {"response_format", {{"type", "json_schema"}, {"json_schema", value}}}});
+    both(json{{"prompt", "hi"}, {"guided_json", {{"type", "object"}, {"properties", {{"p", value}}}}}});
+    both(json{{"prompt", "hi"}, {"structured_outputs", {{"json", {{"type", "array"}, {"items", value}}}}}});
   }
 }
 

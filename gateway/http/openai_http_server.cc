@@ -260,8 +260,8 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
   if (RefusedWhileDraining(res)) return;
   const std::optional<json> body = ParseBody(req, res);
   if (!body) return;
-  auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(*body, options_.chat_template)
-                                            : ParseCompletionRequest(*body);
+  auto parsed = endpoint == Endpoint::kChat ? ParseChatRequest(*body, options_.chat_template, req.body)
+                                            : ParseCompletionRequest(*body, req.body);
   if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
   OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
   std::string tenant;

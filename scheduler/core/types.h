@@ -52,6 +52,15 @@ struct Budget {
   int32_t max_num_batched_tokens = 8192;
 };
 
+// Structured output (ferry.v1.GuidedDecoding): the worker samples only text the constraint
+// accepts and ends it (end-of-sequence) only once accepted; the scheduler only carries it.
+struct GuidedDecoding {
+  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema };
+  Kind kind = Kind::kNone;
+  std::vector<std::string> choices;  // kChoice: the text is exactly one of these
+  std::string json_schema;           // kJsonSchema: the schema as JSON text (common/json_schema.h)
+};
+
 // How the worker picks each token; the scheduler only carries it. Semantics in
 // worker/model/model_runner.h (SamplingOptions).
 struct SamplingParams {
@@ -72,6 +81,7 @@ struct SamplingParams {
   // -1 none; N >= 0: each prompt token's logprob after the first plus the top N. The planner
   // never serves such a sequence from the prefix cache: every prompt position is computed.
   int32_t prompt_logprobs = -1;
+  GuidedDecoding guided;  // kNone: unconstrained
 };
 
 // Log-probability of a sampled token and the most likely alternatives.

@@ -52,6 +52,17 @@ struct ModelInfo {
   int32_t tp_rank = 0;
   int32_t tp_size = 1;
   bool supports_prompt_logprobs = false;  // NewSequenceSpec.prompt_logprobs is honoured
+  bool supports_guided_decoding = false;  // SamplingOptions.guided is honoured
+};
+
+// Structured output (guided decoding; mirrors ferry.v1.GuidedDecoding): the sequence samples only
+// tokens that keep its generated text a prefix of what the constraint accepts, and ends (an
+// end-of-sequence id) only once the text is accepted. worker/model/guided_decoding.h.
+struct GuidedSpec {
+  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema };
+  Kind kind = Kind::kNone;
+  std::vector<std::string> choices;  // kChoice: the text is exactly one of these (non-empty)
+  std::string json_schema;           // kJsonSchema: the schema as JSON text (common/json_schema.h)
 };
 
 // Applied in this order: penalties, temperature, top-k, top-p, min-p, draw.
@@ -78,6 +89,7 @@ struct SamplingOptions {
   // these ids (end-of-sequence, stop tokens) are not sampled.
   int32_t min_tokens = 0;
   std::vector<int32_t> min_tokens_suppressed_ids;
+  GuidedSpec guided;  // kNone: unconstrained; else needs ModelInfo.supports_guided_decoding
 };
 
 // A sequence sent in full once (mirrors ferry.v1.NewSequence).

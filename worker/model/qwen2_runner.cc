@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,17 @@ int32_t DeriveNumBlocks(const RunnerOptions& options, const KvCacheLayout& layou
                              std::to_string(per_block) + " bytes");
   }
   return static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+}
+
+// A checkpoint without a byte-level tokenizer.json serves everything but guided decoding,
+// which the scheduler then refuses with INVALID_ARGUMENT (info().supports_guided_decoding).
+std::unique_ptr<GuidedVocab> LoadGuidedVocab(const std::string& path, const ModelInfo& info) {
+  if (!std::filesystem::exists(path)) return nullptr;
+  try {
+    return GuidedVocab::FromTokenizerJson(path, info.vocab_size, info.eos_token_ids);
+  } catch (const std::runtime_error&) {
+    return nullptr;
+  }
 }
 
 }  // namespace
@@ -63,6 +75,8 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
                                c.default_repetition_penalty};
   info_.supports_prompt_logprobs = true;
   cache_ = std::make_unique<KvCache>(model_->kv_layout(), info_.num_kv_blocks, info_.block_size);
+  guided_vocab_ = LoadGuidedVocab(options.model_dir + "/tokenizer.json", info_);
+  info_.supports_guided_decoding = guided_vocab_ != nullptr;
 }
 
 std::vector<SampledTokenOut> Qwen2Runner::Step(const StepSpec& step) {
@@ -90,6 +104,13 @@ void Qwen2Runner::Apply(const StepSpec& step) {
     seq.prompt_len = static_cast<int32_t>(n.token_ids.size()) - n.num_generated;
     // After a preemption token_ids ends with the num_generated tokens sampled before it.
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
+    if (n.sampling.guided.kind != GuidedSpec::Kind::kNone) {
+      seq.guided = MakeGuidedMatcher(n.sampling.guided, *guided_vocab_);
+      // Resent after a preemption: the constraint's state is rebuilt from the tokens it chose.
+      for (size_t i = static_cast<size_t>(seq.prompt_len); i < n.token_ids.size(); ++i) {
+        seq.guided->Advance(n.token_ids[i]);
+      }
+    }
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -128,8 +149,11 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   const int32_t vocab = info_.vocab_size;
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];
+    const TokenMask* allowed = seq.guided ? &seq.guided->Allowed() : nullptr;
+    if (allowed != nullptr && allowed->Count() == 0) allowed = nullptr;  // no end-of-sequence id to end on
     SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
-                                     &seq.counts, seq.num_generated);
+                                     &seq.counts, seq.num_generated, allowed);
+    if (seq.guided) seq.guided->Advance(r.token_id);
     seq.token_ids.push_back(r.token_id);
     ++seq.num_generated;
     if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);

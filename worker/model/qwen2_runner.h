@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/model/guided_decoding.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/qwen2_model.h"
 #include "worker/model/sampler.h"
@@ -41,6 +42,8 @@ class Qwen2Runner final : public ModelRunner {
     TokenCounts counts;
     int32_t prompt_logprobs = -1;  // NewSequenceSpec.prompt_logprobs
     int32_t prompt_len = 0;        // token_ids.size() - num_generated when (re)sent
+    // Guided decoding: the constraint's state after the generated tokens; null when unguided.
+    std::unique_ptr<GuidedMatcher> guided;
   };
   // Prompt positions of one sequence scored this step: prompt_token_rows_[first_row, first_row +
   // count) are the token rows whose logits score prompt tokens first_index, first_index + 1, ...
@@ -68,6 +71,9 @@ class Qwen2Runner final : public ModelRunner {
   ModelInfo info_;
   std::unique_ptr<Qwen2Model> model_;
   std::unique_ptr<KvCache> cache_;
+  // The vocabulary's bytes for guided decoding (tokenizer.json); null when the checkpoint has
+  // no byte-level tokenizer.json, and then guided decoding is not supported.
+  std::unique_ptr<GuidedVocab> guided_vocab_;
   std::unordered_map<uint64_t, Sequence> seqs_;
   Sampler sampler_;
   ForwardBatch batch_;  // rebuilt each step; kept to reuse its capacity

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "worker/model/guided_decoding.h"
+
 namespace ferry::worker {
 namespace {
 
@@ -143,7 +145,7 @@ void ApplyPenalties(float* logits, const SamplingOptions& o, const TokenCounts& 
 // Sampler
 
 SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingOptions& options,
-                             const TokenCounts* history, int32_t sample_index) {
+                             const TokenCounts* history, int32_t sample_index, const TokenMask* allowed) {
   SampleResult out;
   const float* x = logits;
   const bool suppress = sample_index < options.min_tokens && !options.min_tokens_suppressed_ids.empty();
@@ -157,6 +159,11 @@ SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingO
         if (id < vocab) penalized_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
       }
     }
+    x = penalized_.data();
+  }
+  if (allowed != nullptr) {
+    if (x == logits) penalized_.assign(logits, logits + vocab);
+    MaskDisallowed(logits, vocab, *allowed);
     x = penalized_.data();
   }
   if (history != nullptr && HasPenalties(options) && !history->entries().empty()) {
@@ -269,6 +276,25 @@ size_t Sampler::NucleusSize(size_t end, float max_logit, double target) {
     if (before >= target) return i + 1;
   }
   return hi;  // rounding of the chunked sums fell short by an ulp: keep the bracket
+}
+
+// penalized_ holds the biased logits. A token the constraint rejects would make a text it
+// rejects, so it is never sampled; -inf stays -inf through penalties and temperature.
+void Sampler::MaskDisallowed(const float* logits, int32_t vocab, const TokenMask& allowed) {
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  bool any = false;
+  for (int32_t i = 0; i < vocab; ++i) {
+    float& x = penalized_[static_cast<size_t>(i)];
+    if (!allowed.Test(i)) {
+      x = kNever;
+    } else if (x != kNever) {
+      any = true;
+    }
+  }
+  if (any) return;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (allowed.Test(i)) penalized_[static_cast<size_t>(i)] = logits[i];
+  }
 }
 
 SampleResult Sampler::Score(const float* logits, int32_t vocab, int32_t token_id, int32_t num_top) {

@@ -14,6 +14,8 @@
 
 namespace ferry::worker {
 
+class TokenMask;  // worker/model/guided_decoding.h
+
 // Uniform in [0, 1) from a counter-based generator: splitmix64 over the pair. No state.
 double CounterUniform(uint64_t seed, uint64_t counter);
 
@@ -69,10 +71,12 @@ class Sampler {
   // top_k most likely (when top_k > 0), then the smallest most-likely set whose mass reaches
   // top_p, then drop tokens with p < min_p * max p, renormalise and draw with
   // CounterUniform(seed, sample_index). Logprobs are of the raw logits. A null history
-  // skips the penalties.
+  // skips the penalties. allowed (guided decoding): only these ids are sampled; when the bias
+  // or min_tokens leaves none of them, the constraint wins and they are sampled from their raw
+  // logits. Null: every id.
   SampleResult Sample(const float* logits,  // [vocab]
                       int32_t vocab, const SamplingOptions& options, const TokenCounts* history,
-                      int32_t sample_index);
+                      int32_t sample_index, const TokenMask* allowed = nullptr);
   // The token only, without history (penalties are then no-ops).
   int32_t Sample(const float* logits, int32_t vocab, const SamplingOptions& options,
                  int32_t sample_index) {
@@ -93,6 +97,7 @@ class Sampler {
   size_t SelectTopK(size_t k, int32_t vocab);
   size_t NucleusSize(size_t end, float max_logit, double target);
   void FillLogprobs(const float* logits, int32_t vocab, int32_t num_top, SampleResult* out);
+  void MaskDisallowed(const float* logits, int32_t vocab, const TokenMask& allowed);
 
   // Scratch reused across calls so a call allocates nothing vocab-sized once warm.
   std::vector<float> penalized_;       // [vocab]

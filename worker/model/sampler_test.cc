@@ -11,6 +11,8 @@
 #include <random>
 #include <set>
 
+#include "worker/model/guided_decoding.h"
+
 namespace ferry::worker {
 namespace {
 
@@ -114,6 +116,37 @@ TEST(SamplerTest, ScoreGivesAGivenTokensLogprobTopAndRank) {
   EXPECT_EQ(sampler.Score(logits.data(), 5, 3, 0).rank, 1) << "a tie with the best is rank 1";
   EXPECT_EQ(sampler.Score(logits.data(), 5, 4, 0).rank, 5);
   EXPECT_TRUE(sampler.Score(logits.data(), 5, 4, 0).top_logprobs.empty());
+}
+
+TEST(SamplerTest, GuidedMaskLimitsWhatIsSampled) {
+  const std::vector<float> logits{5.f, 1.f, 3.f, 2.f, 4.f};
+  TokenMask allowed(5);
+  allowed.Set(1);
+  allowed.Set(3);
+  Sampler sampler;
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, SamplingOptions{}, nullptr, 0, &allowed).token_id, 3);
+  SamplingOptions hot;
+  hot.temperature = 2.f;
+  hot.seed = 9;
+  hot.logprobs = 1;
+  std::set<int32_t> seen;
+  for (int32_t i = 0; i < 300; ++i) {
+    const SampleResult r = sampler.Sample(logits.data(), 5, hot, nullptr, i, &allowed);
+    seen.insert(r.token_id);
+    ASSERT_EQ(r.top_logprobs.at(0).first, 0) << "logprobs stay those of the raw logits";
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 3}));
+  SamplingOptions biased;
+  biased.logit_bias = {{1, 10.f}, {0, 100.f}};
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, biased, nullptr, 0, &allowed).token_id, 1)
+      << "the bias applies inside the allowed set, and cannot reach outside it";
+  SamplingOptions early;
+  early.min_tokens = 5;
+  early.min_tokens_suppressed_ids = {1, 3};
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, early, nullptr, 0, &allowed).token_id, 3)
+      << "min_tokens suppressing every allowed id: the constraint wins";
+  early.min_tokens_suppressed_ids = {3};
+  EXPECT_EQ(sampler.Sample(logits.data(), 5, early, nullptr, 0, &allowed).token_id, 1);
 }
 
 TEST(SamplerTest, GreedyPicksLowestIdOnTies) {

@@ -2,7 +2,8 @@
 // (qwen2_runner.cc) and the GPU runner (worker/gpu/cuda_runner.cc) so that both reject exactly
 // the same steps with the same messages. Everything is checked against the state the step would
 // produce before any of it is applied, so a rejected step leaves the runner as it was.
-// Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine.
+// Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine
+// (linking common/json_schema.cc, which ValidateGuided calls).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/json_schema.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/sampler.h"
 
@@ -21,6 +23,27 @@ namespace step_validation_detail {
 
 inline std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq_id); }
 [[noreturn]] inline void Invalid(const std::string& what) { throw std::invalid_argument(what); }
+
+// A backend without a matcher would sample unconstrained text, and an empty choice list accepts
+// no text at all. Choices are non-empty, as the gateway requires (GuidedSpec's invariant). A
+// schema is compiled here so that a bad one is refused naming its sequence, before the step runs.
+inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, const ModelInfo& info) {
+  if (guided.kind == GuidedSpec::Kind::kNone) return;
+  if (!info.supports_guided_decoding) Invalid(id + ": guided decoding is not supported by this backend");
+  if (guided.kind == GuidedSpec::Kind::kJsonSchema) {
+    try {
+      CompileJsonSchema(guided.json_schema);
+    } catch (const JsonSchemaError& e) {
+      Invalid(id + ": guided json_schema: " + e.what());
+    }
+    return;
+  }
+  if (guided.kind != GuidedSpec::Kind::kChoice) return;
+  if (guided.choices.empty()) Invalid(id + ": guided choice constraint has no choices");
+  for (size_t i = 0; i < guided.choices.size(); ++i) {
+    if (guided.choices[i].empty()) Invalid(id + ": guided choice " + std::to_string(i) + " is empty");
+  }
+}
 
 inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
   const std::string id = Id(seq.seq_id);
@@ -59,6 +82,7 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
   if (const std::string bad = CheckSamplingOptions(seq.sampling); !bad.empty()) {
     Invalid(id + ": bad sampling options: " + bad);
   }
+  ValidateGuided(id, seq.sampling.guided, info);
   for (int32_t token : seq.sampling.min_tokens_suppressed_ids) {
     if (token >= info.vocab_size) {
       Invalid(id + ": min_tokens_suppressed_ids entry " + std::to_string(token) + " outside vocab of " +

@@ -1,0 +1,342 @@
+#include "common/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace ferry {
+namespace {
+
+// ordered: properties are generated in the schema's order, so objects keep the text's order.
+using json = nlohmann::ordered_json;
+
+// Assertions the automaton cannot keep: refused rather than ignored, since a text that breaks
+// them would not validate.
+const std::set<std::string>& Refused() {
+  static const std::set<std::string> kRefused = {
+      "pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+      "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames", "uniqueItems",
+      "contains", "minContains", "maxContains", "prefixItems", "allOf", "not", "if", "then", "else",
+      "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
+      "additionalItems", "$dynamicRef", "$recursiveRef", "contentSchema"};
+  return kRefused;
+}
+
+// Keywords that only describe: allowed anywhere, beside $ref and anyOf too.
+bool IsAnnotation(const std::string& key) {
+  static const std::set<std::string> kAnnotations = {
+      "title", "description", "default", "examples", "$schema", "$id", "$anchor", "$comment", "$defs",
+      "definitions", "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "strict"};
+  return kAnnotations.count(key) > 0;
+}
+
+// The JSON type of a value, as JSON Schema names it ("integer" for whole numbers).
+bool HasType(const json& v, const std::string& type) {
+  if (type == "integer") {
+    return v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                     std::floor(v.get<double>()) == v.get<double>());
+  }
+  if (type == "number") return v.is_number();
+  if (type == "string") return v.is_string();
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  if (type == "object") return v.is_object();
+  if (type == "array") return v.is_array();
+  return false;
+}
+
+std::string Quoted(const std::string& s) { return json(s).dump(); }
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+
+  SchemaGraph Run() {
+    graph_.root = Compile(root_, "");
+    for (size_t i = 0; i < graph_.nodes.size(); ++i) FirstBytes(static_cast<int32_t>(i), 0);
+    CheckUnions();
+    return std::move(graph_);
+  }
+
+ private:
+  [[noreturn]] static void Fail(const std::string& path, const std::string& what) {
+    throw JsonSchemaError("schema at " + (path.empty() ? std::string("/") : path) + ": " + what);
+  }
+
+  int32_t NewNode(SchemaNode node, const std::string& path) {
+    if (graph_.nodes.size() >= kMaxSchemaNodes) {
+      Fail(path, "the schema needs more than " + std::to_string(kMaxSchemaNodes) + " nodes");
+    }
+    graph_.nodes.push_back(std::move(node));
+    paths_.push_back(path);
+    pending_.push_back(false);
+    return static_cast<int32_t>(graph_.nodes.size() - 1);
+  }
+
+  int32_t Compile(const json& s, const std::string& path);
+  int32_t Ref(const json& ref, const std::string& path);
+  int32_t Literals(const json& values, const json& s, const std::string& path);
+  int32_t Union(const json& alternatives, const std::string& key, const std::string& path);
+  int32_t Typed(const json& s, const std::string& type, const std::string& path);
+  int32_t Object(const json& s, const std::string& path);
+  int32_t Array(const json& s, const std::string& path);
+  std::vector<std::string> Types(const json& s, const std::string& path);
+  void FirstBytes(int32_t id, int depth);
+  void CheckUnions();
+
+  const json& root_;
+  SchemaGraph graph_;
+  std::vector<std::string> paths_;  // by node, for errors found after compiling
+  std::vector<bool> pending_;       // a $ref's node reserved while its target compiles
+  std::vector<bool> first_done_;
+  std::map<std::string, int32_t> refs_;
+};
+
+int32_t Compiler::Compile(const json& s, const std::string& path) {
+  if (s.is_boolean()) {
+    if (!s.get<bool>()) Fail(path, "the schema false accepts no value");
+    return NewNode({}, path);
+  }
+  if (!s.is_object()) Fail(path, "a schema must be an object or a boolean, got " + std::string(s.type_name()));
+  for (const auto& [key, value] : s.items()) {
+    if (Refused().count(key)) Fail(path, "\"" + key + "\" is not supported");
+  }
+  auto only_annotations_beside = [&](const std::string& keyword) {
+    for (const auto& [key, value] : s.items()) {
+      if (key != keyword && !IsAnnotation(key)) Fail(path, "\"" + key + "\" beside \"" + keyword + "\" is not supported");
+    }
+  };
+  if (s.contains("$ref")) {
+    only_annotations_beside("$ref");
+    return Ref(s["$ref"], path);
+  }
+  for (const char* keyword : {"anyOf", "oneOf"}) {
+    if (s.contains(keyword)) {
+      only_annotations_beside(keyword);
+      return Union(s[keyword], keyword, path);
+    }
+  }
+  if (s.contains("const")) return Literals(json::array({s["const"]}), s, path);
+  if (s.contains("enum")) return Literals(s["enum"], s, path);
+  const std::vector<std::string> types = Types(s, path);
+  if (types.size() == 1) return Typed(s, types[0], path);
+  SchemaNode u{.kind = SchemaNode::Kind::kUnion};
+  for (const std::string& t : types) u.alternatives.push_back(Typed(s, t, path));
+  return NewNode(std::move(u), path);
+}
+
+// The types a schema allows, "number" absorbing "integer"; inferred from its keywords when it
+// names none (an untyped schema with properties accepts non-objects too, but an object is valid).
+std::vector<std::string> Compiler::Types(const json& s, const std::string& path) {
+  std::vector<std::string> types;
+  if (!s.contains("type")) {
+    if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) return {"object"};
+    if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return {"array"};
+    return {"any"};
+  }
+  const json& t = s["type"];
+  const json list = t.is_array() ? t : json::array({t});
+  if (list.empty()) Fail(path, "\"type\" is an empty list");
+  static const std::set<std::string> kNames = {"object", "array", "string", "number", "integer", "boolean", "null"};
+  for (const json& name : list) {
+    if (!name.is_string() || !kNames.count(name.get<std::string>())) Fail(path, "\"type\" " + name.dump() + " is not a JSON Schema type");
+    if (std::find(types.begin(), types.end(), name.get<std::string>()) == types.end()) types.push_back(name.get<std::string>());
+  }
+  if (std::count(types.begin(), types.end(), "number") && std::count(types.begin(), types.end(), "integer")) {
+    std::erase(types, "integer");
+  }
+  return types;
+}
+
+int32_t Compiler::Ref(const json& ref, const std::string& path) {
+  if (!ref.is_string()) Fail(path, "\"$ref\" must be a string");
+  const std::string r = ref.get<std::string>();
+  if (auto it = refs_.find(r); it != refs_.end()) return it->second;
+  const json* target = nullptr;
+  if (r == "#") {
+    target = &root_;
+  } else {
+    for (const char* defs : {"$defs", "definitions"}) {
+      const std::string prefix = std::string("#/") + defs + "/";
+      if (r.rfind(prefix, 0) != 0) continue;
+      std::string name = r.substr(prefix.size());
+      for (size_t at; (at = name.find("~1")) != std::string::npos;) name.replace(at, 2, "/");
+      for (size_t at; (at = name.find("~0")) != std::string::npos;) name.replace(at, 2, "~");
+      if (root_.contains(defs) && root_[defs].is_object() && root_[defs].contains(name)) target = &root_[defs][name];
+    }
+  }
+  if (target == nullptr) Fail(path, "\"$ref\" " + Quoted(r) + " is not \"#\" or a \"#/$defs/NAME\" that exists");
+  // Reserved first, so that a recursive reference inside the target resolves to this node.
+  const int32_t id = NewNode({}, path);
+  refs_[r] = id;
+  pending_[static_cast<size_t>(id)] = true;
+  const int32_t compiled = Compile(*target, r.substr(1));
+  if (pending_[static_cast<size_t>(compiled)]) Fail(path, "\"$ref\" " + Quoted(r) + " refers to itself without a value in between");
+  graph_.nodes[static_cast<size_t>(id)] = graph_.nodes[static_cast<size_t>(compiled)];
+  paths_[static_cast<size_t>(id)] = paths_[static_cast<size_t>(compiled)];
+  pending_[static_cast<size_t>(id)] = false;
+  return id;
+}
+
+int32_t Compiler::Literals(const json& values, const json& s, const std::string& path) {
+  if (!values.is_array() || values.empty()) Fail(path, "\"enum\" must be a non-empty array");
+  if (values.size() > kMaxSchemaLiterals) {
+    Fail(path, "\"enum\" has " + std::to_string(values.size()) + " values, over the limit of " + std::to_string(kMaxSchemaLiterals));
+  }
+  const std::vector<std::string> types = s.contains("type") ? Types(s, path) : std::vector<std::string>{};
+  SchemaNode node{.kind = SchemaNode::Kind::kLiterals};
+  for (const json& v : values) {
+    if (!types.empty() && std::none_of(types.begin(), types.end(), [&](const std::string& t) { return HasType(v, t); })) {
+      Fail(path, "the value " + v.dump() + " is not of the schema's \"type\"");
+    }
+    std::string text = v.dump();
+    if (text.size() > kMaxSchemaLiteralBytes) {
+      Fail(path, "a value of " + std::to_string(text.size()) + " bytes, over the limit of " + std::to_string(kMaxSchemaLiteralBytes));
+    }
+    node.literals.push_back(std::move(text));
+  }
+  std::sort(node.literals.begin(), node.literals.end());
+  node.literals.erase(std::unique(node.literals.begin(), node.literals.end()), node.literals.end());
+  return NewNode(std::move(node), path);
+}
+
+int32_t Compiler::Union(const json& alternatives, const std::string& key, const std::string& path) {
+  if (!alternatives.is_array() || alternatives.empty()) Fail(path, "\"" + key + "\" must be a non-empty array");
+  if (alternatives.size() == 1) return Compile(alternatives[0], path + "/" + key + "/0");
+  SchemaNode u{.kind = SchemaNode::Kind::kUnion};
+  for (size_t i = 0; i < alternatives.size(); ++i) {
+    u.alternatives.push_back(Compile(alternatives[i], path + "/" + key + "/" + std::to_string(i)));
+  }
+  return NewNode(std::move(u), path);
+}
+
+int32_t Compiler::Typed(const json& s, const std::string& type, const std::string& path) {
+  using Kind = SchemaNode::Kind;
+  if (type == "object") return Object(s, path);
+  if (type == "array") return Array(s, path);
+  if (type == "string") return NewNode({.kind = Kind::kString}, path);
+  if (type == "number") return NewNode({.kind = Kind::kNumber}, path);
+  if (type == "integer") return NewNode({.kind = Kind::kInteger}, path);
+  if (type == "boolean") return NewNode({.kind = Kind::kLiterals, .literals = {"false", "true"}}, path);
+  if (type == "null") return NewNode({.kind = Kind::kLiterals, .literals = {"null"}}, path);
+  return NewNode({.kind = Kind::kAnyValue}, path);
+}
+
+int32_t Compiler::Object(const json& s, const std::string& path) {
+  bool closed = false;  // additionalProperties false
+  if (s.contains("additionalProperties")) {
+    const json& a = s["additionalProperties"];
+    if (a.is_boolean()) {
+      closed = !a.get<bool>();
+    } else if (!(a.is_object() && a.empty())) {
+      Fail(path, "\"additionalProperties\" must be true or false (a schema there is not supported)");
+    }
+  }
+  std::set<std::string> required;
+  if (s.contains("required")) {
+    if (!s["required"].is_array()) Fail(path, "\"required\" must be an array of names");
+    for (const json& name : s["required"]) {
+      if (!name.is_string()) Fail(path, "\"required\" must be an array of names");
+      required.insert(name.get<std::string>());
+    }
+  }
+  const json no_properties = json::object();
+  const json& props = s.contains("properties") ? s["properties"] : no_properties;
+  if (!props.is_object()) Fail(path, "\"properties\" must be an object");
+  for (const std::string& name : required) {
+    if (!props.contains(name)) Fail(path, "required property " + Quoted(name) + " is not in \"properties\"");
+  }
+  if (props.empty() && !closed) return NewNode({.kind = SchemaNode::Kind::kAnyObject}, path);
+  if (props.size() > kMaxSchemaProperties) {
+    Fail(path, std::to_string(props.size()) + " properties, over the limit of " + std::to_string(kMaxSchemaProperties));
+  }
+  SchemaNode node{.kind = SchemaNode::Kind::kObject};
+  // In the text's order (ordered_json), as OpenAI's structured outputs write them.
+  for (const auto& [name, sub] : props.items()) {
+    const int32_t child = Compile(sub, path + "/properties/" + name);
+    node.properties.push_back({Quoted(name), child, required.count(name) > 0});
+  }
+  return NewNode(std::move(node), path);
+}
+
+int32_t Compiler::Array(const json& s, const std::string& path) {
+  SchemaNode node{.kind = SchemaNode::Kind::kArray};
+  for (const char* key : {"minItems", "maxItems"}) {
+    if (!s.contains(key)) continue;
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0) Fail(path, "\"" + std::string(key) + "\" must be a non-negative integer");
+  }
+  node.min_items = s.value("minItems", int64_t{0});
+  node.max_items = s.value("maxItems", int64_t{-1});
+  if (node.max_items >= 0 && node.max_items < node.min_items) Fail(path, "\"maxItems\" is below \"minItems\"");
+  if (s.contains("items") && s["items"].is_array()) Fail(path, "\"items\" as a list (tuples) is not supported");
+  node.items = s.contains("items") ? Compile(s["items"], path + "/items") : NewNode({}, path + "/items");
+  return NewNode(std::move(node), path);
+}
+
+// first_bytes of node id (and of every union below it). depth bounds a union that contains
+// itself, which has no first byte at all.
+void Compiler::FirstBytes(int32_t id, int depth) {
+  if (first_done_.size() < graph_.nodes.size()) first_done_.resize(graph_.nodes.size(), false);
+  if (first_done_[static_cast<size_t>(id)]) return;
+  if (depth > static_cast<int>(kMaxSchemaNodes)) Fail(paths_[static_cast<size_t>(id)], "\"anyOf\" contains itself");
+  SchemaNode& n = graph_.nodes[static_cast<size_t>(id)];
+  std::bitset<256> b;
+  auto number = [&] {
+    b.set('-');
+    for (char c = '0'; c <= '9'; ++c) b.set(static_cast<uint8_t>(c));
+  };
+  switch (n.kind) {
+    case SchemaNode::Kind::kAnyValue:
+      for (char c : std::string("{[\"tfn")) b.set(static_cast<uint8_t>(c));
+      number();
+      break;
+    case SchemaNode::Kind::kAnyObject:
+    case SchemaNode::Kind::kObject: b.set('{'); break;
+    case SchemaNode::Kind::kArray: b.set('['); break;
+    case SchemaNode::Kind::kString: b.set('"'); break;
+    case SchemaNode::Kind::kNumber:
+    case SchemaNode::Kind::kInteger: number(); break;
+    case SchemaNode::Kind::kLiterals:
+      for (const std::string& l : n.literals) b.set(static_cast<uint8_t>(l[0]));
+      break;
+    case SchemaNode::Kind::kUnion:
+      for (int32_t alt : n.alternatives) {
+        FirstBytes(alt, depth + 1);
+        b |= graph_.nodes[static_cast<size_t>(alt)].first_bytes;
+      }
+      break;
+  }
+  graph_.nodes[static_cast<size_t>(id)].first_bytes = b;
+  first_done_[static_cast<size_t>(id)] = true;
+}
+
+void Compiler::CheckUnions() {
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const SchemaNode& n = graph_.nodes[i];
+    std::bitset<256> seen;
+    for (int32_t alt : n.alternatives) {
+      const std::bitset<256>& b = graph_.nodes[static_cast<size_t>(alt)].first_bytes;
+      if ((seen & b).any()) {
+        Fail(paths_[i], "\"anyOf\" alternatives must differ in how they start (two of them can start the same "
+                        "way, e.g. two objects or two strings); merge them or use \"enum\"");
+      }
+      seen |= b;
+    }
+  }
+}
+
+}  // namespace
+
+SchemaGraph CompileJsonSchema(const std::string& schema_json) {
+  json schema;
+  try {
+    schema = json::parse(schema_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw JsonSchemaError(std::string("schema is not JSON: ") + e.what());
+  }
+  return Compiler(schema).Run();
+}
+
+}  // namespace ferry

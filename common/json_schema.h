@@ -1,0 +1,77 @@
+// JSON Schema compiled for guided decoding: a graph of the value shapes a text may take, which
+// the worker's byte automaton walks (worker/model/guided_schema.h) and which the gateway and
+// scheduler compile too, to refuse a schema before it reaches a step.
+//
+// What is generated is always valid under the schema; what cannot be guaranteed is refused with
+// a message naming the place (a JSON pointer) and the keyword, never ignored. Supported:
+// - type (a name or a list), enum, const, anyOf / oneOf whose alternatives differ in their first
+//   byte (so the first byte decides which one is taken: string vs number vs null, say);
+// - objects: properties (generated in the schema's order, as OpenAI's structured outputs),
+//   required, additionalProperties false, true or absent (only listed properties are generated
+//   when there are some; none listed and not false: any object);
+// - arrays: items (one schema), minItems, maxItems;
+// - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME", recursive ones included;
+// - annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
+// Refused: string, number and object assertions the automaton cannot keep (pattern, format,
+// minLength, maxLength, minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf,
+// minProperties, maxProperties, patternProperties, propertyNames, uniqueItems, contains,
+// prefixItems, allOf, not, if / then / else, dependent*, unevaluated*), a schema-valued
+// additionalProperties, and anyOf alternatives that can start with the same byte.
+#pragma once
+
+#include <bitset>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+// The schema could not be compiled; what() names the place and the keyword.
+class JsonSchemaError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct SchemaNode {
+  enum class Kind : uint8_t {
+    kAnyValue,   // any JSON value
+    kAnyObject,  // any JSON object
+    kObject,     // the listed properties, in order
+    kArray,      // items of one node
+    kString,     // any string
+    kNumber,     // any number
+    kInteger,    // a number without fraction or exponent
+    kLiterals,   // exactly one of a few JSON texts (enum, const, boolean, null)
+    kUnion,      // one of alternatives that differ in their first byte
+  };
+  struct Property {
+    std::string key;  // the key as written: a JSON string, quotes included
+    int32_t node = 0;
+    bool required = false;
+  };
+  Kind kind = Kind::kAnyValue;
+  std::vector<Property> properties;   // kObject, schema order
+  int32_t items = -1;                 // kArray: the items' node
+  int64_t min_items = 0;              // kArray
+  int64_t max_items = -1;             // kArray; -1: no limit
+  std::vector<std::string> literals;  // kLiterals: compact JSON texts
+  std::vector<int32_t> alternatives;  // kUnion
+  std::bitset<256> first_bytes;       // bytes a value of this node can start with
+};
+
+struct SchemaGraph {
+  std::vector<SchemaNode> nodes;
+  int32_t root = 0;
+};
+
+// Limits that keep a schema's automaton small; a schema past one is refused naming it.
+inline constexpr size_t kMaxSchemaNodes = 1024;
+inline constexpr size_t kMaxSchemaProperties = 64;  // per object
+inline constexpr size_t kMaxSchemaLiterals = 64;    // per enum
+inline constexpr size_t kMaxSchemaLiteralBytes = 1024;
+
+// Compiles a JSON Schema given as JSON text. Throws JsonSchemaError.
+SchemaGraph CompileJsonSchema(const std::string& schema_json);
+
+}  // namespace ferry

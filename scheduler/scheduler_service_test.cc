@@ -1,0 +1,183 @@
+// The Submit adapter over a real engine loop and a fake worker group, through a gRPC server on
+// loopback: guided decoding (structured output) reaches the worker's NewSequence, and a replica
+// whose workers cannot constrain refuses it before it is queued.
+#include "scheduler/scheduler_service.h"
+
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "scheduler/worker_client.h"
+
+namespace ferry::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Samples token 7 whenever a sequence's known tokens are all computed; keeps every NewSequence
+// as the worker would receive it (ToStepRequest).
+class RecordingWorkers : public WorkerGroup {
+ public:
+  void Send(uint64_t step_id, const StepPlan& plan) override {
+    const ferry::v1::StepRequest request = ToStepRequest(step_id, plan);
+    std::lock_guard lock(mu_);
+    new_sequences_.insert(new_sequences_.end(), request.new_sequences().begin(), request.new_sequences().end());
+    sent_.push_back(plan);
+  }
+  StepOutput Receive() override {
+    const StepPlan plan = std::move(sent_.front());
+    sent_.pop_front();
+    for (uint64_t id : plan.finished_ids) seqs_.erase(id);
+    for (uint64_t id : plan.preempted_ids) seqs_.erase(id);
+    for (const auto& n : plan.new_sequences) seqs_[n.seq_id] = {static_cast<int32_t>(n.token_ids.size()), 0};
+    StepOutput out;
+    for (const auto& s : plan.scheduled) {
+      Seq& seq = seqs_.at(s.seq_id);
+      seq.computed += s.num_tokens;
+      if (seq.computed < seq.known) continue;
+      ++seq.known;
+      out.sampled.push_back({s.seq_id, 7});
+    }
+    return out;
+  }
+  std::vector<ferry::v1::NewSequence> new_sequences() {
+    std::lock_guard lock(mu_);
+    return new_sequences_;
+  }
+
+ private:
+  struct Seq {
+    int32_t known = 0;
+    int32_t computed = 0;
+  };
+  std::deque<StepPlan> sent_;     // loop thread only
+  std::map<uint64_t, Seq> seqs_;  // loop thread only
+  std::mutex mu_;                 // guards new_sequences_, read by the test thread
+  std::vector<ferry::v1::NewSequence> new_sequences_;
+};
+
+SchedulerConfig Config() {
+  SchedulerConfig c;
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 64;
+  c.max_model_len = 128;
+  c.block_size = 4;
+  c.num_kv_blocks = 32;
+  return c;
+}
+
+class SchedulerServiceTest : public ::testing::Test {
+ protected:
+  void Start(bool supports_guided_decoding) {
+    ferry::v1::SchedulerInfo info;
+    info.set_max_model_len(128);
+    info.set_vocab_size(100);
+    info.set_supports_guided_decoding(supports_guided_decoding);
+    loop_ = std::make_unique<EngineLoop>(Config(), workers_, registry_);
+    service_ = std::make_unique<SchedulerService>(*loop_, info);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    stub_ = ferry::v1::Scheduler::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+  ~SchedulerServiceTest() override {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + 1s);
+  }
+
+  // Runs the request to its end; returns the call's status.
+  grpc::Status Submit(const ferry::v1::SubmitRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto reader = stub_->Submit(&context, request);
+    ferry::v1::TokenEvent event;
+    while (reader->Read(&event)) {
+    }
+    return reader->Finish();
+  }
+
+  static ferry::v1::SubmitRequest Request() {
+    ferry::v1::SubmitRequest r;
+    r.set_request_id("r");
+    for (int32_t t : {11, 12, 13}) r.add_prompt_token_ids(t);
+    r.set_max_tokens(2);
+    return r;
+  }
+
+  prometheus::Registry registry_;
+  RecordingWorkers workers_;
+  std::unique_ptr<EngineLoop> loop_;
+  std::unique_ptr<SchedulerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ferry::v1::Scheduler::Stub> stub_;
+};
+
+TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
+  Start(true);
+  ferry::v1::SubmitRequest choice = Request();
+  choice.mutable_guided()->mutable_choice()->add_choices("yes");
+  choice.mutable_guided()->mutable_choice()->add_choices("no");
+  ASSERT_TRUE(Submit(choice).ok());
+  ferry::v1::SubmitRequest json_object = Request();
+  json_object.mutable_guided()->set_json_object(true);
+  ASSERT_TRUE(Submit(json_object).ok());
+  ASSERT_TRUE(Submit(Request()).ok());
+  ferry::v1::SubmitRequest schema = Request();
+  const std::string text = R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})";
+  schema.mutable_guided()->set_json_schema(text);
+  ASSERT_TRUE(Submit(schema).ok());
+
+  const std::vector<ferry::v1::NewSequence> sent = workers_.new_sequences();
+  ASSERT_EQ(sent.size(), 4u);
+  ASSERT_TRUE(sent[0].guided().has_choice());
+  EXPECT_EQ(sent[0].guided().choice().choices_size(), 2);
+  EXPECT_EQ(sent[0].guided().choice().choices(1), "no");
+  EXPECT_TRUE(sent[1].guided().json_object());
+  EXPECT_FALSE(sent[2].has_guided());  // unconstrained: nothing on the wire
+  ASSERT_TRUE(sent[3].guided().has_json_schema());
+  EXPECT_EQ(sent[3].guided().json_schema(), text);  // byte for byte: the properties' order is the text's
+}
+
+TEST_F(SchedulerServiceTest, AReplicaWithoutGuidedDecodingRefusesIt) {
+  Start(false);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_guided()->set_json_object(true);
+  const grpc::Status status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "guided decoding is not supported by this replica's worker backend");
+  EXPECT_TRUE(Submit(Request()).ok());  // an unconstrained request still runs
+  EXPECT_EQ(workers_.new_sequences().size(), 1u);
+}
+
+TEST_F(SchedulerServiceTest, AChoiceConstraintWithoutChoicesIsRefused) {
+  Start(true);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_guided()->mutable_choice();
+  const grpc::Status status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "guided.choice.choices (count) = 0 must be at least 1");
+  EXPECT_TRUE(workers_.new_sequences().empty());
+}
+
+// A schema the worker could not compile would fail its whole step: refused before it is queued.
+TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
+  Start(true);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_guided()->set_json_schema(R"({"type":"string","minLength":3})");
+  grpc::Status status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "guided.json_schema: schema at /: \"minLength\" is not supported");
+  r.mutable_guided()->set_json_schema("[1, 2");
+  status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message().rfind("guided.json_schema: schema is not JSON", 0), 0u) << status.error_message();
+  EXPECT_TRUE(workers_.new_sequences().empty());
+}
+
+}  // namespace
+}  // namespace ferry::scheduler

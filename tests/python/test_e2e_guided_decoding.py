@@ -1,0 +1,200 @@
+"""Guided decoding (structured output) through the whole stack, over gRPC and the OpenAI API.
+
+The tiny random model writes gibberish, which is the point: whatever its logits and biases, a
+guided request's text is what its constraint accepts. A logit_bias of +100 on '}' (and -100 on
+every token with a quote, so no key is opened) makes the unguided text '}}}}...' and the
+JSON-guided one exactly '{}' after at most 32 bytes of whitespace (the brace cannot come first,
+and after '{' the object may close); a choice request's text is always one of its choices.
+"""
+import json
+import subprocess
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+
+from conftest import REPO, Stack, binary
+
+tokenizers = pytest.importorskip("tokenizers")
+
+EOS = 3  # ferry.v1.FINISH_REASON_EOS
+CHOICES = ["red", "green", "blue sky", "{\"x\": 1}"]
+
+
+@pytest.fixture(scope="module")
+def guided_stack(tiny_model, tmp_path_factory):
+    s = Stack(tiny_model, tmp_path_factory.mktemp("guided-stack"), ["--http-port", "0"])
+    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
+    yield s
+    code = s.stop()
+    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+
+
+@pytest.fixture(scope="module")
+def gen(guided_stack, ferry_pb):
+    channel = grpc.insecure_channel(guided_stack.gateway)
+    stub = ferry_pb.gen_grpc.GenerationStub(channel)
+
+    def generate(prompt: str, **sampling):
+        req = ferry_pb.gen.GenerateRequest(text=prompt.encode(), sampling=ferry_pb.gen.SamplingParams(**sampling))
+        return stub.Generate(req, timeout=60)
+
+    yield generate
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def close_brace(tiny_model):
+    return tokenizers.Tokenizer.from_file(str(tiny_model / "tokenizer.json")).token_to_id("}")
+
+
+@pytest.fixture(scope="module")
+def only_close(tiny_model, close_brace):
+    """A logit_bias that makes '}' the likeliest token and bans every token with a quote."""
+    tok = tokenizers.Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    quotes = [i for i in range(tok.get_vocab_size()) if '"' in tok.decode([i])]
+    assert 0 < len(quotes) < 200
+    return {close_brace: 100.0, **{i: -100.0 for i in quotes}}
+
+
+def post(stack, path, body):
+    req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_json_object_wins_over_the_bias(gen, only_close):
+    free = gen("Once upon a time", max_tokens=6, temperature=0.0, logit_bias=only_close)
+    assert free.text == "}" * 6
+    guided = gen("Once upon a time", max_tokens=64, temperature=0.0, logit_bias=only_close,
+                 guided={"json_object": True})
+    assert guided.finish_reason == EOS, guided
+    assert json.loads(guided.text) == {} and guided.text.strip() == "{}"
+
+
+def test_sampled_json_texts_that_end_are_objects(gen, close_brace):
+    ended = 0
+    for seed in range(12):
+        r = gen(f"Write JSON {seed}", max_tokens=96, temperature=1.0, seed=seed, guided={"json_object": True},
+                logit_bias={close_brace: 2.0})
+        if r.finish_reason == EOS:
+            ended += 1
+            assert isinstance(json.loads(r.text), dict), r.text
+        else:
+            assert r.text.lstrip().startswith("{"), r.text
+    assert ended >= 3, "with '}' favoured, most sampled objects should close within 96 tokens"
+
+
+def test_choice_texts_are_exactly_a_choice(gen):
+    seen = set()
+    for seed in range(10):
+        r = gen("Pick a colour", max_tokens=32, temperature=1.2, seed=seed, guided={"choice": {"choices": CHOICES}})
+        assert r.finish_reason == EOS and r.text in CHOICES, r
+        seen.add(r.text)
+    assert len(seen) >= 2
+
+
+# Required properties in the schema's order ("verdict" before "confidence"), an enum and an integer.
+VERDICT = {"type": "object", "additionalProperties": False, "required": ["verdict", "confidence"],
+           "properties": {"verdict": {"enum": ["yes", "no", "unsure"]}, "confidence": {"type": "integer"},
+                          "notes": {"type": "array", "items": {"type": "string"}, "maxItems": 2}}}
+
+
+def check_verdict(text):
+    value = json.loads(text)
+    assert list(value)[:2] == ["verdict", "confidence"], text  # in the schema's order
+    assert value["verdict"] in ("yes", "no", "unsure") and isinstance(value["confidence"], int), text
+
+
+def test_json_schema_texts_validate(gen, close_brace):
+    # '}' favoured: once the integer has a digit, the object closes (notes is optional).
+    for seed in range(4):
+        r = gen("Is it raining?", max_tokens=200, temperature=1.0, seed=seed, logit_bias={close_brace: 100.0},
+                guided={"json_schema": json.dumps(VERDICT)})
+        assert r.finish_reason == EOS, r
+        check_verdict(r.text)
+
+
+def test_bad_guided_values_name_the_field(gen):
+    for guided, field in (({"choice": {"choices": []}}, "sampling.guided.choice.choices"),
+                          ({"choice": {"choices": ["ok", ""]}}, "sampling.guided.choice.choices[1]"),
+                          ({"json_schema": '{"type": "string", "minLength": 2}'}, '"minLength" is not supported'),
+                          ({"json_schema": "{not json"}, "sampling.guided.json_schema")):
+        with pytest.raises(grpc.RpcError) as err:
+            gen("x", max_tokens=4, guided=guided)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in err.value.details(), err.value.details()
+    assert gen("x", max_tokens=2).token_ids, "the next request is served"
+
+
+def test_openai_response_format_and_guided_choice(guided_stack, only_close, close_brace):
+    status, body = post(guided_stack, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "Answer in JSON"}], "max_tokens": 64,
+                         "temperature": 0, "response_format": {"type": "json_object"},
+                         "logit_bias": {str(k): v for k, v in only_close.items()}})
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert json.loads(choice["message"]["content"]) == {} and choice["finish_reason"] == "stop"
+    status, body = post(guided_stack, "/v1/completions",
+                        {"prompt": "Pick a colour", "max_tokens": 32, "temperature": 1.0, "seed": 4, "n": 3,
+                         "guided_choice": CHOICES})
+    assert status == 200, body
+    assert all(c["text"] in CHOICES and c["finish_reason"] == "stop" for c in body["choices"]), body
+    status, body = post(guided_stack, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "Hi"}],
+                         "response_format": {"type": "json_schema", "json_schema": {
+                             "name": "x", "schema": {"type": "string", "minLength": 3}}}})
+    assert status == 400 and body["error"]["param"] == "response_format", body
+    assert "minLength" in body["error"]["message"], body
+    status, body = post(guided_stack, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "Is it raining?"}], "max_tokens": 200,
+                         "temperature": 0.7, "seed": 3, "logit_bias": {str(close_brace): 100},
+                         "response_format": {"type": "json_schema",
+                                             "json_schema": {"name": "verdict", "strict": True, "schema": VERDICT}}})
+    assert status == 200, body
+    check_verdict(body["choices"][0]["message"]["content"])
+    status, body = post(guided_stack, "/v1/completions",
+                        {"prompt": "Is it raining?", "max_tokens": 200, "logit_bias": {str(close_brace): 100},
+                         "guided_json": VERDICT})
+    assert status == 200, body
+    check_verdict(body["choices"][0]["text"])
+
+
+def test_a_backend_without_guided_decoding_refuses_it(tiny_model, tmp_path_factory, ferry_pb):
+    preset = REPO / "scheduler" / "sim" / "presets" / "h200.json"
+    s = Stack(tiny_model, tmp_path_factory.mktemp("guided-sim-stack"),
+              ["--worker-arg=--backend=sim", f"--worker-arg=--cost-model={preset}"])
+    try:
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(s.gateway))
+        req = ferry_pb.gen.GenerateRequest(text=b"x", sampling=ferry_pb.gen.SamplingParams(
+            max_tokens=4, guided={"json_object": True}))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Generate(req, timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "guided decoding is not supported" in err.value.details()
+        req.sampling.ClearField("guided")
+        assert stub.Generate(req, timeout=60).token_ids
+    finally:
+        assert s.stop() == 0
+
+
+def test_ferry_client_takes_a_constraint(guided_stack, tmp_path):
+    client = [str(binary("ferry-client")), "--target", guided_stack.gateway, "--temperature", "1", "--seed", "2"]
+    out = subprocess.run(client + ["--choice", "red", "--choice", "green sky", "Pick a colour"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rsplit("\n[", 1)[0] in ("red", "green sky"), out.stdout
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"enum": [1, 2, 3]}))
+    out = subprocess.run(client + ["--json-schema", str(schema), "Pick a number"], capture_output=True, text=True,
+                         timeout=60)
+    text = out.stdout.rsplit("\n[", 1)[0]  # the completion, before the client's "[FINISH_REASON_..." line
+    assert out.returncode == 0 and json.loads(text) in (1, 2, 3), out
+    both = subprocess.run(client + ["--json-object", "--choice", "x", "Pick"], capture_output=True, text=True,
+                          timeout=60)
+    assert both.returncode == 2 and "exclusive" in both.stderr

@@ -1,0 +1,112 @@
+// ferry-guided-bench: what guided decoding costs a step at Qwen2's vocabulary size. Builds a
+// synthetic byte vocabulary of 151,643 tokens (the 256 bytes, then words with and without a
+// leading space, digit runs, punctuation runs and CJK characters), or reads a real
+// tokenizer.json with --tokenizer, then times the trie build and each JSON state's mask, first
+// walked and then from the cache, along one short JSON text; and one choice mask.
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "worker/model/guided_decoding.h"
+
+namespace ferry::worker {
+namespace {
+
+constexpr int32_t kVocab = 151936;  // Qwen2's embedding rows
+constexpr int32_t kEos = 151643;
+
+std::vector<std::string> SyntheticVocab() {
+  std::mt19937 rng(1);
+  std::set<std::string> seen;
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+  const std::string letters = "etaoinshrdlucmfwypvbgkjqxz";
+  const std::string punct = "{}[]:,\"'()<>=+-*/.;!?#\n\t ";
+  while (bytes.size() < static_cast<size_t>(kEos)) {
+    std::string t;
+    const unsigned kind = rng() % 10;
+    if (kind < 6) {  // words, skewed to common letters
+      if (rng() % 2) t = " ";
+      for (unsigned n = 1 + rng() % 9; n-- > 0;) t += letters[std::min(rng() % 26, rng() % 26)];
+    } else if (kind < 7) {
+      for (unsigned n = 1 + rng() % 4; n-- > 0;) t += static_cast<char>('0' + rng() % 10);
+    } else if (kind < 8) {
+      for (unsigned n = 1 + rng() % 3; n-- > 0;) t += punct[rng() % punct.size()];
+    } else {  // U+4E00.. CJK, three bytes each
+      for (unsigned n = 1 + rng() % 3; n-- > 0;) t += std::string("\xE4\xB8") + static_cast<char>(0x80 + rng() % 64);
+    }
+    if (seen.insert(t).second || t.size() == 1) bytes.push_back(t);
+  }
+  bytes.resize(kVocab);  // special tokens and padding rows: no bytes
+  return bytes;
+}
+
+double Ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+int32_t IdOf(const GuidedVocab& vocab, const std::string& bytes) {
+  for (int32_t id = 0; id < vocab.size(); ++id) {
+    if (vocab.bytes(id) == bytes) return id;
+  }
+  return -1;
+}
+
+int Run(int argc, char** argv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<GuidedVocab> vocab =
+      argc > 2 && std::string(argv[1]) == "--tokenizer"
+          ? GuidedVocab::FromTokenizerJson(argv[2], kVocab, {kEos})
+          : std::make_unique<GuidedVocab>(SyntheticVocab(), std::vector<int32_t>{kEos});
+  const auto t1 = std::chrono::steady_clock::now();
+  std::printf("vocabulary %d ids, trie %zu nodes, loaded and built in %.1f ms\n", vocab->size(),
+              vocab->trie().size(), Ms(t0, t1));
+  // Two sequences writing the same text: the first walks each new state, the second finds it cached.
+  auto json = MakeGuidedMatcher({GuidedSpec::Kind::kJsonObject, {}}, *vocab);
+  auto twin = MakeGuidedMatcher({GuidedSpec::Kind::kJsonObject, {}}, *vocab);
+  std::printf("| next token | allowed | walk ms | cached ms |\n|---|---|---|---|\n");
+  for (const char* next : {"{", "\"", "a", " b", "\"", ":", " ", "[", "1", "2", ",", "\"", "x", "\"", "]", "}"}) {
+    const auto a = std::chrono::steady_clock::now();
+    const int32_t allowed = json->Allowed().Count();
+    const auto b = std::chrono::steady_clock::now();
+    twin->Allowed();
+    const auto c = std::chrono::steady_clock::now();
+    const int32_t id = IdOf(*vocab, next);
+    const std::string shown = next[0] == '\n' ? "\\n" : next;
+    std::printf("| `%s` | %d | %.2f | %.4f |\n", shown.c_str(), allowed, Ms(a, b), Ms(b, c));
+    if (id < 0 || !json->Advance(id) || !twin->Advance(id)) {
+      std::printf("no token for '%s' in this vocabulary\n", next);
+      return 1;
+    }
+  }
+  std::printf("accepted: %s\n", json->Accepted() ? "yes" : "no");
+  const std::string schema = R"({"type": "object", "required": ["name", "tags"], "properties": {
+      "name": {"type": "string"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}})";
+  auto typed = MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, schema}, *vocab);
+  // One byte a token, since every byte-level vocabulary has the single bytes.
+  std::printf("\njson_schema {name: string, tags: [enum]}, a byte a token:\n| next byte | allowed | walk ms |\n|---|---|---|\n");
+  for (char next : std::string(R"({"name":"x","tags":["a"]})")) {
+    const auto a = std::chrono::steady_clock::now();
+    const int32_t allowed = typed->Allowed().Count();
+    std::printf("| `%c` | %d | %.2f |\n", next, allowed, Ms(a, std::chrono::steady_clock::now()));
+    const int32_t id = IdOf(*vocab, std::string(1, next));
+    if (id < 0 || !typed->Advance(id)) {
+      std::printf("no token for '%c' in this vocabulary\n", next);
+      return 1;
+    }
+  }
+  std::printf("accepted: %s\n", typed->Accepted() ? "yes" : "no");
+  auto choice = MakeGuidedMatcher({GuidedSpec::Kind::kChoice, {"positive", "negative", "neutral"}}, *vocab);
+  const auto a = std::chrono::steady_clock::now();
+  const int32_t n = choice->Allowed().Count();
+  std::printf("choice of 3: %d allowed, walk %.3f ms\n", n, Ms(a, std::chrono::steady_clock::now()));
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry::worker
+
+int main(int argc, char** argv) { return ferry::worker::Run(argc, argv); }

@@ -1,0 +1,327 @@
+#include "worker/model/guided_decoding.h"
+
+#include <algorithm>
+#include <bit>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+
+#include "worker/model/guided_automata.h"
+#include "worker/model/guided_schema.h"
+
+namespace ferry::worker {
+namespace {
+
+constexpr size_t kMaskCacheEntries = 256;  // ~5 MB of masks at Qwen2's vocabulary
+
+// GPT-2's bytes_to_unicode, inverted: code point -> byte. Printable Latin-1 bytes stand for
+// themselves; the other 68 are shifted to U+0100 and up, in byte order.
+std::unordered_map<uint32_t, uint8_t> UnicodeToByte() {
+  std::unordered_map<uint32_t, uint8_t> out;
+  uint32_t shifted = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    out[printable ? b : shifted++] = static_cast<uint8_t>(b);
+  }
+  return out;
+}
+
+// The bytes a byte-level vocabulary entry stands for; nullopt when a code point is not one of
+// the 256 (not a byte-level token).
+std::optional<std::string> ByteLevelBytes(const std::string& entry,
+                                          const std::unordered_map<uint32_t, uint8_t>& table) {
+  std::string out;
+  for (size_t i = 0; i < entry.size();) {
+    const auto lead = static_cast<uint8_t>(entry[i]);
+    const int len = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    if (i + static_cast<size_t>(len) > entry.size()) return std::nullopt;
+    uint32_t cp = len == 1 ? lead : lead & (0xFFu >> (len + 1));
+    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(entry[i + static_cast<size_t>(k)]) & 0x3Fu);
+    const auto it = table.find(cp);
+    if (it == table.end()) return std::nullopt;
+    out.push_back(static_cast<char>(it->second));
+    i += static_cast<size_t>(len);
+  }
+  return out;
+}
+
+// Marks in mask every token whose bytes automaton `start` accepts. Preorder over the trie:
+// states[d] is the automaton after the first d bytes of the node being visited; a node whose
+// byte is rejected skips its whole subtree.
+template <class Automaton>
+void Walk(const GuidedVocab& vocab, const Automaton& start, TokenMask& mask) {
+  const std::vector<GuidedVocab::Node>& trie = vocab.trie();
+  std::vector<Automaton> states;
+  states.reserve(64);
+  states.push_back(start);
+  std::vector<bool> reached;  // by node, only when the vocabulary has duplicate byte strings
+  if (!vocab.duplicates().empty()) reached.assign(trie.size(), false);
+  for (size_t i = 0; i < trie.size();) {
+    const GuidedVocab::Node& node = trie[i];
+    states.erase(states.begin() + node.depth, states.end());  // states[depth - 1]: the parent's
+    Automaton next = states.back();
+    if (!next.Feed(node.byte)) {
+      i = static_cast<size_t>(node.end);
+      continue;
+    }
+    if (node.token >= 0) mask.Set(node.token);
+    if (!reached.empty()) reached[i] = true;
+    states.push_back(std::move(next));
+    ++i;
+  }
+  for (const auto& [node, token] : vocab.duplicates()) {
+    if (reached[static_cast<size_t>(node)]) mask.Set(token);
+  }
+}
+
+// Tokens allowed from an automaton's state: the walk, plus the end-of-sequence ids once the
+// text is accepted.
+template <class Automaton>
+std::shared_ptr<const TokenMask> Allowed(const GuidedVocab& vocab, const Automaton& state) {
+  auto mask = std::make_shared<TokenMask>(vocab.size());
+  Walk(vocab, state, *mask);
+  if (state.Accepted()) {
+    for (int32_t id : vocab.eos_ids()) mask->Set(id);
+  }
+  return mask;
+}
+
+// Feeds a token's bytes to a copy of state; the copy when every byte is taken.
+template <class Automaton>
+std::optional<Automaton> AfterToken(const GuidedVocab& vocab, const Automaton& state, int32_t token_id) {
+  if (token_id < 0 || token_id >= vocab.size()) return std::nullopt;
+  const std::string& bytes = vocab.bytes(token_id);
+  if (bytes.empty()) return std::nullopt;
+  Automaton next = state;
+  for (char c : bytes) {
+    if (!next.Feed(static_cast<uint8_t>(c))) return std::nullopt;
+  }
+  return next;
+}
+
+class JsonMatcher final : public GuidedMatcher {
+ public:
+  explicit JsonMatcher(GuidedVocab& vocab) : vocab_(vocab) {}
+
+  const TokenMask& Allowed() override {
+    if (!mask_) {
+      const std::string key = state_.Key();
+      mask_ = vocab_.CachedMask(key);
+      if (!mask_) {
+        mask_ = worker::Allowed(vocab_, state_);
+        vocab_.CacheMask(key, mask_);
+      }
+    }
+    return *mask_;
+  }
+
+  bool Advance(int32_t token_id) override {
+    if (vocab_.IsEos(token_id)) return state_.Accepted();
+    std::optional<JsonAutomaton> next = AfterToken(vocab_, state_, token_id);
+    if (!next) return false;
+    state_ = std::move(*next);
+    mask_.reset();
+    return true;
+  }
+
+  bool Accepted() const override { return state_.Accepted(); }
+
+ private:
+  GuidedVocab& vocab_;
+  JsonAutomaton state_;
+  std::shared_ptr<const TokenMask> mask_;
+};
+
+class ChoiceMatcher final : public GuidedMatcher {
+ public:
+  ChoiceMatcher(const GuidedVocab& vocab, std::vector<std::string> choices)
+      : vocab_(vocab), choices_(std::move(choices)), state_(&choices_) {}
+
+  const TokenMask& Allowed() override {
+    // Not cached across sequences: the automaton is the request's own, and its walk stops
+    // after a byte or two on most of the trie.
+    if (!mask_) mask_ = worker::Allowed(vocab_, state_);
+    return *mask_;
+  }
+
+  bool Advance(int32_t token_id) override {
+    if (vocab_.IsEos(token_id)) return state_.Accepted();
+    std::optional<ChoiceAutomaton> next = AfterToken(vocab_, state_, token_id);
+    if (!next) return false;
+    state_ = *next;
+    mask_.reset();
+    return true;
+  }
+
+  bool Accepted() const override { return state_.Accepted(); }
+
+ private:
+  const GuidedVocab& vocab_;
+  const std::vector<std::string> choices_;  // sorted, unique; state_ points into it
+  ChoiceAutomaton state_;
+  std::shared_ptr<const TokenMask> mask_;
+};
+
+class SchemaMatcher final : public GuidedMatcher {
+ public:
+  SchemaMatcher(GuidedVocab& vocab, const std::string& schema_json)
+      : vocab_(vocab),
+        graph_(std::make_shared<SchemaGraph>(CompileJsonSchema(schema_json))),
+        // Masks are shared with every sequence of the same schema: the key starts with its text.
+        key_prefix_("schema:" + schema_json + '\0'),
+        state_(graph_.get()) {}
+
+  const TokenMask& Allowed() override {
+    if (!mask_) {
+      const std::string key = key_prefix_ + state_.Key();
+      mask_ = vocab_.CachedMask(key);
+      if (!mask_) {
+        mask_ = worker::Allowed(vocab_, state_);
+        vocab_.CacheMask(key, mask_);
+      }
+    }
+    return *mask_;
+  }
+
+  bool Advance(int32_t token_id) override {
+    if (vocab_.IsEos(token_id)) return state_.Accepted();
+    std::optional<SchemaAutomaton> next = AfterToken(vocab_, state_, token_id);
+    if (!next) return false;
+    state_ = *next;
+    mask_.reset();
+    return true;
+  }
+
+  bool Accepted() const override { return state_.Accepted(); }
+
+ private:
+  GuidedVocab& vocab_;
+  std::shared_ptr<const SchemaGraph> graph_;  // state_ points into it
+  std::string key_prefix_;
+  SchemaAutomaton state_;
+  std::shared_ptr<const TokenMask> mask_;
+};
+
+}  // namespace
+
+int32_t TokenMask::Count() const {
+  int32_t n = 0;
+  for (uint64_t w : words_) n += std::popcount(w);
+  return n;
+}
+
+GuidedVocab::GuidedVocab(std::vector<std::string> token_bytes, std::vector<int32_t> eos_ids)
+    : bytes_(std::move(token_bytes)), eos_ids_(std::move(eos_ids)) {
+  std::erase_if(eos_ids_, [&](int32_t id) { return id < 0 || id >= size(); });
+  for (int32_t id : eos_ids_) bytes_[static_cast<size_t>(id)].clear();  // never a byte string
+  BuildTrie();
+}
+
+bool GuidedVocab::IsEos(int32_t id) const { return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end(); }
+
+void GuidedVocab::BuildTrie() {
+  std::vector<int32_t> order;
+  for (int32_t id = 0; id < size(); ++id) {
+    if (!bytes_[static_cast<size_t>(id)].empty()) order.push_back(id);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return bytes(a) < bytes(b); });
+  std::vector<int32_t> path;  // open nodes, root's child first
+  const std::string* prev = nullptr;
+  auto close_to = [&](size_t depth) {
+    while (path.size() > depth) {
+      trie_[static_cast<size_t>(path.back())].end = static_cast<int32_t>(trie_.size());
+      path.pop_back();
+    }
+  };
+  for (int32_t id : order) {
+    const std::string& b = bytes(id);
+    if (b.size() > UINT16_MAX) throw std::runtime_error("a token of over 65,535 bytes");
+    size_t common = 0;
+    if (prev != nullptr) {
+      common = static_cast<size_t>(std::mismatch(b.begin(), b.end(), prev->begin(), prev->end()).first - b.begin());
+    }
+    if (prev != nullptr && common == b.size() && b.size() == prev->size()) {
+      duplicates_.emplace_back(path.back(), id);
+      continue;
+    }
+    close_to(common);
+    for (size_t d = common; d < b.size(); ++d) {
+      path.push_back(static_cast<int32_t>(trie_.size()));
+      trie_.push_back({static_cast<uint8_t>(b[d]), static_cast<uint16_t>(d + 1), -1, 0});
+    }
+    trie_[static_cast<size_t>(path.back())].token = id;
+    prev = &b;
+  }
+  close_to(0);
+}
+
+std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& path, int32_t vocab_size,
+                                                            std::vector<int32_t> eos_ids) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot be read");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": not JSON: " + e.what());
+  }
+  const nlohmann::json* vocab = j.contains("model") ? &j["model"] : nullptr;
+  if (vocab == nullptr || !vocab->contains("vocab") || !(*vocab)["vocab"].is_object()) {
+    throw std::runtime_error(path + ": no model.vocab object (guided decoding reads byte-level BPE vocabularies)");
+  }
+  const auto table = UnicodeToByte();
+  std::vector<std::string> bytes(static_cast<size_t>(std::max(vocab_size, 0)));
+  for (const auto& [entry, id_json] : (*vocab)["vocab"].items()) {
+    if (!id_json.is_number_integer()) continue;
+    const int64_t id = id_json.get<int64_t>();
+    if (id < 0 || id >= vocab_size) continue;
+    std::optional<std::string> b = ByteLevelBytes(entry, table);
+    if (!b) throw std::runtime_error(path + ": vocabulary entry " + std::to_string(id) + " is not byte-level");
+    bytes[static_cast<size_t>(id)] = std::move(*b);
+  }
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const nlohmann::json& t : j["added_tokens"]) {
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer()) continue;
+      const int64_t id = t["id"].get<int64_t>();
+      if (id < 0 || id >= vocab_size) continue;
+      const bool special = t.value("special", true);
+      bytes[static_cast<size_t>(id)] = special ? std::string() : t.value("content", std::string());
+    }
+  }
+  return std::make_unique<GuidedVocab>(std::move(bytes), std::move(eos_ids));
+}
+
+std::shared_ptr<const TokenMask> GuidedVocab::CachedMask(const std::string& key) const {
+  const auto it = mask_cache_.find(key);
+  return it == mask_cache_.end() ? nullptr : it->second;
+}
+
+void GuidedVocab::CacheMask(const std::string& key, std::shared_ptr<const TokenMask> mask) {
+  // Matchers hold their masks by shared pointer, so clearing never pulls one from under them.
+  if (mask_cache_.size() >= kMaskCacheEntries) mask_cache_.clear();
+  mask_cache_.emplace(key, std::move(mask));
+}
+
+std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab) {
+  switch (spec.kind) {
+    case GuidedSpec::Kind::kJsonObject:
+      return std::make_unique<JsonMatcher>(vocab);
+    case GuidedSpec::Kind::kChoice: {
+      std::vector<std::string> choices = spec.choices;
+      std::sort(choices.begin(), choices.end());
+      choices.erase(std::unique(choices.begin(), choices.end()), choices.end());
+      std::erase(choices, std::string());
+      if (choices.empty()) throw std::invalid_argument("guided choice needs at least one non-empty choice");
+      return std::make_unique<ChoiceMatcher>(vocab, std::move(choices));
+    }
+    case GuidedSpec::Kind::kJsonSchema:
+      return std::make_unique<SchemaMatcher>(vocab, spec.json_schema);  // JsonSchemaError: invalid_argument
+    case GuidedSpec::Kind::kNone:
+      break;
+  }
+  throw std::invalid_argument("no guided decoding asked for");
+}
+
+}  // namespace ferry::worker

@@ -1,0 +1,102 @@
+// Structured output (guided decoding). A constraint is an automaton over the bytes of a
+// sequence's generated text; the tokens allowed next are those whose bytes it accepts from its
+// current state. They are found by one walk over a trie of the vocabulary (tokens that share a
+// prefix share the automaton states of that prefix, and a rejected prefix skips every token
+// below it), and JSON masks are cached by automaton state: a JSON text revisits few states
+// many times (inside a string at the same nesting, after a comma, ...), so most steps reuse a
+// mask instead of walking the 151,936-token vocabulary again.
+//
+// Not thread-safe: one runner samples its sequences one after another.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/model/model_runner.h"
+
+namespace ferry::worker {
+
+// A set of token ids, one bit each.
+class TokenMask {
+ public:
+  explicit TokenMask(int32_t size = 0) : words_((static_cast<size_t>(size) + 63) / 64), size_(size) {}
+  void Set(int32_t id) { words_[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
+  bool Test(int32_t id) const { return (words_[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u; }
+  int32_t Count() const;
+  int32_t size() const { return size_; }
+
+ private:
+  std::vector<uint64_t> words_;
+  int32_t size_ = 0;
+};
+
+// The vocabulary as the bytes each token stands for, in a trie stored in preorder: node i's
+// subtree is [i, end), so a walk skips a rejected prefix's tokens in one jump. Built once per
+// worker.
+class GuidedVocab {
+ public:
+  // token_bytes[id]: the text the token decodes to; empty for special tokens and for ids the
+  // tokenizer lacks, which a constraint never allows. eos_ids: allowed exactly when the text is
+  // accepted.
+  GuidedVocab(std::vector<std::string> token_bytes, std::vector<int32_t> eos_ids);
+
+  // A Hugging Face tokenizer.json whose model is a byte-level BPE (Qwen2, GPT-2): each
+  // model.vocab string mapped back to bytes through GPT-2's bytes_to_unicode; added tokens
+  // marked special are never allowed, other added tokens stand for their content. Ids at or
+  // past vocab_size are ignored. Throws std::runtime_error naming the file on a bad one.
+  static std::unique_ptr<GuidedVocab> FromTokenizerJson(const std::string& path, int32_t vocab_size,
+                                                        std::vector<int32_t> eos_ids);
+
+  int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
+  const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
+  bool IsEos(int32_t id) const;
+
+  struct Node {
+    uint8_t byte = 0;
+    uint16_t depth = 0;  // bytes from the root, this one included (>= 1)
+    int32_t token = -1;  // the token whose bytes end here, if any
+    int32_t end = 0;     // one past the last node of this subtree
+  };
+  const std::vector<Node>& trie() const { return trie_; }
+  // Further tokens with the same bytes as a trie node's token (rare: added tokens).
+  const std::vector<std::pair<int32_t, int32_t>>& duplicates() const { return duplicates_; }
+
+  // JSON masks by automaton state. Found: the shared mask; else nullptr.
+  std::shared_ptr<const TokenMask> CachedMask(const std::string& key) const;
+  void CacheMask(const std::string& key, std::shared_ptr<const TokenMask> mask);
+
+ private:
+  void BuildTrie();
+
+  std::vector<std::string> bytes_;
+  std::vector<int32_t> eos_ids_;
+  std::vector<Node> trie_;
+  std::vector<std::pair<int32_t, int32_t>> duplicates_;  // (node, token id)
+  // Bounded: 19 KB a mask at Qwen2's vocabulary; cleared whole when full.
+  std::unordered_map<std::string, std::shared_ptr<const TokenMask>> mask_cache_;
+};
+
+// One sequence's constraint.
+class GuidedMatcher {
+ public:
+  virtual ~GuidedMatcher() = default;
+  // The tokens allowed next: those whose bytes the constraint accepts from here, plus the
+  // end-of-sequence ids when the text so far is accepted (only those, when nothing may follow).
+  // Valid until the next Advance.
+  virtual const TokenMask& Allowed() = 0;
+  // Takes the token sampled. False, and the matcher unchanged, when the constraint rejects it
+  // (an end-of-sequence id is taken once the text is accepted, and changes nothing).
+  virtual bool Advance(int32_t token_id) = 0;
+  // The text so far is a whole text the constraint accepts.
+  virtual bool Accepted() const = 0;
+};
+
+// The matcher for spec (kind != kNone). vocab must outlive it. Throws std::invalid_argument
+// for a choice spec without choices and (JsonSchemaError) for a schema that does not compile.
+std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab);
+
+}  // namespace ferry::worker

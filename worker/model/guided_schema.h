@@ -1,0 +1,66 @@
+// The byte automaton of a compiled JSON Schema (common/json_schema.h): a JSON text valid under
+// the schema, with properties in the schema's order, read byte by byte. Copyable and small (its
+// frame stack is inline), since the vocabulary walk copies one per trie node it visits.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "common/json_schema.h"
+#include "worker/model/guided_automata.h"
+
+namespace ferry::worker {
+
+class SchemaAutomaton {
+ public:
+  // Containers open at once; a deeper value (a recursive schema's) is not generated.
+  static constexpr size_t kMaxDepth = 24;
+
+  explicit SchemaAutomaton(const SchemaGraph* graph) : graph_(graph), expect_(graph->root) {}
+
+  // False (and the automaton unchanged) when c cannot come next.
+  bool Feed(uint8_t c);
+  // The text so far is a whole value of the schema (a top-level number or literal that could
+  // still go on counts: the end-of-sequence token ends it).
+  bool Accepted() const;
+  // Equal keys: equal futures.
+  std::string Key() const;
+
+ private:
+  enum class Phase : uint8_t { kObjectFirst, kObjectKey, kObjectColon, kObjectAfter, kArrayFirst, kArrayValue, kArrayAfter };
+  enum class Lex : uint8_t { kNone, kString, kNumber, kLiteral, kKey, kAny };
+  struct Frame {
+    int32_t node = 0;
+    int16_t count = 0;  // object: index of the last property written (-1: none); array: items
+    Phase phase = Phase::kObjectFirst;
+  };
+
+  bool FeedLexer(uint8_t c);
+  bool FeedStructural(uint8_t c);
+  bool FeedObject(Frame& f, uint8_t c);
+  bool FeedArray(Frame& f, uint8_t c);
+  bool StartValue(int32_t node, uint8_t c);
+  bool FeedLiterals(uint8_t c);
+  bool EndedBefore(uint8_t c);
+  void EndValue();
+  uint64_t KeyCandidates(const Frame& f) const;
+  bool CanClose(const Frame& f) const;
+  const SchemaNode& node(int32_t id) const { return graph_->nodes[static_cast<size_t>(id)]; }
+
+  const SchemaGraph* graph_;
+  std::array<Frame, kMaxDepth> frames_{};
+  uint8_t depth_ = 0;
+  int32_t expect_;       // the node of the value that comes next; -1: a structural byte does
+  bool done_ = false;    // the top-level value is whole
+  uint8_t ws_ = 0;       // whitespace bytes in a row
+  Lex lex_ = Lex::kNone;
+  StringLexer string_;
+  NumberLexer number_;
+  uint64_t alive_ = 0;       // kLiteral, kKey: the literals (or keys) the bytes so far begin
+  uint16_t literal_at_ = 0;  // bytes of them read
+  int32_t literal_node_ = 0;
+  JsonAutomaton any_{false};  // kAny: a value of any shape
+};
+
+}  // namespace ferry::worker

@@ -1,0 +1,124 @@
+// Proto -> domain translation of a step (ToStepSpec) and the step validation every backend
+// shares, for guided decoding (structured output): carried as sent, refused by a backend without
+// a matcher (the sim and GPU backends) before any of the step applies.
+#include "worker/worker_service.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "worker/model/step_validation.h"
+
+namespace ferry::worker {
+namespace {
+
+// What ValidateStep reads of a runner's live sequence.
+struct LiveSequence {
+  std::vector<int32_t> token_ids;
+  int32_t num_computed = 0;
+  std::vector<int32_t> block_table;
+};
+
+ModelInfo Info(bool supports_guided_decoding) {
+  ModelInfo info;
+  info.vocab_size = 100;
+  info.max_model_len = 64;
+  info.block_size = 4;
+  info.num_kv_blocks = 16;
+  info.eos_token_ids = {2};
+  info.supports_guided_decoding = supports_guided_decoding;
+  return info;
+}
+
+// One new sequence of three prompt tokens, scheduled in full.
+ferry::v1::StepRequest OneSequence(const ferry::v1::GuidedDecoding* guided) {
+  ferry::v1::StepRequest request;
+  request.set_step_id(1);
+  auto* n = request.add_new_sequences();
+  n->set_seq_id(5);
+  for (int32_t t : {10, 11, 12}) n->add_token_ids(t);
+  n->set_temperature(0);
+  n->set_top_p(1);
+  n->set_repetition_penalty(1);
+  n->set_logprobs(-1);
+  if (guided != nullptr) *n->mutable_guided() = *guided;
+  auto* s = request.add_scheduled();
+  s->set_seq_id(5);
+  s->set_num_tokens(3);
+  s->add_new_block_ids(0);
+  return request;
+}
+
+// Empty when the step is valid for a backend, else the message it is refused with.
+std::string Refusal(const StepSpec& step, bool supports_guided_decoding) {
+  try {
+    ValidateStep(step, Info(supports_guided_decoding), std::unordered_map<uint64_t, LiveSequence>{});
+    return {};
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+}
+
+TEST(ToStepSpec, CarriesGuidedDecoding) {
+  ferry::v1::GuidedDecoding choice;
+  choice.mutable_choice()->add_choices("yes");
+  choice.mutable_choice()->add_choices("no");
+  const StepSpec with_choice = ToStepSpec(OneSequence(&choice));
+  ASSERT_EQ(with_choice.new_sequences.size(), 1u);
+  const GuidedSpec& g = with_choice.new_sequences[0].sampling.guided;
+  EXPECT_EQ(g.kind, GuidedSpec::Kind::kChoice);
+  EXPECT_EQ(g.choices, (std::vector<std::string>{"yes", "no"}));
+
+  ferry::v1::GuidedDecoding json_object;
+  json_object.set_json_object(true);
+  EXPECT_EQ(ToStepSpec(OneSequence(&json_object)).new_sequences[0].sampling.guided.kind,
+            GuidedSpec::Kind::kJsonObject);
+  EXPECT_EQ(ToStepSpec(OneSequence(nullptr)).new_sequences[0].sampling.guided.kind, GuidedSpec::Kind::kNone);
+  const ferry::v1::GuidedDecoding no_kind;  // set, but neither constraint: unconstrained
+  EXPECT_EQ(ToStepSpec(OneSequence(&no_kind)).new_sequences[0].sampling.guided.kind, GuidedSpec::Kind::kNone);
+
+  ferry::v1::GuidedDecoding schema;
+  schema.set_json_schema(R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})");
+  const GuidedSpec s = ToStepSpec(OneSequence(&schema)).new_sequences[0].sampling.guided;
+  EXPECT_EQ(s.kind, GuidedSpec::Kind::kJsonSchema);
+  EXPECT_EQ(s.json_schema, schema.json_schema());  // as sent: the properties' order is the text's
+  EXPECT_TRUE(s.choices.empty());
+}
+
+TEST(ValidateStep, GuidedDecodingNeedsABackendThatSupportsIt) {
+  ferry::v1::GuidedDecoding json_object;
+  json_object.set_json_object(true);
+  const StepSpec step = ToStepSpec(OneSequence(&json_object));
+  EXPECT_EQ(Refusal(step, false), "sequence 5: guided decoding is not supported by this backend");
+  EXPECT_EQ(Refusal(step, true), "");
+  EXPECT_EQ(Refusal(ToStepSpec(OneSequence(nullptr)), false), "");  // unconstrained runs anywhere
+}
+
+TEST(ValidateStep, AChoiceConstraintNeedsNonEmptyChoices) {
+  StepSpec step = ToStepSpec(OneSequence(nullptr));
+  GuidedSpec& g = step.new_sequences[0].sampling.guided;
+  g.kind = GuidedSpec::Kind::kChoice;
+  EXPECT_EQ(Refusal(step, true), "sequence 5: guided choice constraint has no choices");
+  g.choices = {"a", ""};
+  EXPECT_EQ(Refusal(step, true), "sequence 5: guided choice 1 is empty");
+  g.choices = {"a", "b"};
+  EXPECT_EQ(Refusal(step, true), "");
+}
+
+TEST(ValidateStep, AJsonSchemaMustCompile) {
+  StepSpec step = ToStepSpec(OneSequence(nullptr));
+  GuidedSpec& g = step.new_sequences[0].sampling.guided;
+  g.kind = GuidedSpec::Kind::kJsonSchema;
+  g.json_schema = R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})";
+  EXPECT_EQ(Refusal(step, true),
+            "sequence 5: guided json_schema: schema at /properties/age: \"minimum\" is not supported");
+  EXPECT_EQ(Refusal(step, false), "sequence 5: guided decoding is not supported by this backend");
+  g.json_schema = "{not json";
+  EXPECT_EQ(Refusal(step, true).rfind("sequence 5: guided json_schema: schema is not JSON", 0), 0u);
+  g.json_schema = R"({"type":"object","properties":{"age":{"type":"integer"}},"required":["age"]})";
+  EXPECT_EQ(Refusal(step, true), "");
+}
+
+}  // namespace
+}  // namespace ferry::worker
