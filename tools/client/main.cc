@@ -2,9 +2,38 @@
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
 #include <iostream>
+#include <sstream>
+#include <vector>
 
 #include "ferry/v1/generation.grpc.pb.h"
+
+namespace {
+
+// Structured output from the flags: at most one of them; false when none can be read.
+bool SetGuided(bool json_object, const std::vector<std::string>& choices, const std::string& schema_file,
+               ferry::v1::SamplingParams& sampling) {
+  if (json_object + !choices.empty() + !schema_file.empty() > 1) {
+    std::cerr << "--json-object, --choice and --json-schema are exclusive: a request takes one constraint\n";
+    return false;
+  }
+  if (json_object) sampling.mutable_guided()->set_json_object(true);
+  for (const std::string& c : choices) sampling.mutable_guided()->mutable_choice()->add_choices(c);
+  if (!schema_file.empty()) {
+    std::ifstream in(schema_file);
+    if (!in) {
+      std::cerr << schema_file << ": cannot be read\n";
+      return false;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    sampling.mutable_guided()->set_json_schema(text.str());
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ferry-client: send one prompt to a Ferry gateway and print the completion"};
@@ -12,7 +41,9 @@ int main(int argc, char** argv) {
   int max_tokens = 32;
   float temperature = 0.f;
   uint64_t seed = 0;
-  bool stream = false;
+  bool stream = false, json_object = false;
+  std::vector<std::string> choices;
+  std::string schema_file;
   app.add_option("prompt", prompt, "Prompt text")->required();
   app.add_option("--target", target, "Gateway address");
   app.add_option("--max-tokens", max_tokens, "Tokens to generate at most");
@@ -20,6 +51,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "Sampling seed");
   app.add_option("--lane", lane, "Priority lane (interactive, batch)");
   app.add_flag("--stream", stream, "Print text as it is generated");
+  app.add_flag("--json-object", json_object, "Structured output: any JSON object");
+  app.add_option("--choice", choices, "Structured output: exactly one of these strings (repeat the flag)")
+      ->allow_extra_args(false);  // one string a flag, so the prompt after it stays the prompt
+  app.add_option("--json-schema", schema_file, "Structured output: a value of the JSON Schema in this file");
   CLI11_PARSE(app, argc, argv);
 
   auto stub = ferry::v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
@@ -29,6 +64,7 @@ int main(int argc, char** argv) {
   request.mutable_sampling()->set_max_tokens(max_tokens);
   request.mutable_sampling()->set_temperature(temperature);
   request.mutable_sampling()->set_seed(seed);
+  if (!SetGuided(json_object, choices, schema_file, *request.mutable_sampling())) return 2;
   grpc::ClientContext context;
   if (stream) {
     auto reader = stub->GenerateStream(&context, request);
