@@ -27,6 +27,8 @@ class TokenMask {
   bool Test(int32_t id) const { return (words_[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u; }
   int32_t Count() const;
   int32_t size() const { return size_; }
+  // Bit i of word i / 64 is id i; bits past size() are 0.
+  const std::vector<uint64_t>& words() const { return words_; }
 
  private:
   std::vector<uint64_t> words_;
@@ -96,7 +98,8 @@ class GuidedMatcher {
 };
 
 // The matcher for spec (kind != kNone). vocab must outlive it. Throws std::invalid_argument
-// for a choice spec without choices and (JsonSchemaError) for a schema that does not compile.
+// for a choice spec without choices and (JsonSchemaError, RegexError) for a schema or pattern
+// that does not compile.
 std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab);
 
 }  // namespace ferry::worker

@@ -1,6 +1,7 @@
 #include "worker/model/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -163,7 +164,7 @@ SampleResult Sampler::Sample(const float* logits, int32_t vocab, const SamplingO
   }
   if (allowed != nullptr) {
     if (x == logits) penalized_.assign(logits, logits + vocab);
-    MaskDisallowed(logits, vocab, *allowed);
+    MaskDisallowed(logits, vocab, *allowed, /*biased=*/x != logits);
     x = penalized_.data();
   }
   if (history != nullptr && HasPenalties(options) && !history->entries().empty()) {
@@ -278,20 +279,24 @@ size_t Sampler::NucleusSize(size_t end, float max_logit, double target) {
   return hi;  // rounding of the chunked sums fell short by an ulp: keep the bracket
 }
 
-// penalized_ holds the biased logits. A token the constraint rejects would make a text it
-// rejects, so it is never sampled; -inf stays -inf through penalties and temperature.
-void Sampler::MaskDisallowed(const float* logits, int32_t vocab, const TokenMask& allowed) {
+// penalized_ holds the (biased) logits. A token the constraint rejects would make a text it
+// rejects, so it is never sampled; -inf stays -inf through penalties and temperature. A word
+// at a time: inside a JSON string nearly every token is allowed, elsewhere few are.
+void Sampler::MaskDisallowed(const float* logits, int32_t vocab, const TokenMask& allowed, bool biased) {
   constexpr float kNever = -std::numeric_limits<float>::infinity();
-  bool any = false;
-  for (int32_t i = 0; i < vocab; ++i) {
-    float& x = penalized_[static_cast<size_t>(i)];
-    if (!allowed.Test(i)) {
-      x = kNever;
-    } else if (x != kNever) {
-      any = true;
-    }
+  const std::vector<uint64_t>& words = allowed.words();
+  for (size_t w = 0; w < words.size(); ++w) {
+    const size_t base = w * 64;
+    const size_t end = std::min(base + 64, static_cast<size_t>(vocab));
+    uint64_t rejected = ~words[w];
+    if (end - base < 64) rejected &= (uint64_t{1} << (end - base)) - 1;
+    for (; rejected != 0; rejected &= rejected - 1) penalized_[base + static_cast<size_t>(std::countr_zero(rejected))] = kNever;
   }
-  if (any) return;
+  // Raw logits are finite: only a bias of -inf or min_tokens can have taken every allowed token.
+  if (!biased) return;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (penalized_[static_cast<size_t>(i)] != kNever) return;
+  }
   for (int32_t i = 0; i < vocab; ++i) {
     if (allowed.Test(i)) penalized_[static_cast<size_t>(i)] = logits[i];
   }

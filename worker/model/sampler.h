@@ -97,7 +97,7 @@ class Sampler {
   size_t SelectTopK(size_t k, int32_t vocab);
   size_t NucleusSize(size_t end, float max_logit, double target);
   void FillLogprobs(const float* logits, int32_t vocab, int32_t num_top, SampleResult* out);
-  void MaskDisallowed(const float* logits, int32_t vocab, const TokenMask& allowed);
+  void MaskDisallowed(const float* logits, int32_t vocab, const TokenMask& allowed, bool biased);
 
   // Scratch reused across calls so a call allocates nothing vocab-sized once warm.
   std::vector<float> penalized_;       // [vocab]
