@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/json_schema.h"
+#include "common/regex_dfa.h"
 #include "common/status.h"
 
 namespace ferry::gateway {
@@ -56,6 +57,21 @@ std::string CheckJsonSchema(const std::string& schema) {
   return {};
 }
 
+// Compiled here for the same reason as a schema: the compiler's message names the construct it
+// refuses and its byte offset in the pattern.
+std::string CheckRegex(const std::string& pattern) {
+  if (pattern.size() > kMaxRegexBytes) {
+    return FieldMessage("sampling.guided.regex (bytes)", pattern.size(),
+                        fmt::format("exceeds the limit of {}", kMaxRegexBytes));
+  }
+  try {
+    CompileRegex(pattern);
+  } catch (const RegexError& e) {
+    return std::string("sampling.guided.regex: ") + e.what();
+  }
+  return {};
+}
+
 // Returns a message for a bad structured output constraint, or an empty string. A json_object
 // set to false is refused rather than read as "unset": the client meant something by setting it.
 std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
@@ -66,6 +82,7 @@ std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
                           "must be true when set (leave guided unset for no constraint)");
     case ferry::v1::GuidedDecoding::kChoice: return CheckChoices(g.choice());
     case ferry::v1::GuidedDecoding::kJsonSchema: return CheckJsonSchema(g.json_schema());
+    case ferry::v1::GuidedDecoding::kRegex: return CheckRegex(g.regex());
     default: return {};
   }
 }

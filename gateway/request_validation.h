@@ -41,6 +41,8 @@ inline constexpr size_t kMaxGuidedChoiceBytes = 1024;
 // A JSON schema's text (sampling.guided.json_schema): compiled at the gateway, the scheduler and
 // the worker, and its automaton is bounded too (common/json_schema.h's limits).
 inline constexpr size_t kMaxGuidedJsonSchemaBytes = 64 * 1024;
+// A regex (sampling.guided.regex) is bounded by common/regex_dfa.h's kMaxRegexBytes (4,096) and
+// compiled at the same three places.
 
 inline constexpr int32_t kDefaultMaxTokens = 16;
 // A client's request_id goes into every log line and chunk of its request: bounded and printable.

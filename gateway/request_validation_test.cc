@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/regex_dfa.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway {
@@ -120,6 +121,43 @@ TEST_F(ValidateRequestTest, AJsonSchemaTheEngineCannotKeepIsRefused) {
   EXPECT_EQ(error("").rfind("sampling.guided.json_schema: schema is not JSON", 0), 0u);  // set, but empty
   EXPECT_EQ(error(R"({"type":"object"})" + std::string(kMaxGuidedJsonSchemaBytes, ' ')),
             "sampling.guided.json_schema (bytes) = 65553 exceeds the limit of 65536");
+}
+
+TEST_F(ValidateRequestTest, ARegexReachesTheSchedulerAsWritten) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  const std::string pattern = R"((?:yes|no)-\d{2,4}[a-f]*)";
+  r.mutable_sampling()->mutable_guided()->set_regex(pattern);
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.guided().regex(), pattern);
+
+  // At the limit: 4,096 bytes that need few states (a literal that long needs 4,097, over the
+  // compiler's state limit).
+  r.mutable_sampling()->mutable_guided()->set_regex("[" + std::string(kMaxRegexBytes - 2, 'a') + "]");
+  EXPECT_EQ(Error(r), "");
+  // Set but empty: only the empty text matches, a constraint all the same.
+  r.mutable_sampling()->mutable_guided()->set_regex("");
+  v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_TRUE(std::get<ValidatedRequest>(v).submit.guided().has_regex());
+}
+
+TEST_F(ValidateRequestTest, ARegexTheEngineCannotGenerateExactlyIsRefused) {
+  const auto error = [&](const std::string& pattern) {
+    ferry::v1::GenerateRequest r;
+    r.set_text("hello");
+    r.mutable_sampling()->mutable_guided()->set_regex(pattern);
+    return Error(r);
+  };
+  EXPECT_EQ(error(R"((a)\1)"), "sampling.guided.regex: regex at byte 4: backreferences and octal escapes are not "
+                               "supported");
+  EXPECT_EQ(error("(?=a)b"), "sampling.guided.regex: regex at byte 1: '(?' forms other than (?:...) are not "
+                             "supported");
+  EXPECT_EQ(error("[a"), "sampling.guided.regex: regex at byte 2: missing ']'");
+  EXPECT_EQ(error("(a|b)*a(a|b){12}"), "sampling.guided.regex: regex: its automaton needs more than 4096 states");
+  EXPECT_EQ(error(std::string(kMaxRegexBytes + 1, 'a')), "sampling.guided.regex (bytes) = 4097 exceeds the limit of "
+                                                         "4096");
 }
 
 TEST_F(ValidateRequestTest, BadGuidedDecodingIsNamed) {

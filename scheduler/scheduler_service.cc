@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/json_schema.h"
+#include "common/regex_dfa.h"
 
 namespace ferry::scheduler {
 
@@ -24,6 +25,10 @@ GuidedDecoding ToGuided(const ferry::v1::GuidedDecoding& g) {
     case ferry::v1::GuidedDecoding::kJsonSchema:
       out.kind = GuidedDecoding::Kind::kJsonSchema;
       out.json_schema = g.json_schema();
+      break;
+    case ferry::v1::GuidedDecoding::kRegex:
+      out.kind = GuidedDecoding::Kind::kRegex;
+      out.regex = g.regex();
       break;
     default: break;
   }
@@ -130,8 +135,9 @@ void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::Sch
 }
 
 // Refused here rather than by the worker, whose refusal would fail every sequence in its step.
-// The gateway has checked the choices and the schema; an empty list would leave the worker
-// nothing to match, and a schema is compiled again since a client may call the scheduler directly.
+// The gateway has checked the choices, the schema and the regex; an empty list would leave the
+// worker nothing to match, and a schema or a regex is compiled again since a client may call the
+// scheduler directly.
 void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
   const ferry::v1::GuidedDecoding& g = r.guided();
   if (g.kind_case() == ferry::v1::GuidedDecoding::KIND_NOT_SET) return;
@@ -149,6 +155,13 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
       CompileJsonSchema(g.json_schema());
     } catch (const JsonSchemaError& e) {
       throw std::invalid_argument(std::string("guided.json_schema: ") + e.what());
+    }
+  }
+  if (g.has_regex()) {
+    try {
+      CompileRegex(g.regex());
+    } catch (const RegexError& e) {
+      throw std::invalid_argument(std::string("guided.regex: ") + e.what());
     }
   }
 }

@@ -131,9 +131,13 @@ TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   const std::string text = R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})";
   schema.mutable_guided()->set_json_schema(text);
   ASSERT_TRUE(Submit(schema).ok());
+  ferry::v1::SubmitRequest regex = Request();
+  const std::string pattern = R"((?:yes|no)-\d{2,4})";
+  regex.mutable_guided()->set_regex(pattern);
+  ASSERT_TRUE(Submit(regex).ok());
 
   const std::vector<ferry::v1::NewSequence> sent = workers_.new_sequences();
-  ASSERT_EQ(sent.size(), 4u);
+  ASSERT_EQ(sent.size(), 5u);
   ASSERT_TRUE(sent[0].guided().has_choice());
   EXPECT_EQ(sent[0].guided().choice().choices_size(), 2);
   EXPECT_EQ(sent[0].guided().choice().choices(1), "no");
@@ -141,6 +145,8 @@ TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   EXPECT_FALSE(sent[2].has_guided());  // unconstrained: nothing on the wire
   ASSERT_TRUE(sent[3].guided().has_json_schema());
   EXPECT_EQ(sent[3].guided().json_schema(), text);  // byte for byte: the properties' order is the text's
+  ASSERT_TRUE(sent[4].guided().has_regex());
+  EXPECT_EQ(sent[4].guided().regex(), pattern);
 }
 
 TEST_F(SchedulerServiceTest, AReplicaWithoutGuidedDecodingRefusesIt) {
@@ -177,6 +183,24 @@ TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message().rfind("guided.json_schema: schema is not JSON", 0), 0u) << status.error_message();
   EXPECT_TRUE(workers_.new_sequences().empty());
+}
+
+// As for a schema: a pattern the worker could not compile is refused before it is queued.
+TEST_F(SchedulerServiceTest, ARegexThatDoesNotCompileIsRefused) {
+  Start(true);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_guided()->set_regex(R"((a)\1)");
+  grpc::Status status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "guided.regex: regex at byte 4: backreferences and octal escapes are not supported");
+  r.mutable_guided()->set_regex(std::string(4097, 'a'));
+  status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "guided.regex: regex: 4097 bytes, over the limit of 4096");
+  EXPECT_TRUE(workers_.new_sequences().empty());
+  r.mutable_guided()->set_regex("[a-z]+");
+  EXPECT_TRUE(Submit(r).ok());
+  EXPECT_EQ(workers_.new_sequences().size(), 1u);
 }
 
 }  // namespace

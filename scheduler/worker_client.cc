@@ -102,6 +102,7 @@ void SetGuided(const GuidedDecoding& g, ferry::v1::NewSequence& out) {
     out.mutable_guided()->mutable_choice()->mutable_choices()->Add(g.choices.begin(), g.choices.end());
   }
   if (g.kind == GuidedDecoding::Kind::kJsonSchema) out.mutable_guided()->set_json_schema(g.json_schema);
+  if (g.kind == GuidedDecoding::Kind::kRegex) out.mutable_guided()->set_regex(g.regex);
 }
 
 }  // namespace

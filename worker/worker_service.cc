@@ -92,6 +92,7 @@ GuidedSpec ToGuidedSpec(const ferry::v1::GuidedDecoding& g) {
     out.choices.assign(g.choice().choices().begin(), g.choice().choices().end());
   }
   if (g.has_json_schema()) out = GuidedSpec{GuidedSpec::Kind::kJsonSchema, {}, g.json_schema()};
+  if (g.has_regex()) out = GuidedSpec{GuidedSpec::Kind::kRegex, {}, {}, g.regex()};
   return out;
 }
 

@@ -84,6 +84,14 @@ TEST(ToStepSpec, CarriesGuidedDecoding) {
   EXPECT_EQ(s.kind, GuidedSpec::Kind::kJsonSchema);
   EXPECT_EQ(s.json_schema, schema.json_schema());  // as sent: the properties' order is the text's
   EXPECT_TRUE(s.choices.empty());
+
+  ferry::v1::GuidedDecoding regex;
+  regex.set_regex(R"((?:yes|no)-\d{2,4})");
+  const GuidedSpec r = ToStepSpec(OneSequence(&regex)).new_sequences[0].sampling.guided;
+  EXPECT_EQ(r.kind, GuidedSpec::Kind::kRegex);
+  EXPECT_EQ(r.regex, regex.regex());
+  EXPECT_TRUE(r.json_schema.empty());
+  EXPECT_TRUE(r.choices.empty());
 }
 
 TEST(ValidateStep, GuidedDecodingNeedsABackendThatSupportsIt) {
@@ -117,6 +125,19 @@ TEST(ValidateStep, AJsonSchemaMustCompile) {
   g.json_schema = "{not json";
   EXPECT_EQ(Refusal(step, true).rfind("sequence 5: guided json_schema: schema is not JSON", 0), 0u);
   g.json_schema = R"({"type":"object","properties":{"age":{"type":"integer"}},"required":["age"]})";
+  EXPECT_EQ(Refusal(step, true), "");
+}
+
+TEST(ValidateStep, ARegexMustCompile) {
+  StepSpec step = ToStepSpec(OneSequence(nullptr));
+  GuidedSpec& g = step.new_sequences[0].sampling.guided;
+  g.kind = GuidedSpec::Kind::kRegex;
+  g.regex = R"(a\b)";
+  EXPECT_EQ(Refusal(step, true), "sequence 5: guided regex: regex at byte 2: the escape \\b is not supported");
+  EXPECT_EQ(Refusal(step, false), "sequence 5: guided decoding is not supported by this backend");
+  g.regex = "(a";
+  EXPECT_EQ(Refusal(step, true), "sequence 5: guided regex: regex at byte 2: missing ')'");
+  g.regex = "[a-z]+@[a-z]+\\.com";
   EXPECT_EQ(Refusal(step, true), "");
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/json_schema.h"
+#include "common/regex_dfa.h"
 #include "gateway/request_validation.h"  // the gateway's limits
 
 namespace ferry::gateway::http {
@@ -26,9 +27,10 @@ std::string ParamFromMessage(const std::string& message) {
   // both (the message names the list's entry). json_object = false never comes from HTTP.
   if (field == "guided.choice.choices") return "guided_choice";
   if (field == "guided") return "";  // "guided decoding is not supported ...": whichever field asked
-  // The HTTP layer checks a schema itself, naming the field that gave it; one refused later came
-  // from any of response_format, guided_json and structured_outputs.json.
-  if (field.rfind("guided.json_schema", 0) == 0) return "";
+  // The HTTP layer checks a schema and a regex itself, naming the field that gave it; one refused
+  // later came from any of the fields that set it (response_format, guided_json or
+  // structured_outputs.json; guided_regex or structured_outputs.regex).
+  if (field.rfind("guided.json_schema", 0) == 0 || field.rfind("guided.regex", 0) == 0) return "";
   return field;
 }
 
@@ -198,6 +200,16 @@ Error ParseVllmSchema(const json& v, const std::string& field, std::vector<Guide
   return std::nullopt;
 }
 
+// vLLM's guided_regex and structured_outputs.regex: a pattern the whole text matches (Python re's
+// subset in common/regex_dfa.h), compiled by FinishRegex once it is the one constraint.
+Error ParseRegex(const json& v, const std::string& field, std::vector<GuidedAsk>& asks) {
+  if (!v.is_string()) return WrongType(field, v, "a string (a regular expression)");
+  GuidedAsk ask{field, {}};
+  ask.guided.set_regex(v.get<std::string>());
+  asks.push_back(std::move(ask));
+  return std::nullopt;
+}
+
 // OpenAI's {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
 // The schema is kept whether strict or not; name and description only describe it.
 Error ParseResponseJsonSchema(const json& format, std::vector<GuidedAsk>& asks) {
@@ -240,8 +252,8 @@ Error ParseResponseFormat(const json& body, std::vector<GuidedAsk>& asks) {
                                   "and \"json_schema\" are)", Brief(format)));
 }
 
-// vLLM's structured_outputs: choice, json_object and json are served; its other keys (regex,
-// grammar, structural_tag, ...) would change the output and are refused. Null values are unset.
+// vLLM's structured_outputs: choice, json_object, json and regex are served; its other keys
+// (grammar, structural_tag, ...) would change the output and are refused. Null values are unset.
 Error ParseStructuredOutputs(const json& body, std::vector<GuidedAsk>& asks) {
   if (!Asks(body, "structured_outputs")) return std::nullopt;
   const json& outputs = body["structured_outputs"];
@@ -255,10 +267,12 @@ Error ParseStructuredOutputs(const json& body, std::vector<GuidedAsk>& asks) {
       if (value.get<bool>()) asks.push_back(JsonObjectAsk("structured_outputs.json_object"));
     } else if (key == "json") {
       if (Error e = ParseVllmSchema(value, "structured_outputs.json", asks)) return e;
+    } else if (key == "regex") {
+      if (Error e = ParseRegex(value, "structured_outputs.regex", asks)) return e;
     } else {
       return InvalidField("structured_outputs",
                           fmt::format("structured_outputs key {} is not supported (only \"choice\", "
-                                      "\"json_object\" and \"json\" are)", Brief(json(key))));
+                                      "\"json_object\", \"json\" and \"regex\" are)", Brief(json(key))));
     }
   }
   return std::nullopt;
@@ -295,8 +309,24 @@ Error FinishJsonSchema(GuidedAsk& ask, std::string_view body_text) {
   return std::nullopt;
 }
 
-// At most one of response_format (json_object, json_schema), guided_choice, guided_json and
-// structured_outputs' constraints.
+// The one regex, compiled as the worker will, so that a pattern the engine cannot generate exactly
+// is a 400 naming the HTTP field and the construct (the gRPC check would name sampling.guided).
+Error FinishRegex(const GuidedAsk& ask) {
+  const std::string& pattern = ask.guided.regex();
+  if (pattern.size() > kMaxRegexBytes) {
+    return InvalidField(ask.field, fmt::format("{} is {} bytes, over the limit of {}", ask.field, pattern.size(),
+                                               kMaxRegexBytes));
+  }
+  try {
+    CompileRegex(pattern);
+  } catch (const RegexError& e) {
+    return InvalidField(ask.field, fmt::format("{}: {}", ask.field, e.what()));
+  }
+  return std::nullopt;
+}
+
+// At most one of response_format (json_object, json_schema), guided_choice, guided_json,
+// guided_regex and structured_outputs' constraints.
 Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& s) {
   std::vector<GuidedAsk> asks;
   if (Error e = ParseResponseFormat(body, asks)) return e;
@@ -306,6 +336,9 @@ Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& 
   if (Asks(body, "guided_json")) {
     if (Error e = ParseVllmSchema(body["guided_json"], "guided_json", asks)) return e;
   }
+  if (Asks(body, "guided_regex")) {
+    if (Error e = ParseRegex(body["guided_regex"], "guided_regex", asks)) return e;
+  }
   if (Error e = ParseStructuredOutputs(body, asks)) return e;
   if (asks.size() > 1) {
     return InvalidField(asks[1].field, fmt::format("{} conflicts with {}: a request takes one structured output "
@@ -314,6 +347,9 @@ Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& 
   if (asks.empty()) return std::nullopt;
   if (asks.front().guided.has_json_schema() || asks.front().schema) {
     if (Error e = FinishJsonSchema(asks.front(), body_text)) return e;
+  }
+  if (asks.front().guided.has_regex()) {
+    if (Error e = FinishRegex(asks.front())) return e;
   }
   *s.mutable_guided() = std::move(asks.front().guided);
   return std::nullopt;
@@ -341,11 +377,11 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
 }
 
 // Fields that would change the output, which Ferry does not implement: refused rather than
-// ignored, so a client never gets plain text where it asked for a regex, a tool call or a
-// grammar. Values that ask for nothing (null, empty, "none", a best_of equal to n) pass.
-// response_format, guided_json and structured_outputs are read, or refused, by ParseGuided.
+// ignored, so a client never gets plain text where it asked for a tool call or a grammar. Values
+// that ask for nothing (null, empty, "none", a best_of equal to n) pass. response_format,
+// guided_choice, guided_json, guided_regex and structured_outputs are read, or refused, by ParseGuided.
 Error RefuseUnsupported(const json& body) {
-  for (const char* key : {"tools", "functions", "function_call", "guided_regex", "guided_grammar"}) {
+  for (const char* key : {"tools", "functions", "function_call", "guided_grammar"}) {
     if (Asks(body, key)) return InvalidField(key, fmt::format("{} is not supported", key));
   }
   if (Asks(body, "tool_choice") && !(body["tool_choice"].is_string() && body["tool_choice"] == "none")) {

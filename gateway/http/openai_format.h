@@ -17,13 +17,14 @@
 // - min_tokens (vLLM's extra): EOS, stop tokens and stop strings end nothing before it.
 // - structured output (sampling.guided), one constraint per request: response_format
 //   {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (both
-//   endpoints), vLLM's guided_choice (a list of strings) and guided_json (a schema, or a string
-//   of one), or vLLM's structured_outputs {"choice": [...]}, {"json_object": true} or
-//   {"json": ...}; a second one is a 400 naming it. A schema is compiled here (common/json_schema.h)
-//   and one the engine cannot keep is a 400 naming the field and the keyword.
+//   endpoints), vLLM's guided_choice (a list of strings), guided_json (a schema, or a string
+//   of one) and guided_regex (a pattern the whole text matches), or vLLM's structured_outputs
+//   {"choice": [...]}, {"json_object": true}, {"json": ...} or {"regex": "..."}; a second one is a
+//   400 naming it. A schema (common/json_schema.h) or a regex (common/regex_dfa.h) is compiled
+//   here and one the engine cannot keep is a 400 naming the field and the keyword or construct.
 // - fields that would change the output and are not implemented (tools, best_of != n, vLLM's
-//   guided_regex/guided_grammar and structured_outputs' other keys) are refused with 400 naming
-//   the field, never ignored.
+//   guided_grammar and structured_outputs' other keys) are refused with 400 naming the field,
+//   never ignored.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/regex_dfa.h"
+
 namespace ferry::gateway::http {
 namespace {
 
@@ -102,7 +104,6 @@ TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
                           "\"json_object\" and \"json_schema\" are)");
   EXPECT_EQ(yaml.param, "response_format");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"response_format", "json_object"}}).param, "response_format");
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_regex", "[a-z]+"}}).param, "guided_regex");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_grammar", "root ::= \"a\""}}).param, "guided_grammar");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tools", {{{"type", "function"}}}}}).param, "tools");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tool_choice", "auto"}}).param, "tool_choice");
@@ -113,7 +114,7 @@ TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
   ParseOk({{"prompt", "x"}, {"logit_bias", json::object()}, {"tools", json::array()}, {"tool_choice", "none"},
            {"response_format", {{"type", "text"}}}, {"best_of", 1}, {"min_tokens", 0}, {"user", "u-1"},
            {"logit_bias", nullptr}, {"guided_choice", json::array()}, {"structured_outputs", json::object()},
-           {"guided_json", nullptr}});
+           {"guided_json", nullptr}, {"guided_regex", nullptr}});
   EXPECT_EQ(ParseOk({{"prompt", "x"}, {"n", 2}, {"best_of", 2}}).n, 2);
 }
 
@@ -166,7 +167,7 @@ TEST(ParseCompletion, BadStructuredOutputsAreNamed) {
   EXPECT_EQ(error({{"structured_outputs", {{"choice", json::array({nullptr})}}}}).param,
             "structured_outputs.choice[0]");
   EXPECT_EQ(error({{"structured_outputs", {{"json_object", 1}}}}).param, "structured_outputs.json_object");
-  for (const char* key : {"regex", "grammar", "structural_tag"}) {
+  for (const char* key : {"grammar", "structural_tag"}) {
     const ApiError e = error({{"structured_outputs", {{key, "x"}}}});
     EXPECT_EQ(e.param, "structured_outputs") << key;
     EXPECT_NE(e.message.find(key), std::string::npos) << e.message;
@@ -303,6 +304,66 @@ TEST(ParseCompletion, AJsonSchemaIsOneConstraintToo) {
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_json", "{}"}, {"guided_choice", {"a"}}}).param, "guided_json");
 }
 
+TEST(ParseCompletion, RegexForms) {
+  const auto guided = [](const json& extra) {
+    json body = {{"prompt", "x"}};
+    body.update(extra);
+    return ParseOk(body).generate.sampling().guided();
+  };
+  const std::string pattern = R"((?:yes|no)-\d{2,4}[a-f]*)";
+  const auto from_guided_regex = guided({{"guided_regex", pattern}});
+  ASSERT_TRUE(from_guided_regex.has_regex());
+  EXPECT_EQ(from_guided_regex.regex(), pattern);  // sent on as written
+  EXPECT_EQ(guided({{"structured_outputs", {{"regex", pattern}}}}).regex(), pattern);
+  const std::string at_limit = "[" + std::string(kMaxRegexBytes - 2, 'a') + "]";  // 4,096 bytes, 2 states
+  EXPECT_EQ(guided({{"guided_regex", at_limit}}).regex().size(), kMaxRegexBytes);
+  // An empty pattern is a constraint, as over gRPC: only the empty text matches it.
+  const auto empty = guided({{"guided_regex", ""}});
+  ASSERT_TRUE(empty.has_regex());
+  EXPECT_EQ(empty.regex(), "");
+  EXPECT_TRUE(guided({{"structured_outputs", {{"regex", ""}}}}).has_regex());
+  // null leaves the request unconstrained.
+  EXPECT_FALSE(guided({{"guided_regex", nullptr}}).has_regex());
+  EXPECT_FALSE(guided({{"structured_outputs", {{"regex", nullptr}}}}).has_regex());
+}
+
+TEST(ParseCompletion, BadRegexesAreNamed) {
+  const auto error = [](const json& extra) {
+    json body = {{"prompt", "x"}};
+    body.update(extra);
+    return ParseError(body);
+  };
+  const ApiError number = error({{"guided_regex", 5}});
+  EXPECT_EQ(number.param, "guided_regex");
+  EXPECT_EQ(number.message, "guided_regex must be a string (a regular expression), got number (5)");
+  EXPECT_EQ(error({{"guided_regex", {"a"}}}).param, "guided_regex");
+  EXPECT_EQ(error({{"structured_outputs", {{"regex", json::array()}}}}).param, "structured_outputs.regex");
+  // What the engine cannot generate exactly: a 400 naming the field and the construct.
+  const ApiError backreference = error({{"guided_regex", R"((a)\1)"}});
+  EXPECT_EQ(backreference.param, "guided_regex");
+  EXPECT_EQ(backreference.message,
+            "guided_regex: regex at byte 4: backreferences and octal escapes are not supported");
+  const ApiError lookahead = error({{"structured_outputs", {{"regex", "(?=a)b"}}}});
+  EXPECT_EQ(lookahead.param, "structured_outputs.regex");
+  EXPECT_EQ(lookahead.message,
+            "structured_outputs.regex: regex at byte 1: '(?' forms other than (?:...) are not supported");
+  const ApiError too_large = error({{"guided_regex", std::string(kMaxRegexBytes + 1, 'a')}});
+  EXPECT_EQ(too_large.param, "guided_regex");
+  EXPECT_EQ(too_large.message, "guided_regex is 4097 bytes, over the limit of 4096");
+}
+
+TEST(ParseCompletion, ARegexIsOneConstraintToo) {
+  const ApiError two = ParseError({{"prompt", "x"}, {"guided_choice", {"a"}}, {"guided_regex", "a|b"}});
+  EXPECT_EQ(two.param, "guided_regex");
+  EXPECT_EQ(two.message,
+            "guided_regex conflicts with guided_choice: a request takes one structured output constraint");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_regex", "a"}, {"structured_outputs", {{"regex", "b"}}}}).param,
+            "structured_outputs.regex");
+  // The conflict is named before a pattern that would not compile: it is not the one constraint.
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_json", "{}"}, {"guided_regex", "(a)\\1"}}).message,
+            "guided_regex conflicts with guided_json: a request takes one structured output constraint");
+}
+
 TEST(ParseCompletion, PromptForms) {
   EXPECT_EQ(ParseOk({{"prompt", {1, 2, 3}}}).generate.token_ids().ids_size(), 3);
   EXPECT_EQ(ParseOk({{"prompt", {{1, 2}}}}).generate.token_ids().ids_size(), 2);
@@ -361,7 +422,7 @@ TEST(ParseChat, Refusals) {
   EXPECT_EQ(error(schema, Qwen()).param, "response_format.json_schema.schema");
 }
 
-TEST(ParseChat, ResponseFormatJsonObjectAndGuidedChoice) {
+TEST(ParseChat, ResponseFormatJsonObjectGuidedChoiceAndGuidedRegex) {
   json body = {{"messages", {{{"role", "user"}, {"content", "Reply in JSON"}}}},
                {"response_format", {{"type", "json_object"}}}};
   auto parsed = ParseChatRequest(body, Qwen());
@@ -372,6 +433,12 @@ TEST(ParseChat, ResponseFormatJsonObjectAndGuidedChoice) {
   parsed = ParseChatRequest(body, Qwen());
   ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(parsed)) << std::get<ApiError>(parsed).message;
   EXPECT_EQ(std::get<OpenAiRequest>(parsed).generate.sampling().guided().choice().choices(0), "positive");
+
+  body.erase("guided_choice");
+  body["guided_regex"] = "(positive|negative)";
+  parsed = ParseChatRequest(body, Qwen());
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(parsed)) << std::get<ApiError>(parsed).message;
+  EXPECT_EQ(std::get<OpenAiRequest>(parsed).generate.sampling().guided().regex(), "(positive|negative)");
 }
 
 TEST(ErrorFromStatus, MapsCodesAndParam) {
@@ -392,6 +459,16 @@ TEST(ErrorFromStatus, MapsCodesAndParam) {
   // Checked at parse time, naming the HTTP field; one refused later could have come from any of three.
   EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
                              "sampling.guided.json_schema: schema at /: \"pattern\" is not supported"}).param,
+            "");
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
+                             "sampling.guided.regex: regex at byte 4: backreferences and octal escapes are not "
+                             "supported"}).param,
+            "");
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "sampling.guided.regex (bytes) = 4097 exceeds the "
+                                                                 "limit of 4096"}).param,
+            "");
+  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "guided.regex: regex at byte 1: '(?' forms other "
+                                                                 "than (?:...) are not supported"}).param,
             "");
   EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::UNAUTHENTICATED, ""}).http_status, 401);
   EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::PERMISSION_DENIED, ""}).http_status, 403);

@@ -1,6 +1,7 @@
 // Every request field the OpenAI parsers read, given every kind of JSON value (and the bodies
 // that are not objects at all): each parse returns a request or a 400 that names the field,
 // and never throws. A throw here would reach cpp-httplib as a 500 with no message.
+#include <random>
 #include <string>
 #include <vector>
 
@@ -117,7 +118,7 @@ TEST(OpenAiFuzz, NestedObjectFieldsWithEveryJsonType) {
 }
 
 // The choice lists (guided_choice, structured_outputs.choice) with an entry of every JSON type,
-// and each structured output constraint beside another.
+// and each structured output constraint (a regex too) beside another.
 TEST(OpenAiFuzz, StructuredOutputsWithEveryJsonType) {
   for (const json& value : Values()) {
     const json choices = json::array({"ok", value});
@@ -127,6 +128,29 @@ TEST(OpenAiFuzz, StructuredOutputsWithEveryJsonType) {
                        [](const json& b) { return ParseCompletionRequest(b); });
     ExpectCleanOutcome(json{{"prompt", "hi"}, {"response_format", {{"type", "json_object"}}}, {"guided_choice", value}},
                        [](const json& b) { return ParseCompletionRequest(b); });
+    ExpectCleanOutcome(json{{"prompt", "hi"}, {"guided_regex", "[a-z]+"}, {"structured_outputs", {{"regex", value}}}},
+                       [](const json& b) { return ParseCompletionRequest(b); });
+    ExpectCleanOutcome(json{{"prompt", "hi"}, {"guided_choice", {"a"}}, {"guided_regex", value}},
+                       [](const json& b) { return ParseCompletionRequest(b); });
+  }
+}
+
+// Patterns of regex syntax's characters, mostly malformed: each compiles or is a 400 naming the
+// field, never another exception (which would reach cpp-httplib as a 500).
+TEST(OpenAiFuzz, RandomRegexesGiveARequestOrA400) {
+  const std::string alphabet = "ab.()[]{}|*+?^$\\-,:=!<P1209dwsSxu";
+  std::mt19937 rng(11);
+  for (int i = 0; i < 3000; ++i) {
+    std::string pattern;
+    for (size_t n = 1 + rng() % 12; n-- > 0;) pattern += alphabet[rng() % alphabet.size()];
+    const char* field = i % 2 == 0 ? "guided_regex" : "structured_outputs";
+    const json body = i % 2 == 0 ? json{{"prompt", "hi"}, {"guided_regex", pattern}}
+                                 : json{{"prompt", "hi"}, {"structured_outputs", {{"regex", pattern}}}};
+    ExpectCleanOutcome(body, [](const json& b) { return ParseCompletionRequest(b); });
+    const auto out = ParseCompletionRequest(body);
+    if (const auto* e = std::get_if<ApiError>(&out)) {
+      EXPECT_EQ(e->param.rfind(field, 0), 0u) << pattern << ": " << e->message;
+    }
   }
 }
 

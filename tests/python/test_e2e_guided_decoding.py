@@ -7,6 +7,7 @@ JSON-guided one exactly '{}' after at most 32 bytes of whitespace (the brace can
 and after '{' the object may close); a choice request's text is always one of its choices.
 """
 import json
+import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -120,11 +121,28 @@ def test_json_schema_texts_validate(gen, close_brace):
         check_verdict(r.text)
 
 
+PHONE = r"\(\d{3}\) \d{3}-\d{4}( ext\. \d{1,4})?"
+
+
+def test_regex_texts_match_whole(gen, guided_stack):
+    for seed in range(6):
+        r = gen("Call me at", max_tokens=40, temperature=1.0, seed=seed, guided={"regex": PHONE})
+        assert r.finish_reason == EOS and re.fullmatch(PHONE, r.text), r
+    status, body = post(guided_stack, "/v1/completions",
+                        {"prompt": "Call me at", "max_tokens": 40, "seed": 1, "n": 2, "guided_regex": PHONE})
+    assert status == 200 and all(re.fullmatch(PHONE, c["text"]) for c in body["choices"]), body
+    status, body = post(guided_stack, "/v1/completions",
+                        {"prompt": "x", "max_tokens": 4, "structured_outputs": {"regex": "(a)\\1"}})
+    assert status == 400 and body["error"]["param"] == "structured_outputs.regex", body
+    assert "backreferences" in body["error"]["message"], body
+
+
 def test_bad_guided_values_name_the_field(gen):
     for guided, field in (({"choice": {"choices": []}}, "sampling.guided.choice.choices"),
                           ({"choice": {"choices": ["ok", ""]}}, "sampling.guided.choice.choices[1]"),
                           ({"json_schema": '{"type": "string", "minLength": 2}'}, '"minLength" is not supported'),
-                          ({"json_schema": "{not json"}, "sampling.guided.json_schema")):
+                          ({"json_schema": "{not json"}, "sampling.guided.json_schema"),
+                          ({"regex": "a{3,2}"}, "sampling.guided.regex: regex at byte")):
         with pytest.raises(grpc.RpcError) as err:
             gen("x", max_tokens=4, guided=guided)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -195,6 +213,8 @@ def test_ferry_client_takes_a_constraint(guided_stack, tmp_path):
                          timeout=60)
     text = out.stdout.rsplit("\n[", 1)[0]  # the completion, before the client's "[FINISH_REASON_..." line
     assert out.returncode == 0 and json.loads(text) in (1, 2, 3), out
+    out = subprocess.run(client + ["--regex", PHONE, "Call me at"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and re.fullmatch(PHONE, out.stdout.rsplit("\n[", 1)[0]), out
     both = subprocess.run(client + ["--json-object", "--choice", "x", "Pick"], capture_output=True, text=True,
                           timeout=60)
     assert both.returncode == 2 and "exclusive" in both.stderr

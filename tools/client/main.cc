@@ -13,12 +13,13 @@ namespace {
 
 // Structured output from the flags: at most one of them; false when none can be read.
 bool SetGuided(bool json_object, const std::vector<std::string>& choices, const std::string& schema_file,
-               ferry::v1::SamplingParams& sampling) {
-  if (json_object + !choices.empty() + !schema_file.empty() > 1) {
-    std::cerr << "--json-object, --choice and --json-schema are exclusive: a request takes one constraint\n";
+               const std::string& regex, ferry::v1::SamplingParams& sampling) {
+  if (json_object + !choices.empty() + !schema_file.empty() + !regex.empty() > 1) {
+    std::cerr << "--json-object, --choice, --json-schema and --regex are exclusive: a request takes one constraint\n";
     return false;
   }
   if (json_object) sampling.mutable_guided()->set_json_object(true);
+  if (!regex.empty()) sampling.mutable_guided()->set_regex(regex);
   for (const std::string& c : choices) sampling.mutable_guided()->mutable_choice()->add_choices(c);
   if (!schema_file.empty()) {
     std::ifstream in(schema_file);
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   bool stream = false, json_object = false;
   std::vector<std::string> choices;
-  std::string schema_file;
+  std::string schema_file, regex;
   app.add_option("prompt", prompt, "Prompt text")->required();
   app.add_option("--target", target, "Gateway address");
   app.add_option("--max-tokens", max_tokens, "Tokens to generate at most");
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--choice", choices, "Structured output: exactly one of these strings (repeat the flag)")
       ->allow_extra_args(false);  // one string a flag, so the prompt after it stays the prompt
   app.add_option("--json-schema", schema_file, "Structured output: a value of the JSON Schema in this file");
+  app.add_option("--regex", regex, "Structured output: a text the whole of which matches this regex");
   CLI11_PARSE(app, argc, argv);
 
   auto stub = ferry::v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
   request.mutable_sampling()->set_max_tokens(max_tokens);
   request.mutable_sampling()->set_temperature(temperature);
   request.mutable_sampling()->set_seed(seed);
-  if (!SetGuided(json_object, choices, schema_file, *request.mutable_sampling())) return 2;
+  if (!SetGuided(json_object, choices, schema_file, regex, *request.mutable_sampling())) return 2;
   grpc::ClientContext context;
   if (stream) {
     auto reader = stub->GenerateStream(&context, request);

@@ -275,6 +275,12 @@ bool ChoiceAutomaton::Feed(uint8_t c) {
   return true;
 }
 
+std::string ChoiceAutomaton::Key() const {
+  // [lo_, hi_) and the depth determine what may follow; the choices are the key's prefix.
+  const int64_t fields[3] = {lo_, hi_, static_cast<int64_t>(depth_)};
+  return std::string(reinterpret_cast<const char*>(fields), sizeof fields);
+}
+
 bool ChoiceAutomaton::Accepted() const { return lo_ < hi_ && (*choices_)[static_cast<size_t>(lo_)].size() == depth_; }
 
 }  // namespace ferry::worker

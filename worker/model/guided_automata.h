@@ -85,6 +85,7 @@ class ChoiceAutomaton {
   explicit ChoiceAutomaton(const std::vector<std::string>* sorted_choices);
   bool Feed(uint8_t c);
   bool Accepted() const;
+  std::string Key() const;  // equal keys: equal futures (for the same choices)
 
  private:
   const std::vector<std::string>* choices_;

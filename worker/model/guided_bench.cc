@@ -3,6 +3,7 @@
 // leading space, digit runs, punctuation runs and CJK characters), or reads a real
 // tokenizer.json with --tokenizer, then times the trie build and each JSON state's mask, first
 // walked and then from the cache, along one short JSON text; and one choice mask.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "worker/model/guided_decoding.h"
+#include "worker/model/sampler.h"
 
 namespace ferry::worker {
 namespace {
@@ -53,6 +55,31 @@ int32_t IdOf(const GuidedVocab& vocab, const std::string& bytes) {
     if (vocab.bytes(id) == bytes) return id;
   }
   return -1;
+}
+
+// What the mask adds to one greedy sample over the whole vocabulary (a string state: most
+// tokens allowed).
+void TimeSampling(GuidedVocab& vocab) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.f, 2.f);
+  std::vector<float> logits(static_cast<size_t>(vocab.size()));
+  for (float& l : logits) l = dist(rng);
+  auto m = MakeGuidedMatcher({GuidedSpec::Kind::kJsonObject, {}}, vocab);
+  for (char c : std::string("{\"")) m->Advance(IdOf(vocab, std::string(1, c)));
+  const TokenMask& mask = m->Allowed();
+  Sampler sampler;
+  constexpr int kRuns = 200;
+  double plain = 0, masked = 0;
+  for (int i = 0; i < kRuns; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    sampler.Sample(logits.data(), vocab.size(), SamplingOptions{}, nullptr, i);
+    const auto b = std::chrono::steady_clock::now();
+    sampler.Sample(logits.data(), vocab.size(), SamplingOptions{}, nullptr, i, &mask);
+    const auto c = std::chrono::steady_clock::now();
+    plain += Ms(a, b), masked += Ms(b, c);
+  }
+  std::printf("\ngreedy sample over %d logits: %.3f ms plain, %.3f ms with a mask (mean of %d)\n", vocab.size(),
+              plain / kRuns, masked / kRuns, kRuns);
 }
 
 int Run(int argc, char** argv) {
@@ -99,6 +126,22 @@ int Run(int argc, char** argv) {
     }
   }
   std::printf("accepted: %s\n", typed->Accepted() ? "yes" : "no");
+  // A regular expression: a DFA state per step, the cheapest automaton to copy.
+  auto phone = MakeGuidedMatcher({GuidedSpec::Kind::kRegex, {}, {}, R"(\(\d{3}\) \d{3}-\d{4})"}, *vocab);
+  double slowest = 0;
+  for (char next : std::string("(555) 123-4567")) {
+    const auto a = std::chrono::steady_clock::now();
+    phone->Allowed();
+    slowest = std::max(slowest, Ms(a, std::chrono::steady_clock::now()));
+    phone->Advance(IdOf(*vocab, std::string(1, next)));
+  }
+  std::printf("\nregex (\\d{3}) \\d{3}-\\d{4}, a byte a token: slowest walk %.2f ms, accepted: %s\n", slowest,
+              phone->Accepted() ? "yes" : "no");
+  auto free_text = MakeGuidedMatcher({GuidedSpec::Kind::kRegex, {}, {}, "[^\\n]{1,200}"}, *vocab);
+  const auto fa = std::chrono::steady_clock::now();
+  const int32_t free_allowed = free_text->Allowed().Count();
+  std::printf("regex [^\\n]{1,200}: %d allowed, walk %.2f ms\n", free_allowed, Ms(fa, std::chrono::steady_clock::now()));
+  TimeSampling(*vocab);
   auto choice = MakeGuidedMatcher({GuidedSpec::Kind::kChoice, {"positive", "negative", "neutral"}}, *vocab);
   const auto a = std::chrono::steady_clock::now();
   const int32_t n = choice->Allowed().Count();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "common/regex_dfa.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/guided_schema.h"
 
@@ -101,77 +102,33 @@ std::optional<Automaton> AfterToken(const GuidedVocab& vocab, const Automaton& s
   return next;
 }
 
-class JsonMatcher final : public GuidedMatcher {
+// A regular expression's DFA state: an index, so the walk copies four bytes a node.
+class RegexAutomaton {
  public:
-  explicit JsonMatcher(GuidedVocab& vocab) : vocab_(vocab) {}
-
-  const TokenMask& Allowed() override {
-    if (!mask_) {
-      const std::string key = state_.Key();
-      mask_ = vocab_.CachedMask(key);
-      if (!mask_) {
-        mask_ = worker::Allowed(vocab_, state_);
-        vocab_.CacheMask(key, mask_);
-      }
-    }
-    return *mask_;
-  }
-
-  bool Advance(int32_t token_id) override {
-    if (vocab_.IsEos(token_id)) return state_.Accepted();
-    std::optional<JsonAutomaton> next = AfterToken(vocab_, state_, token_id);
-    if (!next) return false;
-    state_ = std::move(*next);
-    mask_.reset();
+  explicit RegexAutomaton(const RegexDfa* dfa) : dfa_(dfa), state_(dfa->start) {}
+  bool Feed(uint8_t c) {
+    const int32_t next = dfa_->Step(state_, c);
+    if (next < 0) return false;
+    state_ = next;
     return true;
   }
-
-  bool Accepted() const override { return state_.Accepted(); }
-
- private:
-  GuidedVocab& vocab_;
-  JsonAutomaton state_;
-  std::shared_ptr<const TokenMask> mask_;
-};
-
-class ChoiceMatcher final : public GuidedMatcher {
- public:
-  ChoiceMatcher(const GuidedVocab& vocab, std::vector<std::string> choices)
-      : vocab_(vocab), choices_(std::move(choices)), state_(&choices_) {}
-
-  const TokenMask& Allowed() override {
-    // Not cached across sequences: the automaton is the request's own, and its walk stops
-    // after a byte or two on most of the trie.
-    if (!mask_) mask_ = worker::Allowed(vocab_, state_);
-    return *mask_;
-  }
-
-  bool Advance(int32_t token_id) override {
-    if (vocab_.IsEos(token_id)) return state_.Accepted();
-    std::optional<ChoiceAutomaton> next = AfterToken(vocab_, state_, token_id);
-    if (!next) return false;
-    state_ = *next;
-    mask_.reset();
-    return true;
-  }
-
-  bool Accepted() const override { return state_.Accepted(); }
+  bool Accepted() const { return dfa_->accepting[static_cast<size_t>(state_)]; }
+  std::string Key() const { return std::string(reinterpret_cast<const char*>(&state_), sizeof state_); }
 
  private:
-  const GuidedVocab& vocab_;
-  const std::vector<std::string> choices_;  // sorted, unique; state_ points into it
-  ChoiceAutomaton state_;
-  std::shared_ptr<const TokenMask> mask_;
+  const RegexDfa* dfa_;
+  int32_t state_;
 };
 
-class SchemaMatcher final : public GuidedMatcher {
+// A sequence's constraint over any automaton. Masks are cached in the vocabulary under the
+// constraint's own text (key_prefix) and the automaton's state, so every sequence of one
+// constraint shares them; `owned` keeps what the automaton points into (a compiled schema or
+// DFA, sorted choices) alive as long as the matcher.
+template <class Automaton>
+class CachedMatcher final : public GuidedMatcher {
  public:
-  SchemaMatcher(GuidedVocab& vocab, const std::string& schema_json)
-      : vocab_(vocab),
-        graph_(std::make_shared<SchemaGraph>(CompileJsonSchema(schema_json))),
-        // Masks are shared with every sequence of the same schema: the key starts with its text.
-        key_prefix_("schema:" + schema_json + '\0'),
-        state_(graph_.get()) {}
+  CachedMatcher(GuidedVocab& vocab, std::string key_prefix, std::shared_ptr<const void> owned, Automaton start)
+      : vocab_(vocab), key_prefix_(std::move(key_prefix)), owned_(std::move(owned)), state_(std::move(start)) {}
 
   const TokenMask& Allowed() override {
     if (!mask_) {
@@ -187,9 +144,9 @@ class SchemaMatcher final : public GuidedMatcher {
 
   bool Advance(int32_t token_id) override {
     if (vocab_.IsEos(token_id)) return state_.Accepted();
-    std::optional<SchemaAutomaton> next = AfterToken(vocab_, state_, token_id);
+    std::optional<Automaton> next = AfterToken(vocab_, state_, token_id);
     if (!next) return false;
-    state_ = *next;
+    state_ = std::move(*next);
     mask_.reset();
     return true;
   }
@@ -198,11 +155,25 @@ class SchemaMatcher final : public GuidedMatcher {
 
  private:
   GuidedVocab& vocab_;
-  std::shared_ptr<const SchemaGraph> graph_;  // state_ points into it
-  std::string key_prefix_;
-  SchemaAutomaton state_;
+  const std::string key_prefix_;
+  const std::shared_ptr<const void> owned_;
+  Automaton state_;
   std::shared_ptr<const TokenMask> mask_;
 };
+
+// A cache key prefix naming a constraint by its text: kind, then length-prefixed parts, so no
+// two constraints' prefixes (whatever bytes their texts hold) can be confused.
+std::string KeyPrefix(const char* kind, const std::vector<std::string>& parts) {
+  std::string out = kind;
+  for (const std::string& p : parts) out += std::to_string(p.size()) + ':' + p;
+  return out + '|';
+}
+
+template <class Automaton>
+std::unique_ptr<GuidedMatcher> Matcher(GuidedVocab& vocab, std::string prefix, std::shared_ptr<const void> owned,
+                                       Automaton start) {
+  return std::make_unique<CachedMatcher<Automaton>>(vocab, std::move(prefix), std::move(owned), std::move(start));
+}
 
 }  // namespace
 
@@ -307,17 +278,27 @@ void GuidedVocab::CacheMask(const std::string& key, std::shared_ptr<const TokenM
 std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab) {
   switch (spec.kind) {
     case GuidedSpec::Kind::kJsonObject:
-      return std::make_unique<JsonMatcher>(vocab);
+      return Matcher(vocab, KeyPrefix("json", {}), nullptr, JsonAutomaton{});
     case GuidedSpec::Kind::kChoice: {
-      std::vector<std::string> choices = spec.choices;
-      std::sort(choices.begin(), choices.end());
-      choices.erase(std::unique(choices.begin(), choices.end()), choices.end());
-      std::erase(choices, std::string());
-      if (choices.empty()) throw std::invalid_argument("guided choice needs at least one non-empty choice");
-      return std::make_unique<ChoiceMatcher>(vocab, std::move(choices));
+      auto choices = std::make_shared<std::vector<std::string>>(spec.choices);
+      std::sort(choices->begin(), choices->end());
+      choices->erase(std::unique(choices->begin(), choices->end()), choices->end());
+      std::erase(*choices, std::string());
+      if (choices->empty()) throw std::invalid_argument("guided choice needs at least one non-empty choice");
+      const ChoiceAutomaton start(choices.get());
+      std::string prefix = KeyPrefix("choice", *choices);  // before choices is moved from
+      return Matcher(vocab, std::move(prefix), std::move(choices), start);
     }
-    case GuidedSpec::Kind::kJsonSchema:
-      return std::make_unique<SchemaMatcher>(vocab, spec.json_schema);  // JsonSchemaError: invalid_argument
+    case GuidedSpec::Kind::kJsonSchema: {  // JsonSchemaError is an invalid_argument
+      auto graph = std::make_shared<const SchemaGraph>(CompileJsonSchema(spec.json_schema));
+      const SchemaAutomaton start(graph.get());
+      return Matcher(vocab, KeyPrefix("schema", {spec.json_schema}), std::move(graph), start);
+    }
+    case GuidedSpec::Kind::kRegex: {  // RegexError is an invalid_argument
+      auto dfa = std::make_shared<const RegexDfa>(CompileRegex(spec.regex));
+      const RegexAutomaton start(dfa.get());
+      return Matcher(vocab, KeyPrefix("regex", {spec.regex}), std::move(dfa), start);
+    }
     case GuidedSpec::Kind::kNone:
       break;
   }

@@ -257,6 +257,27 @@ TEST(GuidedMatcherTest, ChoiceAllowsPrefixesAndEndsOnAWholeChoice) {
   EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kChoice, {""}}, vocab), std::invalid_argument);
 }
 
+TEST(GuidedMatcherTest, RegexAllowsWhatCanStillMatchAndEndsOnAMatch) {
+  // ids: 0 "1", 1 "23", 2 eos, 3 "-", 4 "4-", 5 "x", 6 "12345"
+  const std::vector<std::string> bytes = {"1", "23", "", "-", "4-", "x", "12345"};
+  GuidedVocab vocab(bytes, {2});
+  GuidedSpec spec{GuidedSpec::Kind::kRegex, {}, {}, R"(\d{3}-\d{2})"};
+  auto m = MakeGuidedMatcher(spec, vocab);
+  EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{0, 1}));
+  for (int32_t id : {0, 1}) ASSERT_TRUE(m->Advance(id));
+  EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{3}));
+  EXPECT_FALSE(m->Advance(2)) << "no end before a match";
+  ASSERT_TRUE(m->Advance(3));
+  EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{0, 1}));
+  ASSERT_TRUE(m->Advance(1));
+  EXPECT_TRUE(m->Accepted());
+  EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{2}));
+  auto twin = MakeGuidedMatcher(spec, vocab);
+  EXPECT_EQ(&twin->Allowed(), &MakeGuidedMatcher(spec, vocab)->Allowed()) << "masks shared by pattern and state";
+  spec.regex = "(a)\\1";
+  EXPECT_THROW(MakeGuidedMatcher(spec, vocab), std::invalid_argument);
+}
+
 TEST(GuidedVocabTest, ReadsAByteLevelTokenizerJson) {
   const auto path = std::filesystem::temp_directory_path() / "ferry_guided_tokenizer.json";
   nlohmann::json j = {

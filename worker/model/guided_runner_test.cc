@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/regex_dfa.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/guided_schema.h"
 #include "worker/model/random_checkpoint.h"
@@ -157,6 +158,40 @@ TEST_F(GuidedRunnerTest, SchemaTextsStayInTheSchemaAndResumeIdenticallyAfterPree
     sched.RunUntil({1, 2}, 40, 4);
     EXPECT_EQ(sched.Generated(1), whole) << "seed " << seed;
     CheckedText(SchemaAutomaton(&graph), whole);
+  }
+}
+
+TEST_F(GuidedRunnerTest, RegexTextsMatchAndResumeIdenticallyAfterPreemption) {
+  const std::string pattern = R"([ab]{1,3}(c|de|alpha)\.)";
+  const RegexDfa dfa = CompileRegex(pattern);
+  auto runner = MakeRunner(dir_->str());
+  for (uint64_t seed : {4u, 5u, 6u, 7u}) {
+    SamplingOptions o;
+    o.temperature = 1.f;
+    o.seed = seed;
+    o.guided = {GuidedSpec::Kind::kRegex, {}, {}, pattern};
+    std::vector<int32_t> whole;
+    {
+      MiniScheduler sched(*runner, 1);
+      sched.Add(1, Prompt(5), o);
+      sched.RunUntil({1}, 12, 3);  // at most 10 bytes, then the end
+      whole = sched.Generated(1);
+    }
+    MiniScheduler sched(*runner, 2);
+    sched.Add(1, Prompt(5), o);
+    sched.RunUntil({1}, 2, 2);
+    sched.Preempt(1);
+    sched.RunUntil({1}, 12, 4);
+    EXPECT_EQ(sched.Generated(1), whole) << "seed " << seed;
+    std::string text;
+    int32_t state = dfa.start;
+    for (int32_t id : whole) {
+      if (id == kEos) break;
+      for (char c : Bytes(id)) state = state < 0 ? -1 : dfa.Step(state, static_cast<uint8_t>(c));
+      text += Bytes(id);
+    }
+    ASSERT_NE(std::find(whole.begin(), whole.end(), kEos), whole.end()) << text;
+    EXPECT_TRUE(state >= 0 && dfa.accepting[static_cast<size_t>(state)]) << text;
   }
 }
 

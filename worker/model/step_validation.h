@@ -3,7 +3,7 @@
 // the same steps with the same messages. Everything is checked against the state the step would
 // produce before any of it is applied, so a rejected step leaves the runner as it was.
 // Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine
-// (linking common/json_schema.cc, which ValidateGuided calls).
+// (linking common/json_schema.cc and common/regex_dfa.cc, which ValidateGuided calls).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/json_schema.h"
+#include "common/regex_dfa.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/sampler.h"
 
@@ -26,7 +27,8 @@ inline std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq
 
 // A backend without a matcher would sample unconstrained text, and an empty choice list accepts
 // no text at all. Choices are non-empty, as the gateway requires (GuidedSpec's invariant). A
-// schema is compiled here so that a bad one is refused naming its sequence, before the step runs.
+// schema or a regex is compiled here so that a bad one is refused naming its sequence, before the
+// step runs.
 inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, const ModelInfo& info) {
   if (guided.kind == GuidedSpec::Kind::kNone) return;
   if (!info.supports_guided_decoding) Invalid(id + ": guided decoding is not supported by this backend");
@@ -35,6 +37,14 @@ inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, cons
       CompileJsonSchema(guided.json_schema);
     } catch (const JsonSchemaError& e) {
       Invalid(id + ": guided json_schema: " + e.what());
+    }
+    return;
+  }
+  if (guided.kind == GuidedSpec::Kind::kRegex) {
+    try {
+      CompileRegex(guided.regex);
+    } catch (const RegexError& e) {
+      Invalid(id + ": guided regex: " + e.what());
     }
     return;
   }
