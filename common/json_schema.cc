@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/compile_cache.h"
+
 namespace ferry {
 namespace {
 
@@ -337,6 +339,11 @@ SchemaGraph CompileJsonSchema(const std::string& schema_json) {
     throw JsonSchemaError(std::string("schema is not JSON: ") + e.what());
   }
   return Compiler(schema).Run();
+}
+
+std::shared_ptr<const SchemaGraph> CompileJsonSchemaCached(const std::string& schema_json) {
+  static CompileCache<SchemaGraph> cache(32);
+  return cache.Get(schema_json, CompileJsonSchema);
 }
 
 }  // namespace ferry

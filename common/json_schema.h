@@ -21,6 +21,7 @@
 
 #include <bitset>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -73,5 +74,8 @@ inline constexpr size_t kMaxSchemaLiteralBytes = 1024;
 
 // Compiles a JSON Schema given as JSON text. Throws JsonSchemaError.
 SchemaGraph CompileJsonSchema(const std::string& schema_json);
+
+// CompileJsonSchema through a process-wide cache of the last few schemas (common/compile_cache.h).
+std::shared_ptr<const SchemaGraph> CompileJsonSchemaCached(const std::string& schema_json);
 
 }  // namespace ferry

@@ -4,6 +4,8 @@
 #include <bitset>
 #include <map>
 
+#include "common/compile_cache.h"
+
 namespace ferry {
 namespace {
 
@@ -491,6 +493,11 @@ RegexDfa CompileRegex(const std::string& pattern) {
   // Every Thompson state can reach the end (classes are never empty), so every DFA state can
   // reach an accepting one.
   return Determinize(nfa, whole);
+}
+
+std::shared_ptr<const RegexDfa> CompileRegexCached(const std::string& pattern) {
+  static CompileCache<RegexDfa> cache(8);  // a DFA is up to 4 MB
+  return cache.Get(pattern, CompileRegex);
 }
 
 }  // namespace ferry

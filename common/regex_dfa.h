@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,5 +41,9 @@ inline constexpr int kMaxRegexRepeat = 1000;         // n and m of {n,m}
 // Every state of the result can still reach an accepting one: a text the DFA has not rejected
 // can always be completed. Throws RegexError naming the position and the construct.
 RegexDfa CompileRegex(const std::string& pattern);
+
+// CompileRegex through a process-wide cache of the last few patterns (common/compile_cache.h):
+// what every check of a request and its worker's matcher call, so a pattern is compiled once.
+std::shared_ptr<const RegexDfa> CompileRegexCached(const std::string& pattern);
 
 }  // namespace ferry

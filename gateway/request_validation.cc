@@ -50,7 +50,7 @@ std::string CheckJsonSchema(const std::string& schema) {
                         fmt::format("exceeds the limit of {}", kMaxGuidedJsonSchemaBytes));
   }
   try {
-    CompileJsonSchema(schema);
+    CompileJsonSchemaCached(schema);
   } catch (const JsonSchemaError& e) {
     return std::string("sampling.guided.json_schema: ") + e.what();
   }
@@ -65,7 +65,7 @@ std::string CheckRegex(const std::string& pattern) {
                         fmt::format("exceeds the limit of {}", kMaxRegexBytes));
   }
   try {
-    CompileRegex(pattern);
+    CompileRegexCached(pattern);
   } catch (const RegexError& e) {
     return std::string("sampling.guided.regex: ") + e.what();
   }

@@ -152,14 +152,14 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
   }
   if (g.has_json_schema()) {
     try {
-      CompileJsonSchema(g.json_schema());
+      CompileJsonSchemaCached(g.json_schema());
     } catch (const JsonSchemaError& e) {
       throw std::invalid_argument(std::string("guided.json_schema: ") + e.what());
     }
   }
   if (g.has_regex()) {
     try {
-      CompileRegex(g.regex());
+      CompileRegexCached(g.regex());
     } catch (const RegexError& e) {
       throw std::invalid_argument(std::string("guided.regex: ") + e.what());
     }

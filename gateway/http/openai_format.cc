@@ -302,7 +302,7 @@ Error FinishJsonSchema(GuidedAsk& ask, std::string_view body_text) {
                                                kMaxGuidedJsonSchemaBytes));
   }
   try {
-    CompileJsonSchema(text);
+    CompileJsonSchemaCached(text);
   } catch (const JsonSchemaError& e) {
     return InvalidField(ask.field, fmt::format("{}: {}", ask.where, e.what()));
   }
@@ -318,7 +318,7 @@ Error FinishRegex(const GuidedAsk& ask) {
                                                kMaxRegexBytes));
   }
   try {
-    CompileRegex(pattern);
+    CompileRegexCached(pattern);
   } catch (const RegexError& e) {
     return InvalidField(ask.field, fmt::format("{}: {}", ask.field, e.what()));
   }

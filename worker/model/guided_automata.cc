@@ -5,7 +5,6 @@
 namespace ferry::worker {
 namespace {
 
-bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool IsHex(uint8_t c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -149,7 +148,7 @@ bool JsonAutomaton::Feed(uint8_t c) {
 }
 
 bool JsonAutomaton::FeedStructural(uint8_t c) {
-  if (IsWhitespace(c)) {
+  if (IsJsonWhitespace(c)) {
     // Nothing follows the top-level value, not even whitespace: the next token is the end.
     if (mode_ == Mode::kDone || ws_ >= kMaxWhitespace) return false;
     ++ws_;

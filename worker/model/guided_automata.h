@@ -9,6 +9,9 @@
 
 namespace ferry::worker {
 
+// JSON's insignificant whitespace.
+inline bool IsJsonWhitespace(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
 // What a lexer did with a byte.
 enum class LexStep : uint8_t {
   kTaken,     // the byte is part of the token

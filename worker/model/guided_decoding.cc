@@ -290,12 +290,12 @@ std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedV
       return Matcher(vocab, std::move(prefix), std::move(choices), start);
     }
     case GuidedSpec::Kind::kJsonSchema: {  // JsonSchemaError is an invalid_argument
-      auto graph = std::make_shared<const SchemaGraph>(CompileJsonSchema(spec.json_schema));
+      std::shared_ptr<const SchemaGraph> graph = CompileJsonSchemaCached(spec.json_schema);
       const SchemaAutomaton start(graph.get());
       return Matcher(vocab, KeyPrefix("schema", {spec.json_schema}), std::move(graph), start);
     }
     case GuidedSpec::Kind::kRegex: {  // RegexError is an invalid_argument
-      auto dfa = std::make_shared<const RegexDfa>(CompileRegex(spec.regex));
+      std::shared_ptr<const RegexDfa> dfa = CompileRegexCached(spec.regex);
       const RegexAutomaton start(dfa.get());
       return Matcher(vocab, KeyPrefix("regex", {spec.regex}), std::move(dfa), start);
     }

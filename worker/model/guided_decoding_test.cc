@@ -6,9 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <regex>
 
 #include "worker/model/guided_automata.h"
+#include "worker/model/guided_test_util.h"
 
 namespace ferry::worker {
 namespace {
@@ -124,19 +124,8 @@ TEST(JsonAutomatonTest, AgreesWithAParserOnRandomAndMutatedDocuments) {
     for (size_t n = rng() % 4; n-- > 0;) doc["key" + std::to_string(n)] = RandomValue(rng, 1);
     const std::string text = doc.dump(rng() % 2 == 0 ? -1 : 2);
     ASSERT_TRUE(JsonAccepts(text)) << text;
-    std::string m = text;
-    const size_t at = rng() % (m.size() + 1);
-    const char c = alphabet[rng() % alphabet.size()];
-    if (rng() % 3 == 0 && at < m.size()) {
-      m.erase(at, 1);
-    } else if (rng() % 2 == 0 && at < m.size()) {
-      m[at] = c;
-    } else {
-      m.insert(at, 1, c);
-    }
-    // nlohmann refuses numbers past double's range, which JSON's grammar allows.
-    static const std::regex kHugeExponent("[eE][+-]?[0-9]{3,}");
-    if (std::regex_search(m, kHugeExponent)) continue;
+    const std::string m = testing::Mutated(text, rng, alphabet);
+    if (testing::HasHugeExponent(m)) continue;
     // Leading whitespace is allowed (within the run limit), trailing is not.
     const size_t first = m.find_first_not_of(" \t\n\r");
     const bool oracle = ValidUtf8Json(m) && first != std::string::npos && m[first] == '{' && m.back() == '}';
@@ -174,13 +163,7 @@ std::vector<int32_t> BruteForce(const std::vector<std::string>& bytes, const Aut
   return out;
 }
 
-std::vector<int32_t> Members(const TokenMask& m) {
-  std::vector<int32_t> out;
-  for (int32_t id = 0; id < m.size(); ++id) {
-    if (m.Test(id)) out.push_back(id);
-  }
-  return out;
-}
+using testing::Members;
 
 std::vector<std::string> RandomVocab(std::mt19937& rng) {
   const std::string alphabet = "{}[]:,\" \\0123.e-tfnaurls\n\xC3\xA9";

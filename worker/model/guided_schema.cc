@@ -5,8 +5,6 @@
 namespace ferry::worker {
 namespace {
 
-bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 template <class T>
 void Append(std::string& out, const T& value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof value);
@@ -57,7 +55,7 @@ bool SchemaAutomaton::EndedBefore(uint8_t c) {
 
 bool SchemaAutomaton::FeedStructural(uint8_t c) {
   if (done_) return false;  // nothing follows the value, not even whitespace
-  if (IsWhitespace(c)) {
+  if (IsJsonWhitespace(c)) {
     if (ws_ >= JsonAutomaton::kMaxWhitespace) return false;
     ++ws_;
     return true;

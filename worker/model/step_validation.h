@@ -34,7 +34,7 @@ inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, cons
   if (!info.supports_guided_decoding) Invalid(id + ": guided decoding is not supported by this backend");
   if (guided.kind == GuidedSpec::Kind::kJsonSchema) {
     try {
-      CompileJsonSchema(guided.json_schema);
+      CompileJsonSchemaCached(guided.json_schema);
     } catch (const JsonSchemaError& e) {
       Invalid(id + ": guided json_schema: " + e.what());
     }
@@ -42,7 +42,7 @@ inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, cons
   }
   if (guided.kind == GuidedSpec::Kind::kRegex) {
     try {
-      CompileRegex(guided.regex);
+      CompileRegexCached(guided.regex);
     } catch (const RegexError& e) {
       Invalid(id + ": guided regex: " + e.what());
     }
