@@ -58,6 +58,11 @@ class JsonAutomaton {
   bool Complete() const { return Accepted() || (mode_ == Mode::kNumber && stack_.empty() && number_.Complete()); }
   // Equal keys: equal futures (the same bytes are accepted from both states).
   std::string Key() const;
+  // Inside a string (a key or a value: JSON constrains neither's content), its lexer, else
+  // nullptr. The contract the vocabulary walk relies on (GuidedVocab::StringClassesFor): a byte
+  // the lexer takes, the automaton takes, changing nothing but its lexer; a byte the lexer
+  // rejects, it rejects.
+  const StringLexer* FreeString() const { return mode_ == Mode::kString ? &string_ : nullptr; }
 
  private:
   enum class Mode : uint8_t {

@@ -48,41 +48,113 @@ std::optional<std::string> ByteLevelBytes(const std::string& entry,
   return out;
 }
 
-// Marks in mask every token whose bytes automaton `start` accepts. Preorder over the trie:
-// states[d] is the automaton after the first d bytes of the node being visited; a node whose
-// byte is rejected skips its whole subtree.
+// Marks in mask every token in trie nodes [begin, end) whose bytes past depth base_depth
+// automaton `start` accepts; the range is whole subtrees whose parent is at base_depth (the
+// root: 0). Preorder: states[d] is the automaton after the first base_depth + d bytes of the
+// node being visited; a node whose byte is rejected skips its whole subtree.
 template <class Automaton>
-void Walk(const GuidedVocab& vocab, const Automaton& start, TokenMask& mask) {
+void WalkRange(const GuidedVocab& vocab, const Automaton& start, size_t begin, size_t end, size_t base_depth,
+               TokenMask& mask) {
   const std::vector<GuidedVocab::Node>& trie = vocab.trie();
   std::vector<Automaton> states;
   states.reserve(64);
   states.push_back(start);
-  std::vector<bool> reached;  // by node, only when the vocabulary has duplicate byte strings
-  if (!vocab.duplicates().empty()) reached.assign(trie.size(), false);
-  for (size_t i = 0; i < trie.size();) {
+  std::vector<bool> reached;  // by node - begin, only when the vocabulary has duplicate byte strings
+  if (!vocab.duplicates().empty()) reached.assign(end - begin, false);
+  for (size_t i = begin; i < end;) {
     const GuidedVocab::Node& node = trie[i];
-    states.erase(states.begin() + node.depth, states.end());  // states[depth - 1]: the parent's
+    states.erase(states.begin() + static_cast<std::ptrdiff_t>(node.depth - base_depth), states.end());
     Automaton next = states.back();
     if (!next.Feed(node.byte)) {
       i = static_cast<size_t>(node.end);
       continue;
     }
     if (node.token >= 0) mask.Set(node.token);
-    if (!reached.empty()) reached[i] = true;
+    if (!reached.empty()) reached[i - begin] = true;
     states.push_back(std::move(next));
     ++i;
   }
-  for (const auto& [node, token] : vocab.duplicates()) {
-    if (reached[static_cast<size_t>(node)]) mask.Set(token);
+  if (reached.empty()) return;
+  const auto& dups = vocab.duplicates();  // in node order
+  auto it = std::lower_bound(dups.begin(), dups.end(), static_cast<int32_t>(begin),
+                             [](const std::pair<int32_t, int32_t>& d, int32_t n) { return d.first < n; });
+  for (; it != dups.end() && static_cast<size_t>(it->first) < end; ++it) {
+    if (reached[static_cast<size_t>(it->first) - begin]) mask.Set(it->second);
+  }
+}
+
+template <class Automaton>
+void Walk(const GuidedVocab& vocab, const Automaton& start, TokenMask& mask) {
+  WalkRange(vocab, start, 0, vocab.trie().size(), 0, mask);
+}
+
+// A JSON string's lexer as an automaton that takes only the bytes keeping it inside the string.
+struct InsideString {
+  StringLexer lexer;
+  bool Feed(uint8_t c) { return lexer.Feed(c) == LexStep::kTaken; }
+};
+
+// The trie nodes whose byte closes a string that `lexer` reads from its state, after a path
+// it took, with the path's bytes.
+std::vector<std::pair<int32_t, std::string>> StringExits(const GuidedVocab& vocab, const StringLexer& lexer) {
+  const std::vector<GuidedVocab::Node>& trie = vocab.trie();
+  std::vector<std::pair<int32_t, std::string>> exits;
+  std::vector<StringLexer> states{lexer};
+  std::string path;
+  for (size_t i = 0; i < trie.size();) {
+    const GuidedVocab::Node& node = trie[i];
+    states.resize(node.depth);
+    path.resize(node.depth - 1u);
+    path.push_back(static_cast<char>(node.byte));
+    StringLexer next = states.back();
+    const LexStep step = next.Feed(node.byte);
+    if (step != LexStep::kTaken) {
+      if (step == LexStep::kClosed) exits.emplace_back(static_cast<int32_t>(i), path);
+      i = static_cast<size_t>(node.end);
+      continue;
+    }
+    states.push_back(next);
+    ++i;
+  }
+  return exits;
+}
+
+// The mask of an automaton inside a free string (FreeString() is its lexer): the tokens that
+// stay inside, which depend on the lexer alone, plus those that close the string and whose
+// rest the automaton accepts. The same set a whole walk finds, in a copy and a few short walks.
+template <class Automaton>
+void FreeStringAllowed(GuidedVocab& vocab, const Automaton& state, const StringLexer& lexer, TokenMask& mask) {
+  const GuidedVocab::StringClasses& classes = vocab.StringClassesFor(lexer);
+  mask = classes.inside;
+  const std::vector<GuidedVocab::Node>& trie = vocab.trie();
+  for (const auto& [node, path] : classes.exits) {
+    Automaton after = state;
+    bool taken = true;
+    for (size_t k = 0; k < path.size() && taken; ++k) taken = after.Feed(static_cast<uint8_t>(path[k]));
+    if (!taken) continue;  // not by the contract of FreeString; then no token under it fits
+    const GuidedVocab::Node& n = trie[static_cast<size_t>(node)];
+    if (n.token >= 0) mask.Set(n.token);
+    // and the tokens with the same bytes (duplicates() is in node order)
+    const auto& dups = vocab.duplicates();
+    auto it = std::lower_bound(dups.begin(), dups.end(), node,
+                               [](const std::pair<int32_t, int32_t>& d, int32_t v) { return d.first < v; });
+    for (; it != dups.end() && it->first == node; ++it) mask.Set(it->second);
+    WalkRange(vocab, after, static_cast<size_t>(node) + 1, static_cast<size_t>(n.end), n.depth, mask);
   }
 }
 
 // Tokens allowed from an automaton's state: the walk, plus the end-of-sequence ids once the
 // text is accepted.
 template <class Automaton>
-std::shared_ptr<const TokenMask> Allowed(const GuidedVocab& vocab, const Automaton& state) {
+std::shared_ptr<const TokenMask> Allowed(GuidedVocab& vocab, const Automaton& state) {
   auto mask = std::make_shared<TokenMask>(vocab.size());
-  Walk(vocab, state, *mask);
+  const StringLexer* lexer = nullptr;
+  if constexpr (requires { state.FreeString(); }) lexer = state.FreeString();
+  if (lexer != nullptr) {
+    FreeStringAllowed(vocab, state, *lexer, *mask);
+  } else {
+    Walk(vocab, state, *mask);
+  }
   if (state.Accepted()) {
     for (int32_t id : vocab.eos_ids()) mask->Set(id);
   }
@@ -188,6 +260,10 @@ GuidedVocab::GuidedVocab(std::vector<std::string> token_bytes, std::vector<int32
   std::erase_if(eos_ids_, [&](int32_t id) { return id < 0 || id >= size(); });
   for (int32_t id : eos_ids_) bytes_[static_cast<size_t>(id)].clear();  // never a byte string
   BuildTrie();
+  // The plain in-string state, the one costly to classify (two walks of nearly the whole trie,
+  // ~11 ms at Qwen2's size): here, at load, rather than inside the first guided step. The
+  // others (after a backslash, between UTF-8 bytes) take few tokens and are classified when met.
+  StringClassesFor(StringLexer{});
 }
 
 bool GuidedVocab::IsEos(int32_t id) const { return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end(); }
@@ -267,6 +343,17 @@ std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& p
 std::shared_ptr<const TokenMask> GuidedVocab::CachedMask(const std::string& key) const {
   const auto it = mask_cache_.find(key);
   return it == mask_cache_.end() ? nullptr : it->second;
+}
+
+const GuidedVocab::StringClasses& GuidedVocab::StringClassesFor(const StringLexer& lexer) {
+  const uint32_t key = lexer.sub | uint32_t{lexer.utf8_left} << 8 | uint32_t{lexer.utf8_first} << 16;
+  std::unique_ptr<const StringClasses>& slot = string_classes_[key];
+  if (!slot) {
+    auto classes = std::make_unique<StringClasses>(StringClasses{TokenMask(size()), StringExits(*this, lexer)});
+    Walk(*this, InsideString{lexer}, classes->inside);
+    slot = std::move(classes);
+  }
+  return *slot;
 }
 
 void GuidedVocab::CacheMask(const std::string& key, std::shared_ptr<const TokenMask> mask) {

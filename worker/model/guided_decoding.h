@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "worker/model/guided_automata.h"
 #include "worker/model/model_runner.h"
 
 namespace ferry::worker {
@@ -64,12 +65,26 @@ class GuidedVocab {
     int32_t end = 0;     // one past the last node of this subtree
   };
   const std::vector<Node>& trie() const { return trie_; }
-  // Further tokens with the same bytes as a trie node's token (rare: added tokens).
+  // Further tokens with the same bytes as a trie node's token (rare: added tokens), in node order.
   const std::vector<std::pair<int32_t, int32_t>>& duplicates() const { return duplicates_; }
 
   // JSON masks by automaton state. Found: the shared mask; else nullptr.
   std::shared_ptr<const TokenMask> CachedMask(const std::string& key) const;
   void CacheMask(const std::string& key, std::shared_ptr<const TokenMask> mask);
+
+  // The vocabulary as a JSON string's lexer in one state reads it. Inside a free string nearly
+  // every token fits (149,117 of Qwen2's 151,936), so a trie walk visits almost every node:
+  // 9-43 ms, again for every new nesting or key the string sits under. What the lexer does
+  // with a token depends only on its own state, so that part is computed once per lexer state
+  // (a dozen states in practice) and a string's mask is `inside` plus short walks under `exits`.
+  struct StringClasses {
+    TokenMask inside;  // tokens the lexer takes whole, ending still inside the string
+    // Trie nodes whose byte closes the string after a path the lexer took, with the path's
+    // bytes (the closing quote last): what follows the string decides these subtrees.
+    std::vector<std::pair<int32_t, std::string>> exits;
+  };
+  const StringClasses& StringClassesFor(const StringLexer& lexer);
+  size_t string_classes_computed() const { return string_classes_.size(); }
 
  private:
   void BuildTrie();
@@ -77,9 +92,10 @@ class GuidedVocab {
   std::vector<std::string> bytes_;
   std::vector<int32_t> eos_ids_;
   std::vector<Node> trie_;
-  std::vector<std::pair<int32_t, int32_t>> duplicates_;  // (node, token id)
+  std::vector<std::pair<int32_t, int32_t>> duplicates_;  // (node, token id), in node order
   // Bounded: 19 KB a mask at Qwen2's vocabulary; cleared whole when full.
   std::unordered_map<std::string, std::shared_ptr<const TokenMask>> mask_cache_;
+  std::unordered_map<uint32_t, std::unique_ptr<const StringClasses>> string_classes_;  // by packed lexer state
 };
 
 // One sequence's constraint.

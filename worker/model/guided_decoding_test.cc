@@ -7,7 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/json_schema.h"
 #include "worker/model/guided_automata.h"
+#include "worker/model/guided_schema.h"
 #include "worker/model/guided_test_util.h"
 
 namespace ferry::worker {
@@ -196,6 +198,50 @@ TEST(GuidedVocabTest, WalkFindsExactlyTheTokensTheAutomatonTakes) {
       for (char c : bytes[pick]) mirror.Feed(static_cast<uint8_t>(c));
     }
   }
+}
+
+// Inside a free string a mask is the lexer's precomputed `inside` set plus short walks under
+// the tokens that close the string (GuidedVocab::StringClassesFor): it must be exactly what the
+// automaton takes, in every lexer state (plain, after a backslash, inside \u, between UTF-8
+// bytes), for keys and values at any nesting, for a schema's strings and for a string inside a
+// schema value of any shape.
+TEST(GuidedVocabTest, FreeStringMasksAreExactlyWhatTheAutomatonTakes) {
+  std::mt19937 rng(9);
+  std::vector<std::string> bytes = RandomVocab(rng);
+  for (const char* t : {"\"", "\\\"", "a\"", "\"}", "\":", "\",\"", "\\u00", "\xC3", "\xA9\"", "\xF0\x9F", "\x98\x80"}) {
+    bytes.push_back(t);
+  }
+  bytes.push_back("\",");  // a duplicate of an exit token
+  bytes.push_back("\",");
+  GuidedVocab vocab(bytes, {kEos});
+  ASSERT_FALSE(vocab.duplicates().empty());
+  const size_t precomputed = vocab.string_classes_computed();
+  const std::vector<std::string> string_ends = {"", "ab", "\\", "\\u", "\\u0", "\\u00e", "\xC3", "\xE0", "\xED", "\xF0", "\xF0\x90", "\xF4\x8F\xBF"};
+  const std::string schema = R"({"type": "object", "properties": {"s": {"type": "string"}, "any": {}}})";
+  const SchemaGraph graph = CompileJsonSchema(schema);
+  for (const std::string& end : string_ends) {
+    for (const std::string& json_prefix : {"{\"", "{\"k\": \"", "{\"k\": [1, {\"x\": [\""}) {
+      auto m = MakeGuidedMatcher({GuidedSpec::Kind::kJsonObject, {}}, vocab);
+      JsonAutomaton mirror;
+      const std::string text = json_prefix + end;
+      ASSERT_EQ(Taken(mirror, text), text.size()) << text;
+      for (char c : text) ASSERT_TRUE(m->Advance(static_cast<unsigned char>(c))) << text;  // ids 0-255: bytes
+      for (char c : text) mirror.Feed(static_cast<uint8_t>(c));
+      ASSERT_NE(mirror.FreeString(), nullptr) << text;
+      EXPECT_EQ(Members(m->Allowed()), BruteForce(bytes, mirror)) << text;
+    }
+    for (const std::string& schema_prefix : {"{\"s\":\"", "{\"any\":[\"", "{\"any\":{\"k\":\""}) {
+      auto m = MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, schema}, vocab);
+      SchemaAutomaton mirror(&graph);
+      const std::string text = schema_prefix + end;
+      ASSERT_EQ(Taken(mirror, text), text.size()) << text;
+      for (char c : text) ASSERT_TRUE(m->Advance(static_cast<unsigned char>(c))) << text;
+      for (char c : text) mirror.Feed(static_cast<uint8_t>(c));
+      ASSERT_NE(mirror.FreeString(), nullptr) << text;
+      EXPECT_EQ(Members(m->Allowed()), BruteForce(bytes, mirror)) << text;
+    }
+  }
+  EXPECT_GT(vocab.string_classes_computed(), precomputed) << "the lexer states past the plain one were classified";
 }
 
 TEST(GuidedMatcherTest, JsonEndsOnlyWithTheObjectAndThenOnlyEnds) {

@@ -26,6 +26,13 @@ class SchemaAutomaton {
   bool Accepted() const;
   // Equal keys: equal futures.
   std::string Key() const;
+  // Inside a string whose content the schema leaves free (a `string` value, or any string of
+  // a value of any shape), its lexer, else nullptr; the contract of JsonAutomaton::FreeString.
+  // Keys and enum or const strings are literals, not free.
+  const StringLexer* FreeString() const {
+    if (lex_ == Lex::kString) return &string_;
+    return lex_ == Lex::kAny ? any_.FreeString() : nullptr;
+  }
 
  private:
   enum class Phase : uint8_t { kObjectFirst, kObjectKey, kObjectColon, kObjectAfter, kArrayFirst, kArrayValue, kArrayAfter };
