@@ -1,7 +1,8 @@
 // Renders chat messages into a prompt with the model's chat template. Only ChatML (Qwen's
 // template, recognised by "<|im_start|>") is rendered, natively: no Jinja interpreter. The output
-// equals transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-// for Qwen2.5's template without tools.
+// equals transformers' apply_chat_template(messages, tools=tools, tokenize=False,
+// add_generation_prompt=True) for Qwen2.5's template, tools, tool calls and tool results
+// included (tool_calls.h has the request side).
 #pragma once
 
 #include <optional>
@@ -12,8 +13,10 @@
 namespace ferry::gateway::http {
 
 struct ChatMessage {
-  std::string role;  // system, user or assistant
+  std::string role;  // system, user, assistant or tool
   std::string content;
+  // assistant: the calls it made, as (name, arguments rendered by the template's tojson).
+  std::vector<std::pair<std::string, std::string>> tool_calls;
 };
 
 class ChatTemplate {
@@ -28,11 +31,16 @@ class ChatTemplate {
   // Why chat requests are refused; empty when supported.
   const std::string& unsupported_reason() const { return unsupported_reason_; }
 
+  // The template has Qwen2.5's tool-calling branches (tools in the system turn, <tool_call>).
+  bool has_tools() const { return has_tools_; }
+
   // The prompt, ending with the assistant's generation prompt. Call only when supported.
-  std::string Render(const std::vector<ChatMessage>& messages) const;
+  // tools: each tool as the template's tojson writes it (none: no tools section).
+  std::string Render(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools = {}) const;
 
  private:
   std::string unsupported_reason_;
+  bool has_tools_ = false;
   std::string default_system_;  // empty: no system message is added
 };
 

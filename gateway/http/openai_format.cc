@@ -6,6 +6,7 @@
 
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
+#include "gateway/http/tool_calls.h"
 #include "gateway/request_validation.h"  // the gateway's limits
 
 namespace ferry::gateway::http {
@@ -381,11 +382,11 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
 // that ask for nothing (null, empty, "none", a best_of equal to n) pass. response_format,
 // guided_choice, guided_json, guided_regex and structured_outputs are read, or refused, by ParseGuided.
 Error RefuseUnsupported(const json& body) {
-  for (const char* key : {"tools", "functions", "function_call", "guided_grammar"}) {
-    if (Asks(body, key)) return InvalidField(key, fmt::format("{} is not supported", key));
-  }
-  if (Asks(body, "tool_choice") && !(body["tool_choice"].is_string() && body["tool_choice"] == "none")) {
-    return InvalidField("tool_choice", "tool_choice is not supported (tools are not)");
+  for (const char* key : {"functions", "function_call", "guided_grammar"}) {
+    if (Asks(body, key)) {
+      return InvalidField(key, fmt::format("{} is not supported{}", key,
+                                           std::string_view(key).starts_with("function") ? " (use tools)" : ""));
+    }
   }
   if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != body.value("n", json(1))) {
     return InvalidField("best_of", "best_of is not supported (n choices are: ask for n)");
@@ -489,15 +490,46 @@ Error ParsePrompt(const json& body, OpenAiRequest& r) {
   return std::nullopt;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}],
+// arguments a JSON text (OpenAI's) or a JSON value. As vLLM, the text is parsed so that the
+// template writes the arguments as JSON, not as a quoted string.
+Error ParseHistoryToolCalls(const json& calls, const std::string& where, ChatMessage& out) {
+  if (!calls.is_array()) return WrongType(where + ".tool_calls", calls, "a list of calls");
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = fmt::format("{}.tool_calls[{}].function", where, k);
+    const json& call = calls[k];
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+        !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+      return InvalidField("messages", at + " must be an object with a string name");
+    }
+    const json& f = call["function"];
+    const json arguments = f.contains("arguments") ? f["arguments"] : json::object();
+    ordered_json value;
+    if (arguments.is_string()) {
+      value = ordered_json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (value.is_discarded()) {
+        return InvalidField("messages", fmt::format("{}.arguments = {} is not JSON", at, Brief(arguments)));
+      }
+    } else {
+      value = ordered_json::parse(arguments.dump());
+    }
+    out.tool_calls.emplace_back(f["name"].get<std::string>(), PyJsonDumps(value));
+  }
+  return std::nullopt;
+}
+
 std::variant<ChatMessage, ApiError> ParseMessage(const json& m, size_t i) {
   const std::string where = fmt::format("messages[{}]", i);
   if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
     return InvalidField("messages", where + " must be an object with a string role");
   }
-  ChatMessage out{m["role"].get<std::string>(), ""};
-  if (out.role != "system" && out.role != "user" && out.role != "assistant") {
-    return InvalidField("messages", fmt::format("{}.role = \"{}\" is not supported (system, user, assistant)",
+  ChatMessage out{m["role"].get<std::string>(), "", {}};
+  if (out.role != "system" && out.role != "user" && out.role != "assistant" && out.role != "tool") {
+    return InvalidField("messages", fmt::format("{}.role = \"{}\" is not supported (system, user, assistant, tool)",
                                                  where, out.role));
+  }
+  if (out.role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    if (Error e = ParseHistoryToolCalls(m["tool_calls"], where, out)) return *e;
   }
   const json content = m.contains("content") ? m["content"] : json();
   if (content.is_string()) {
@@ -525,6 +557,26 @@ Error ParseChatLogprobs(const json& body, SamplingParams& s) {
   if (Error e = GetInt32(body, "top_logprobs", top)) return e;
   if (top && !logprobs.value_or(false)) return InvalidField("top_logprobs", "top_logprobs requires logprobs: true");
   if (logprobs.value_or(false)) s.set_logprobs(top.value_or(0));
+  return std::nullopt;
+}
+
+// tools, tool_choice and parallel_tool_calls (tool_calls.h), read from the body in its own key
+// order. A named tool choice generates the function's arguments under its parameters' schema:
+// the request's one structured-output constraint.
+Error ParseChatTools(const json& body, std::string_view body_text, const ChatTemplate& chat, OpenAiRequest& r) {
+  if (!Asks(body, "tools") && !Asks(body, "tool_choice")) return std::nullopt;
+  ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded() || !ordered.is_object()) ordered = ordered_json::parse(body.dump());
+  auto tools = ParseTools(ordered, chat.has_tools());
+  if (auto* e = std::get_if<ApiError>(&tools)) return *e;
+  r.tools = std::move(std::get<ToolsRequest>(tools));
+  if (r.tools.choice != ToolsRequest::Choice::kNamed) return std::nullopt;
+  auto& s = *r.generate.mutable_sampling();
+  if (s.has_guided()) {
+    return InvalidField("tool_choice", "tool_choice names a function, whose arguments are generated under its "
+                                       "schema: it conflicts with the request's other structured output constraint");
+  }
+  s.mutable_guided()->set_json_schema(r.tools.named_schema);
   return std::nullopt;
 }
 
@@ -636,6 +688,11 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body, s
   if (Error e = GetInt32(body, "logprobs", logprobs)) return *e;
   if (Error e = GetBool(body, "echo", echo)) return *e;
   if (body.contains("suffix") && !body["suffix"].is_null()) return InvalidField("suffix", "suffix is not supported");
+  for (const char* key : {"tools", "tool_choice"}) {
+    if (Asks(body, key) && body[key] != "none") {
+      return InvalidField(key, fmt::format("{} is served by /v1/chat/completions, not /v1/completions", key));
+    }
+  }
   if (logprobs) r.generate.mutable_sampling()->set_logprobs(*logprobs);
   r.echo = echo.value_or(false);
   if (r.echo) {
@@ -662,14 +719,16 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
   if (max_completion_tokens && !s.has_max_tokens()) s.set_max_tokens(*max_completion_tokens);
   r.is_max_tokens_set = s.has_max_tokens();
   if (Error e = ParseChatLogprobs(body, s)) return *e;
-  auto prompt = RenderChatPrompt(body, chat);
+  if (Error e = ParseChatTools(body, body_text, chat, r)) return *e;
+  auto prompt = RenderChatPrompt(body, chat, r.tools.rendered);
   if (auto* e = std::get_if<ApiError>(&prompt)) return *e;
   r.generate.set_text(std::get<std::string>(prompt));
   r.prompts.emplace_back().set_text(r.generate.text());
   return r;
 }
 
-std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat) {
+std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat,
+                                                     const std::vector<std::string>& tools) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     return InvalidField("messages", "messages must be a non-empty list");
   }
@@ -680,7 +739,7 @@ std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const Cha
     if (auto* e = std::get_if<ApiError>(&m)) return *e;
     messages.push_back(std::move(std::get<ChatMessage>(m)));
   }
-  return chat.Render(messages);
+  return chat.Render(messages, tools);
 }
 
 std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r) {

@@ -22,9 +22,11 @@
 //   {"choice": [...]}, {"json_object": true}, {"json": ...} or {"regex": "..."}; a second one is a
 //   400 naming it. A schema (common/json_schema.h) or a regex (common/regex_dfa.h) is compiled
 //   here and one the engine cannot keep is a 400 naming the field and the keyword or construct.
-// - fields that would change the output and are not implemented (tools, best_of != n, vLLM's
-//   guided_grammar and structured_outputs' other keys) are refused with 400 naming the field,
-//   never ignored.
+// - chat tools (tool_calls.h): tools, tool_choice ("none", "auto", a named function) and
+//   parallel_tool_calls; /v1/completions refuses them.
+// - fields that would change the output and are not implemented (the deprecated functions and
+//   function_call, tool_choice "required", best_of != n, vLLM's guided_grammar and
+//   structured_outputs' other keys) are refused with 400 naming the field, never ignored.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,7 @@
 
 #include "ferry/v1/generation.pb.h"
 #include "gateway/http/chat_template.h"
+#include "gateway/http/tool_calls.h"
 
 namespace ferry::gateway::http {
 
@@ -93,18 +96,22 @@ struct OpenAiRequest {
   std::vector<std::string> echo_texts;  // one per prompt
   // vLLM's prompt_logprobs field: the response carries them in vLLM's form (ResponseContext).
   bool return_prompt_logprobs = false;
+  ToolsRequest tools;  // chat: tools, tool_choice, parallel_tool_calls
 };
 
 // body_text: the text `body` was parsed from. A JSON schema given as an object is read from it
 // again, as ordered_json, so that its keys keep their order (json sorts an object's keys, and
 // properties are generated in the schema's order); empty: the schema's keys are sent sorted.
 std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body, std::string_view body_text = {});
-// The chat prompt is rendered to text with `chat`; messages must be system/user/assistant.
+// The chat prompt is rendered to text with `chat` (with the request's tools, tool_calls.h); messages must be
+// system, user, assistant (with tool_calls or not) or tool.
 std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat,
                                                        std::string_view body_text = {});
 // body.messages rendered with `chat`, ending with the assistant's turn opened (the prompt a chat
 // request generates from).
-std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat);
+// tools: as ToolsRequest::rendered (none: no tools section).
+std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat,
+                                                     const std::vector<std::string>& tools = {});
 
 // One request per choice, in OpenAI's order: prompt p's choice i at index p * n + i, seeded with
 // seed + i when a seed is set (so a single request with seed + i reproduces it).
@@ -147,9 +154,10 @@ struct ResponseContext {
 };
 
 // Whole (non-streamed) response from the accumulated chunks of each choice (index = position);
-// `n` choices per prompt, whose prompt usage counts once.
+// `n` choices per prompt, whose prompt usage counts once. tools: a chat request's, whose
+// choices' texts become tool calls (tool_calls.h).
 json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices,
-                            int32_t n = 1);
+                            int32_t n = 1, const ToolsRequest* tools = nullptr);
 inline json CompletionResponseJson(const ResponseContext& ctx, const ferry::v1::GenerateResponse& response) {
   return CompletionResponseJson(ctx, std::vector<ferry::v1::GenerateResponse>{response});
 }
@@ -160,6 +168,10 @@ struct StreamState {
   int32_t index = 0;  // the choice
   bool is_role_sent = false;
   int64_t text_offset = 0;
+  // Chat with tools (StreamToolCalls): this chunk's delta.tool_calls (null: none), and whether a
+  // call went out under tool_choice "auto" (the finish_reason is then "tool_calls").
+  json tool_calls;
+  bool tools_called = false;
 };
 // One streamed chunk object (without the "data: " framing). For the last chunk,
 // finish_reason is set.

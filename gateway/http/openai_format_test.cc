@@ -409,7 +409,7 @@ TEST(ParseChat, Refusals) {
   };
   const json hi = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
   EXPECT_EQ(error(hi, ChatTemplate::FromTemplateText("[INST]")).http_status, 400);
-  EXPECT_EQ(error({{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, Qwen()).param, "messages");
+  EXPECT_EQ(error({{"messages", {{{"role", "function"}, {"content", "x"}}}}}, Qwen()).param, "messages");
   EXPECT_EQ(error({{"messages", json::array()}}, Qwen()).param, "messages");
   json top_only = hi;
   top_only["top_logprobs"] = 2;

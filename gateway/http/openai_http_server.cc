@@ -27,6 +27,36 @@ using ferry::v1::GenerateChunk;
 // on (a thread each, so not for the streams that start at once).
 constexpr std::chrono::milliseconds kWatchQueuedAfter{50};
 
+// One StreamToolCalls per choice of a chat stream whose tools are parsed; null when none are.
+// A choice's chunks come one after another, so each parser is touched by one thread at a time.
+std::shared_ptr<std::vector<StreamToolCalls>> ToolParsers(const ToolsRequest& tools, int32_t num_choices) {
+  if (!tools.active() || tools.choice == ToolsRequest::Choice::kNone) return nullptr;
+  auto parsers = std::make_shared<std::vector<StreamToolCalls>>();
+  for (int32_t i = 0; i < num_choices; ++i) parsers->emplace_back(tools.choice, tools.named, tools.parallel);
+  return parsers;
+}
+
+// A chunk's text through its choice's tool-call parser: the content it lets out and the calls
+// it completes. A chunk left with nothing to say (text held back) is not sent.
+void SendWithToolCalls(SseStream& stream, StreamToolCalls& parser, int32_t index, const GenerateChunk& chunk) {
+  StreamDelta delta = parser.Feed(chunk.text());
+  if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+    StreamDelta rest = parser.Finish();
+    delta.content += rest.content;
+    for (auto& call : rest.tool_calls) {
+      if (delta.tool_calls.is_null()) delta.tool_calls = json::array();
+      delta.tool_calls.push_back(std::move(call));
+    }
+  }
+  if (delta.content.empty() && delta.tool_calls.is_null() && chunk.logprobs_size() == 0 &&
+      chunk.finish_reason() == ferry::v1::FINISH_REASON_UNSPECIFIED) {
+    return;
+  }
+  GenerateChunk out = chunk;
+  out.set_text(std::move(delta.content));
+  stream.OnChunk(index, out, std::move(delta.tool_calls), parser.called());
+}
+
 std::string NewId(const char* prefix) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   return fmt::format("{}-{:016x}", prefix, rng());
@@ -244,7 +274,7 @@ void OpenAiHttpServer::HandleTokenizer(const httplib::Request& req, httplib::Res
   const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();
   json answer;
   if (encode) {
-    auto text = ParseTokenizeRequest(*body, options_.chat_template);
+    auto text = ParseTokenizeRequest(*body, options_.chat_template, req.body);
     if (auto* error = std::get_if<ApiError>(&text)) return Refuse(req, res, *error);
     answer = TokenizeResponseJson(tokenizer.Encode(std::get<std::string>(text)),
                                   generator_.options().limits.max_model_len);
@@ -366,7 +396,8 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
     }
   }
   if (request.echo) ApplyEcho(EchoTexts(request), request.n, responses);
-  res.set_content(CompletionResponseJson(ctx, responses, request.n).dump(-1, ' ', false, json::error_handler_t::replace),
+  res.set_content(CompletionResponseJson(ctx, responses, request.n, &request.tools)
+                      .dump(-1, ' ', false, json::error_handler_t::replace),
                   "application/json");
 }
 
@@ -378,6 +409,7 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
   auto stream = std::make_shared<SseStream>(ctx, num_choices, request.n, request.include_usage);
   std::shared_ptr<StreamEcho> echo;
   if (request.echo) echo = std::make_shared<StreamEcho>(EchoTexts(request), request.n, num_choices);
+  auto tools = ToolParsers(request.tools, num_choices);
   auto active = Track(choices);  // held by the content provider until the response is done
   // on_end runs before the stream sees its end: once the writer has it, Stop may return (the
   // server's owner keeps the Authenticator for longer). The set outlives its own on_end.
@@ -387,7 +419,8 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
         auth.Refund(tenant, std::max<int64_t>(0, max_tokens - generated));
         stream->End(set->status());
       },
-      [stream, echo](int32_t index, const GenerateChunk& chunk) {
+      [stream, echo, tools](int32_t index, const GenerateChunk& chunk) {
+        if (tools) return SendWithToolCalls(*stream, tools->at(static_cast<size_t>(index)), index, chunk);
         if (!echo) return stream->OnChunk(index, chunk);
         if (auto out = echo->Apply(index, chunk)) stream->OnChunk(index, *out);
       });

@@ -87,9 +87,21 @@ json Envelope(const ResponseContext& ctx, const char* object) {
   return {{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model}};
 }
 
-json FinishJson(ferry::v1::FinishReason reason) {
+json FinishJson(ferry::v1::FinishReason reason, bool tools_called = false) {
   if (reason == ferry::v1::FINISH_REASON_UNSPECIFIED) return nullptr;
-  return FinishReasonName(reason);
+  return tools_called ? "tool_calls" : FinishReasonName(reason);  // vLLM's rule with tool_choice "auto"
+}
+
+// A chat choice's message with tools asked for: the calls its text holds (tool_calls.h).
+json ToolsMessage(const ToolsRequest& tools, const std::string& text, bool& tools_called) {
+  const ParsedOutput parsed = tools.choice == ToolsRequest::Choice::kNamed ? NamedCallOutput(tools.named, text)
+                                                                           : ParseHermesOutput(text, tools.parallel);
+  json calls = json::array();
+  for (const ToolCall& c : parsed.calls) {
+    calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  tools_called = tools.choice == ToolsRequest::Choice::kAuto && !parsed.calls.empty();
+  return {{"role", "assistant"}, {"content", parsed.content ? json(*parsed.content) : json(nullptr)}, {"tool_calls", calls}};
 }
 
 }  // namespace
@@ -103,7 +115,7 @@ std::string FinishReasonName(ferry::v1::FinishReason reason) {
 }
 
 json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry::v1::GenerateResponse>& choices,
-                            int32_t n) {
+                            int32_t n, const ToolsRequest* tools) {
   json out = Envelope(ctx, ctx.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion");
   out["choices"] = json::array();
   ferry::v1::Usage usage;  // the prompt once, the completions of every choice
@@ -111,7 +123,13 @@ json CompletionResponseJson(const ResponseContext& ctx, const std::vector<ferry:
     const ferry::v1::GenerateResponse& response = choices[i];
     const bool has_logprobs = response.logprobs_size() > 0;
     json choice = {{"index", i}, {"finish_reason", FinishJson(response.finish_reason())}, {"logprobs", nullptr}};
-    if (ctx.endpoint == Endpoint::kChat) {
+    if (ctx.endpoint == Endpoint::kChat && tools != nullptr && tools->active() &&
+        tools->choice != ToolsRequest::Choice::kNone) {
+      bool called = false;
+      choice["message"] = ToolsMessage(*tools, response.text(), called);
+      choice["finish_reason"] = FinishJson(response.finish_reason(), called);
+      if (has_logprobs) choice["logprobs"] = ChatLogprobs(response.logprobs());
+    } else if (ctx.endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", response.text()}};
       if (has_logprobs) choice["logprobs"] = ChatLogprobs(response.logprobs());
     } else {
@@ -166,13 +184,16 @@ std::optional<ferry::v1::GenerateChunk> StreamEcho::Apply(int32_t index, const f
 }
 
 json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {
-  json choice = {{"index", state.index}, {"finish_reason", FinishJson(chunk.finish_reason())}, {"logprobs", nullptr}};
+  json choice = {{"index", state.index},
+                 {"finish_reason", FinishJson(chunk.finish_reason(), state.tools_called)},
+                 {"logprobs", nullptr}};
   json out;
   if (ctx.endpoint == Endpoint::kChat) {
     out = Envelope(ctx, "chat.completion.chunk");
     json delta = json::object();
     if (!state.is_role_sent) delta["role"] = "assistant";
     if (!chunk.text().empty() || !state.is_role_sent) delta["content"] = chunk.text();
+    if (!state.tool_calls.is_null()) delta["tool_calls"] = state.tool_calls;
     state.is_role_sent = true;
     choice["delta"] = delta;
     if (chunk.logprobs_size() > 0) choice["logprobs"] = ChatLogprobs(chunk.logprobs());
@@ -186,7 +207,8 @@ json StreamChunkJson(const ResponseContext& ctx, const ferry::v1::GenerateChunk&
 }
 
 std::string StreamChunkEvent(const ResponseContext& ctx, const ferry::v1::GenerateChunk& chunk, StreamState& state) {
-  if (chunk.logprobs_size() > 0 || !IsValidUtf8(chunk.text()) || !IsValidUtf8(ctx.id) || !IsValidUtf8(ctx.model)) {
+  if (chunk.logprobs_size() > 0 || !state.tool_calls.is_null() || state.tools_called || !IsValidUtf8(chunk.text()) ||
+      !IsValidUtf8(ctx.id) || !IsValidUtf8(ctx.model)) {
     return SseEvent(StreamChunkJson(ctx, chunk, state));
   }
   // nlohmann's objects are sorted maps: keys go out in that order, so the bytes are the same.

@@ -45,10 +45,15 @@ SseStream::SseStream(ResponseContext ctx, int32_t num_choices, int32_t n, bool i
   for (size_t i = 0; i < states_.size(); ++i) states_[i].index = static_cast<int32_t>(i);
 }
 
-void SseStream::OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk) {
+void SseStream::OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls,
+                        bool tools_called) {
   std::lock_guard lock(mu_);
   if (is_broken_) return;
-  std::string event = StreamChunkEvent(ctx_, chunk, states_.at(static_cast<size_t>(index)));
+  StreamState& state = states_.at(static_cast<size_t>(index));
+  state.tool_calls = std::move(tool_calls);
+  state.tools_called = tools_called;
+  std::string event = StreamChunkEvent(ctx_, chunk, state);
+  state.tool_calls = nullptr;
   if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
     AddChoiceUsage(chunk.usage(), static_cast<size_t>(index), n_, usage_);
   }

@@ -37,8 +37,10 @@ class SseStream {
   // `num_choices` choices, `n` per prompt (a prompt's usage counts once).
   SseStream(ResponseContext ctx, int32_t num_choices, int32_t n, bool include_usage);
 
-  // Any thread, in order per choice: one chunk of choice `index`.
-  void OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk);
+  // Any thread, in order per choice: one chunk of choice `index`; with tools, its
+  // delta.tool_calls (null: none) and whether a call went out (StreamState).
+  void OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls = nullptr,
+               bool tools_called = false);
   // Any thread, once, after every choice's last chunk: how the request ended.
   void End(const grpc::Status& status);
 

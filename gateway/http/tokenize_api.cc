@@ -4,6 +4,8 @@
 
 namespace ferry::gateway::http {
 
+using nlohmann::ordered_json;
+
 namespace {
 
 // Fields vLLM's tokenizer API takes that change nothing here.
@@ -17,7 +19,8 @@ std::optional<ApiError> CheckOptionalBool(const json& body, const char* key) {
 
 }  // namespace
 
-std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat) {
+std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat,
+                                                         std::string_view body_text) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
   if (auto e = CheckOptionalBool(body, "add_special_tokens")) return *e;
   if (auto e = CheckOptionalBool(body, "add_generation_prompt")) return *e;
@@ -28,7 +31,19 @@ std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const
   const bool has_prompt = body.contains("prompt") && !body["prompt"].is_null();
   const bool has_messages = body.contains("messages") && !body["messages"].is_null();
   if (has_prompt == has_messages) return InvalidField("prompt", "set exactly one of prompt and messages");
-  if (has_messages) return RenderChatPrompt(body, chat);
+  if (has_messages) {
+    // With tools, the prompt a chat request with them would generate from (vLLM's /tokenize).
+    std::vector<std::string> tools;
+    if (body.contains("tools") && !body["tools"].is_null()) {
+      ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+      if (ordered.is_discarded() || !ordered.is_object()) ordered = ordered_json::parse(body.dump());
+      ordered.erase("tool_choice");  // the prompt is the same whichever is asked for
+      auto parsed = ParseTools(ordered, chat.has_tools());
+      if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+      tools = std::move(std::get<ToolsRequest>(parsed).rendered);
+    }
+    return RenderChatPrompt(body, chat, tools);
+  }
   if (!body["prompt"].is_string()) {
     return InvalidField("prompt", fmt::format("prompt must be a string, got {} ({})", body["prompt"].type_name(),
                                               Brief(body["prompt"])));

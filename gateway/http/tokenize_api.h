@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <variant>
+#include <string_view>
 #include <vector>
 
 #include "gateway/http/chat_template.h"
@@ -18,7 +19,9 @@
 namespace ferry::gateway::http {
 
 // The text /tokenize encodes.
-std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat);
+// body_text: the text body was parsed from (tools are rendered in its key order; empty: sorted).
+std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat,
+                                                         std::string_view body_text = {});
 // The ids /detokenize decodes, each checked against [0, vocab_size).
 std::variant<std::vector<int32_t>, ApiError> ParseDetokenizeRequest(const json& body, int32_t vocab_size);
 

@@ -1,0 +1,297 @@
+#include "gateway/http/tool_calls.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <random>
+
+#include "common/json_schema.h"
+#include "gateway/http/openai_format.h"
+
+namespace ferry::gateway::http {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr std::string_view kOpenTag = "<tool_call>";
+constexpr std::string_view kCloseTag = "</tool_call>";
+// OpenAI's limits: 128 tools, names of 1-64 letters, digits, '_' or '-'.
+constexpr size_t kMaxTools = 128;
+constexpr size_t kMaxNameBytes = 64;
+
+void DumpTo(const ordered_json& v, std::string& out) {
+  if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, item] : v.items()) {
+      if (!first) out += ", ";
+      first = false;
+      out += ordered_json(key).dump();
+      out += ": ";
+      DumpTo(item, out);
+    }
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) out += ", ";
+      DumpTo(v[i], out);
+    }
+    out += ']';
+  } else {
+    out += v.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  }
+}
+
+std::string Brief(const ordered_json& v) { return http::Brief(nlohmann::json::parse(v.dump())); }
+
+bool IsToolName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameBytes) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+// tools[i]: {"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}.
+std::optional<ApiError> CheckTool(const ordered_json& tool, size_t i, std::vector<std::string>& names) {
+  const std::string where = fmt::format("tools[{}]", i);
+  if (!tool.is_object() || tool.value("type", ordered_json()) != "function" || !tool.contains("function") ||
+      !tool["function"].is_object()) {
+    return InvalidField("tools", fmt::format("{} = {} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                                             where, Brief(tool)));
+  }
+  const ordered_json& f = tool["function"];
+  const ordered_json name = f.value("name", ordered_json());
+  if (!name.is_string() || !IsToolName(name.get<std::string>())) {
+    return InvalidField("tools", fmt::format("{}.function.name = {} must be a string of 1 to {} letters, digits, '_' "
+                                             "or '-'", where, Brief(name), kMaxNameBytes));
+  }
+  for (const std::string& seen : names) {
+    if (seen == name.get<std::string>()) {
+      return InvalidField("tools", fmt::format("{}.function.name = \"{}\" is given twice", where, seen));
+    }
+  }
+  if (f.contains("description") && !f["description"].is_string() && !f["description"].is_null()) {
+    return InvalidField("tools", fmt::format("{}.function.description must be a string", where));
+  }
+  if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null()) {
+    return InvalidField("tools", fmt::format("{}.function.parameters = {} must be a JSON schema object", where,
+                                             Brief(f["parameters"])));
+  }
+  names.push_back(name.get<std::string>());
+  return std::nullopt;
+}
+
+// The named choice's schema: its parameters (an object with no parameters: any object),
+// checked as the worker will compile it.
+std::optional<ApiError> NamedSchema(const ordered_json& tools, ToolsRequest& out) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered_json& f = tools[i]["function"];
+    if (f["name"] != out.named) continue;
+    const bool given = f.contains("parameters") && f["parameters"].is_object();
+    out.named_schema = given ? f["parameters"].dump() : std::string(R"({"type": "object"})");
+    try {
+      CompileJsonSchemaCached(out.named_schema);
+    } catch (const JsonSchemaError& e) {
+      return InvalidField("tools", fmt::format("tools[{}].function.parameters: {}", i, e.what()));
+    }
+    return std::nullopt;
+  }
+  return InvalidField("tool_choice", fmt::format("tool_choice names function \"{}\", which is not in tools", out.named));
+}
+
+std::optional<ApiError> ParseChoice(const ordered_json& body, const ordered_json& tools, ToolsRequest& out) {
+  const ordered_json choice = body.value("tool_choice", ordered_json());
+  if (choice.is_null() || choice == "auto") {
+    out.choice = ToolsRequest::Choice::kAuto;
+    return std::nullopt;
+  }
+  if (choice == "none") {
+    out.choice = ToolsRequest::Choice::kNone;
+    return std::nullopt;
+  }
+  if (choice == "required") {
+    return InvalidField("tool_choice", "tool_choice \"required\" is not supported: name a function "
+                                       "({\"type\": \"function\", \"function\": {\"name\": ...}}) or use \"auto\"");
+  }
+  const bool named = choice.is_object() && choice.value("type", ordered_json()) == "function" &&
+                     choice.contains("function") && choice["function"].is_object() &&
+                     choice["function"].value("name", ordered_json()).is_string();
+  if (!named) {
+    return InvalidField("tool_choice", fmt::format("tool_choice = {} must be \"none\", \"auto\" or {{\"type\": "
+                                                   "\"function\", \"function\": {{\"name\": ...}}}}", Brief(choice)));
+  }
+  out.choice = ToolsRequest::Choice::kNamed;
+  out.named = choice["function"]["name"].get<std::string>();
+  return NamedSchema(tools, out);
+}
+
+// A block's JSON: {"name": string, "arguments": any}, as Hermes-style models write a call.
+std::optional<ToolCall> CallFromBlock(std::string_view block) {
+  const ordered_json call = ordered_json::parse(block, nullptr, /*allow_exceptions=*/false);
+  if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains("arguments")) {
+    return std::nullopt;
+  }
+  return ToolCall{NewToolCallId(), call["name"].get<std::string>(), PyJsonDumps(call["arguments"])};
+}
+
+nlohmann::json CallDelta(int32_t index, const ToolCall& call) {
+  return {{"index", index},
+          {"id", call.id},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+// The length of text's longest suffix that begins `tag` (a tag that may be arriving).
+size_t PartialTagSuffix(const std::string& text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (text.compare(text.size() - n, n, tag.substr(0, n)) == 0) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string PyJsonDumps(const ordered_json& value) {
+  std::string out;
+  DumpTo(value, out);
+  return out;
+}
+
+std::string NewToolCallId() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
+}
+
+std::variant<ToolsRequest, ApiError> ParseTools(const ordered_json& body, bool template_has_tools) {
+  ToolsRequest out;
+  const ordered_json tools = body.value("tools", ordered_json());
+  const bool has_tools = !tools.is_null() && !(tools.is_array() && tools.empty());
+  const ordered_json choice = body.value("tool_choice", ordered_json());
+  if (!has_tools) {
+    if (!choice.is_null() && choice != "none" && choice != "auto") {
+      return InvalidField("tool_choice", fmt::format("tool_choice = {} needs tools", Brief(choice)));
+    }
+    return out;
+  }
+  if (!tools.is_array()) {
+    return InvalidField("tools", fmt::format("tools must be a list of {{\"type\": \"function\", ...}}, got {}",
+                                             Brief(tools)));
+  }
+  if (!template_has_tools) {
+    return InvalidField("tools", "the model's chat template does not render tools (it has no <tool_call> format)");
+  }
+  if (tools.size() > kMaxTools) {
+    return InvalidField("tools", fmt::format("tools has {} entries, over the limit of {}", tools.size(), kMaxTools));
+  }
+  for (size_t i = 0; i < tools.size(); ++i) {
+    if (auto e = CheckTool(tools[i], i, out.names)) return *e;
+    out.rendered.push_back(PyJsonDumps(tools[i]));
+  }
+  const ordered_json parallel = body.value("parallel_tool_calls", ordered_json());
+  if (!parallel.is_null() && !parallel.is_boolean()) {
+    return InvalidField("parallel_tool_calls", fmt::format("parallel_tool_calls must be a boolean, got {}", Brief(parallel)));
+  }
+  out.parallel = parallel.is_null() || parallel.get<bool>();
+  if (auto e = ParseChoice(body, tools, out)) return *e;
+  return out;
+}
+
+ParsedOutput ParseHermesOutput(const std::string& text, bool parallel) {
+  const size_t first = text.find(kOpenTag);
+  if (first == std::string::npos) return {text, {}};
+  ParsedOutput out;
+  for (size_t at = first; at != std::string::npos;) {
+    const size_t body = at + kOpenTag.size();
+    const size_t end = text.find(kCloseTag, body);
+    std::optional<ToolCall> call =
+        CallFromBlock(std::string_view(text).substr(body, end == std::string::npos ? std::string::npos : end - body));
+    if (!call) return {text, {}};  // as vLLM's parser: then nothing is a call
+    out.calls.push_back(std::move(*call));
+    at = end == std::string::npos ? end : text.find(kOpenTag, end + kCloseTag.size());
+  }
+  if (!parallel) out.calls.resize(1);
+  if (first > 0) out.content = text.substr(0, first);
+  return out;
+}
+
+ParsedOutput NamedCallOutput(const std::string& name, const std::string& text) {
+  return {std::nullopt, {ToolCall{NewToolCallId(), name, text}}};
+}
+
+StreamToolCalls::StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel)
+    : choice_(choice), named_(std::move(named)), parallel_(parallel) {}
+
+StreamDelta StreamToolCalls::Feed(const std::string& text) {
+  StreamDelta out;
+  if (choice_ == ToolsRequest::Choice::kNone) {
+    out.content = text;
+    return out;
+  }
+  if (choice_ == ToolsRequest::Choice::kNamed) {
+    if (text.empty()) return out;
+    nlohmann::json delta = {{"index", 0}, {"function", {{"arguments", text}}}};
+    if (named_id_.empty()) {
+      named_id_ = NewToolCallId();
+      delta["id"] = named_id_;
+      delta["type"] = "function";
+      delta["function"]["name"] = named_;
+    }
+    out.tool_calls = nlohmann::json::array({delta});
+    ++calls_;
+    return out;
+  }
+  held_ += text;
+  for (;;) {
+    if (in_call_) {
+      const size_t end = held_.find(kCloseTag);
+      if (end == std::string::npos) break;
+      TakeCall(held_.substr(0, end), /*closed=*/true, out);
+      held_.erase(0, end + kCloseTag.size());
+      in_call_ = false;
+      continue;
+    }
+    const size_t tag = held_.find(kOpenTag);
+    // Text after the first call is not content (as the whole-text parser: content is what
+    // precedes it).
+    if (tag != std::string::npos) {
+      if (!past_first_) out.content += held_.substr(0, tag);
+      held_.erase(0, tag + kOpenTag.size());
+      in_call_ = past_first_ = true;
+      continue;
+    }
+    const size_t keep = PartialTagSuffix(held_, kOpenTag);
+    if (!past_first_) out.content += held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    break;
+  }
+  return out;
+}
+
+StreamDelta StreamToolCalls::Finish() {
+  StreamDelta out;
+  if (choice_ != ToolsRequest::Choice::kAuto) return out;
+  if (in_call_) {
+    TakeCall(held_, /*closed=*/false, out);  // an unclosed block still counts, as in the whole-text parser
+  } else if (!past_first_) {
+    out.content = held_;
+  }
+  held_.clear();
+  in_call_ = false;
+  return out;
+}
+
+void StreamToolCalls::TakeCall(const std::string& block, bool closed, StreamDelta& out) {
+  std::optional<ToolCall> call = CallFromBlock(block);
+  if (!call) {
+    // Calls already sent cannot be taken back: a block that is not a call goes out as text.
+    out.content += std::string(kOpenTag) + block + (closed ? std::string(kCloseTag) : std::string());
+    return;
+  }
+  if (!parallel_ && calls_ > 0) return;
+  if (out.tool_calls.is_null()) out.tool_calls = nlohmann::json::array();
+  out.tool_calls.push_back(CallDelta(calls_++, *call));
+}
+
+}  // namespace ferry::gateway::http

@@ -1,0 +1,100 @@
+// OpenAI tools (function calling) on /v1/chat/completions, in the Hermes format of Qwen2.5's
+// chat template: the tools are rendered into the system turn (chat_template.h), and the model
+// answers a call as <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>. Plain functions
+// and per-stream state on JSON: no sockets, testable alone.
+//
+// tool_choice, as vLLM's OpenAI server (with --tool-call-parser hermes) serves it:
+// - "auto" (the default with tools): the text is generated freely and its <tool_call> blocks
+//   become message.tool_calls (the text before the first is the content), finish_reason
+//   "tool_calls". A block that is not a JSON object with "name" and "arguments" leaves the
+//   whole text as content, as vLLM's parser does.
+// - {"type": "function", "function": {"name": N}}: the output is N's arguments, generated under
+//   its `parameters` schema (structured output), and returned as one call of N.
+// - "none": the tools are in the prompt, nothing is parsed.
+// - "required" is refused with 400: it needs a union of the tools' schemas that structured output
+//   cannot yet keep (objects told apart only by their "name" value).
+// parallel_tool_calls = false keeps only the first call.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ferry::gateway::http {
+
+struct ApiError;
+
+// Python's json.dumps(value, ensure_ascii=False): ", " and ": " between items, keys in the
+// value's order, non-ASCII as is. What the chat template's `tojson` (transformers') writes.
+std::string PyJsonDumps(const nlohmann::ordered_json& value);
+
+struct ToolsRequest {
+  enum class Choice { kNone, kAuto, kNamed };
+  // Each tool as the template writes it (`tool | tojson`), in the request's order.
+  std::vector<std::string> rendered;
+  std::vector<std::string> names;
+  Choice choice = Choice::kNone;
+  std::string named;            // kNamed: the function
+  std::string named_schema;     // kNamed: its parameters' JSON text (keys in the request's order)
+  bool parallel = true;         // parallel_tool_calls
+  bool active() const { return !rendered.empty(); }
+};
+
+// body.tools, tool_choice and parallel_tool_calls; `ordered` is the same body parsed keeping key
+// order (tools are rendered, and schemas generated, in the client's order). template_has_tools:
+// the chat template renders tools (else tools are a 400 naming the template).
+std::variant<ToolsRequest, ApiError> ParseTools(const nlohmann::ordered_json& ordered, bool template_has_tools);
+
+struct ToolCall {
+  std::string id;         // "chatcmpl-tool-<hex>"
+  std::string name;
+  std::string arguments;  // JSON text
+};
+std::string NewToolCallId();
+
+// What one choice's whole text says.
+struct ParsedOutput {
+  std::optional<std::string> content;  // nullopt: JSON null (the text was all calls)
+  std::vector<ToolCall> calls;
+};
+// tool_choice "auto": the Hermes blocks of `text`.
+ParsedOutput ParseHermesOutput(const std::string& text, bool parallel);
+// A named tool choice: the text is the function's arguments.
+ParsedOutput NamedCallOutput(const std::string& name, const std::string& text);
+
+// One chunk's share of a streamed choice: the content to send (possibly less than the chunk's
+// text: a possible "<tool_call>" is held back until it is told apart) and the calls it completes,
+// as OpenAI's delta.tool_calls entries.
+struct StreamDelta {
+  std::string content;
+  nlohmann::json tool_calls;  // null or an array
+};
+
+// A streamed choice's tool-call parsing, fed its chunks' texts in order.
+class StreamToolCalls {
+ public:
+  StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel);
+  StreamDelta Feed(const std::string& text);
+  // The end of the choice: what was held back.
+  StreamDelta Finish();
+  // tool_choice "auto" and a call went out: the finish_reason is "tool_calls".
+  bool called() const { return calls_ > 0 && choice_ == ToolsRequest::Choice::kAuto; }
+
+ private:
+  void TakeCall(const std::string& block, bool closed, StreamDelta& out);
+
+  const ToolsRequest::Choice choice_;
+  const std::string named_;
+  const bool parallel_;
+  std::string held_;        // auto: text not yet sent (a possible tag, or a call's body)
+  bool in_call_ = false;    // auto: held_ is inside <tool_call>
+  bool past_first_ = false; // auto: a <tool_call> was seen; later plain text is not content
+  int32_t calls_ = 0;
+  std::string named_id_;    // named: the call's id, sent with the first delta
+};
+
+}  // namespace ferry::gateway::http
