@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/compile_cache.h"
@@ -30,7 +31,8 @@ const std::set<std::string>& Refused() {
 bool IsAnnotation(const std::string& key) {
   static const std::set<std::string> kAnnotations = {
       "title", "description", "default", "examples", "$schema", "$id", "$anchor", "$comment", "$defs",
-      "definitions", "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "strict"};
+      "definitions", "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "strict",
+      "discriminator"};  // OpenAPI's hint beside a oneOf: the tag is found from the objects themselves
   return kAnnotations.count(key) > 0;
 }
 
@@ -58,6 +60,7 @@ class Compiler {
   SchemaGraph Run() {
     graph_.root = Compile(root_, "");
     for (size_t i = 0; i < graph_.nodes.size(); ++i) FirstBytes(static_cast<int32_t>(i), 0);
+    TagUnions();
     CheckUnions();
     return std::move(graph_);
   }
@@ -86,6 +89,8 @@ class Compiler {
   int32_t Array(const json& s, const std::string& path);
   std::vector<std::string> Types(const json& s, const std::string& path);
   void FirstBytes(int32_t id, int depth);
+  std::optional<int32_t> TaggedObject(const std::vector<int32_t>& objects, const std::string& path);
+  void TagUnions();
   void CheckUnions();
 
   const json& root_;
@@ -314,6 +319,62 @@ void Compiler::FirstBytes(int32_t id, int depth) {
   first_done_[static_cast<size_t>(id)] = true;
 }
 
+// The tagged object standing for `objects` (kObject nodes that all start with '{'), when they
+// are told apart by their first property; nullopt when they are not.
+std::optional<int32_t> Compiler::TaggedObject(const std::vector<int32_t>& objects, const std::string& path) {
+  std::vector<std::pair<std::string, int32_t>> tags;  // (value, object)
+  const SchemaNode& first = graph_.nodes[static_cast<size_t>(objects[0])];
+  if (first.properties.empty()) return std::nullopt;
+  const std::string key = first.properties[0].key;
+  for (int32_t id : objects) {
+    const SchemaNode& o = graph_.nodes[static_cast<size_t>(id)];
+    if (o.kind != SchemaNode::Kind::kObject || !o.tag_targets.empty() || o.properties.empty() ||
+        o.properties[0].key != key || !o.properties[0].required) {
+      return std::nullopt;
+    }
+    const SchemaNode& tag = graph_.nodes[static_cast<size_t>(o.properties[0].node)];
+    if (tag.kind != SchemaNode::Kind::kLiterals) return std::nullopt;
+    for (const std::string& value : tag.literals) {
+      // A JSON string is never a prefix of another, so the tag's value ends where it closes.
+      if (value[0] != '"') return std::nullopt;
+      tags.emplace_back(value, id);
+    }
+  }
+  std::sort(tags.begin(), tags.end());
+  for (size_t i = 1; i < tags.size(); ++i) {
+    if (tags[i].first == tags[i - 1].first) return std::nullopt;  // two objects share a value
+  }
+  if (tags.size() > kMaxSchemaLiterals) return std::nullopt;
+  SchemaNode values{.kind = SchemaNode::Kind::kLiterals};
+  SchemaNode tagged{.kind = SchemaNode::Kind::kObject};
+  for (auto& [value, id] : tags) values.literals.push_back(value), tagged.tag_targets.push_back(id);
+  values.first_bytes.set('"');
+  const int32_t values_id = NewNode(std::move(values), path);
+  tagged.properties.push_back({key, values_id, true});
+  tagged.first_bytes.set('{');
+  return NewNode(std::move(tagged), path);
+}
+
+// A union's alternatives that are objects all starting the same way become one tagged object
+// (SchemaNode::tag_targets) when their first property tells them apart; CheckUnions then finds
+// the union's alternatives starting differently, or names the ones that do not.
+void Compiler::TagUnions() {
+  const size_t compiled = graph_.nodes.size();  // the nodes TaggedObject adds are no unions
+  for (size_t i = 0; i < compiled; ++i) {
+    if (graph_.nodes[i].kind != SchemaNode::Kind::kUnion) continue;
+    std::vector<int32_t> objects, rest;
+    for (int32_t alt : graph_.nodes[i].alternatives) {
+      (graph_.nodes[static_cast<size_t>(alt)].first_bytes.test('{') ? objects : rest).push_back(alt);
+    }
+    if (objects.size() < 2) continue;
+    const std::optional<int32_t> tagged = TaggedObject(objects, paths_[i]);
+    if (!tagged) continue;
+    rest.push_back(*tagged);
+    first_done_.resize(graph_.nodes.size(), true);
+    graph_.nodes[i].alternatives = std::move(rest);
+  }
+}
+
 void Compiler::CheckUnions() {
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const SchemaNode& n = graph_.nodes[i];
@@ -322,7 +383,8 @@ void Compiler::CheckUnions() {
       const std::bitset<256>& b = graph_.nodes[static_cast<size_t>(alt)].first_bytes;
       if ((seen & b).any()) {
         Fail(paths_[i], "\"anyOf\" alternatives must differ in how they start (two of them can start the same "
-                        "way, e.g. two objects or two strings); merge them or use \"enum\"");
+                        "way, e.g. two strings, or two objects not told apart by a first property each "
+                        "requires with its own string values); merge them or use \"enum\"");
       }
       seen |= b;
     }

@@ -5,7 +5,9 @@
 // What is generated is always valid under the schema; what cannot be guaranteed is refused with
 // a message naming the place (a JSON pointer) and the keyword, never ignored. Supported:
 // - type (a name or a list), enum, const, anyOf / oneOf whose alternatives differ in their first
-//   byte (so the first byte decides which one is taken: string vs number vs null, say);
+//   byte (so the first byte decides which one is taken: string vs number vs null, say) or are
+//   objects told apart by a first property that each requires with its own string values (a
+//   tagged union, as pydantic's discriminated unions and tool calls: {"name": "f", ...});
 // - objects: properties (generated in the schema's order, as OpenAI's structured outputs),
 //   required, additionalProperties false, true or absent (only listed properties are generated
 //   when there are some; none listed and not false: any object);
@@ -58,6 +60,11 @@ struct SchemaNode {
   int64_t max_items = -1;             // kArray; -1: no limit
   std::vector<std::string> literals;  // kLiterals: compact JSON texts
   std::vector<int32_t> alternatives;  // kUnion
+  // kObject standing for a union's objects told apart by their first property, the tag (required,
+  // the same key in each, a string const or enum whose values no two share): `properties` holds
+  // the tag alone, its node a kLiterals of every value, and the value literals[i] selects the
+  // object tag_targets[i], whose properties follow the tag.
+  std::vector<int32_t> tag_targets;
   std::bitset<256> first_bytes;       // bytes a value of this node can start with
 };
 

@@ -561,8 +561,9 @@ Error ParseChatLogprobs(const json& body, SamplingParams& s) {
 }
 
 // tools, tool_choice and parallel_tool_calls (tool_calls.h), read from the body in its own key
-// order. A named tool choice generates the function's arguments under its parameters' schema:
-// the request's one structured-output constraint.
+// order. A named tool choice generates the function's arguments under its parameters' schema,
+// "required" an array of calls under the tools' schemas: the request's one structured-output
+// constraint.
 Error ParseChatTools(const json& body, std::string_view body_text, const ChatTemplate& chat, OpenAiRequest& r) {
   if (!Asks(body, "tools") && !Asks(body, "tool_choice")) return std::nullopt;
   ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
@@ -570,11 +571,13 @@ Error ParseChatTools(const json& body, std::string_view body_text, const ChatTem
   auto tools = ParseTools(ordered, chat.has_tools());
   if (auto* e = std::get_if<ApiError>(&tools)) return *e;
   r.tools = std::move(std::get<ToolsRequest>(tools));
-  if (r.tools.choice != ToolsRequest::Choice::kNamed) return std::nullopt;
+  const bool named = r.tools.choice == ToolsRequest::Choice::kNamed;
+  if (!named && r.tools.choice != ToolsRequest::Choice::kRequired) return std::nullopt;
   auto& s = *r.generate.mutable_sampling();
   if (s.has_guided()) {
-    return InvalidField("tool_choice", "tool_choice names a function, whose arguments are generated under its "
-                                       "schema: it conflicts with the request's other structured output constraint");
+    return InvalidField("tool_choice", fmt::format("tool_choice {} generates calls under the tools' schemas: it "
+                                                   "conflicts with the request's other structured output constraint",
+                                                   named ? "naming a function" : "\"required\""));
   }
   s.mutable_guided()->set_json_schema(r.tools.named_schema);
   return std::nullopt;

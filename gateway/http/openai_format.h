@@ -22,10 +22,10 @@
 //   {"choice": [...]}, {"json_object": true}, {"json": ...} or {"regex": "..."}; a second one is a
 //   400 naming it. A schema (common/json_schema.h) or a regex (common/regex_dfa.h) is compiled
 //   here and one the engine cannot keep is a 400 naming the field and the keyword or construct.
-// - chat tools (tool_calls.h): tools, tool_choice ("none", "auto", a named function) and
-//   parallel_tool_calls; /v1/completions refuses them.
+// - chat tools (tool_calls.h): tools, tool_choice ("none", "auto", "required", a named function)
+//   and parallel_tool_calls; /v1/completions refuses them.
 // - fields that would change the output and are not implemented (the deprecated functions and
-//   function_call, tool_choice "required", best_of != n, vLLM's guided_grammar and
+//   function_call, best_of != n, vLLM's guided_grammar and
 //   structured_outputs' other keys) are refused with 400 naming the field, never ignored.
 #pragma once
 

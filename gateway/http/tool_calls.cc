@@ -101,6 +101,39 @@ std::optional<ApiError> NamedSchema(const ordered_json& tools, ToolsRequest& out
   return InvalidField("tool_choice", fmt::format("tool_choice names function \"{}\", which is not in tools", out.named));
 }
 
+// tool_choice "required": vLLM's array of calls, each {"name": one tool's, "parameters": its
+// schema's value}, told apart by the name (a tagged union); one call without parallel_tool_calls.
+std::optional<ApiError> RequiredSchema(const ordered_json& tools, ToolsRequest& out) {
+  ordered_json alternatives = ordered_json::array();
+  for (const ordered_json& tool : tools) {
+    const ordered_json& f = tool["function"];
+    const bool given = f.contains("parameters") && f["parameters"].is_object();
+    alternatives.push_back({{"type", "object"},
+                            {"properties", {{"name", {{"enum", ordered_json::array({f["name"]})}}},
+                                            {"parameters", given ? f["parameters"] : ordered_json{{"type", "object"}}}}},
+                            {"required", ordered_json::array({"name", "parameters"})},
+                            {"additionalProperties", false}});
+  }
+  ordered_json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", alternatives}}}};
+  if (!out.parallel) schema["maxItems"] = 1;
+  out.named_schema = schema.dump();
+  try {
+    CompileJsonSchemaCached(out.named_schema);
+  } catch (const JsonSchemaError& e) {
+    return InvalidField("tools", fmt::format("tool_choice \"required\" generates the tools' parameters under their "
+                                             "schemas: {}", e.what()));
+  }
+  return std::nullopt;
+}
+
+// {"name": string, "parameters": any}: one item of a "required" choice's array.
+std::optional<ToolCall> CallFromItem(const ordered_json& item) {
+  if (!item.is_object() || !item.contains("name") || !item["name"].is_string() || !item.contains("parameters")) {
+    return std::nullopt;
+  }
+  return ToolCall{NewToolCallId(), item["name"].get<std::string>(), PyJsonDumps(item["parameters"])};
+}
+
 std::optional<ApiError> ParseChoice(const ordered_json& body, const ordered_json& tools, ToolsRequest& out) {
   const ordered_json choice = body.value("tool_choice", ordered_json());
   if (choice.is_null() || choice == "auto") {
@@ -112,8 +145,8 @@ std::optional<ApiError> ParseChoice(const ordered_json& body, const ordered_json
     return std::nullopt;
   }
   if (choice == "required") {
-    return InvalidField("tool_choice", "tool_choice \"required\" is not supported: name a function "
-                                       "({\"type\": \"function\", \"function\": {\"name\": ...}}) or use \"auto\"");
+    out.choice = ToolsRequest::Choice::kRequired;
+    return RequiredSchema(tools, out);
   }
   const bool named = choice.is_object() && choice.value("type", ordered_json()) == "function" &&
                      choice.contains("function") && choice["function"].is_object() &&
@@ -220,6 +253,18 @@ ParsedOutput NamedCallOutput(const std::string& name, const std::string& text) {
   return {std::nullopt, {ToolCall{NewToolCallId(), name, text}}};
 }
 
+ParsedOutput RequiredOutput(const std::string& text) {
+  const ordered_json items = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!items.is_array()) return {text, {}};
+  ParsedOutput out;
+  for (const ordered_json& item : items) {
+    std::optional<ToolCall> call = CallFromItem(item);
+    if (!call) return {text, {}};
+    out.calls.push_back(std::move(*call));
+  }
+  return out;
+}
+
 StreamToolCalls::StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel)
     : choice_(choice), named_(std::move(named)), parallel_(parallel) {}
 
@@ -240,6 +285,10 @@ StreamDelta StreamToolCalls::Feed(const std::string& text) {
     }
     out.tool_calls = nlohmann::json::array({delta});
     ++calls_;
+    return out;
+  }
+  if (choice_ == ToolsRequest::Choice::kRequired) {
+    FeedRequired(text, out);
     return out;
   }
   held_ += text;
@@ -280,6 +329,36 @@ StreamDelta StreamToolCalls::Finish() {
   held_.clear();
   in_call_ = false;
   return out;
+}
+
+// The array's bytes: an item's text runs from the '{' that opens depth 2 to the '}' that closes
+// it (strings skipped, so braces in them do not count); each whole item goes out as a call.
+void StreamToolCalls::FeedRequired(const std::string& text, StreamDelta& out) {
+  for (char c : text) {
+    const int32_t before = depth_;
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+      }
+    } else if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{' || c == '[') {
+      ++depth_;
+    } else if (c == '}' || c == ']') {
+      --depth_;
+    }
+    if (before >= 2 || depth_ >= 2) item_ += c;
+    if (before != 2 || depth_ != 1) continue;
+    std::optional<ToolCall> call = CallFromItem(ordered_json::parse(item_, nullptr, /*allow_exceptions=*/false));
+    item_.clear();
+    if (!call) continue;
+    if (out.tool_calls.is_null()) out.tool_calls = nlohmann::json::array();
+    out.tool_calls.push_back(CallDelta(calls_++, *call));
+  }
 }
 
 void StreamToolCalls::TakeCall(const std::string& block, bool closed, StreamDelta& out) {

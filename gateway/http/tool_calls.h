@@ -10,10 +10,11 @@
 //   whole text as content, as vLLM's parser does.
 // - {"type": "function", "function": {"name": N}}: the output is N's arguments, generated under
 //   its `parameters` schema (structured output), and returned as one call of N.
+// - "required": as vLLM, the output is a JSON array of at least one {"name": N, "parameters": {...}},
+//   generated under the union of the tools' schemas (a tagged union, common/json_schema.h), each
+//   item one call; finish_reason "tool_calls".
 // - "none": the tools are in the prompt, nothing is parsed.
-// - "required" is refused with 400: it needs a union of the tools' schemas that structured output
-//   cannot yet keep (objects told apart only by their "name" value).
-// parallel_tool_calls = false keeps only the first call.
+// parallel_tool_calls = false keeps only the first call (with "required": an array of one).
 #pragma once
 
 #include <cstdint>
@@ -33,13 +34,14 @@ struct ApiError;
 std::string PyJsonDumps(const nlohmann::ordered_json& value);
 
 struct ToolsRequest {
-  enum class Choice { kNone, kAuto, kNamed };
+  enum class Choice { kNone, kAuto, kNamed, kRequired };
   // Each tool as the template writes it (`tool | tojson`), in the request's order.
   std::vector<std::string> rendered;
   std::vector<std::string> names;
   Choice choice = Choice::kNone;
   std::string named;            // kNamed: the function
-  std::string named_schema;     // kNamed: its parameters' JSON text (keys in the request's order)
+  std::string named_schema;     // kNamed: its parameters' JSON text (keys in the request's order);
+                                // kRequired: the array of calls' schema
   bool parallel = true;         // parallel_tool_calls
   bool active() const { return !rendered.empty(); }
 };
@@ -65,6 +67,9 @@ struct ParsedOutput {
 ParsedOutput ParseHermesOutput(const std::string& text, bool parallel);
 // A named tool choice: the text is the function's arguments.
 ParsedOutput NamedCallOutput(const std::string& name, const std::string& text);
+// tool_choice "required": the text is a JSON array of {"name", "parameters"}; a text that is not
+// (cut short by max_tokens) stays content.
+ParsedOutput RequiredOutput(const std::string& text);
 
 // One chunk's share of a streamed choice: the content to send (possibly less than the chunk's
 // text: a possible "<tool_call>" is held back until it is told apart) and the calls it completes,
@@ -81,11 +86,12 @@ class StreamToolCalls {
   StreamDelta Feed(const std::string& text);
   // The end of the choice: what was held back.
   StreamDelta Finish();
-  // tool_choice "auto" and a call went out: the finish_reason is "tool_calls".
-  bool called() const { return calls_ > 0 && choice_ == ToolsRequest::Choice::kAuto; }
+  // tool_choice "auto" or "required" and a call went out: the finish_reason is "tool_calls".
+  bool called() const { return calls_ > 0 && choice_ != ToolsRequest::Choice::kNamed; }
 
  private:
   void TakeCall(const std::string& block, bool closed, StreamDelta& out);
+  void FeedRequired(const std::string& text, StreamDelta& out);
 
   const ToolsRequest::Choice choice_;
   const std::string named_;
@@ -95,6 +101,10 @@ class StreamToolCalls {
   bool past_first_ = false; // auto: a <tool_call> was seen; later plain text is not content
   int32_t calls_ = 0;
   std::string named_id_;    // named: the call's id, sent with the first delta
+  // required: where the array's text stands; an item is sent once its object closes.
+  int32_t depth_ = 0;
+  bool in_string_ = false, escaped_ = false;
+  std::string item_;
 };
 
 }  // namespace ferry::gateway::http

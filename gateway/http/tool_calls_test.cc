@@ -82,7 +82,9 @@ TEST(ParseTools, RefusesWhatItCannotServeNamingTheField) {
       {Body(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "minLength": 2}}}])",
             {{"type", "function"}, {"function", {{"name", "f"}}}}),
        "tools", "minLength"},
-      {Body(one, "required"), "tool_choice", "\"required\" is not supported"},
+      {Body(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "minLength": 2}}}])",
+            "required"),
+       "tools", "tool_choice \"required\" generates"},
       {Body(one, "sometimes"), "tool_choice", "must be \"none\", \"auto\" or"},
       {Body(one, {{"type", "function"}, {"function", {{"name", "get_time"}}}}), "tool_choice",
        "\"get_time\", which is not in tools"},
@@ -98,6 +100,43 @@ TEST(ParseTools, RefusesWhatItCannotServeNamingTheField) {
   const ApiError no_template = ToolsError(Body(one), /*template_has_tools=*/false);
   EXPECT_EQ(no_template.param, "tools");
   EXPECT_NE(no_template.message.find("chat template does not render tools"), std::string::npos);
+}
+
+TEST(RequiredToolChoice, IsAnArrayOfCallsToldApartByName) {
+  const std::string two = std::string("[") + kWeatherTool + R"(, {"type": "function", "function": {"name": "now"}}])";
+  auto r = ParseTools(Body(two, "required"), true);
+  ASSERT_TRUE(std::holds_alternative<ToolsRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<ToolsRequest>(r).choice, ToolsRequest::Choice::kRequired);
+  EXPECT_EQ(std::get<ToolsRequest>(r).named_schema,
+            R"({"type":"array","minItems":1,"items":{"anyOf":[{"type":"object","properties":{"name":{"enum":)"
+            R"(["get_weather"]},"parameters":{"type":"object","properties":{"city":{"type":"string"},"unit":)"
+            R"({"enum":["c","f"]}},"required":["city"]}},"required":["name","parameters"],"additionalProperties":)"
+            R"(false},{"type":"object","properties":{"name":{"enum":["now"]},"parameters":{"type":"object"}},)"
+            R"("required":["name","parameters"],"additionalProperties":false}]}})");
+  ordered_json single = Body(two, "required");
+  single["parallel_tool_calls"] = false;
+  EXPECT_NE(std::get<ToolsRequest>(ParseTools(single, true)).named_schema.find("\"maxItems\":1"), std::string::npos);
+
+  const std::string text = R"([{"name": "get_weather", "parameters": {"city": "a}\"{"}}, {"name": "now", "parameters": {}}])";
+  const ParsedOutput whole = RequiredOutput(text);
+  ASSERT_EQ(whole.calls.size(), 2u);
+  EXPECT_FALSE(whole.content.has_value());
+  EXPECT_EQ(whole.calls[0].arguments, R"({"city": "a}\"{"})");
+  EXPECT_EQ(whole.calls[1].name, "now");
+  EXPECT_EQ(RequiredOutput("[{\"name\": \"now\"").content, "[{\"name\": \"now\"") << "cut short: content";
+  for (size_t cut = 1; cut <= text.size(); ++cut) {
+    StreamToolCalls parser(ToolsRequest::Choice::kRequired, "", true);
+    nlohmann::json calls = nlohmann::json::array();
+    for (size_t at = 0; at < text.size(); at += cut) {
+      StreamDelta d = parser.Feed(text.substr(at, cut));
+      EXPECT_TRUE(d.content.empty());
+      for (auto& c : d.tool_calls) calls.push_back(c);
+    }
+    ASSERT_EQ(calls.size(), 2u) << "cut " << cut;
+    EXPECT_EQ(calls[0]["function"]["arguments"], whole.calls[0].arguments) << "cut " << cut;
+    EXPECT_EQ(calls[1]["index"], 1);
+    EXPECT_TRUE(parser.called());
+  }
 }
 
 TEST(ParseHermesOutput, TakesTheCallsAndTheTextBeforeThem) {

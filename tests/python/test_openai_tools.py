@@ -2,9 +2,9 @@
 
 The prompt with tools, tool calls and tool results is the one transformers' apply_chat_template
 renders with Qwen2.5's template. The tiny random model never writes a call of its own accord, so
-the tests make it: a named tool choice generates the arguments under the function's schema, and
-under tool_choice "auto" a guided_regex forces a Hermes-format text that the parser must turn into
-calls, streamed or not.
+the tests make it: a named tool choice generates the arguments under the function's schema,
+"required" an array of calls under the tools' schemas, and under tool_choice "auto" a guided_regex
+forces a Hermes-format text that the parser must turn into calls, streamed or not.
 """
 import json
 import re
@@ -130,6 +130,28 @@ def test_a_named_tool_choice_generates_arguments_under_its_schema(client, close_
     assert arguments == call.function.arguments and names == ["judge"] and len(ids) == 1 and finish == "stop"
 
 
+def test_required_tool_choice_gives_calls_under_their_tools_schemas(client, close_brace):
+    pick = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"], "additionalProperties": False}}}
+    kwargs = dict(model="m", messages=[{"role": "user", "content": "Judge, or pick a unit"}], tools=[TOOLS[1], pick],
+                  tool_choice="required", parallel_tool_calls=False, max_tokens=300, temperature=0,
+                  logit_bias={str(close_brace): 100})
+    r = client.chat.completions.create(**kwargs)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", r
+    (call,) = choice.message.tool_calls
+    if call.function.name == "judge":
+        check_verdict(call.function.arguments)
+    else:
+        assert call.function.name == "pick" and json.loads(call.function.arguments)["unit"] in ("c", "f"), call
+    streamed, finish = {}, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices[0].delta.tool_calls or []:
+            streamed[c.index] = (c.function.name, c.function.arguments)
+        finish = chunk.choices[0].finish_reason or finish
+    assert streamed == {0: (call.function.name, call.function.arguments)} and finish == "tool_calls"
+
+
 def test_auto_tool_calls_are_parsed_from_the_text(client):
     kwargs = dict(model="m", messages=[{"role": "user", "content": "Weather in Paris, and the time?"}], tools=TOOLS,
                   max_tokens=256, extra_body={"guided_regex": re.escape(FORCED)})
@@ -161,7 +183,9 @@ def test_auto_tool_calls_are_parsed_from_the_text(client):
 def test_tool_requests_ferry_cannot_serve_are_named(tools_stack, client):
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS, "max_tokens": 2}
     for extra, param, says in (
-            ({"tool_choice": "required"}, "tool_choice", '"required" is not supported'),
+            ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+                "name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "format": "date"}}}}}]},
+             "tools", '"format" is not supported'),
             ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", '"nope"'),
             ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "tools[0].function.name"),
             ({"tool_choice": {"type": "function", "function": {"name": "judge"}},

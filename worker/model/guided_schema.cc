@@ -213,9 +213,20 @@ bool SchemaAutomaton::FeedLiterals(uint8_t c) {
     f.phase = Phase::kObjectColon;
     lex_ = Lex::kNone, ws_ = 0;
   } else {
+    SelectTagged();
     EndValue();
   }
   return true;
+}
+
+// A tagged union's tag value just ended (one literal, alive_): the object it names takes the
+// frame, from its second property on.
+void SchemaAutomaton::SelectTagged() {
+  if (depth_ == 0) return;
+  Frame& f = frames_[depth_ - 1];
+  const SchemaNode& n = node(f.node);
+  if (n.tag_targets.empty() || f.count != 0 || literal_node_ != n.properties[0].node) return;
+  f.node = n.tag_targets[static_cast<size_t>(std::countr_zero(alive_))];
 }
 
 // The value in progress is whole: back to its container, or done at the top.

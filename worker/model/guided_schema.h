@@ -49,6 +49,7 @@ class SchemaAutomaton {
   bool FeedArray(Frame& f, uint8_t c);
   bool StartValue(int32_t node, uint8_t c);
   bool FeedLiterals(uint8_t c);
+  void SelectTagged();
   bool EndedBefore(uint8_t c);
   void EndValue();
   uint64_t KeyCandidates(const Frame& f) const;
