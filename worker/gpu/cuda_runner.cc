@@ -25,7 +25,7 @@ constexpr float kMinTemperature = 1e-5f;
 // Whether a row's sample needs the host sampler rather than the device argmax.
 bool NeedsHostSampler(const SamplingOptions& o) {
   return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty() ||
-         o.min_tokens > 0;
+         o.min_tokens > 0 || o.guided.kind != GuidedSpec::Kind::kNone;
 }
 
 }  // namespace
@@ -80,6 +80,8 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
                                c.default_repetition_penalty};
   info_.tp_rank = options.tp_rank;
   info_.tp_size = options.tp_size;
+  guided_vocab_ = LoadGuidedVocab(r.model_dir, info_.vocab_size, info_.eos_token_ids);
+  info_.supports_guided_decoding = guided_vocab_ != nullptr;
   // Graphs for tensor parallelism would capture NCCL calls too; eager there until measured.
   if (!options.enforce_eager && options.tp_size == 1) {
     const auto sizes = options.cuda_graph_sizes.empty() ? DefaultGraphSizes(options.max_num_seqs)
@@ -135,8 +137,9 @@ void CudaQwen2Runner::Apply(const StepSpec& step) {
   for (uint64_t id : step.finished_ids) seqs_.erase(id);
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
   for (const NewSequenceSpec& n : step.new_sequences) {
-    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}};
+    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}, {}};
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
+    seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -300,7 +303,7 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
     SampleResult r;
     if (NeedsHostSampler(seq.sampling)) {
       r = sampler_.Sample(host_logits_.as<float>() + size_t(p.host_slot) * vocab, vocab, seq.sampling, &seq.counts,
-                          seq.num_generated);
+                          seq.num_generated, SamplingMask(seq.guided.get()));
     } else {
       r.token_id = host_ids_.as<int32_t>()[p.logits_row];
     }
@@ -308,6 +311,7 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
       const float* row = host_logits_.as<float>() + size_t(p.host_slot) * vocab;
       last_logits_.insert(last_logits_.end(), row, row + vocab);
     }
+    if (seq.guided) seq.guided->Advance(r.token_id);
     seq.token_ids.push_back(r.token_id);
     ++seq.num_generated;
     if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);

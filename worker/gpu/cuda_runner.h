@@ -1,8 +1,9 @@
 // The GPU ModelRunner: the same engine contract as the CPU Qwen2Runner (worker/model/README.md:
 // StepSpec semantics, validation before any change, samples in scheduled order, seeded
 // sampling), running CudaQwen2Model on one device. Greedy rows are picked by a device argmax;
-// rows that need the full sampler (temperature, penalties, logprobs) copy their logits to the
-// host and use the CPU Sampler, so their results follow the CPU path's rules exactly.
+// rows that need the full sampler (temperature, penalties, logprobs, guided decoding) copy their
+// logits to the host and use the CPU Sampler, under the CPU path's guided-decoding masks, so
+// their results follow the CPU path's rules exactly.
 //
 // Memory (vLLM's meaning of --gpu-memory-utilization): weights, then activation buffers for
 // max_num_batched_tokens / max_num_seqs, then the KV cache takes what is left of
@@ -29,6 +30,7 @@
 #include "worker/gpu/cuda_runner_options.h"
 #include "worker/gpu/cuda_model.h"
 #include "worker/gpu/decode_graphs.h"
+#include "worker/model/guided_decoding.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/sampler.h"
 
@@ -70,6 +72,8 @@ class CudaQwen2Runner final : public ModelRunner {
     SamplingOptions sampling;
     int32_t num_generated = 0;
     TokenCounts counts;
+    // Guided decoding: the constraint's state after the generated tokens; null when unguided.
+    std::unique_ptr<GuidedMatcher> guided;
   };
   struct Planned;  // one scheduled sequence's place in the device batch
 
@@ -93,6 +97,8 @@ class CudaQwen2Runner final : public ModelRunner {
   DecodeGraphs graphs_;
   std::unordered_map<uint64_t, Sequence> seqs_;
   Sampler sampler_;
+  // The vocabulary's bytes for guided decoding (tokenizer.json); null: not supported.
+  std::unique_ptr<GuidedVocab> guided_vocab_;
   PinnedBuffer host_ids_;     // [max_num_seqs] argmax ids
   PinnedBuffer host_logits_;  // [rows, vocab] rows the host samples from (grown on demand)
   std::vector<float> last_logits_;

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -120,6 +121,51 @@ TEST_F(CudaRunnerTest, SeededSamplingIsReproducible) {
     runner_->Step(done);
   }
   EXPECT_EQ(tokens[0], tokens[1]);
+}
+
+// Guided rows go through the host sampler under the CPU path's masks: a choice request's greedy
+// and sampled texts are exactly one of its choices, and a preempted one resumes identically.
+TEST(CudaRunnerGuided, TextsKeepToTheirConstraint) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
+  constexpr int32_t kEos = 2;
+  const std::vector<std::string> words = {"red", "green", "blue", "re", "gr"};
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ferry_gpu_guided_" + std::to_string(::getpid()));
+  WriteRandomQwen2Checkpoint(TinyShape(), 5, "bfloat16", dir.string(), {kEos}, 256 + static_cast<int32_t>(words.size()));
+  WriteByteLevelTokenizerJson(dir.string(), words);
+  CudaRunnerOptions o;
+  o.runner.model_dir = dir.string();
+  o.runner.num_kv_blocks = 64;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 128;
+  CudaQwen2Runner runner(o);
+  ASSERT_TRUE(runner.info().supports_guided_decoding);
+  auto bytes = [&](int32_t id) { return id < 256 ? std::string(1, static_cast<char>(id)) : words.at(size_t(id - 256)); };
+  const std::vector<std::string> choices = {"red", "green", "blue sky"};
+  for (float temperature : {0.f, 1.f}) {
+    SamplingOptions sampling;
+    sampling.temperature = temperature;
+    sampling.seed = 7;
+    sampling.guided.kind = GuidedSpec::Kind::kChoice;
+    sampling.guided.choices = choices;
+    StepSpec first;
+    first.new_sequences.push_back({1, {5, 6, 7, 8}, 0, sampling, 0});
+    first.scheduled.push_back({1, 4, {0, 1}});
+    std::string text;
+    int32_t token = runner.Step(first).at(0).token_id;
+    for (int step = 0; step < 20 && token != kEos; ++step) {
+      text += bytes(token);
+      StepSpec decode;
+      decode.scheduled.push_back({1, 1, {}});
+      token = runner.Step(decode).at(0).token_id;
+    }
+    EXPECT_EQ(token, kEos) << text;
+    EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << "'" << text << "'";
+    StepSpec done;
+    done.finished_ids.push_back(1);
+    runner.Step(done);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

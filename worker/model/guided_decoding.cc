@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -14,8 +15,6 @@
 
 namespace ferry::worker {
 namespace {
-
-constexpr size_t kMaskCacheEntries = 256;  // ~5 MB of masks at Qwen2's vocabulary
 
 // GPT-2's bytes_to_unicode, inverted: code point -> byte. Printable Latin-1 bytes stand for
 // themselves; the other 68 are shifted to U+0100 and up, in byte order.
@@ -340,11 +339,6 @@ std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& p
   return std::make_unique<GuidedVocab>(std::move(bytes), std::move(eos_ids));
 }
 
-std::shared_ptr<const TokenMask> GuidedVocab::CachedMask(const std::string& key) const {
-  const auto it = mask_cache_.find(key);
-  return it == mask_cache_.end() ? nullptr : it->second;
-}
-
 const GuidedVocab::StringClasses& GuidedVocab::StringClassesFor(const StringLexer& lexer) {
   const uint32_t key = lexer.sub | uint32_t{lexer.utf8_left} << 8 | uint32_t{lexer.utf8_first} << 16;
   std::unique_ptr<const StringClasses>& slot = string_classes_[key];
@@ -356,10 +350,26 @@ const GuidedVocab::StringClasses& GuidedVocab::StringClassesFor(const StringLexe
   return *slot;
 }
 
+std::shared_ptr<const TokenMask> GuidedVocab::CachedMask(const std::string& key) {
+  const auto it = mask_index_.find(key);
+  if (it == mask_index_.end()) return nullptr;
+  mask_lru_.splice(mask_lru_.begin(), mask_lru_, it->second);
+  return it->second->second;
+}
+
 void GuidedVocab::CacheMask(const std::string& key, std::shared_ptr<const TokenMask> mask) {
-  // Matchers hold their masks by shared pointer, so clearing never pulls one from under them.
-  if (mask_cache_.size() >= kMaskCacheEntries) mask_cache_.clear();
-  mask_cache_.emplace(key, std::move(mask));
+  if (const auto it = mask_index_.find(key); it != mask_index_.end()) {
+    it->second->second = std::move(mask);
+    mask_lru_.splice(mask_lru_.begin(), mask_lru_, it->second);
+    return;
+  }
+  // Matchers hold their masks by shared pointer, so evicting never pulls one from under them.
+  if (mask_index_.size() >= kMaskCacheEntries) {
+    mask_index_.erase(mask_lru_.back().first);
+    mask_lru_.pop_back();
+  }
+  mask_lru_.emplace_front(key, std::move(mask));
+  mask_index_.emplace(key, mask_lru_.begin());
 }
 
 std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab) {
@@ -390,6 +400,32 @@ std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedV
       break;
   }
   throw std::invalid_argument("no guided decoding asked for");
+}
+
+std::unique_ptr<GuidedVocab> LoadGuidedVocab(const std::string& model_dir, int32_t vocab_size,
+                                             std::vector<int32_t> eos_ids) {
+  const std::string path = model_dir + "/tokenizer.json";
+  if (!std::filesystem::exists(path)) return nullptr;
+  try {
+    return GuidedVocab::FromTokenizerJson(path, vocab_size, std::move(eos_ids));
+  } catch (const std::runtime_error&) {
+    return nullptr;
+  }
+}
+
+std::unique_ptr<GuidedMatcher> SequenceMatcher(const GuidedSpec& spec, GuidedVocab* vocab,
+                                               const std::vector<int32_t>& token_ids, int32_t num_generated) {
+  if (spec.kind == GuidedSpec::Kind::kNone || vocab == nullptr) return nullptr;
+  std::unique_ptr<GuidedMatcher> m = MakeGuidedMatcher(spec, *vocab);
+  const size_t first = token_ids.size() - static_cast<size_t>(std::max(num_generated, 0));
+  for (size_t i = first; i < token_ids.size(); ++i) m->Advance(token_ids[i]);
+  return m;
+}
+
+const TokenMask* SamplingMask(GuidedMatcher* matcher) {
+  if (matcher == nullptr) return nullptr;
+  const TokenMask& allowed = matcher->Allowed();
+  return allowed.Count() == 0 ? nullptr : &allowed;
 }
 
 }  // namespace ferry::worker

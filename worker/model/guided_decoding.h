@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -68,9 +69,12 @@ class GuidedVocab {
   // Further tokens with the same bytes as a trie node's token (rare: added tokens), in node order.
   const std::vector<std::pair<int32_t, int32_t>>& duplicates() const { return duplicates_; }
 
-  // JSON masks by automaton state. Found: the shared mask; else nullptr.
-  std::shared_ptr<const TokenMask> CachedMask(const std::string& key) const;
+  // Masks by constraint and automaton state, least recently used evicted past kMaskCacheEntries.
+  // Found: the shared mask (now the most recently used); else nullptr.
+  static constexpr size_t kMaskCacheEntries = 1024;  // ~19 MB of masks at Qwen2's vocabulary
+  std::shared_ptr<const TokenMask> CachedMask(const std::string& key);
   void CacheMask(const std::string& key, std::shared_ptr<const TokenMask> mask);
+  size_t cached_masks() const { return mask_index_.size(); }
 
   // The vocabulary as a JSON string's lexer in one state reads it. Inside a free string nearly
   // every token fits (149,117 of Qwen2's 151,936), so a trie walk visits almost every node:
@@ -93,8 +97,12 @@ class GuidedVocab {
   std::vector<int32_t> eos_ids_;
   std::vector<Node> trie_;
   std::vector<std::pair<int32_t, int32_t>> duplicates_;  // (node, token id), in node order
-  // Bounded: 19 KB a mask at Qwen2's vocabulary; cleared whole when full.
-  std::unordered_map<std::string, std::shared_ptr<const TokenMask>> mask_cache_;
+  // Most recently used first. Evicting one entry at a time (it was a clear of the whole cache)
+  // keeps the masks of constraints still in use when many are (a regex of a few hundred states
+  // fills a quarter of it).
+  using MaskEntry = std::pair<std::string, std::shared_ptr<const TokenMask>>;
+  std::list<MaskEntry> mask_lru_;
+  std::unordered_map<std::string, std::list<MaskEntry>::iterator> mask_index_;
   std::unordered_map<uint32_t, std::unique_ptr<const StringClasses>> string_classes_;  // by packed lexer state
 };
 
@@ -117,5 +125,19 @@ class GuidedMatcher {
 // for a choice spec without choices and (JsonSchemaError, RegexError) for a schema or pattern
 // that does not compile.
 std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab);
+
+// What a runner (CPU or GPU) needs around the matchers.
+// The vocabulary of model_dir/tokenizer.json; null when there is none or it is not a byte-level
+// BPE, and the backend then reports no guided decoding (ModelInfo.supports_guided_decoding),
+// which the scheduler refuses with INVALID_ARGUMENT.
+std::unique_ptr<GuidedVocab> LoadGuidedVocab(const std::string& model_dir, int32_t vocab_size,
+                                             std::vector<int32_t> eos_ids);
+// A new sequence's matcher, null when unguided. token_ids ends with the num_generated tokens it
+// sampled before a preemption: the constraint's state is rebuilt from them.
+std::unique_ptr<GuidedMatcher> SequenceMatcher(const GuidedSpec& spec, GuidedVocab* vocab,
+                                               const std::vector<int32_t>& token_ids, int32_t num_generated);
+// The mask to sample a guided sequence under; null when unguided, or when nothing is allowed
+// (no end-of-sequence id to end on), where the sampler's own choice stands.
+const TokenMask* SamplingMask(GuidedMatcher* matcher);
 
 }  // namespace ferry::worker

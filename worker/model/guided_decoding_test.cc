@@ -270,6 +270,20 @@ TEST(GuidedMatcherTest, JsonMasksAreSharedByState) {
   EXPECT_EQ(&a->Allowed(), &b->Allowed()) << "the same state's mask is computed once";
 }
 
+TEST(GuidedVocabTest, MaskCacheEvictsTheLeastRecentlyUsed) {
+  GuidedVocab vocab({"a", "b"}, {});
+  auto mask = std::make_shared<const TokenMask>(2);
+  for (size_t i = 0; i < GuidedVocab::kMaskCacheEntries; ++i) vocab.CacheMask("k" + std::to_string(i), mask);
+  ASSERT_EQ(vocab.cached_masks(), GuidedVocab::kMaskCacheEntries);
+  ASSERT_NE(vocab.CachedMask("k0"), nullptr);  // now the most recently used
+  vocab.CacheMask("new", mask);
+  EXPECT_EQ(vocab.cached_masks(), GuidedVocab::kMaskCacheEntries) << "one out for one in";
+  EXPECT_NE(vocab.CachedMask("k0"), nullptr) << "used recently: kept";
+  EXPECT_EQ(vocab.CachedMask("k1"), nullptr) << "the least recently used goes";
+  EXPECT_NE(vocab.CachedMask("k2"), nullptr);
+  EXPECT_NE(vocab.CachedMask("new"), nullptr);
+}
+
 TEST(GuidedMatcherTest, ChoiceAllowsPrefixesAndEndsOnAWholeChoice) {
   // ids: 0 "y", 1 "es", 2 "yes", 3 eos, 4 "no", 5 " sir", 6 "n", 7 "x"
   const std::vector<std::string> bytes = {"y", "es", "yes", "", "no", " sir", "n", "x"};

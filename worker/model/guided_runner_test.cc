@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/regex_dfa.h"
@@ -25,37 +24,6 @@ constexpr int32_t kEos = 2;
 const std::vector<std::string> kMultiByte = {"{\"", "\":", "\"}", "true", "null", "\", \"", "  ", "alpha",
                                              "al", "pha", "beta", "gamma", " gamma", "12", "}\n", "[1,"};
 
-// GPT-2's bytes_to_unicode for one byte, as UTF-8.
-std::string ByteLevelChar(int b) {
-  const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-  int cp = b;
-  if (!printable) {
-    cp = 256;
-    for (int x = 0; x < b; ++x) cp += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return out;
-}
-
-void WriteTokenizerJson(const std::string& dir) {
-  nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
-  for (size_t i = 0; i < kMultiByte.size(); ++i) {
-    std::string entry;
-    for (char c : kMultiByte[i]) entry += ByteLevelChar(static_cast<uint8_t>(c));
-    vocab[entry] = 256 + static_cast<int>(i);
-  }
-  const nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
-                            {"added_tokens", nlohmann::json::array()}};
-  std::ofstream(dir + "/tokenizer.json") << j.dump();
-}
-
 std::string Bytes(int32_t id) {
   return id < 256 ? std::string(1, static_cast<char>(id)) : kMultiByte.at(static_cast<size_t>(id - 256));
 }
@@ -66,7 +34,7 @@ class GuidedRunnerTest : public ::testing::Test {
     dir_ = new TempDir("guided_runner_test");
     WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/31, "bfloat16", dir_->str(), {kEos},
                                /*num_live_tokens=*/256 + static_cast<int32_t>(kMultiByte.size()));
-    WriteTokenizerJson(dir_->str());
+    WriteByteLevelTokenizerJson(dir_->str(), kMultiByte);
   }
   static void TearDownTestSuite() {
     delete dir_;

@@ -29,17 +29,6 @@ int32_t DeriveNumBlocks(const RunnerOptions& options, const KvCacheLayout& layou
   return static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
 }
 
-// A checkpoint without a byte-level tokenizer.json serves everything but guided decoding,
-// which the scheduler then refuses with INVALID_ARGUMENT (info().supports_guided_decoding).
-std::unique_ptr<GuidedVocab> LoadGuidedVocab(const std::string& path, const ModelInfo& info) {
-  if (!std::filesystem::exists(path)) return nullptr;
-  try {
-    return GuidedVocab::FromTokenizerJson(path, info.vocab_size, info.eos_token_ids);
-  } catch (const std::runtime_error&) {
-    return nullptr;
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<ModelRunner> ModelRunner::Create(const RunnerOptions& options) {
@@ -75,7 +64,7 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
                                c.default_repetition_penalty};
   info_.supports_prompt_logprobs = true;
   cache_ = std::make_unique<KvCache>(model_->kv_layout(), info_.num_kv_blocks, info_.block_size);
-  guided_vocab_ = LoadGuidedVocab(options.model_dir + "/tokenizer.json", info_);
+  guided_vocab_ = LoadGuidedVocab(options.model_dir, info_.vocab_size, info_.eos_token_ids);
   info_.supports_guided_decoding = guided_vocab_ != nullptr;
 }
 
@@ -104,13 +93,7 @@ void Qwen2Runner::Apply(const StepSpec& step) {
     seq.prompt_len = static_cast<int32_t>(n.token_ids.size()) - n.num_generated;
     // After a preemption token_ids ends with the num_generated tokens sampled before it.
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
-    if (n.sampling.guided.kind != GuidedSpec::Kind::kNone) {
-      seq.guided = MakeGuidedMatcher(n.sampling.guided, *guided_vocab_);
-      // Resent after a preemption: the constraint's state is rebuilt from the tokens it chose.
-      for (size_t i = static_cast<size_t>(seq.prompt_len); i < n.token_ids.size(); ++i) {
-        seq.guided->Advance(n.token_ids[i]);
-      }
-    }
+    seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -149,10 +132,8 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   const int32_t vocab = info_.vocab_size;
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];
-    const TokenMask* allowed = seq.guided ? &seq.guided->Allowed() : nullptr;
-    if (allowed != nullptr && allowed->Count() == 0) allowed = nullptr;  // no end-of-sequence id to end on
     SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
-                                     &seq.counts, seq.num_generated, allowed);
+                                     &seq.counts, seq.num_generated, SamplingMask(seq.guided.get()));
     if (seq.guided) seq.guided->Advance(r.token_id);
     seq.token_ids.push_back(r.token_id);
     ++seq.num_generated;

@@ -190,4 +190,43 @@ void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const st
   writer.Finish();
 }
 
+namespace {
+
+// GPT-2's bytes_to_unicode for one byte, as UTF-8: printable Latin-1 bytes stand for themselves,
+// the other 68 are shifted to U+0100 and up, in byte order.
+std::string ByteLevelChar(int b) {
+  auto printable = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  int cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int x = 0; x < b; ++x) cp += !printable(x);
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return out;
+}
+
+}  // namespace
+
+void WriteByteLevelTokenizerJson(const std::string& dir, const std::vector<std::string>& words) {
+  ordered_json vocab = ordered_json::object();
+  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
+  for (size_t i = 0; i < words.size(); ++i) {
+    std::string entry;
+    for (char c : words[i]) entry += ByteLevelChar(static_cast<uint8_t>(c));
+    vocab[entry] = 256 + static_cast<int>(i);
+  }
+  const ordered_json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", ordered_json::array()}}},
+                          {"added_tokens", ordered_json::array()}};
+  fs::create_directories(dir);
+  std::ofstream out(dir + "/tokenizer.json");
+  out << j.dump();
+  if (!out) throw std::runtime_error(dir + "/tokenizer.json: cannot be written");
+}
+
 }  // namespace ferry::worker

@@ -47,4 +47,9 @@ void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const st
                                 const std::string& dir,
                                 const std::vector<int32_t>& eos_token_ids, int32_t num_live_tokens = 0);
 
+// A byte-level BPE <dir>/tokenizer.json for tests of guided decoding: ids 0-255 the single bytes
+// (GPT-2's bytes_to_unicode, as Qwen2's), then `words` from id 256 on, no merges. Enough for
+// GuidedVocab::FromTokenizerJson, not a tokenizer to encode with.
+void WriteByteLevelTokenizerJson(const std::string& dir, const std::vector<std::string>& words);
+
 }  // namespace ferry::worker
