@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/ebnf_grammar.h"
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
 #include "common/status.h"
@@ -72,6 +73,23 @@ std::string CheckRegex(const std::string& pattern) {
   return {};
 }
 
+// A grammar is expanded to a regex and compiled here, as the scheduler will: a recursive or
+// too large one is refused naming the line and column, or the regex construct it expanded to.
+std::string CheckGrammar(const std::string& grammar) {
+  if (grammar.size() > kMaxGrammarBytes) {
+    return FieldMessage("sampling.guided.grammar (bytes)", grammar.size(),
+                        fmt::format("exceeds the limit of {}", kMaxGrammarBytes));
+  }
+  try {
+    CompileRegexCached(*GrammarToRegexCached(grammar));
+  } catch (const GrammarError& e) {
+    return std::string("sampling.guided.grammar: ") + e.what();
+  } catch (const RegexError& e) {
+    return std::string("sampling.guided.grammar: its expansion to a regular expression: ") + e.what();
+  }
+  return {};
+}
+
 // Returns a message for a bad structured output constraint, or an empty string. A json_object
 // set to false is refused rather than read as "unset": the client meant something by setting it.
 std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
@@ -83,6 +101,7 @@ std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
     case ferry::v1::GuidedDecoding::kChoice: return CheckChoices(g.choice());
     case ferry::v1::GuidedDecoding::kJsonSchema: return CheckJsonSchema(g.json_schema());
     case ferry::v1::GuidedDecoding::kRegex: return CheckRegex(g.regex());
+    case ferry::v1::GuidedDecoding::kGrammar: return CheckGrammar(g.grammar());
     default: return {};
   }
 }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/ebnf_grammar.h"
 #include "common/regex_dfa.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 
@@ -158,6 +159,30 @@ TEST_F(ValidateRequestTest, ARegexTheEngineCannotGenerateExactlyIsRefused) {
   EXPECT_EQ(error("(a|b)*a(a|b){12}"), "sampling.guided.regex: regex: its automaton needs more than 4096 states");
   EXPECT_EQ(error(std::string(kMaxRegexBytes + 1, 'a')), "sampling.guided.regex (bytes) = 4097 exceeds the limit of "
                                                          "4096");
+}
+
+TEST_F(ValidateRequestTest, AGrammarIsCheckedAndReachesTheSchedulerAsWritten) {
+  const auto error = [&](const std::string& grammar) {
+    ferry::v1::GenerateRequest r;
+    r.set_text("hello");
+    r.mutable_sampling()->mutable_guided()->set_grammar(grammar);
+    return Error(r);
+  };
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  const std::string grammar = "root ::= \"yes\" | \"no\" digits\ndigits ::= [0-9]{1,3}";
+  r.mutable_sampling()->mutable_guided()->set_grammar(grammar);
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.guided().grammar(), grammar) << "the scheduler expands it";
+  EXPECT_EQ(error("root ::= \"a\" root | \"b\""),
+            "sampling.guided.grammar: grammar at line 1, column 14: rule \"root\" refers to itself (root -> root): "
+            "recursive grammars are not supported, only regular ones");
+  EXPECT_EQ(error("root ::= (\"a\" | \"b\")* \"a\" (\"a\" | \"b\"){12}"),
+            "sampling.guided.grammar: its expansion to a regular expression: regex: its automaton needs more than "
+            "4096 states");
+  EXPECT_EQ(error(std::string(kMaxGrammarBytes + 1, ' ')),
+            "sampling.guided.grammar (bytes) = 65537 exceeds the limit of 65536");
 }
 
 TEST_F(ValidateRequestTest, BadGuidedDecodingIsNamed) {

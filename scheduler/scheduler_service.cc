@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/ebnf_grammar.h"
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
 
@@ -29,6 +30,10 @@ GuidedDecoding ToGuided(const ferry::v1::GuidedDecoding& g) {
     case ferry::v1::GuidedDecoding::kRegex:
       out.kind = GuidedDecoding::Kind::kRegex;
       out.regex = g.regex();
+      break;
+    case ferry::v1::GuidedDecoding::kGrammar:  // a regular grammar, expanded (CheckGuided translated it)
+      out.kind = GuidedDecoding::Kind::kRegex;
+      out.regex = *GrammarToRegexCached(g.grammar());
       break;
     default: break;
   }
@@ -162,6 +167,15 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
       CompileRegexCached(g.regex());
     } catch (const RegexError& e) {
       throw std::invalid_argument(std::string("guided.regex: ") + e.what());
+    }
+  }
+  if (g.has_grammar()) {
+    try {
+      CompileRegexCached(*GrammarToRegexCached(g.grammar()));
+    } catch (const GrammarError& e) {
+      throw std::invalid_argument(std::string("guided.grammar: ") + e.what());
+    } catch (const RegexError& e) {
+      throw std::invalid_argument(std::string("guided.grammar: its expansion to a regular expression: ") + e.what());
     }
   }
 }

@@ -135,9 +135,12 @@ TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   const std::string pattern = R"((?:yes|no)-\d{2,4})";
   regex.mutable_guided()->set_regex(pattern);
   ASSERT_TRUE(Submit(regex).ok());
+  ferry::v1::SubmitRequest grammar = Request();
+  grammar.mutable_guided()->set_grammar("root ::= (\"yes\" | \"no\") \"-\" [0-9]{2,4}");
+  ASSERT_TRUE(Submit(grammar).ok());
 
   const std::vector<ferry::v1::NewSequence> sent = workers_.new_sequences();
-  ASSERT_EQ(sent.size(), 5u);
+  ASSERT_EQ(sent.size(), 6u);
   ASSERT_TRUE(sent[0].guided().has_choice());
   EXPECT_EQ(sent[0].guided().choice().choices_size(), 2);
   EXPECT_EQ(sent[0].guided().choice().choices(1), "no");
@@ -147,6 +150,8 @@ TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   EXPECT_EQ(sent[3].guided().json_schema(), text);  // byte for byte: the properties' order is the text's
   ASSERT_TRUE(sent[4].guided().has_regex());
   EXPECT_EQ(sent[4].guided().regex(), pattern);
+  ASSERT_TRUE(sent[5].guided().has_regex()) << "a grammar reaches the worker expanded to its regex";
+  EXPECT_EQ(sent[5].guided().regex(), "(?:yes|no)-(?:[0-9]){2,4}");
 }
 
 TEST_F(SchedulerServiceTest, AReplicaWithoutGuidedDecodingRefusesIt) {
@@ -182,6 +187,18 @@ TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
   status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message().rfind("guided.json_schema: schema is not JSON", 0), 0u) << status.error_message();
+  EXPECT_TRUE(workers_.new_sequences().empty());
+}
+
+// A recursive grammar has no regex: refused before it is queued, naming the cycle.
+TEST_F(SchedulerServiceTest, ARecursiveGrammarIsRefused) {
+  Start(true);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_guided()->set_grammar("root ::= \"(\" root \")\" | \"x\"");
+  const grpc::Status status = Submit(r);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "guided.grammar: grammar at line 1, column 14: rule \"root\" refers to itself "
+                                    "(root -> root): recursive grammars are not supported, only regular ones");
   EXPECT_TRUE(workers_.new_sequences().empty());
 }
 

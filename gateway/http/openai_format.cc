@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/ebnf_grammar.h"
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
 #include "gateway/http/tool_calls.h"
@@ -31,7 +32,10 @@ std::string ParamFromMessage(const std::string& message) {
   // The HTTP layer checks a schema and a regex itself, naming the field that gave it; one refused
   // later came from any of the fields that set it (response_format, guided_json or
   // structured_outputs.json; guided_regex or structured_outputs.regex).
-  if (field.rfind("guided.json_schema", 0) == 0 || field.rfind("guided.regex", 0) == 0) return "";
+  if (field.rfind("guided.json_schema", 0) == 0 || field.rfind("guided.regex", 0) == 0 ||
+      field.rfind("guided.grammar", 0) == 0) {
+    return "";
+  }
   return field;
 }
 
@@ -211,6 +215,16 @@ Error ParseRegex(const json& v, const std::string& field, std::vector<GuidedAsk>
   return std::nullopt;
 }
 
+// vLLM's guided_grammar and structured_outputs.grammar: EBNF / GBNF rules from `root`, served
+// when regular (common/ebnf_grammar.h), checked by FinishGrammar once it is the one constraint.
+Error ParseGrammar(const json& v, const std::string& field, std::vector<GuidedAsk>& asks) {
+  if (!v.is_string()) return WrongType(field, v, "a string (an EBNF grammar)");
+  GuidedAsk ask{field, {}};
+  ask.guided.set_grammar(v.get<std::string>());
+  asks.push_back(std::move(ask));
+  return std::nullopt;
+}
+
 // OpenAI's {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
 // The schema is kept whether strict or not; name and description only describe it.
 Error ParseResponseJsonSchema(const json& format, std::vector<GuidedAsk>& asks) {
@@ -270,10 +284,13 @@ Error ParseStructuredOutputs(const json& body, std::vector<GuidedAsk>& asks) {
       if (Error e = ParseVllmSchema(value, "structured_outputs.json", asks)) return e;
     } else if (key == "regex") {
       if (Error e = ParseRegex(value, "structured_outputs.regex", asks)) return e;
+    } else if (key == "grammar") {
+      if (Error e = ParseGrammar(value, "structured_outputs.grammar", asks)) return e;
     } else {
       return InvalidField("structured_outputs",
                           fmt::format("structured_outputs key {} is not supported (only \"choice\", "
-                                      "\"json_object\", \"json\" and \"regex\" are)", Brief(json(key))));
+                                      "\"json_object\", \"json\", \"regex\" and \"grammar\" are)",
+                                      Brief(json(key))));
     }
   }
   return std::nullopt;
@@ -326,8 +343,26 @@ Error FinishRegex(const GuidedAsk& ask) {
   return std::nullopt;
 }
 
+// The one grammar, expanded and compiled as the scheduler will, so that a recursive one is a 400
+// naming the HTTP field, the line and the column.
+Error FinishGrammar(const GuidedAsk& ask) {
+  const std::string& grammar = ask.guided.grammar();
+  if (grammar.size() > kMaxGrammarBytes) {
+    return InvalidField(ask.field, fmt::format("{} is {} bytes, over the limit of {}", ask.field, grammar.size(),
+                                               kMaxGrammarBytes));
+  }
+  try {
+    CompileRegexCached(*GrammarToRegexCached(grammar));
+  } catch (const GrammarError& e) {
+    return InvalidField(ask.field, fmt::format("{}: {}", ask.field, e.what()));
+  } catch (const RegexError& e) {
+    return InvalidField(ask.field, fmt::format("{}: its expansion to a regular expression: {}", ask.field, e.what()));
+  }
+  return std::nullopt;
+}
+
 // At most one of response_format (json_object, json_schema), guided_choice, guided_json,
-// guided_regex and structured_outputs' constraints.
+// guided_regex, guided_grammar and structured_outputs' constraints.
 Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& s) {
   std::vector<GuidedAsk> asks;
   if (Error e = ParseResponseFormat(body, asks)) return e;
@@ -340,6 +375,9 @@ Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& 
   if (Asks(body, "guided_regex")) {
     if (Error e = ParseRegex(body["guided_regex"], "guided_regex", asks)) return e;
   }
+  if (Asks(body, "guided_grammar")) {
+    if (Error e = ParseGrammar(body["guided_grammar"], "guided_grammar", asks)) return e;
+  }
   if (Error e = ParseStructuredOutputs(body, asks)) return e;
   if (asks.size() > 1) {
     return InvalidField(asks[1].field, fmt::format("{} conflicts with {}: a request takes one structured output "
@@ -351,6 +389,9 @@ Error ParseGuided(const json& body, std::string_view body_text, SamplingParams& 
   }
   if (asks.front().guided.has_regex()) {
     if (Error e = FinishRegex(asks.front())) return e;
+  }
+  if (asks.front().guided.has_grammar()) {
+    if (Error e = FinishGrammar(asks.front())) return e;
   }
   *s.mutable_guided() = std::move(asks.front().guided);
   return std::nullopt;
@@ -382,7 +423,7 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
 // that ask for nothing (null, empty, "none", a best_of equal to n) pass. response_format,
 // guided_choice, guided_json, guided_regex and structured_outputs are read, or refused, by ParseGuided.
 Error RefuseUnsupported(const json& body) {
-  for (const char* key : {"functions", "function_call", "guided_grammar"}) {
+  for (const char* key : {"functions", "function_call"}) {
     if (Asks(body, key)) {
       return InvalidField(key, fmt::format("{} is not supported{}", key,
                                            std::string_view(key).starts_with("function") ? " (use tools)" : ""));

@@ -18,15 +18,16 @@
 // - structured output (sampling.guided), one constraint per request: response_format
 //   {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (both
 //   endpoints), vLLM's guided_choice (a list of strings), guided_json (a schema, or a string
-//   of one) and guided_regex (a pattern the whole text matches), or vLLM's structured_outputs
-//   {"choice": [...]}, {"json_object": true}, {"json": ...} or {"regex": "..."}; a second one is a
-//   400 naming it. A schema (common/json_schema.h) or a regex (common/regex_dfa.h) is compiled
+//   of one), guided_regex (a pattern the whole text matches) and guided_grammar (EBNF, regular
+//   ones: common/ebnf_grammar.h), or vLLM's structured_outputs {"choice": [...]},
+//   {"json_object": true}, {"json": ...}, {"regex": "..."} or {"grammar": "..."}; a second one is
+//   a 400 naming it. A schema (common/json_schema.h) or a regex (common/regex_dfa.h) is compiled
 //   here and one the engine cannot keep is a 400 naming the field and the keyword or construct.
 // - chat tools (tool_calls.h): tools, tool_choice ("none", "auto", "required", a named function)
 //   and parallel_tool_calls; /v1/completions refuses them.
 // - fields that would change the output and are not implemented (the deprecated functions and
-//   function_call, best_of != n, vLLM's guided_grammar and
-//   structured_outputs' other keys) are refused with 400 naming the field, never ignored.
+//   function_call, best_of != n, structured_outputs' other keys) are refused with 400 naming the
+//   field, never ignored.
 #pragma once
 
 #include <cstdint>

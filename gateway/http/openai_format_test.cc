@@ -104,7 +104,8 @@ TEST(ParseCompletion, FieldsThatWouldChangeTheOutputAreRefusedNotIgnored) {
                           "\"json_object\" and \"json_schema\" are)");
   EXPECT_EQ(yaml.param, "response_format");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"response_format", "json_object"}}).param, "response_format");
-  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_grammar", "root ::= \"a\""}}).param, "guided_grammar");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_grammar", "root: \"a\""}}).param, "guided_grammar")
+      << "a Lark grammar (no ::=) is not read as EBNF";
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tools", {{{"type", "function"}}}}}).param, "tools");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"tool_choice", "auto"}}).param, "tool_choice");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"best_of", 3}}).param, "best_of");
@@ -167,11 +168,24 @@ TEST(ParseCompletion, BadStructuredOutputsAreNamed) {
   EXPECT_EQ(error({{"structured_outputs", {{"choice", json::array({nullptr})}}}}).param,
             "structured_outputs.choice[0]");
   EXPECT_EQ(error({{"structured_outputs", {{"json_object", 1}}}}).param, "structured_outputs.json_object");
-  for (const char* key : {"grammar", "structural_tag"}) {
-    const ApiError e = error({{"structured_outputs", {{key, "x"}}}});
-    EXPECT_EQ(e.param, "structured_outputs") << key;
-    EXPECT_NE(e.message.find(key), std::string::npos) << e.message;
-  }
+  const ApiError tag = error({{"structured_outputs", {{"structural_tag", "x"}}}});
+  EXPECT_EQ(tag.param, "structured_outputs");
+  EXPECT_NE(tag.message.find("structural_tag"), std::string::npos) << tag.message;
+  const ApiError recursive = error({{"structured_outputs", {{"grammar", "root ::= \"(\" root \")\" | \"x\""}}}});
+  EXPECT_EQ(recursive.param, "structured_outputs.grammar");
+  EXPECT_NE(recursive.message.find("structured_outputs.grammar: grammar at line 1, column 14: rule \"root\" refers "
+                                   "to itself"),
+            std::string::npos)
+      << recursive.message;
+  EXPECT_EQ(error({{"guided_grammar", 3}}).param, "guided_grammar");
+}
+
+TEST(ParseCompletion, GrammarsAreOneConstraint) {
+  const std::string sql = "root ::= \"SELECT \" col\ncol ::= \"a\" | \"b\"";
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"guided_grammar", sql}}).generate.sampling().guided().grammar(), sql);
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"structured_outputs", {{"grammar", sql}}}}).generate.sampling().guided().grammar(),
+            sql);
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"guided_grammar", sql}, {"guided_regex", "a"}}).param, "guided_grammar");
 }
 
 TEST(ParseCompletion, OneStructuredOutputConstraintAtATime) {

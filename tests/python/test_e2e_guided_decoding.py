@@ -137,6 +137,40 @@ def test_regex_texts_match_whole(gen, guided_stack):
     assert "backreferences" in body["error"]["message"], body
 
 
+# vLLM's guided_grammar example, and the regex of the same language.
+SQL_GRAMMAR = """root ::= select_statement
+select_statement ::= "SELECT " column " from " table " where " condition
+column ::= "col_1 " | "col_2 "
+table ::= "table_1 " | "table_2 "
+condition ::= column "= " number
+number ::= "1 " | "2 "
+"""
+SQL = r"SELECT col_[12]  from table_[12]  where col_[12] = [12] "
+
+
+def test_grammar_texts_are_in_its_language(gen, guided_stack, tmp_path):
+    for seed in range(4):
+        r = gen("Query:", max_tokens=64, temperature=1.0, seed=seed, guided={"grammar": SQL_GRAMMAR})
+        assert r.finish_reason == EOS and re.fullmatch(SQL, r.text), r
+    status, body = post(guided_stack, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "SQL please"}], "max_tokens": 64, "seed": 5,
+                         "temperature": 1.0, "guided_grammar": SQL_GRAMMAR})
+    assert status == 200 and re.fullmatch(SQL, body["choices"][0]["message"]["content"]), body
+    status, body = post(guided_stack, "/v1/completions",
+                        {"prompt": "x", "max_tokens": 8, "structured_outputs": {"grammar": 'root ::= "(" root ")" | "x"'}})
+    assert status == 400 and body["error"]["param"] == "structured_outputs.grammar", body
+    assert 'rule "root" refers to itself' in body["error"]["message"], body
+    with pytest.raises(grpc.RpcError) as err:
+        gen("x", max_tokens=4, guided={"grammar": "root ::= undefined"})
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert 'sampling.guided.grammar: grammar at line 1, column 10: rule "undefined" is not defined' in err.value.details()
+    grammar = tmp_path / "sql.gbnf"
+    grammar.write_text(SQL_GRAMMAR)
+    out = subprocess.run([str(binary("ferry-client")), "--target", guided_stack.gateway, "--grammar", str(grammar),
+                          "Query:"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and re.fullmatch(SQL, out.stdout.rsplit("\n[", 1)[0]), out
+
+
 def test_bad_guided_values_name_the_field(gen):
     for guided, field in (({"choice": {"choices": []}}, "sampling.guided.choice.choices"),
                           ({"choice": {"choices": ["ok", ""]}}, "sampling.guided.choice.choices[1]"),

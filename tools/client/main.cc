@@ -11,25 +11,38 @@
 
 namespace {
 
+// A file's whole text; false (and a message) when it cannot be read.
+bool ReadFile(const std::string& path, std::string& out) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << path << ": cannot be read\n";
+    return false;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  out = text.str();
+  return true;
+}
+
 // Structured output from the flags: at most one of them; false when none can be read.
 bool SetGuided(bool json_object, const std::vector<std::string>& choices, const std::string& schema_file,
-               const std::string& regex, ferry::v1::SamplingParams& sampling) {
-  if (json_object + !choices.empty() + !schema_file.empty() + !regex.empty() > 1) {
-    std::cerr << "--json-object, --choice, --json-schema and --regex are exclusive: a request takes one constraint\n";
+               const std::string& regex, const std::string& grammar_file, ferry::v1::SamplingParams& sampling) {
+  if (json_object + !choices.empty() + !schema_file.empty() + !regex.empty() + !grammar_file.empty() > 1) {
+    std::cerr << "--json-object, --choice, --json-schema, --regex and --grammar are exclusive: a request takes one "
+                 "constraint\n";
     return false;
   }
   if (json_object) sampling.mutable_guided()->set_json_object(true);
   if (!regex.empty()) sampling.mutable_guided()->set_regex(regex);
   for (const std::string& c : choices) sampling.mutable_guided()->mutable_choice()->add_choices(c);
+  std::string text;
   if (!schema_file.empty()) {
-    std::ifstream in(schema_file);
-    if (!in) {
-      std::cerr << schema_file << ": cannot be read\n";
-      return false;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    sampling.mutable_guided()->set_json_schema(text.str());
+    if (!ReadFile(schema_file, text)) return false;
+    sampling.mutable_guided()->set_json_schema(text);
+  }
+  if (!grammar_file.empty()) {
+    if (!ReadFile(grammar_file, text)) return false;
+    sampling.mutable_guided()->set_grammar(text);
   }
   return true;
 }
@@ -44,7 +57,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   bool stream = false, json_object = false;
   std::vector<std::string> choices;
-  std::string schema_file, regex;
+  std::string schema_file, regex, grammar_file;
   app.add_option("prompt", prompt, "Prompt text")->required();
   app.add_option("--target", target, "Gateway address");
   app.add_option("--max-tokens", max_tokens, "Tokens to generate at most");
@@ -57,6 +70,7 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);  // one string a flag, so the prompt after it stays the prompt
   app.add_option("--json-schema", schema_file, "Structured output: a value of the JSON Schema in this file");
   app.add_option("--regex", regex, "Structured output: a text the whole of which matches this regex");
+  app.add_option("--grammar", grammar_file, "Structured output: a text of the EBNF grammar in this file (from root)");
   CLI11_PARSE(app, argc, argv);
 
   auto stub = ferry::v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
@@ -66,7 +80,7 @@ int main(int argc, char** argv) {
   request.mutable_sampling()->set_max_tokens(max_tokens);
   request.mutable_sampling()->set_temperature(temperature);
   request.mutable_sampling()->set_seed(seed);
-  if (!SetGuided(json_object, choices, schema_file, regex, *request.mutable_sampling())) return 2;
+  if (!SetGuided(json_object, choices, schema_file, regex, grammar_file, *request.mutable_sampling())) return 2;
   grpc::ClientContext context;
   if (stream) {
     auto reader = stub->GenerateStream(&context, request);
