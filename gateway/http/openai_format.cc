@@ -531,34 +531,6 @@ Error ParsePrompt(const json& body, OpenAiRequest& r) {
   return std::nullopt;
 }
 
-// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}],
-// arguments a JSON text (OpenAI's) or a JSON value. As vLLM, the text is parsed so that the
-// template writes the arguments as JSON, not as a quoted string.
-Error ParseHistoryToolCalls(const json& calls, const std::string& where, ChatMessage& out) {
-  if (!calls.is_array()) return WrongType(where + ".tool_calls", calls, "a list of calls");
-  for (size_t k = 0; k < calls.size(); ++k) {
-    const std::string at = fmt::format("{}.tool_calls[{}].function", where, k);
-    const json& call = calls[k];
-    if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
-        !call["function"].contains("name") || !call["function"]["name"].is_string()) {
-      return InvalidField("messages", at + " must be an object with a string name");
-    }
-    const json& f = call["function"];
-    const json arguments = f.contains("arguments") ? f["arguments"] : json::object();
-    ordered_json value;
-    if (arguments.is_string()) {
-      value = ordered_json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (value.is_discarded()) {
-        return InvalidField("messages", fmt::format("{}.arguments = {} is not JSON", at, Brief(arguments)));
-      }
-    } else {
-      value = ordered_json::parse(arguments.dump());
-    }
-    out.tool_calls.emplace_back(f["name"].get<std::string>(), PyJsonDumps(value));
-  }
-  return std::nullopt;
-}
-
 std::variant<ChatMessage, ApiError> ParseMessage(const json& m, size_t i) {
   const std::string where = fmt::format("messages[{}]", i);
   if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {

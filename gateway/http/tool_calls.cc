@@ -186,6 +186,33 @@ size_t PartialTagSuffix(const std::string& text, std::string_view tag) {
 
 }  // namespace
 
+std::optional<ApiError> ParseHistoryToolCalls(const nlohmann::json& calls, const std::string& where, ChatMessage& out) {
+  if (!calls.is_array()) {
+    return InvalidField("messages", fmt::format("{}.tool_calls must be a list of calls, got {}", where, http::Brief(calls)));
+  }
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = fmt::format("{}.tool_calls[{}].function", where, k);
+    const nlohmann::json& call = calls[k];
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+        !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+      return InvalidField("messages", at + " must be an object with a string name");
+    }
+    const nlohmann::json& f = call["function"];
+    const nlohmann::json arguments = f.contains("arguments") ? f["arguments"] : nlohmann::json::object();
+    ordered_json value;
+    if (arguments.is_string()) {
+      value = ordered_json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (value.is_discarded()) {
+        return InvalidField("messages", fmt::format("{}.arguments = {} is not JSON", at, http::Brief(arguments)));
+      }
+    } else {
+      value = ordered_json::parse(arguments.dump());
+    }
+    out.tool_calls.emplace_back(f["name"].get<std::string>(), PyJsonDumps(value));
+  }
+  return std::nullopt;
+}
+
 std::string PyJsonDumps(const ordered_json& value) {
   std::string out;
   DumpTo(value, out);

@@ -28,6 +28,7 @@
 namespace ferry::gateway::http {
 
 struct ApiError;
+struct ChatMessage;
 
 // Python's json.dumps(value, ensure_ascii=False): ", " and ": " between items, keys in the
 // value's order, non-ASCII as is. What the chat template's `tojson` (transformers') writes.
@@ -50,6 +51,12 @@ struct ToolsRequest {
 // order (tools are rendered, and schemas generated, in the client's order). template_has_tools:
 // the chat template renders tools (else tools are a 400 naming the template).
 std::variant<ToolsRequest, ApiError> ParseTools(const nlohmann::ordered_json& ordered, bool template_has_tools);
+
+// An assistant message's tool_calls in the history (messages[i].tool_calls, `where` naming it):
+// [{"id", "type": "function", "function": {"name", "arguments"}}], arguments a JSON text (OpenAI's)
+// or a JSON value. As vLLM, the text is parsed, so that the template writes the arguments as
+// JSON rather than as a quoted string. Appends to out.tool_calls.
+std::optional<ApiError> ParseHistoryToolCalls(const nlohmann::json& calls, const std::string& where, ChatMessage& out);
 
 struct ToolCall {
   std::string id;         // "chatcmpl-tool-<hex>"
