@@ -32,6 +32,14 @@ struct RegexDfa {
   int32_t start = 0;
   int32_t num_states() const { return static_cast<int32_t>(accepting.size()); }
   int32_t Step(int32_t state, uint8_t byte) const { return next[static_cast<size_t>(state) * 256 + byte]; }
+  // The whole text matches.
+  bool Matches(const std::string& text) const {
+    int32_t s = start;
+    for (char c : text) {
+      if ((s = Step(s, static_cast<uint8_t>(c))) < 0) return false;
+    }
+    return accepting[static_cast<size_t>(s)];
+  }
 };
 
 inline constexpr size_t kMaxRegexBytes = 4096;       // of the pattern

@@ -9,14 +9,7 @@
 namespace ferry {
 namespace {
 
-bool Matches(const RegexDfa& dfa, const std::string& text) {
-  int32_t s = dfa.start;
-  for (char c : text) {
-    s = dfa.Step(s, static_cast<uint8_t>(c));
-    if (s < 0) return false;
-  }
-  return dfa.accepting[static_cast<size_t>(s)];
-}
+bool Matches(const RegexDfa& dfa, const std::string& text) { return dfa.Matches(text); }
 
 std::string Refusal(const std::string& pattern) {
   try {

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("FERRY_BUILD_DIR", REPO / "build"))
 BIN = BUILD / "bin"
+
+
+def post_json(stack, path, body, timeout=60):
+    """POSTs body as JSON to the stack's HTTP front: (status, decoded JSON answer), errors included."""
+    req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def binary(name: str) -> Path:

@@ -9,13 +9,11 @@ and after '{' the object may close); a choice request's text is always one of it
 import json
 import re
 import subprocess
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
 
-from conftest import REPO, Stack, binary
+from conftest import REPO, Stack, binary, post_json as post
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -57,16 +55,6 @@ def only_close(tiny_model, close_brace):
     quotes = [i for i in range(tok.get_vocab_size()) if '"' in tok.decode([i])]
     assert 0 < len(quotes) < 200
     return {close_brace: 100.0, **{i: -100.0 for i in quotes}}
-
-
-def post(stack, path, body):
-    req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_json_object_wins_over_the_bias(gen, only_close):

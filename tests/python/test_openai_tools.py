@@ -10,12 +10,10 @@ import json
 import re
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
-from conftest import Stack
+from conftest import Stack, post_json as post
 
 openai = pytest.importorskip("openai")
 tokenizers = pytest.importorskip("tokenizers")
@@ -51,16 +49,6 @@ def client(tools_stack):
 @pytest.fixture(scope="module")
 def close_brace(tiny_model):
     return tokenizers.Tokenizer.from_file(str(tiny_model / "tokenizer.json")).token_to_id("}")
-
-
-def post(stack, path, body):
-    req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_prompts_with_tools_match_transformers(tools_stack, tiny_model):
