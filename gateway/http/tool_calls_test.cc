@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "gateway/http/openai_format.h"
 
 namespace ferry::gateway::http {
@@ -192,6 +194,44 @@ TEST(StreamToolCalls, ChunksCutAnywhereGiveTheWholeTextsCalls) {
     }
     EXPECT_TRUE(parser.called());
   }
+}
+
+// Random texts of calls, text and tag fragments, cut at random: wherever the whole text's calls
+// all parse, the stream sends the same content and the same calls.
+TEST(StreamToolCalls, RandomTextsAndCutsAgreeWithTheWholeParse) {
+  std::mt19937 rng(17);
+  const std::vector<std::string> pieces = {
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"</tool\"}}\n</tool_call>",
+      "<tool_call>{\"name\": \"g\", \"arguments\": [1, {\"b\": null}]}</tool_call>",
+      "plain", " <", "<tool", "_call", "\n", "caf\xC3\xA9", "</tool_call>", "<tool_call>"};
+  int compared = 0;
+  for (int run = 0; run < 3000; ++run) {
+    std::string text;
+    for (unsigned n = 1 + rng() % 6; n-- > 0;) text += pieces[rng() % pieces.size()];
+    const ParsedOutput whole = ParseHermesOutput(text, true);
+    if (text.find("<tool_call>") != std::string::npos && whole.calls.empty()) continue;  // the whole stays text
+    StreamToolCalls parser(ToolsRequest::Choice::kAuto, "", true);
+    std::string content;
+    std::vector<std::pair<std::string, std::string>> calls;
+    auto take = [&](StreamDelta d) {
+      content += d.content;
+      for (auto& c : d.tool_calls) calls.emplace_back(c["function"]["name"], c["function"]["arguments"]);
+    };
+    for (size_t at = 0; at < text.size();) {
+      const size_t cut = 1 + rng() % 9;
+      take(parser.Feed(text.substr(at, cut)));
+      at += cut;
+    }
+    take(parser.Finish());
+    ASSERT_EQ(content, whole.content.value_or("")) << text;
+    ASSERT_EQ(calls.size(), whole.calls.size()) << text;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].first, whole.calls[i].name) << text;
+      EXPECT_EQ(calls[i].second, whole.calls[i].arguments) << text;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 1000);
 }
 
 TEST(StreamToolCalls, HoldsOnlyWhatMayBeATagAndNamedCallsStreamTheirArguments) {

@@ -161,6 +161,14 @@ def test_auto_tool_calls_are_parsed_from_the_text(client):
     assert content == "Sure.\n" and finish == "tool_calls"
     assert [tuple(calls[i]) for i in sorted(calls)] == [(c.function.name, c.function.arguments)
                                                          for c in choice.message.tool_calls]
+    # n = 2: each choice parsed on its own, streamed ones too.
+    two = client.chat.completions.create(n=2, **kwargs)
+    assert [[c.function.name for c in ch.message.tool_calls] for ch in two.choices] == [["get_weather", "get_time"]] * 2
+    names = {0: [], 1: []}
+    for chunk in client.chat.completions.create(n=2, stream=True, **kwargs):
+        for ch in chunk.choices:
+            names[ch.index] += [c.function.name for c in ch.delta.tool_calls or [] if c.function.name]
+    assert names == {0: ["get_weather", "get_time"], 1: ["get_weather", "get_time"]}
     one = client.chat.completions.create(parallel_tool_calls=False, **kwargs)
     assert [c.function.name for c in one.choices[0].message.tool_calls] == ["get_weather"]
     plain = client.chat.completions.create(tool_choice="none", **kwargs)
