@@ -8,6 +8,7 @@
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
 #include "gateway/http/tool_calls.h"
+#include "gateway/http/unserved_fields.h"
 #include "gateway/request_validation.h"  // the gateway's limits
 
 namespace ferry::gateway::http {
@@ -420,9 +421,11 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
 
 // Fields that would change the output, which Ferry does not implement: refused rather than
 // ignored, so a client never gets plain text where it asked for a tool call or a grammar. Values
-// that ask for nothing (null, empty, "none", a best_of equal to n) pass. response_format,
-// guided_choice, guided_json, guided_regex and structured_outputs are read, or refused, by ParseGuided.
+// that ask for nothing (null, empty, "none", a best_of equal to n, a field's default) pass.
+// response_format, guided_choice, guided_json, guided_regex, guided_grammar and structured_outputs
+// are read, or refused, by ParseGuided.
 Error RefuseUnsupported(const json& body) {
+  if (Error e = RefuseUnservedFields(body, Endpoint::kCompletions)) return e;
   for (const char* key : {"functions", "function_call"}) {
     if (Asks(body, key)) {
       return InvalidField(key, fmt::format("{} is not supported{}", key,
@@ -729,6 +732,7 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
   OpenAiRequest r;
   r.endpoint = Endpoint::kChat;
   if (Error e = ParseCommon(body, body_text, r)) return *e;
+  if (Error e = RefuseUnservedFields(body, Endpoint::kChat)) return *e;
   auto& s = *r.generate.mutable_sampling();
   std::optional<int32_t> max_completion_tokens;
   if (Error e = GetInt32(body, "max_completion_tokens", max_completion_tokens)) return *e;

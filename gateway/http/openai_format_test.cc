@@ -744,5 +744,35 @@ TEST(Responses, StreamChunkEventFallsBackForLogprobsAndBrokenText) {
   EXPECT_NE(event.find("\xef\xbf\xbd"), std::string::npos);
 }
 
+// vLLM's extras that would change the output: refused naming the field unless they ask for
+// nothing (their default), never ignored.
+TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
+  const json hi = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  const std::vector<std::pair<std::string, std::pair<json, json>>> fields = {
+      {"use_beam_search", {true, false}},         {"length_penalty", {0.5, 1}},
+      {"early_stopping", {true, false}},          {"bad_words", {json::array({"x"}), json::array()}},
+      {"allowed_token_ids", {json::array({1}), json::array()}}, {"truncate_prompt_tokens", {8, nullptr}},
+      {"include_stop_str_in_output", {true, false}}, {"skip_special_tokens", {false, true}},
+      {"guided_whitespace_pattern", {"\\s*", ""}}, {"return_tokens_as_token_ids", {true, false}},
+      {"priority", {-5, 0}},                       {"continue_final_message", {true, false}},
+      {"add_generation_prompt", {false, true}},    {"chat_template", {"{{ x }}", nullptr}},
+      {"chat_template_kwargs", {{{"enable_thinking", true}}, json::object()}}, {"echo", {true, false}}};
+  for (const auto& [key, values] : fields) {
+    json asks = hi, default_value = hi;
+    asks[key] = values.first;
+    default_value[key] = values.second;
+    auto refused = ParseChatRequest(asks, Qwen());
+    ASSERT_TRUE(std::holds_alternative<ApiError>(refused)) << key;
+    EXPECT_EQ(std::get<ApiError>(refused).param, key);
+    EXPECT_EQ(std::get<ApiError>(refused).message.rfind(key + " = ", 0), 0u) << std::get<ApiError>(refused).message;
+    EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ParseChatRequest(default_value, Qwen()))) << key;
+  }
+  EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ParseCompletionRequest({{"prompt", "x"}, {"echo", true}})))
+      << "echo is served on /v1/completions";
+  auto beam = ParseCompletionRequest({{"prompt", "x"}, {"use_beam_search", true}});
+  ASSERT_TRUE(std::holds_alternative<ApiError>(beam));
+  EXPECT_EQ(std::get<ApiError>(beam).message, "use_beam_search = true: beam search is not supported");
+}
+
 }  // namespace
 }  // namespace ferry::gateway::http

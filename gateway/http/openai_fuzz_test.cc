@@ -19,7 +19,11 @@ const std::vector<std::string> kFields = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos",
     "stream", "stream_options", "lane", "timeout_ms", "user", "tools", "tool_choice", "functions",
     "function_call", "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "structured_outputs"};
+    "structured_outputs", "parallel_tool_calls", "use_beam_search", "length_penalty", "early_stopping", "bad_words",
+    "allowed_token_ids", "truncate_prompt_tokens", "include_stop_str_in_output", "skip_special_tokens",
+    "spaces_between_special_tokens", "guided_whitespace_pattern", "logits_processors", "return_tokens_as_token_ids",
+    "priority", "continue_final_message", "add_generation_prompt", "chat_template", "chat_template_kwargs",
+    "documents"};
 
 // Values of every JSON type, at and past the edges the parsers convert to (int32, uint64, float).
 std::vector<json> Values() {
