@@ -11,6 +11,14 @@ namespace {
 
 constexpr std::string_view kQwenDefaultSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
+constexpr const char* kSpace = " \t\n\r\f\v";
+
+std::string Strip(const std::string& s) {
+  const size_t first = s.find_first_not_of(kSpace);
+  if (first == std::string::npos) return {};
+  return s.substr(first, s.find_last_not_of(kSpace) - first + 1);
+}
+
 void AppendTurn(std::string& out, const std::string& role, const std::string& content) {
   out += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
 }
@@ -68,7 +76,8 @@ ChatTemplate ChatTemplate::FromTemplateText(const std::string& template_text) {
   return t;
 }
 
-std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools) const {
+std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools,
+                                 ChatEnding ending) const {
   std::string out;
   const bool system_first = !messages.empty() && messages[0].role == "system";
   if (!tools.empty()) {
@@ -90,7 +99,13 @@ std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages, const
       AppendTurn(out, m.role, m.content);
     }
   }
-  out += "<|im_start|>assistant\n";
+  if (ending.add_generation_prompt) out += "<|im_start|>assistant\n";
+  if (ending.continue_final_message && !messages.empty()) {
+    const std::string final_text = Strip(messages.back().content);
+    const size_t at = out.rfind(final_text);
+    if (at != std::string::npos) out.resize(at + final_text.size());
+    out.resize(out.find_last_not_of(kSpace) + 1);  // npos + 1 == 0: all whitespace
+  }
   return out;
 }
 

@@ -19,6 +19,15 @@ struct ChatMessage {
   std::vector<std::pair<std::string, std::string>> tool_calls;
 };
 
+// How the prompt ends (transformers' and vLLM's flags of the same names): with the assistant's
+// turn opened (the default), after the last message's turn, or inside the last message, which
+// the model then continues (a prefilled answer): the text is cut after that message's content,
+// stripped, and trailing whitespace dropped, as transformers does.
+struct ChatEnding {
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
+
 class ChatTemplate {
  public:
   // Reads chat_template from tokenizer_config.json (a file, or the model directory holding it).
@@ -34,9 +43,10 @@ class ChatTemplate {
   // The template has Qwen2.5's tool-calling branches (tools in the system turn, <tool_call>).
   bool has_tools() const { return has_tools_; }
 
-  // The prompt, ending with the assistant's generation prompt. Call only when supported.
-  // tools: each tool as the template's tojson writes it (none: no tools section).
-  std::string Render(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools = {}) const;
+  // The prompt. Call only when supported. tools: each tool as the template's tojson writes it
+  // (none: no tools section).
+  std::string Render(const std::vector<ChatMessage>& messages, const std::vector<std::string>& tools = {},
+                     ChatEnding ending = ChatEnding()) const;
 
  private:
   std::string unsupported_reason_;

@@ -752,6 +752,17 @@ std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const Cha
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
     return InvalidField("messages", "messages must be a non-empty list");
   }
+  ChatEnding ending;
+  std::optional<bool> add_generation_prompt, continue_final_message;
+  if (Error e = GetBool(body, "add_generation_prompt", add_generation_prompt)) return *e;
+  if (Error e = GetBool(body, "continue_final_message", continue_final_message)) return *e;
+  ending.continue_final_message = continue_final_message.value_or(false);
+  // As vLLM: continuing the last message opens no new turn, and both at once is a contradiction.
+  ending.add_generation_prompt = add_generation_prompt.value_or(!ending.continue_final_message);
+  if (ending.add_generation_prompt && ending.continue_final_message) {
+    return InvalidField("continue_final_message", "continue_final_message and add_generation_prompt cannot both be "
+                                                  "true: the last message is continued, or a new turn is opened");
+  }
   if (!chat.is_supported()) return InvalidField("messages", chat.unsupported_reason());
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < body["messages"].size(); ++i) {
@@ -759,7 +770,7 @@ std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const Cha
     if (auto* e = std::get_if<ApiError>(&m)) return *e;
     messages.push_back(std::move(std::get<ChatMessage>(m)));
   }
-  return chat.Render(messages, tools);
+  return chat.Render(messages, tools, ending);
 }
 
 std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r) {

@@ -754,8 +754,7 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
       {"allowed_token_ids", {json::array({1}), json::array()}}, {"truncate_prompt_tokens", {8, nullptr}},
       {"include_stop_str_in_output", {true, false}}, {"skip_special_tokens", {false, true}},
       {"guided_whitespace_pattern", {"\\s*", ""}}, {"return_tokens_as_token_ids", {true, false}},
-      {"priority", {-5, 0}},                       {"continue_final_message", {true, false}},
-      {"add_generation_prompt", {false, true}},    {"chat_template", {"{{ x }}", nullptr}},
+      {"priority", {-5, 0}},                       {"chat_template", {"{{ x }}", nullptr}},
       {"chat_template_kwargs", {{{"enable_thinking", true}}, json::object()}}, {"echo", {true, false}}};
   for (const auto& [key, values] : fields) {
     json asks = hi, default_value = hi;
@@ -772,6 +771,29 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
   auto beam = ParseCompletionRequest({{"prompt", "x"}, {"use_beam_search", true}});
   ASSERT_TRUE(std::holds_alternative<ApiError>(beam));
   EXPECT_EQ(std::get<ApiError>(beam).message, "use_beam_search = true: beam search is not supported");
+}
+
+// vLLM's (and transformers') add_generation_prompt and continue_final_message: a prefilled answer
+// the model continues, cut as transformers cuts it (content stripped, trailing space dropped).
+TEST(ParseChat, ThePromptMayEndInsideTheLastMessage) {
+  const json base = {{"messages", {{{"role", "user"}, {"content", "Name a colour"}},
+                                   {{"role", "assistant"}, {"content", "  The colour is "}}}}};
+  json body = base;
+  body["continue_final_message"] = true;
+  auto r = ParseChatRequest(body, Qwen());
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_TRUE(std::get<OpenAiRequest>(r).generate.text().ends_with("<|im_start|>assistant\n  The colour is"));
+  body["add_generation_prompt"] = false;
+  EXPECT_EQ(std::get<OpenAiRequest>(ParseChatRequest(body, Qwen())).generate.text(),
+            std::get<OpenAiRequest>(r).generate.text());
+  body["add_generation_prompt"] = true;
+  auto both = ParseChatRequest(body, Qwen());
+  ASSERT_TRUE(std::holds_alternative<ApiError>(both));
+  EXPECT_EQ(std::get<ApiError>(both).param, "continue_final_message");
+  json closed = base;
+  closed["add_generation_prompt"] = false;
+  EXPECT_TRUE(std::get<OpenAiRequest>(ParseChatRequest(closed, Qwen())).generate.text().ends_with(
+      "The colour is <|im_end|>\n"));
 }
 
 }  // namespace

@@ -244,7 +244,13 @@ TEST(TokenizerApi, ParsesWhatVllmTakes) {
   const auto chat = ParseTokenizeRequest({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, Template());
   ASSERT_TRUE(std::holds_alternative<std::string>(chat));
   EXPECT_NE(std::get<std::string>(chat).find("<|im_start|>assistant\n"), std::string::npos);
-  auto error = std::get<ApiError>(ParseTokenizeRequest({{"prompt", "x"}, {"add_generation_prompt", false}}, Template()));
+  const auto no_turn = ParseTokenizeRequest(
+      {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"add_generation_prompt", false}}, Template());
+  ASSERT_TRUE(std::holds_alternative<std::string>(no_turn));
+  EXPECT_TRUE(std::get<std::string>(no_turn).ends_with("hi<|im_end|>\n"));
+  auto error = std::get<ApiError>(
+      ParseTokenizeRequest({{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"add_generation_prompt", "no"}},
+                           Template()));
   EXPECT_EQ(error.param, "add_generation_prompt");
   error = std::get<ApiError>(ParseTokenizeRequest(json::object(), Template()));
   EXPECT_EQ(error.message, "set exactly one of prompt and messages");

@@ -23,11 +23,6 @@ std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const
                                                          std::string_view body_text) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
   if (auto e = CheckOptionalBool(body, "add_special_tokens")) return *e;
-  if (auto e = CheckOptionalBool(body, "add_generation_prompt")) return *e;
-  if (body.contains("add_generation_prompt") && body["add_generation_prompt"].is_boolean() &&
-      !body["add_generation_prompt"].get<bool>()) {
-    return InvalidField("add_generation_prompt", "add_generation_prompt = false is not supported");
-  }
   const bool has_prompt = body.contains("prompt") && !body["prompt"].is_null();
   const bool has_messages = body.contains("messages") && !body["messages"].is_null();
   if (has_prompt == has_messages) return InvalidField("prompt", "set exactly one of prompt and messages");

@@ -36,8 +36,6 @@ const std::vector<Unserved>& UnservedFields() {
 const std::vector<Unserved>& UnservedChatFields() {
   static const std::vector<Unserved> kFields = {
       {"echo", false, "it is not supported on chat (/v1/completions echoes the prompt)"},
-      {"continue_final_message", false, "it is not supported: the prompt ends with a new assistant turn"},
-      {"add_generation_prompt", true, "the prompt always ends with the assistant's turn opened"},
       {"chat_template", "", "the model's own template is used (ChatML, rendered natively)"},
       {"chat_template_kwargs", json::object(), "the model's own template takes no arguments here"},
       {"documents", json::array(), "it is not supported"},

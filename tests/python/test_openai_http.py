@@ -136,6 +136,29 @@ def test_chat_prompt_matches_transformers_template(client, tiny_model):
         assert r.usage.prompt_tokens == len(ids)
 
 
+def test_prompt_endings_match_transformers(client, http_stack, tiny_model):
+    """add_generation_prompt and continue_final_message (a prefilled answer), as transformers renders them."""
+    pytest.importorskip("jinja2")
+    prefill = [*MESSAGES, {"role": "assistant", "content": "  Once upon a \n"}]
+    cases = [(MESSAGES, False, False), (prefill, False, True), (prefill, False, False)]
+    script = ("import json, sys; from transformers import AutoTokenizer; "
+              "tok = AutoTokenizer.from_pretrained(sys.argv[1]); "
+              "print(json.dumps([tok.apply_chat_template(m, tokenize=True, add_generation_prompt=g, "
+              "continue_final_message=c) for m, g, c in json.load(sys.stdin)]))")
+    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps(cases),
+                         capture_output=True, text=True, check=True).stdout
+    for (messages, gen_prompt, cont), ids in zip(cases, json.loads(out.strip().splitlines()[-1])):
+        body = {"messages": messages, "add_generation_prompt": gen_prompt, "continue_final_message": cont}
+        r = httpx.post(http_stack.http + "/tokenize", json=body)
+        assert r.status_code == 200 and r.json()["tokens"] == ids, (body, r.text)
+    r = client.chat.completions.create(model="m", messages=prefill, max_tokens=4, temperature=0,
+                                       extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert r.usage.prompt_tokens == len(json.loads(out.strip().splitlines()[-1])[1])
+    r = httpx.post(http_stack.http + "/v1/chat/completions",
+                   json={"messages": prefill, "continue_final_message": True, "add_generation_prompt": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+
+
 def test_tokenize_and_detokenize_match_transformers(http_stack, tiny_model):
     """vLLM's /tokenize and /detokenize: the ids and text transformers gives for the same model."""
     pytest.importorskip("jinja2")
