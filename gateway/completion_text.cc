@@ -5,8 +5,9 @@
 namespace ferry::gateway {
 
 CompletionText::CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop,
-                               int32_t min_tokens)
-    : decoder_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)), min_tokens_(min_tokens) {}
+                               int32_t min_tokens, bool include_stop)
+    : decoder_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)), min_tokens_(min_tokens),
+      include_stop_(include_stop) {}
 
 size_t CompletionText::HoldBack() const {
   size_t hold = 0;
@@ -30,12 +31,14 @@ std::string CompletionText::Add(int32_t token_id) {
     out.swap(pending_);
     return out;
   }
-  // Earliest match across all stop strings wins.
-  size_t cut = std::string::npos;
-  for (const std::string& s : stop_) cut = std::min(cut, pending_.find(s));
+  // Earliest match across all stop strings wins (the first listed, at one place).
+  size_t cut = std::string::npos, matched = 0;
+  for (const std::string& s : stop_) {
+    if (const size_t at = pending_.find(s); at < cut) cut = at, matched = s.size();
+  }
   if (cut != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, cut);
+    std::string out = pending_.substr(0, include_stop_ ? cut + matched : cut);
     pending_.clear();
     return out;
   }

@@ -1,6 +1,7 @@
 // Turns a stream of token ids into text deltas, applying stop strings: text
 // that could still be the start of a stop string is held back until it cannot,
-// and a matched stop string (and anything after it) is never emitted.
+// and what follows a matched stop string is never emitted; the stop string
+// itself neither, unless include_stop (vLLM's include_stop_str_in_output).
 #pragma once
 
 #include <string>
@@ -14,7 +15,8 @@ class CompletionText {
  public:
   // Stop strings are looked for only from the min_tokens-th token on (vLLM's min_tokens: text
   // before it is emitted as is, and a stop string within it ends nothing).
-  CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop, int32_t min_tokens = 0);
+  CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop, int32_t min_tokens = 0,
+                 bool include_stop = false);
 
   // Adds one token; returns the text that is now final (may be empty). After
   // a stop string matched, stopped() is true and further tokens are ignored.
@@ -34,6 +36,7 @@ class CompletionText {
   bool stopped_ = false;
   int32_t min_tokens_ = 0;
   int32_t num_tokens_ = 0;  // added so far
+  bool include_stop_ = false;
 };
 
 }  // namespace ferry::gateway

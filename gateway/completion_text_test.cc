@@ -47,6 +47,15 @@ TEST(CompletionText, EarliestOfSeveralStopsWins) {
   EXPECT_EQ(Feed(text, tok.Encode("alpha beta gamma delta")), "alpha ");
 }
 
+TEST(CompletionText, IncludeStopKeepsTheStopStringThatMatched) {
+  const auto& tok = TestTokenizer();
+  CompletionText text(tok, {"delta", "beta"}, 0, /*include_stop=*/true);
+  EXPECT_EQ(Feed(text, tok.Encode("alpha beta gamma delta")), "alpha beta");
+  EXPECT_TRUE(text.stopped());
+  CompletionText one(tok, {"gam"}, 0, /*include_stop=*/true);
+  EXPECT_EQ(Feed(one, tok.Encode("alpha beta gamma delta")), "alpha beta gam") << "the stop may end mid-token";
+}
+
 TEST(CompletionText, HeldBackPrefixIsReleasedWhenItDoesNotMatch) {
   const auto& tok = TestTokenizer();
   CompletionText text(tok, {"gamma ray"});

@@ -77,7 +77,7 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
   const ValidatedRequest& v = admitted_->v;
   lane_series_ = &generator_.metrics_->lane(v.lane);
   lane_series_->waiting.Increment();
-  progress_.emplace(StreamProgress{CompletionText(generator_.tokenizer_, v.stop, v.submit.min_tokens())});
+  progress_.emplace(StreamProgress{CompletionText(generator_.tokenizer_, v.stop, v.submit.min_tokens(), v.include_stop)});
   progress_->final_chunk.set_request_id(v.submit.request_id());
   if (v.submit.has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
   prefix_key_ = PrefixKey(v.submit.prompt_token_ids());

@@ -238,6 +238,7 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   sub.set_lane(lane.name);
   sub.set_queue_timeout_ms(lane.queue_timeout_ms);
   out.stop.assign(s.stop().begin(), s.stop().end());
+  out.include_stop = s.include_stop_str_in_output();
   out.lane = lane.name;
   out.lane_rules = lane;
   return out;

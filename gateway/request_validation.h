@@ -55,6 +55,7 @@ std::string CheckRequestId(const std::string& id);
 struct ValidatedRequest {
   ferry::v1::SubmitRequest submit;  // prompt tokenised, defaults filled in
   std::vector<std::string> stop;    // stop strings, valid UTF-8
+  bool include_stop = false;        // the matched stop string ends the text, not cut from it
   std::string lane;
   Lane lane_rules;  // the lane's admission rules
 };

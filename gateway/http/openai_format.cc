@@ -402,12 +402,14 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
   if (Error e = ParseSamplingFloats(body, s)) return e;
   std::optional<int32_t> max_tokens, top_k, min_tokens;
   std::optional<int64_t> seed;
-  std::optional<bool> ignore_eos;
+  std::optional<bool> ignore_eos, include_stop;
   if (Error e = GetInt32(body, "max_tokens", max_tokens)) return e;
   if (Error e = GetInt32(body, "top_k", top_k)) return e;
   if (Error e = GetInt32(body, "min_tokens", min_tokens)) return e;
   if (Error e = GetInt(body, "seed", seed)) return e;
   if (Error e = GetBool(body, "ignore_eos", ignore_eos)) return e;
+  if (Error e = GetBool(body, "include_stop_str_in_output", include_stop)) return e;
+  if (include_stop) s.set_include_stop_str_in_output(*include_stop);
   if (max_tokens) s.set_max_tokens(*max_tokens);
   if (top_k) s.set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM's "off" is -1
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));

@@ -752,7 +752,7 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
       {"use_beam_search", {true, false}},         {"length_penalty", {0.5, 1}},
       {"early_stopping", {true, false}},          {"bad_words", {json::array({"x"}), json::array()}},
       {"allowed_token_ids", {json::array({1}), json::array()}}, {"truncate_prompt_tokens", {8, nullptr}},
-      {"include_stop_str_in_output", {true, false}}, {"skip_special_tokens", {false, true}},
+      {"skip_special_tokens", {false, true}},
       {"guided_whitespace_pattern", {"\\s*", ""}}, {"return_tokens_as_token_ids", {true, false}},
       {"priority", {-5, 0}},                       {"chat_template", {"{{ x }}", nullptr}},
       {"chat_template_kwargs", {{{"enable_thinking", true}}, json::object()}}, {"echo", {true, false}}};
@@ -775,6 +775,13 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
 
 // vLLM's (and transformers') add_generation_prompt and continue_final_message: a prefilled answer
 // the model continues, cut as transformers cuts it (content stripped, trailing space dropped).
+TEST(ParseCompletion, IncludeStopStrInOutput) {
+  EXPECT_TRUE(ParseOk({{"prompt", "x"}, {"stop", "\n"}, {"include_stop_str_in_output", true}})
+                  .generate.sampling()
+                  .include_stop_str_in_output());
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"include_stop_str_in_output", 1}}).param, "include_stop_str_in_output");
+}
+
 TEST(ParseChat, ThePromptMayEndInsideTheLastMessage) {
   const json base = {{"messages", {{{"role", "user"}, {"content", "Name a colour"}},
                                    {{"role", "assistant"}, {"content", "  The colour is "}}}}};

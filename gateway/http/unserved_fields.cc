@@ -21,7 +21,6 @@ const std::vector<Unserved>& UnservedFields() {
       {"bad_words", json::array(), "it is not supported (logit_bias bans single tokens)"},
       {"allowed_token_ids", json::array(), "it is not supported (guided_choice keeps to a set of texts)"},
       {"truncate_prompt_tokens", nullptr, "it is not supported: a prompt over max_model_len is refused instead"},
-      {"include_stop_str_in_output", false, "it is not supported: a stop string is never part of the text"},
       {"skip_special_tokens", true, "special tokens are always skipped in the text"},
       {"spaces_between_special_tokens", true, "special tokens are always skipped in the text"},
       {"guided_whitespace_pattern", "", "it is not supported (JSON whitespace runs are at most 32 bytes)"},

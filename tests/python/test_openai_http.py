@@ -269,6 +269,16 @@ def test_min_tokens_holds_back_end_tokens_and_stop_strings(client, grpc_gen):
     later = client.completions.create(stop=[stop], **{**common, "extra_body": {"ignore_eos": True, "min_tokens": 4}})
     assert later.usage.completion_tokens >= 4
     assert later.choices[0].text.startswith(plain.text[:1])
+    # vLLM's include_stop_str_in_output: the text runs to the end of the stop string, streamed too.
+    mid = plain.text[2:4]
+    assert mid
+    with_stop = plain.text[:plain.text.find(mid) + len(mid)]
+    kept = client.completions.create(stop=[mid], **{**common, "extra_body": {"ignore_eos": True,
+                                                                              "include_stop_str_in_output": True}})
+    assert kept.choices[0].text == with_stop and kept.choices[0].finish_reason == "stop", kept
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        stop=[mid], stream=True, **{**common, "extra_body": {"ignore_eos": True, "include_stop_str_in_output": True}}))
+    assert streamed == with_stop
 
 
 def test_usage_reports_cached_prompt_tokens(http_stack):
