@@ -463,6 +463,11 @@ Error ParseCommon(const json& body, std::string_view body_text, OpenAiRequest& r
   if (lane) r.generate.set_lane(*lane);
   r.stream = stream.value_or(false);
   r.timeout_ms = timeout_ms;
+  if (Error e = GetInt(body, "truncate_prompt_tokens", r.truncate_prompt_tokens)) return e;
+  if (r.truncate_prompt_tokens && *r.truncate_prompt_tokens < 1 && *r.truncate_prompt_tokens != -1) {
+    return InvalidField("truncate_prompt_tokens", fmt::format("truncate_prompt_tokens = {} must be -1 (max_model_len) "
+                                                              "or at least 1", *r.truncate_prompt_tokens));
+  }
   std::optional<int32_t> prompt_logprobs;  // vLLM's extra field
   if (Error e = GetInt32(body, "prompt_logprobs", prompt_logprobs)) return e;
   if (prompt_logprobs) {

@@ -98,6 +98,9 @@ struct OpenAiRequest {
   // vLLM's prompt_logprobs field: the response carries them in vLLM's form (ResponseContext).
   bool return_prompt_logprobs = false;
   ToolsRequest tools;  // chat: tools, tool_choice, parallel_tool_calls
+  // vLLM's truncate_prompt_tokens: each prompt is cut to its last k tokens once tokenised; -1 is
+  // max_model_len.
+  std::optional<int64_t> truncate_prompt_tokens;
 };
 
 // body_text: the text `body` was parsed from. A JSON schema given as an object is read from it

@@ -317,6 +317,7 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
     }
     request.timeout_ms = ms;
   }
+  if (auto error = TruncatePrompts(request)) return error;
   int64_t prompt_tokens = 0;  // every prompt of a batch, once
   for (auto& g : request.prompts) {
     const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();
@@ -349,6 +350,32 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
                            charged_max_tokens);
   if (auth.code != AuthCode::kOk) return FromAuth(auth);
   tenant = auth.tenant;
+  return std::nullopt;
+}
+
+// vLLM's truncate_prompt_tokens: every prompt tokenised, whatever its length, and cut to its last
+// k tokens; an echo then shows what was kept.
+std::optional<ApiError> OpenAiHttpServer::TruncatePrompts(OpenAiRequest& request) const {
+  if (!request.truncate_prompt_tokens) return std::nullopt;
+  const int32_t max_model_len = generator_.options().limits.max_model_len;
+  const int64_t keep = *request.truncate_prompt_tokens == -1 ? max_model_len : *request.truncate_prompt_tokens;
+  if (keep > max_model_len) {
+    return InvalidField("truncate_prompt_tokens", fmt::format("truncate_prompt_tokens = {} exceeds max_model_len {}",
+                                                              keep, max_model_len));
+  }
+  for (size_t p = 0; p < request.prompts.size(); ++p) {
+    ferry::v1::GenerateRequest& g = request.prompts[p];
+    std::vector<int32_t> ids;
+    if (g.has_token_ids()) {
+      ids.assign(g.token_ids().ids().begin(), g.token_ids().ids().end());
+    } else {
+      ids = generator_.tokenizer().Encode(g.text());
+    }
+    if (static_cast<int64_t>(ids.size()) <= keep) continue;
+    ids.erase(ids.begin(), ids.end() - keep);
+    g.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+    if (p < request.echo_texts.size()) request.echo_texts[p].clear();  // decoded from the ids kept
+  }
   return std::nullopt;
 }
 

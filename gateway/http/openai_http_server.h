@@ -74,6 +74,7 @@ class OpenAiHttpServer {
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
                                 int64_t& charged_max_tokens);
   // Each prompt's text for echo (prompts sent as token ids decoded).
+  std::optional<ApiError> TruncatePrompts(OpenAiRequest& request) const;
   std::vector<std::string> EchoTexts(const OpenAiRequest& request) const;
   void RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                     httplib::Response& res, const std::string& tenant, int64_t max_tokens);

@@ -281,6 +281,27 @@ def test_min_tokens_holds_back_end_tokens_and_stop_strings(client, grpc_gen):
     assert streamed == with_stop
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(http_stack):
+    """vLLM's truncate_prompt_tokens: the prompt is cut to its last k tokens, which then answer as
+    that shorter prompt does; echo shows what was kept."""
+    ids = list(range(1300, 1340))
+    post = lambda body: httpx.post(http_stack.http + "/v1/completions", json=body, timeout=60)
+    cut = post({"prompt": ids, "max_tokens": 6, "temperature": 0, "truncate_prompt_tokens": 10, "echo": True}).json()
+    short = post({"prompt": ids[-10:], "max_tokens": 6, "temperature": 0, "echo": True}).json()
+    assert cut["usage"]["prompt_tokens"] == 10 and cut["choices"][0]["text"] == short["choices"][0]["text"], cut
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    whole = post({"prompt": text, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+    assert post({"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 5}).json()["usage"]["prompt_tokens"] == 5
+    assert post({"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": -1}).json()["usage"]["prompt_tokens"] == whole
+    chat = httpx.post(http_stack.http + "/v1/chat/completions", timeout=60,
+                      json={"messages": MESSAGES, "max_tokens": 1, "truncate_prompt_tokens": 3}).json()
+    assert chat["usage"]["prompt_tokens"] == 3, chat
+    for bad, says in ((0, "must be -1 (max_model_len) or at least 1"), (1 << 30, "exceeds max_model_len")):
+        r = post({"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+        assert says in r.json()["error"]["message"], r.text
+
+
 def test_usage_reports_cached_prompt_tokens(http_stack):
     """OpenAI's usage.prompt_tokens_details.cached_tokens, from the scheduler's prefix cache (on by
     default): none the first time, the prompt's full blocks the second."""
