@@ -195,6 +195,20 @@ std::string CheckTokenFields(const ferry::v1::SamplingParams& s, int32_t max_tok
   if (s.min_tokens() < 0 || s.min_tokens() > max_tokens) {
     return FieldMessage("sampling.min_tokens", s.min_tokens(), fmt::format("must be in [0, max_tokens = {}]", max_tokens));
   }
+  if (s.allowed_token_ids_size() > kMaxAllowedTokenIds) {
+    return FieldMessage("sampling.allowed_token_ids (count)", s.allowed_token_ids_size(),
+                        fmt::format("exceeds the limit of {}", kMaxAllowedTokenIds));
+  }
+  for (int i = 0; i < s.allowed_token_ids_size(); ++i) {
+    if (s.allowed_token_ids(i) < 0 || s.allowed_token_ids(i) >= vocab_size) {
+      return FieldMessage(fmt::format("sampling.allowed_token_ids[{}]", i), s.allowed_token_ids(i),
+                          fmt::format("is outside the vocabulary [0, {})", vocab_size));
+    }
+  }
+  if (s.allowed_token_ids_size() > 0 && s.guided().kind_case() != ferry::v1::GuidedDecoding::KIND_NOT_SET) {
+    return "sampling.allowed_token_ids and sampling.guided cannot both be set: a request takes one constraint on "
+           "its tokens";
+  }
   if (s.logit_bias_size() > kMaxLogitBias) {
     return FieldMessage("sampling.logit_bias", s.logit_bias_size(),
                         fmt::format("entries exceed the limit of {}", kMaxLogitBias));
@@ -231,6 +245,7 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   sub.set_seed(s.seed());
   *sub.mutable_stop_token_ids() = s.stop_token_ids();
   *sub.mutable_logit_bias() = s.logit_bias();
+  *sub.mutable_allowed_token_ids() = s.allowed_token_ids();
   sub.set_min_tokens(s.min_tokens());
   if (s.guided().kind_case() != ferry::v1::GuidedDecoding::KIND_NOT_SET) *sub.mutable_guided() = s.guided();
   sub.set_ignore_eos(s.ignore_eos());

@@ -32,6 +32,8 @@ struct ModelLimits {
 };
 
 inline constexpr int32_t kMaxLogprobs = 20;
+// allowed_token_ids entries: enough for any class of tokens a request names one by one.
+inline constexpr int kMaxAllowedTokenIds = 4096;
 // OpenAI's limit on logit_bias entries.
 inline constexpr int32_t kMaxLogitBias = 300;
 // A choice constraint's list (sampling.guided.choice): bounded so that the worker's matcher, which

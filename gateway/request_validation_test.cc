@@ -185,6 +185,26 @@ TEST_F(ValidateRequestTest, AGrammarIsCheckedAndReachesTheSchedulerAsWritten) {
             "sampling.guided.grammar (bytes) = 65537 exceeds the limit of 65536");
 }
 
+TEST_F(ValidateRequestTest, AllowedTokenIdsAreCheckedAndReachTheScheduler) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  r.mutable_sampling()->add_allowed_token_ids(7);
+  r.mutable_sampling()->add_allowed_token_ids(499);
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.allowed_token_ids_size(), 2);
+  r.mutable_sampling()->add_allowed_token_ids(500);  // limits_: a vocabulary of 500
+  EXPECT_EQ(Error(r), "sampling.allowed_token_ids[2] = 500 is outside the vocabulary [0, 500)");
+  r.mutable_sampling()->clear_allowed_token_ids();
+  for (int i = 0; i <= kMaxAllowedTokenIds; ++i) r.mutable_sampling()->add_allowed_token_ids(i % 500);
+  EXPECT_EQ(Error(r), "sampling.allowed_token_ids (count) = 4097 exceeds the limit of 4096");
+  r.mutable_sampling()->clear_allowed_token_ids();
+  r.mutable_sampling()->add_allowed_token_ids(3);
+  r.mutable_sampling()->mutable_guided()->set_json_object(true);
+  EXPECT_EQ(Error(r), "sampling.allowed_token_ids and sampling.guided cannot both be set: a request takes one "
+                      "constraint on its tokens");
+}
+
 TEST_F(ValidateRequestTest, BadGuidedDecodingIsNamed) {
   using Guided = ferry::v1::GuidedDecoding;
   struct Case { std::function<void(Guided&)> edit; std::string message; };

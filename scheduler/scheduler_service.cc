@@ -59,6 +59,7 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   p.seed = r.seed();
   p.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
   std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
+  p.allowed_token_ids.assign(r.allowed_token_ids().begin(), r.allowed_token_ids().end());
   spec.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
   spec.eos_token_ids = eos_ids;
   spec.ignore_eos = r.ignore_eos();

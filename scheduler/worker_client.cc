@@ -127,6 +127,7 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->set_logprobs(p.logprobs);
     out->set_seed(p.seed);
     for (const auto& [id, bias] : p.logit_bias) (*out->mutable_logit_bias())[id] = bias;
+    out->mutable_allowed_token_ids()->Assign(p.allowed_token_ids.begin(), p.allowed_token_ids.end());
     out->set_min_tokens(p.min_tokens);
     out->mutable_min_tokens_suppressed_ids()->Add(p.min_tokens_suppressed_ids.begin(),
                                                   p.min_tokens_suppressed_ids.end());

@@ -116,6 +116,7 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.sampling.logprobs = n.logprobs();
     s.sampling.seed = n.seed();
     s.sampling.logit_bias.assign(n.logit_bias().begin(), n.logit_bias().end());
+    s.sampling.allowed_token_ids.assign(n.allowed_token_ids().begin(), n.allowed_token_ids().end());
     s.sampling.min_tokens = n.min_tokens();
     s.sampling.min_tokens_suppressed_ids.assign(n.min_tokens_suppressed_ids().begin(),
                                                 n.min_tokens_suppressed_ids().end());

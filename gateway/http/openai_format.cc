@@ -156,6 +156,20 @@ Error ParseLogitBias(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
+// vLLM's allowed_token_ids: a list of token ids (range and count are the gateway's checks).
+Error ParseAllowedTokenIds(const json& body, SamplingParams& s) {
+  if (!body.contains("allowed_token_ids") || body["allowed_token_ids"].is_null()) return std::nullopt;
+  const json& ids = body["allowed_token_ids"];
+  if (!ids.is_array()) return WrongType("allowed_token_ids", ids, "a list of token ids");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].is_number_integer() || !FitsInt32(ids[i])) {
+      return WrongType(fmt::format("allowed_token_ids[{}]", i), ids[i], "a token id (an integer)");
+    }
+    s.add_allowed_token_ids(ids[i].get<int32_t>());
+  }
+  return std::nullopt;
+}
+
 // Whether body[key] asks for something: values that ask for nothing (null, empty) pass unread.
 bool Asks(const json& body, const char* key) {
   if (!body.contains(key)) return false;
@@ -416,6 +430,7 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
   if (ignore_eos) s.set_ignore_eos(*ignore_eos);
   if (min_tokens) s.set_min_tokens(*min_tokens);
   if (Error e = ParseLogitBias(body, s)) return e;
+  if (Error e = ParseAllowedTokenIds(body, s)) return e;
   if (Error e = ParseGuided(body, body_text, s)) return e;
   if (Error e = ParseStop(body, s)) return e;
   return ParseStopTokenIds(body, s);

@@ -751,7 +751,6 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
   const std::vector<std::pair<std::string, std::pair<json, json>>> fields = {
       {"use_beam_search", {true, false}},         {"length_penalty", {0.5, 1}},
       {"early_stopping", {true, false}},          {"bad_words", {json::array({"x"}), json::array()}},
-      {"allowed_token_ids", {json::array({1}), json::array()}},
       {"skip_special_tokens", {false, true}},
       {"guided_whitespace_pattern", {"\\s*", ""}}, {"return_tokens_as_token_ids", {true, false}},
       {"priority", {-5, 0}},                       {"chat_template", {"{{ x }}", nullptr}},
@@ -775,6 +774,14 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
 
 // vLLM's (and transformers') add_generation_prompt and continue_final_message: a prefilled answer
 // the model continues, cut as transformers cuts it (content stripped, trailing space dropped).
+TEST(ParseCompletion, AllowedTokenIds) {
+  const OpenAiRequest r = ParseOk({{"prompt", "x"}, {"allowed_token_ids", {3, 7}}});
+  const auto& ids = r.generate.sampling().allowed_token_ids();
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), (std::vector<int32_t>{3, 7}));
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"allowed_token_ids", {3, "7"}}}).param, "allowed_token_ids[1]");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"allowed_token_ids", 3}}).param, "allowed_token_ids");
+}
+
 TEST(ParseCompletion, IncludeStopStrInOutput) {
   EXPECT_TRUE(ParseOk({{"prompt", "x"}, {"stop", "\n"}, {"include_stop_str_in_output", true}})
                   .generate.sampling()

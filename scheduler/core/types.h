@@ -75,6 +75,7 @@ struct SamplingParams {
   int32_t logprobs = -1;  // -1 none; N >= 0: the sampled token's plus the top N
   uint64_t seed = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias), sorted by id
+  std::vector<int32_t> allowed_token_ids;             // only these are sampled; empty: any
   // Before min_tokens tokens were generated the worker does not sample these (EOS unless
   // ignored, and the stop token ids), and they end nothing.
   int32_t min_tokens = 0;

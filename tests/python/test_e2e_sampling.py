@@ -37,6 +37,22 @@ def test_logprobs_are_consistent(gen_stub, ferry_pb):
     assert len(none.logprobs) == 0
 
 
+def test_allowed_token_ids_are_all_that_is_sampled(gen_stub, ferry_pb):
+    """vLLM's allowed_token_ids: greedy or sampled, only those ids come out; with guided, refused."""
+    plain = gen(gen_stub, ferry_pb, "allowed ids", temperature=0.0)
+    allowed = [9, 400, 1234, 1777]
+    assert not set(plain.token_ids) <= set(allowed)
+    for temperature in (0.0, 1.5):
+        r = gen(gen_stub, ferry_pb, "allowed ids", temperature=temperature, seed=3, allowed_token_ids=allowed)
+        assert len(r.token_ids) == 12 and set(r.token_ids) <= set(allowed), r.token_ids
+    for sampling, says in (({"allowed_token_ids": [5, 1 << 20]}, "sampling.allowed_token_ids[1] = 1048576"),
+                           ({"allowed_token_ids": [5], "guided": {"json_object": True}},
+                            "cannot both be set")):
+        with pytest.raises(grpc.RpcError) as err:
+            gen(gen_stub, ferry_pb, "x", **sampling)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in err.value.details(), err.value.details()
+
+
 def test_seeded_penalised_sampling_is_batch_invariant(gen_stub, ferry_pb):
     opts = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, presence_penalty=0.5,
                 frequency_penalty=0.3, repetition_penalty=1.1, seed=77, max_tokens=20)

@@ -25,7 +25,7 @@ constexpr float kMinTemperature = 1e-5f;
 // Whether a row's sample needs the host sampler rather than the device argmax.
 bool NeedsHostSampler(const SamplingOptions& o) {
   return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty() ||
-         o.min_tokens > 0 || o.guided.kind != GuidedSpec::Kind::kNone;
+         o.min_tokens > 0 || o.guided.kind != GuidedSpec::Kind::kNone || !o.allowed_token_ids.empty();
 }
 
 }  // namespace
@@ -137,9 +137,10 @@ void CudaQwen2Runner::Apply(const StepSpec& step) {
   for (uint64_t id : step.finished_ids) seqs_.erase(id);
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
   for (const NewSequenceSpec& n : step.new_sequences) {
-    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}, {}};
+    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}, {}, {}};
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
     seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
+    seq.allowed = AllowedIdsMask(n.sampling.allowed_token_ids, info_.vocab_size);
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -303,7 +304,7 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
     SampleResult r;
     if (NeedsHostSampler(seq.sampling)) {
       r = sampler_.Sample(host_logits_.as<float>() + size_t(p.host_slot) * vocab, vocab, seq.sampling, &seq.counts,
-                          seq.num_generated, SamplingMask(seq.guided.get()));
+                          seq.num_generated, seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
     } else {
       r.token_id = host_ids_.as<int32_t>()[p.logits_row];
     }

@@ -74,6 +74,7 @@ class CudaQwen2Runner final : public ModelRunner {
     TokenCounts counts;
     // Guided decoding: the constraint's state after the generated tokens; null when unguided.
     std::unique_ptr<GuidedMatcher> guided;
+    std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
   };
   struct Planned;  // one scheduled sequence's place in the device batch
 

@@ -428,4 +428,11 @@ const TokenMask* SamplingMask(GuidedMatcher* matcher) {
   return allowed.Count() == 0 ? nullptr : &allowed;
 }
 
+std::unique_ptr<const TokenMask> AllowedIdsMask(const std::vector<int32_t>& ids, int32_t vocab_size) {
+  if (ids.empty()) return nullptr;
+  auto mask = std::make_unique<TokenMask>(vocab_size);
+  for (int32_t id : ids) mask->Set(id);  // in range: step validation checked them
+  return mask;
+}
+
 }  // namespace ferry::worker

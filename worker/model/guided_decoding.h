@@ -139,5 +139,7 @@ std::unique_ptr<GuidedMatcher> SequenceMatcher(const GuidedSpec& spec, GuidedVoc
 // The mask to sample a guided sequence under; null when unguided, or when nothing is allowed
 // (no end-of-sequence id to end on), where the sampler's own choice stands.
 const TokenMask* SamplingMask(GuidedMatcher* matcher);
+// vLLM's allowed_token_ids as a mask over vocab_size ids; null when empty (any token).
+std::unique_ptr<const TokenMask> AllowedIdsMask(const std::vector<int32_t>& ids, int32_t vocab_size);
 
 }  // namespace ferry::worker

@@ -91,6 +91,8 @@ struct SamplingOptions {
   int32_t min_tokens = 0;
   std::vector<int32_t> min_tokens_suppressed_ids;
   GuidedSpec guided;  // kNone: unconstrained; else needs ModelInfo.supports_guided_decoding
+  // vLLM's allowed_token_ids: only these are sampled; empty: any. Not with guided.
+  std::vector<int32_t> allowed_token_ids;
 };
 
 // A sequence sent in full once (mirrors ferry.v1.NewSequence).

@@ -94,6 +94,7 @@ void Qwen2Runner::Apply(const StepSpec& step) {
     // After a preemption token_ids ends with the num_generated tokens sampled before it.
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
     seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
+    seq.allowed = AllowedIdsMask(n.sampling.allowed_token_ids, info_.vocab_size);
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -133,7 +134,8 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];
     SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
-                                     &seq.counts, seq.num_generated, SamplingMask(seq.guided.get()));
+                                     &seq.counts, seq.num_generated,
+                                     seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
     if (seq.guided) seq.guided->Advance(r.token_id);
     seq.token_ids.push_back(r.token_id);
     ++seq.num_generated;

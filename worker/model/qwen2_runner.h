@@ -44,6 +44,7 @@ class Qwen2Runner final : public ModelRunner {
     int32_t prompt_len = 0;        // token_ids.size() - num_generated when (re)sent
     // Guided decoding: the constraint's state after the generated tokens; null when unguided.
     std::unique_ptr<GuidedMatcher> guided;
+    std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
   };
   // Prompt positions of one sequence scored this step: prompt_token_rows_[first_row, first_row +
   // count) are the token rows whose logits score prompt tokens first_index, first_index + 1, ...

@@ -105,6 +105,15 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
               std::to_string(info.vocab_size));
     }
   }
+  for (int32_t token : seq.sampling.allowed_token_ids) {
+    if (token < 0 || token >= info.vocab_size) {
+      Invalid(id + ": allowed_token_ids entry " + std::to_string(token) + " outside vocab of " +
+              std::to_string(info.vocab_size));
+    }
+  }
+  if (!seq.sampling.allowed_token_ids.empty() && seq.sampling.guided.kind != GuidedSpec::Kind::kNone) {
+    Invalid(id + ": allowed_token_ids and guided decoding cannot both be set");
+  }
 }
 
 // `num_known` tokens, `num_computed` of them in the cache, `num_blocks` blocks before this step.
