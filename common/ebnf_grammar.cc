@@ -396,4 +396,14 @@ std::shared_ptr<const std::string> GrammarToRegexCached(const std::string& gramm
   return cache.Get(grammar, GrammarToRegex);
 }
 
+std::shared_ptr<const std::string> CheckGrammarCached(const std::string& grammar) {
+  std::shared_ptr<const std::string> regex = GrammarToRegexCached(grammar);
+  try {
+    CompileRegexCached(*regex);
+  } catch (const RegexError& e) {
+    throw GrammarError(std::string("its expansion to a regular expression: ") + e.what());
+  }
+  return regex;
+}
+
 }  // namespace ferry

@@ -40,4 +40,9 @@ std::string GrammarToRegex(const std::string& grammar);
 // GrammarToRegex through a process-wide cache of the last few grammars.
 std::shared_ptr<const std::string> GrammarToRegexCached(const std::string& grammar);
 
+// The grammar expanded and its regex compiled (both cached), as every check of a request does:
+// a regex the DFA compiler refuses (too many states) is a GrammarError too, "its expansion to a
+// regular expression: ...". Returns the regex.
+std::shared_ptr<const std::string> CheckGrammarCached(const std::string& grammar);
+
 }  // namespace ferry

@@ -81,11 +81,9 @@ std::string CheckGrammar(const std::string& grammar) {
                         fmt::format("exceeds the limit of {}", kMaxGrammarBytes));
   }
   try {
-    CompileRegexCached(*GrammarToRegexCached(grammar));
+    CheckGrammarCached(grammar);
   } catch (const GrammarError& e) {
     return std::string("sampling.guided.grammar: ") + e.what();
-  } catch (const RegexError& e) {
-    return std::string("sampling.guided.grammar: its expansion to a regular expression: ") + e.what();
   }
   return {};
 }

@@ -172,11 +172,9 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
   }
   if (g.has_grammar()) {
     try {
-      CompileRegexCached(*GrammarToRegexCached(g.grammar()));
+      CheckGrammarCached(g.grammar());
     } catch (const GrammarError& e) {
       throw std::invalid_argument(std::string("guided.grammar: ") + e.what());
-    } catch (const RegexError& e) {
-      throw std::invalid_argument(std::string("guided.grammar: its expansion to a regular expression: ") + e.what());
     }
   }
 }

@@ -60,6 +60,10 @@ struct ApiError {
 
 json ErrorJson(const ApiError& error);
 ApiError InvalidField(const std::string& param, const std::string& message);
+// "<param> must be <want>, got <type> (<value>)".
+std::optional<ApiError> WrongType(const std::string& param, const json& v, const std::string& want);
+// Whether body[key] asks for something: values that ask for nothing (null, empty) pass unread.
+bool Asks(const json& body, const char* key);
 
 // Request bodies may nest arrays and objects this deep. None of the API's fields needs more than
 // 3; the limit keeps anything recursive (printing, comparing) from running out of stack.

@@ -88,6 +88,8 @@ class Stack:
         self.ports = json.loads(self.ready_file.read_text())
         self.gateway = f"127.0.0.1:{self.ports['gateway']['grpc_port']}"
         self.scheduler = f"127.0.0.1:{self.ports['scheduler']['grpc_port']}"
+        http_port = self.ports["gateway"].get("http_port")  # with --http-port
+        self.http = f"http://127.0.0.1:{http_port}" if http_port else None
 
     def metrics_urls(self):
         urls = {"gateway": self.ports["gateway"]["metrics_port"], "scheduler": self.ports["scheduler"]["metrics_port"]}
@@ -111,12 +113,24 @@ class Stack:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="session")
-def stack(tiny_model, tmp_path_factory):
-    s = Stack(tiny_model, tmp_path_factory.mktemp("stack"))
+def serve(s: Stack):
+    """A fixture's body: yields the stack, then stops it and checks that it exited cleanly."""
     yield s
     code = s.stop()
     assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+
+
+def run_transformers(script: str, model: Path, payload):
+    """Runs `script` (reading JSON on stdin, printing JSON last) with the model directory as argv[1].
+    transformers runs in its own process: importing it beside grpc here aborts the interpreter."""
+    out = subprocess.run([sys.executable, "-c", script, str(model)], input=json.dumps(payload),
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model, tmp_path_factory):
+    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("stack")))
 
 
 @pytest.fixture()

@@ -41,7 +41,6 @@ keys:
 """)
     s = Stack(tiny_model, run_dir, extra_args=[f"--gateway-arg=--api-keys-file={keys_file}", "--log-level", "debug",
                                                "--http-port", "0"])
-    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
     yield s
     s.stop()
 

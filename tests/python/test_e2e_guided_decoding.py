@@ -13,7 +13,7 @@ import subprocess
 import grpc
 import pytest
 
-from conftest import REPO, Stack, binary, post_json as post
+from conftest import REPO, Stack, binary, post_json as post, serve
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -23,11 +23,7 @@ CHOICES = ["red", "green", "blue sky", "{\"x\": 1}"]
 
 @pytest.fixture(scope="module")
 def guided_stack(tiny_model, tmp_path_factory):
-    s = Stack(tiny_model, tmp_path_factory.mktemp("guided-stack"), ["--http-port", "0"])
-    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
-    yield s
-    code = s.stop()
-    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("guided-stack"), ["--http-port", "0"]))
 
 
 @pytest.fixture(scope="module")

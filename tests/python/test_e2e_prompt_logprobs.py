@@ -11,7 +11,7 @@ import urllib.request
 import grpc
 import pytest
 
-from conftest import REPO, Stack
+from conftest import REPO, Stack, serve
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -22,13 +22,9 @@ PROMPT = ("The quick brown fox jumps over the lazy dog. Pack my box with five do
 
 @pytest.fixture(scope="module")
 def chunked_stack(tiny_model, tmp_path_factory):
-    s = Stack(tiny_model, tmp_path_factory.mktemp("prompt-logprobs-stack"),
+    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("prompt-logprobs-stack"),
               ["--http-port", "0", "--worker-arg=--dtype=float32", "--scheduler-arg=--max-num-batched-tokens=16",
-               "--scheduler-arg=--enable-prefix-caching"])
-    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
-    yield s
-    code = s.stop()
-    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+               "--scheduler-arg=--enable-prefix-caching"]))
 
 
 @pytest.fixture(scope="module")

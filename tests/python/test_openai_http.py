@@ -5,7 +5,6 @@ Texts must equal what the gRPC API gives for the same prompt and seed.
 import http.client
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, Stack
+from conftest import REPO, Stack, serve, run_transformers
 
 openai = pytest.importorskip("openai")
 
@@ -25,12 +24,8 @@ MAX_BODY_BYTES = 1 << 20  # http_stack's --http-max-body-bytes
 
 @pytest.fixture(scope="module")
 def http_stack(tiny_model, tmp_path_factory):
-    s = Stack(tiny_model, tmp_path_factory.mktemp("http-stack"),
-              extra_args=["--http-port", "0", f"--gateway-arg=--http-max-body-bytes={MAX_BODY_BYTES}"])
-    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
-    yield s
-    code = s.stop()
-    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("http-stack"),
+              extra_args=["--http-port", "0", f"--gateway-arg=--http-max-body-bytes={MAX_BODY_BYTES}"]))
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +36,9 @@ def slow_http_stack(tiny_model, tmp_path_factory):
     cost = json.loads((REPO / "scheduler" / "sim" / "presets" / "h200.json").read_text())
     cost["fixed_s"] = 0.01
     (run_dir / "cost.json").write_text(json.dumps(cost))
-    s = Stack(tiny_model, run_dir, ["--http-port", "0", "--worker-arg=--backend=sim",
+    yield from serve(Stack(tiny_model, run_dir, ["--http-port", "0", "--worker-arg=--backend=sim",
                                     f"--worker-arg=--cost-model={run_dir / 'cost.json'}",
-                                    "--worker-arg=--sim-live-tokens=1000"])
-    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
-    yield s
-    code = s.stop()
-    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+                                    "--worker-arg=--sim-live-tokens=1000"]))
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +114,12 @@ def test_chat_prompt_matches_transformers_template(client, tiny_model):
     pytest.importorskip("jinja2")  # apply_chat_template needs it
     conversations = [MESSAGES, [{"role": "system", "content": "Be brief."}, *MESSAGES,
                                 {"role": "assistant", "content": "Once"}, {"role": "user", "content": "More"}]]
-    # transformers runs in its own process: importing it beside grpc here aborts the interpreter.
     script = ("import json, sys; from transformers import AutoTokenizer; "
               "tok = AutoTokenizer.from_pretrained(sys.argv[1]); "
               "print(json.dumps([[tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), "
               "tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True)] for m in json.load(sys.stdin)]))")
-    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps(conversations),
-                         capture_output=True, text=True, check=True).stdout
-    for messages, (text, ids) in zip(conversations, json.loads(out.strip().splitlines()[-1])):
+    result = run_transformers(script, tiny_model, conversations)
+    for messages, (text, ids) in zip(conversations, result):
         assert text == chatml(messages)
         r = client.chat.completions.create(model="m", messages=messages, max_tokens=1)
         assert r.usage.prompt_tokens == len(ids)
@@ -145,15 +134,14 @@ def test_prompt_endings_match_transformers(client, http_stack, tiny_model):
               "tok = AutoTokenizer.from_pretrained(sys.argv[1]); "
               "print(json.dumps([tok.apply_chat_template(m, tokenize=True, add_generation_prompt=g, "
               "continue_final_message=c) for m, g, c in json.load(sys.stdin)]))")
-    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps(cases),
-                         capture_output=True, text=True, check=True).stdout
-    for (messages, gen_prompt, cont), ids in zip(cases, json.loads(out.strip().splitlines()[-1])):
+    result = run_transformers(script, tiny_model, cases)
+    for (messages, gen_prompt, cont), ids in zip(cases, result):
         body = {"messages": messages, "add_generation_prompt": gen_prompt, "continue_final_message": cont}
         r = httpx.post(http_stack.http + "/tokenize", json=body)
         assert r.status_code == 200 and r.json()["tokens"] == ids, (body, r.text)
     r = client.chat.completions.create(model="m", messages=prefill, max_tokens=4, temperature=0,
                                        extra_body={"continue_final_message": True, "add_generation_prompt": False})
-    assert r.usage.prompt_tokens == len(json.loads(out.strip().splitlines()[-1])[1])
+    assert r.usage.prompt_tokens == len(result[1])
     r = httpx.post(http_stack.http + "/v1/chat/completions",
                    json={"messages": prefill, "continue_final_message": True, "add_generation_prompt": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
@@ -168,9 +156,8 @@ def test_tokenize_and_detokenize_match_transformers(http_stack, tiny_model):
               "chat = tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True); "
               "ids = tok.encode(t, add_special_tokens=False); "
               "print(json.dumps([chat, ids, tok.decode(ids), tok.decode(chat)]))")
-    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps([MESSAGES, text]),
-                         capture_output=True, text=True, check=True).stdout
-    chat_ids, text_ids, text_back, chat_back = json.loads(out.strip().splitlines()[-1])
+    result = run_transformers(script, tiny_model, [MESSAGES, text])
+    chat_ids, text_ids, text_back, chat_back = result
     r = httpx.post(http_stack.http + "/tokenize", json={"model": "m", "prompt": text})
     assert r.status_code == 200, r.text
     assert r.json()["tokens"] == text_ids and r.json()["count"] == len(text_ids)

@@ -8,12 +8,10 @@ forces a Hermes-format text that the parser must turn into calls, streamed or no
 """
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import Stack, post_json as post
+from conftest import Stack, post_json as post, serve, run_transformers
 
 openai = pytest.importorskip("openai")
 tokenizers = pytest.importorskip("tokenizers")
@@ -34,11 +32,7 @@ FORCED = ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa
 
 @pytest.fixture(scope="module")
 def tools_stack(tiny_model, tmp_path_factory):
-    s = Stack(tiny_model, tmp_path_factory.mktemp("tools-stack"), ["--http-port", "0"])
-    s.http = f"http://127.0.0.1:{s.ports['gateway']['http_port']}"
-    yield s
-    code = s.stop()
-    assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
+    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("tools-stack"), ["--http-port", "0"]))
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +60,11 @@ def test_prompts_with_tools_match_transformers(tools_stack, tiny_model):
     ]
     cases = [(MESSAGES, TOOLS) for MESSAGES in ([{"role": "user", "content": "Hi"}], history)]
     cases.append((history, None))  # calls and results in the history without tools
-    # transformers runs in its own process: importing it beside grpc here aborts the interpreter.
     script = ("import json, sys; from transformers import AutoTokenizer; "
               "tok = AutoTokenizer.from_pretrained(sys.argv[1]); "
               "print(json.dumps([tok.apply_chat_template(m, tools=t, tokenize=True, add_generation_prompt=True) "
               "for m, t in json.load(sys.stdin)]))")
-    out = subprocess.run([sys.executable, "-c", script, str(tiny_model)], input=json.dumps(cases),
-                         capture_output=True, text=True, check=True).stdout
-    expected = json.loads(out.strip().splitlines()[-1])
+    expected = run_transformers(script, tiny_model, cases)
     for (messages, tools), ids in zip(cases, expected):
         # OpenAI's form: arguments as a JSON string, which Ferry parses as vLLM does.
         sent = [dict(m, tool_calls=[dict(c, function=dict(c["function"], arguments=json.dumps(c["function"]["arguments"])))
