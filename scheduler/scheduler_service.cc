@@ -31,10 +31,17 @@ GuidedDecoding ToGuided(const ferry::v1::GuidedDecoding& g) {
       out.kind = GuidedDecoding::Kind::kRegex;
       out.regex = g.regex();
       break;
-    case ferry::v1::GuidedDecoding::kGrammar:  // a regular grammar, expanded (CheckGuided translated it)
-      out.kind = GuidedDecoding::Kind::kRegex;
-      out.regex = *GrammarToRegexCached(g.grammar());
+    case ferry::v1::GuidedDecoding::kGrammar: {  // CheckGuided compiled it: this is a cache hit
+      const GrammarPlan plan = CheckGrammarCached(g.grammar());
+      if (plan.regex) {  // regular: the worker walks its regex's DFA
+        out.kind = GuidedDecoding::Kind::kRegex;
+        out.regex = *plan.regex;
+      } else {
+        out.kind = GuidedDecoding::Kind::kGrammar;
+        out.grammar = g.grammar();
+      }
       break;
+    }
     default: break;
   }
   return out;

@@ -138,9 +138,13 @@ TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   ferry::v1::SubmitRequest grammar = Request();
   grammar.mutable_guided()->set_grammar("root ::= (\"yes\" | \"no\") \"-\" [0-9]{2,4}");
   ASSERT_TRUE(Submit(grammar).ok());
+  ferry::v1::SubmitRequest recursive = Request();
+  const std::string nested = "root ::= \"(\" root \")\" | \"x\"";
+  recursive.mutable_guided()->set_grammar(nested);
+  ASSERT_TRUE(Submit(recursive).ok());
 
   const std::vector<ferry::v1::NewSequence> sent = workers_.new_sequences();
-  ASSERT_EQ(sent.size(), 6u);
+  ASSERT_EQ(sent.size(), 7u);
   ASSERT_TRUE(sent[0].guided().has_choice());
   EXPECT_EQ(sent[0].guided().choice().choices_size(), 2);
   EXPECT_EQ(sent[0].guided().choice().choices(1), "no");
@@ -152,6 +156,8 @@ TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   EXPECT_EQ(sent[4].guided().regex(), pattern);
   ASSERT_TRUE(sent[5].guided().has_regex()) << "a grammar reaches the worker expanded to its regex";
   EXPECT_EQ(sent[5].guided().regex(), "(?:yes|no)-(?:[0-9]){2,4}");
+  ASSERT_TRUE(sent[6].guided().has_grammar()) << "a recursive one as itself, for the pushdown automaton";
+  EXPECT_EQ(sent[6].guided().grammar(), nested);
 }
 
 TEST_F(SchedulerServiceTest, AReplicaWithoutGuidedDecodingRefusesIt) {
@@ -190,15 +196,17 @@ TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
   EXPECT_TRUE(workers_.new_sequences().empty());
 }
 
-// A recursive grammar has no regex: refused before it is queued, naming the cycle.
-TEST_F(SchedulerServiceTest, ARecursiveGrammarIsRefused) {
+// A left-recursive grammar cannot be generated: refused before it is queued, naming the cycle.
+TEST_F(SchedulerServiceTest, ALeftRecursiveGrammarIsRefused) {
   Start(true);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->set_grammar("root ::= \"(\" root \")\" | \"x\"");
+  r.mutable_guided()->set_grammar("root ::= \"x\" | root \"+\" \"x\"");
   const grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(), "guided.grammar: grammar at line 1, column 14: rule \"root\" refers to itself "
-                                    "(root -> root): recursive grammars are not supported, only regular ones");
+  EXPECT_EQ(status.error_message().rfind("guided.grammar: grammar at line 1, column 16: rule \"root\" is "
+                                         "left-recursive (root -> root before any text is read)", 0),
+            0u)
+      << status.error_message();
   EXPECT_TRUE(workers_.new_sequences().empty());
 }
 

@@ -103,6 +103,7 @@ void SetGuided(const GuidedDecoding& g, ferry::v1::NewSequence& out) {
   }
   if (g.kind == GuidedDecoding::Kind::kJsonSchema) out.mutable_guided()->set_json_schema(g.json_schema);
   if (g.kind == GuidedDecoding::Kind::kRegex) out.mutable_guided()->set_regex(g.regex);
+  if (g.kind == GuidedDecoding::Kind::kGrammar) out.mutable_guided()->set_grammar(g.grammar);
 }
 
 }  // namespace

@@ -93,6 +93,7 @@ GuidedSpec ToGuidedSpec(const ferry::v1::GuidedDecoding& g) {
   }
   if (g.has_json_schema()) out = GuidedSpec{GuidedSpec::Kind::kJsonSchema, {}, g.json_schema()};
   if (g.has_regex()) out = GuidedSpec{GuidedSpec::Kind::kRegex, {}, {}, g.regex()};
+  if (g.has_grammar()) out = GuidedSpec{GuidedSpec::Kind::kGrammar, {}, {}, {}, g.grammar()};
   return out;
 }
 

@@ -51,12 +51,12 @@ TEST(ParseCompletion, BadStructuredOutputsAreNamed) {
   const ApiError tag = error({{"structured_outputs", {{"structural_tag", "x"}}}});
   EXPECT_EQ(tag.param, "structured_outputs");
   EXPECT_NE(tag.message.find("structural_tag"), std::string::npos) << tag.message;
-  const ApiError recursive = error({{"structured_outputs", {{"grammar", "root ::= \"(\" root \")\" | \"x\""}}}});
-  EXPECT_EQ(recursive.param, "structured_outputs.grammar");
-  EXPECT_NE(recursive.message.find("structured_outputs.grammar: grammar at line 1, column 14: rule \"root\" refers "
-                                   "to itself"),
+  const ApiError left = error({{"structured_outputs", {{"grammar", "root ::= root \")\" | \"x\""}}}});
+  EXPECT_EQ(left.param, "structured_outputs.grammar");
+  EXPECT_NE(left.message.find("structured_outputs.grammar: grammar at line 1, column 10: rule \"root\" is "
+                              "left-recursive (root -> root before any text is read)"),
             std::string::npos)
-      << recursive.message;
+      << left.message;
   EXPECT_EQ(error({{"guided_grammar", 3}}).param, "guided_grammar");
 }
 

@@ -93,6 +93,41 @@ void TimeCompiles() {
   }
 }
 
+// A recursive grammar (a pushdown automaton, common/grammar_pda.h): llama.cpp's json.gbnf,
+// a byte a token, walked (nothing cached: a new grammar text each run would see the same).
+void TimeGrammar(GuidedVocab& vocab) {
+  const std::string json_gbnf = R"g(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20})g";
+  GuidedSpec spec;
+  spec.kind = GuidedSpec::Kind::kGrammar;
+  spec.grammar = json_gbnf;
+  const auto c0 = std::chrono::steady_clock::now();
+  auto m = MakeGuidedMatcher(spec, vocab);
+  std::printf("\ngrammar json.gbnf (pushdown automaton), compiled in %.2f ms, a byte a token:\n"
+              "| next byte | allowed | walk ms |\n|---|---|---|\n",
+              Ms(c0, std::chrono::steady_clock::now()));
+  double total = 0;
+  const std::string text = R"({"name": "x y", "tags": [12, {"k": [true]}]})";
+  for (char next : text) {
+    const auto a = std::chrono::steady_clock::now();
+    const int32_t allowed = m->Allowed().Count();
+    const double ms = Ms(a, std::chrono::steady_clock::now());
+    total += ms;
+    std::printf("| `%c` | %d | %.2f |\n", next, allowed, ms);
+    if (!m->Advance(IdOf(vocab, std::string(1, next)))) {
+      std::printf("refused '%c'\n", next);
+      return;
+    }
+  }
+  std::printf("accepted: %s; %zu bytes, mean walk %.2f ms\n", m->Accepted() ? "yes" : "no", text.size(),
+              total / static_cast<double>(text.size()));
+}
+
 int Run(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<GuidedVocab> vocab =
@@ -152,6 +187,7 @@ int Run(int argc, char** argv) {
   const auto fa = std::chrono::steady_clock::now();
   const int32_t free_allowed = free_text->Allowed().Count();
   std::printf("regex [^\\n]{1,200}: %d allowed, walk %.2f ms\n", free_allowed, Ms(fa, std::chrono::steady_clock::now()));
+  TimeGrammar(*vocab);
   TimeCompiles();
   TimeSampling(*vocab);
   auto choice = MakeGuidedMatcher({GuidedSpec::Kind::kChoice, {"positive", "negative", "neutral"}}, *vocab);

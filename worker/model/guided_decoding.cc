@@ -11,6 +11,7 @@
 
 #include "common/regex_dfa.h"
 #include "worker/model/guided_automata.h"
+#include "worker/model/guided_grammar.h"
 #include "worker/model/guided_schema.h"
 
 namespace ferry::worker {
@@ -118,6 +119,16 @@ std::vector<std::pair<int32_t, std::string>> StringExits(const GuidedVocab& voca
   return exits;
 }
 
+// Marks a trie node's token and the tokens with the same bytes (duplicates() is in node order).
+void MarkNode(const GuidedVocab& vocab, int32_t node, TokenMask& mask) {
+  const GuidedVocab::Node& n = vocab.trie()[static_cast<size_t>(node)];
+  if (n.token >= 0) mask.Set(n.token);
+  const auto& dups = vocab.duplicates();
+  auto it = std::lower_bound(dups.begin(), dups.end(), node,
+                             [](const std::pair<int32_t, int32_t>& d, int32_t v) { return d.first < v; });
+  for (; it != dups.end() && it->first == node; ++it) mask.Set(it->second);
+}
+
 // The mask of an automaton inside a free string (FreeString() is its lexer): the tokens that
 // stay inside, which depend on the lexer alone, plus those that close the string and whose
 // rest the automaton accepts. The same set a whole walk finds, in a copy and a few short walks.
@@ -132,24 +143,57 @@ void FreeStringAllowed(GuidedVocab& vocab, const Automaton& state, const StringL
     for (size_t k = 0; k < path.size() && taken; ++k) taken = after.Feed(static_cast<uint8_t>(path[k]));
     if (!taken) continue;  // not by the contract of FreeString; then no token under it fits
     const GuidedVocab::Node& n = trie[static_cast<size_t>(node)];
-    if (n.token >= 0) mask.Set(n.token);
-    // and the tokens with the same bytes (duplicates() is in node order)
-    const auto& dups = vocab.duplicates();
-    auto it = std::lower_bound(dups.begin(), dups.end(), node,
-                               [](const std::pair<int32_t, int32_t>& d, int32_t v) { return d.first < v; });
-    for (; it != dups.end() && it->first == node; ++it) mask.Set(it->second);
+    MarkNode(vocab, node, mask);
     WalkRange(vocab, after, static_cast<size_t>(node) + 1, static_cast<size_t>(n.end), n.depth, mask);
   }
 }
 
+// A state of a grammar's automaton that neither calls nor ends a rule, as a walk of its own.
+bool Simple(const GrammarPda::State& s) { return !s.final && s.calls.empty(); }
+
+// The mask of a grammar automaton whose one parse's top is a simple state: the tokens that stay
+// among simple states (they depend on that state alone), plus walks under the nodes where a
+// token leaves them, each from the automaton as it is after the bytes before (its top replaced)
+// and the node's byte; the same set a whole walk finds.
+void GrammarAllowed(GuidedVocab& vocab, const GrammarAutomaton& state, const std::string& key_prefix,
+                    TokenMask& mask) {
+  const int32_t top = state.SoleTop();
+  const std::shared_ptr<const GuidedVocab::GrammarClasses> classes =
+      vocab.GrammarClassesFor(key_prefix + std::to_string(top), *state.pda(), top);
+  mask = classes->inside;
+  const std::vector<GuidedVocab::Node>& trie = vocab.trie();
+  std::unordered_map<int64_t, std::optional<GrammarAutomaton>> after;  // by (state before, byte)
+  for (const auto& [node, before] : classes->exits) {
+    const GuidedVocab::Node& n = trie[static_cast<size_t>(node)];
+    auto [it, fresh] = after.try_emplace(int64_t{before} * 256 + n.byte);
+    if (fresh) {
+      GrammarAutomaton a = state.WithTop(before);
+      if (a.Feed(n.byte)) it->second = std::move(a);
+    }
+    const std::optional<GrammarAutomaton>& a = it->second;
+    if (!a) continue;
+    MarkNode(vocab, node, mask);
+    WalkRange(vocab, *a, static_cast<size_t>(node) + 1, static_cast<size_t>(n.end), n.depth, mask);
+  }
+}
+
 // Tokens allowed from an automaton's state: the walk, plus the end-of-sequence ids once the
-// text is accepted.
+// text is accepted. key_prefix names the constraint (its text).
 template <class Automaton>
-std::shared_ptr<const TokenMask> Allowed(GuidedVocab& vocab, const Automaton& state) {
+std::shared_ptr<const TokenMask> Allowed(GuidedVocab& vocab, const Automaton& state, const std::string& key_prefix) {
   auto mask = std::make_shared<TokenMask>(vocab.size());
   const StringLexer* lexer = nullptr;
   if constexpr (requires { state.FreeString(); }) lexer = state.FreeString();
-  if (lexer != nullptr) {
+  bool walked = false;
+  if constexpr (std::is_same_v<Automaton, GrammarAutomaton>) {
+    const int32_t top = state.SoleTop();
+    if (top >= 0 && Simple(state.pda()->state(top))) {
+      GrammarAllowed(vocab, state, key_prefix, *mask);
+      walked = true;
+    }
+  }
+  if (walked) {
+  } else if (lexer != nullptr) {
     FreeStringAllowed(vocab, state, *lexer, *mask);
   } else {
     Walk(vocab, state, *mask);
@@ -206,7 +250,7 @@ class CachedMatcher final : public GuidedMatcher {
       const std::string key = key_prefix_ + state_.Key();
       mask_ = vocab_.CachedMask(key);
       if (!mask_) {
-        mask_ = worker::Allowed(vocab_, state_);
+        mask_ = worker::Allowed(vocab_, state_, key_prefix_);
         vocab_.CacheMask(key, mask_);
       }
     }
@@ -350,6 +394,54 @@ const GuidedVocab::StringClasses& GuidedVocab::StringClassesFor(const StringLexe
   return *slot;
 }
 
+std::shared_ptr<const GuidedVocab::GrammarClasses> GuidedVocab::GrammarClassesFor(const std::string& key,
+                                                                                  const GrammarPda& pda,
+                                                                                  int32_t state) {
+  if (const auto it = grammar_classes_.find(key); it != grammar_classes_.end()) return it->second;
+  // Bytes lead from a simple state to simple ones of no greater need (so a parse that could
+  // end with `state` on top still can): taken whole, whatever is below the top.
+  const int32_t need = pda.state(state).need;
+  auto step = [&](int32_t from, uint8_t c, bool* inside) {
+    for (const GrammarPda::ByteEdge& e : pda.state(from).bytes) {
+      if (!e.Has(c)) continue;
+      const GrammarPda::State& to = pda.state(e.target);
+      *inside = Simple(to) && to.need <= need;
+      return e.target;
+    }
+    return -1;
+  };
+  struct Local {
+    const decltype(step)* stepper;
+    int32_t at;
+    bool Feed(uint8_t c) {
+      bool inside = false;
+      const int32_t next = (*stepper)(at, c, &inside);
+      if (next < 0 || !inside) return false;
+      at = next;
+      return true;
+    }
+  };
+  auto classes = std::make_shared<GrammarClasses>(GrammarClasses{TokenMask(size()), {}});
+  Walk(*this, Local{&step, state}, classes->inside);
+  std::vector<int32_t> states{state};  // by depth: the state after the node's path
+  for (size_t i = 0; i < trie_.size();) {
+    const Node& node = trie_[i];
+    states.resize(node.depth);
+    bool inside = false;
+    const int32_t next = step(states.back(), node.byte, &inside);
+    if (next < 0 || !inside) {
+      if (next >= 0) classes->exits.emplace_back(static_cast<int32_t>(i), states.back());
+      i = static_cast<size_t>(node.end);
+      continue;
+    }
+    states.push_back(next);
+    ++i;
+  }
+  if (grammar_classes_.size() >= kGrammarClassEntries) grammar_classes_.clear();
+  grammar_classes_.emplace(key, classes);
+  return classes;
+}
+
 std::shared_ptr<const TokenMask> GuidedVocab::CachedMask(const std::string& key) {
   const auto it = mask_index_.find(key);
   if (it == mask_index_.end()) return nullptr;
@@ -395,6 +487,11 @@ std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedV
       std::shared_ptr<const RegexDfa> dfa = CompileRegexCached(spec.regex);
       const RegexAutomaton start(dfa.get());
       return Matcher(vocab, KeyPrefix("regex", {spec.regex}), std::move(dfa), start);
+    }
+    case GuidedSpec::Kind::kGrammar: {  // GrammarError is an invalid_argument
+      std::shared_ptr<const GrammarPda> pda = CompileGrammarPdaCached(spec.grammar);
+      const GrammarAutomaton start(pda.get());
+      return Matcher(vocab, KeyPrefix("grammar", {spec.grammar}), std::move(pda), start);
     }
     case GuidedSpec::Kind::kNone:
       break;

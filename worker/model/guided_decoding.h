@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/grammar_pda.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/model_runner.h"
 
@@ -90,6 +91,19 @@ class GuidedVocab {
   const StringClasses& StringClassesFor(const StringLexer& lexer);
   size_t string_classes_computed() const { return string_classes_.size(); }
 
+  // The same for a grammar's pushdown automaton (common/grammar_pda.h) in a state that neither
+  // calls nor ends a rule (inside a string, a number, a run of text): the tokens whose bytes
+  // lead from it only through such states of its rule, which any parse whose top it is takes
+  // whole, and the trie nodes where a token's path first reaches a state that calls or ends,
+  // with the state before that byte: what the rest of the parse decides. `key` names the
+  // grammar and the state (equal keys: the same automaton and state).
+  struct GrammarClasses {
+    TokenMask inside;
+    std::vector<std::pair<int32_t, int32_t>> exits;  // (trie node, state before its byte)
+  };
+  std::shared_ptr<const GrammarClasses> GrammarClassesFor(const std::string& key, const GrammarPda& pda, int32_t state);
+  size_t grammar_classes_cached() const { return grammar_classes_.size(); }
+
  private:
   void BuildTrie();
 
@@ -104,6 +118,8 @@ class GuidedVocab {
   std::list<MaskEntry> mask_lru_;
   std::unordered_map<std::string, std::list<MaskEntry>::iterator> mask_index_;
   std::unordered_map<uint32_t, std::unique_ptr<const StringClasses>> string_classes_;  // by packed lexer state
+  static constexpr size_t kGrammarClassEntries = 256;  // cleared whole past this; holders keep theirs
+  std::unordered_map<std::string, std::shared_ptr<const GrammarClasses>> grammar_classes_;
 };
 
 // One sequence's constraint.

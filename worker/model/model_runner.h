@@ -59,11 +59,14 @@ struct ModelInfo {
 // tokens that keep its generated text a prefix of what the constraint accepts, and ends (an
 // end-of-sequence id) only once the text is accepted. worker/model/guided_decoding.h.
 struct GuidedSpec {
-  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema, kRegex };
+  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema, kRegex, kGrammar };
   Kind kind = Kind::kNone;
   std::vector<std::string> choices;  // kChoice: the text is exactly one of these (non-empty)
   std::string json_schema;           // kJsonSchema: the schema as JSON text (common/json_schema.h)
   std::string regex;                 // kRegex: the whole text matches it (common/regex_dfa.h)
+  // kGrammar: an EBNF grammar (common/ebnf_grammar.h) run as a pushdown automaton; a regular
+  // one comes as its regex (the scheduler translates it).
+  std::string grammar;
 };
 
 // Applied in this order: penalties, temperature, top-k, top-p, min-p, draw.

@@ -13,6 +13,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/ebnf_grammar.h"
+#include "common/grammar_pda.h"
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
 #include "worker/model/model_runner.h"
@@ -45,6 +47,14 @@ inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, cons
       CompileRegexCached(guided.regex);
     } catch (const RegexError& e) {
       Invalid(id + ": guided regex: " + e.what());
+    }
+    return;
+  }
+  if (guided.kind == GuidedSpec::Kind::kGrammar) {
+    try {
+      CompileGrammarPdaCached(guided.grammar);
+    } catch (const GrammarError& e) {
+      Invalid(id + ": guided grammar: " + e.what());
     }
     return;
   }

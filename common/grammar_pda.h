@@ -1,0 +1,55 @@
+// A grammar of common/ebnf_grammar.h, recursive or not, as a pushdown automaton over bytes. Each
+// rule is an epsilon-free NFA whose edges read one byte (from a set) or call a rule; the worker
+// (worker/model/guided_grammar.h) runs it as a set of stacks of such states, one stack per way
+// the text so far can be parsed.
+//
+// What is refused at compile time, so that every state the worker reaches can still end:
+// left recursion (a rule reached again before a byte is read: `expr ::= expr "+" term`; its
+// stacks would grow without reading anything), rules that can never end (`a ::= "x" a`),
+// and grammars past kMaxGrammarStates states. Texts nest at most kMaxGrammarDepth rule calls
+// deep; each state knows the fewest further calls it needs to end (State::need), and the worker
+// never takes a byte after which the text could not end within that depth.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+inline constexpr size_t kMaxGrammarStates = 1 << 16;
+inline constexpr int32_t kMaxGrammarDepth = 256;  // rule calls open at once
+
+struct GrammarPda {
+  struct ByteEdge {
+    std::array<uint64_t, 4> bytes{};  // bit b: byte b is read
+    int32_t target = 0;
+    bool Has(uint8_t c) const { return (bytes[c >> 6] >> (c & 63)) & 1u; }
+  };
+  struct CallEdge {
+    int32_t rule = 0;
+    int32_t target = 0;  // where the caller resumes once the rule ends
+  };
+  struct State {
+    std::vector<ByteEdge> bytes;
+    std::vector<CallEdge> calls;
+    bool final = false;  // the rule may end here
+    // The fewest rule calls nested below this state's rule's frame that ending it from here
+    // needs: 0 when bytes alone end it. Compile time guarantees it is at most kMaxGrammarDepth.
+    int32_t need = 0;
+  };
+
+  std::vector<State> states;
+  std::vector<int32_t> rule_start;  // by rule id (0: root)
+  std::vector<std::string> rule_names;
+  const State& state(int32_t id) const { return states[static_cast<size_t>(id)]; }
+};
+
+// Throws GrammarError naming the line, the column and what (ebnf_grammar.h).
+GrammarPda CompileGrammarPda(const std::string& grammar);
+// CompileGrammarPda through a process-wide cache of the last few grammars.
+std::shared_ptr<const GrammarPda> CompileGrammarPdaCached(const std::string& grammar);
+
+}  // namespace ferry
