@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/compile_cache.h"
+#include "common/json_string_dfa.h"
 
 namespace ferry {
 namespace {
@@ -19,7 +20,7 @@ using json = nlohmann::ordered_json;
 // them would not validate.
 const std::set<std::string>& Refused() {
   static const std::set<std::string> kRefused = {
-      "pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+      "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
       "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames", "uniqueItems",
       "contains", "minContains", "maxContains", "prefixItems", "allOf", "not", "if", "then", "else",
       "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
@@ -87,6 +88,7 @@ class Compiler {
   int32_t Typed(const json& s, const std::string& type, const std::string& path);
   int32_t Object(const json& s, const std::string& path);
   int32_t Array(const json& s, const std::string& path);
+  int32_t String(const json& s, const std::string& path);
   std::vector<std::string> Types(const json& s, const std::string& path);
   void FirstBytes(int32_t id, int depth);
   std::optional<int32_t> TaggedObject(const std::vector<int32_t>& objects, const std::string& path);
@@ -125,6 +127,11 @@ int32_t Compiler::Compile(const json& s, const std::string& path) {
       return Union(s[keyword], keyword, path);
     }
   }
+  if (s.contains("const") || s.contains("enum")) {
+    for (const char* key : {"minLength", "maxLength", "pattern", "format"}) {
+      if (s.contains(key)) Fail(path, "\"" + std::string(key) + "\" beside \"" + (s.contains("const") ? "const" : "enum") + "\" is not supported");
+    }
+  }
   if (s.contains("const")) return Literals(json::array({s["const"]}), s, path);
   if (s.contains("enum")) return Literals(s["enum"], s, path);
   const std::vector<std::string> types = Types(s, path);
@@ -141,6 +148,9 @@ std::vector<std::string> Compiler::Types(const json& s, const std::string& path)
   if (!s.contains("type")) {
     if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) return {"object"};
     if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return {"array"};
+    for (const char* key : {"minLength", "maxLength", "pattern", "format"}) {
+      if (s.contains(key)) return {"string"};
+    }
     return {"any"};
   }
   const json& t = s["type"];
@@ -223,12 +233,60 @@ int32_t Compiler::Typed(const json& s, const std::string& type, const std::strin
   using Kind = SchemaNode::Kind;
   if (type == "object") return Object(s, path);
   if (type == "array") return Array(s, path);
-  if (type == "string") return NewNode({.kind = Kind::kString}, path);
+  if (type == "string") return String(s, path);
+  // A format asserts on strings only, but OpenAPI's int32, float, ... on numbers assert what
+  // the automaton cannot keep.
+  if ((type == "number" || type == "integer") && s.contains("format")) {
+    Fail(path, "\"format\" on a " + type + " is not supported");
+  }
   if (type == "number") return NewNode({.kind = Kind::kNumber}, path);
   if (type == "integer") return NewNode({.kind = Kind::kInteger}, path);
   if (type == "boolean") return NewNode({.kind = Kind::kLiterals, .literals = {"false", "true"}}, path);
   if (type == "null") return NewNode({.kind = Kind::kLiterals, .literals = {"null"}}, path);
   return NewNode({.kind = Kind::kAnyValue}, path);
+}
+
+// A string's lengths, pattern and format; a pattern or format becomes a DFA over its JSON text
+// (json_string_dfa.h), with the lengths in it.
+int32_t Compiler::String(const json& s, const std::string& path) {
+  SchemaNode node{.kind = SchemaNode::Kind::kString};
+  for (const char* key : {"minLength", "maxLength"}) {
+    if (!s.contains(key)) continue;
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0) Fail(path, "\"" + std::string(key) + "\" must be a non-negative integer");
+  }
+  node.min_length = s.value("minLength", int64_t{0});
+  node.max_length = s.value("maxLength", int64_t{-1});
+  if (node.max_length >= 0 && node.max_length < node.min_length) Fail(path, "\"maxLength\" is below \"minLength\"");
+  std::vector<std::string> regexes;
+  if (s.contains("pattern")) {
+    if (!s["pattern"].is_string()) Fail(path, "\"pattern\" must be a string");
+    const std::string pattern = s["pattern"].get<std::string>();
+    try {
+      CompileRegexCached(pattern);  // its own errors, with offsets in the pattern as written
+    } catch (const RegexError& e) {
+      Fail(path, std::string("\"pattern\": ") + e.what());
+    }
+    regexes.push_back(PatternContentRegex(pattern));
+  }
+  if (s.contains("format")) {
+    if (!s["format"].is_string()) Fail(path, "\"format\" must be a string");
+    const std::optional<std::string> regex = FormatContentRegex(s["format"].get<std::string>());
+    if (!regex) {
+      Fail(path, "\"format\" " + s["format"].dump() +
+                     " is not supported (served: date, time, date-time, email, uuid, ipv4, uri)");
+    }
+    regexes.push_back(*regex);
+  }
+  if (!regexes.empty()) {
+    try {
+      auto dfa = std::make_shared<const RegexDfa>(JsonStringDfa(regexes, node.min_length, node.max_length, &node.max_length));
+      node.string_dfa = static_cast<int32_t>(graph_.string_dfas.size());
+      graph_.string_dfas.push_back(std::move(dfa));
+    } catch (const RegexError& e) {
+      Fail(path, std::string(s.contains("pattern") ? "\"pattern\"" : "\"format\"") + ": " + e.what());
+    }
+  }
+  return NewNode(std::move(node), path);
 }
 
 int32_t Compiler::Object(const json& s, const std::string& path) {

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <string>
+#include <tuple>
+
+#include "common/json_string_dfa.h"
 
 namespace ferry {
 namespace {
@@ -88,10 +92,16 @@ TEST(JsonSchemaTest, RefsResolveRecursively) {
 
 TEST(JsonSchemaTest, RefusesWhatItCannotGuaranteeNamingThePlaceAndKeyword) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {R"({"type": "object", "properties": {"name": {"type": "string", "minLength": 3}}})",
-       {"/properties/name", "\"minLength\" is not supported"}},
+      {R"({"type": "object", "properties": {"name": {"type": "string", "minLength": -3}}})",
+       {"/properties/name", "\"minLength\" must be a non-negative integer"}},
+      {R"({"type": "string", "minLength": 3, "maxLength": 2})", {"\"maxLength\" is below \"minLength\""}},
       {R"({"type": "integer", "maximum": 5})", {"schema at /:", "\"maximum\""}},
-      {R"({"type": "string", "pattern": "^a$"})", {"\"pattern\""}},
+      {R"({"type": "string", "pattern": "(a)\\1"})", {"\"pattern\": regex at byte", "backreferences"}},
+      {R"({"type": "string", "format": "ipv6"})", {"\"format\" \"ipv6\" is not supported (served: date"}},
+      {R"({"type": "integer", "format": "int32"})", {"\"format\" on a integer is not supported"}},
+      {R"({"enum": ["a", "bb"], "minLength": 2})", {"\"minLength\" beside \"enum\""}},
+      {R"({"type": "string", "pattern": "^a{3}$", "maxLength": 2})", {"\"pattern\": no string satisfies"}},
+      {R"({"type": "string", "format": "uuid", "minLength": 1001})", {"minLength 1001 beside a pattern or format"}},
       {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]})", {"\"anyOf\" alternatives must differ"}},
       {R"({"anyOf": [{"enum": ["a"]}, {"type": "string"}]})", {"\"anyOf\""}},
       {R"({"$ref": "#/$defs/missing"})", {"\"#/$defs/missing\""}},
@@ -118,6 +128,102 @@ TEST(JsonSchemaTest, RefusesWhatItCannotGuaranteeNamingThePlaceAndKeyword) {
   std::string wide = R"({"type": "object", "properties": {)";
   for (size_t i = 0; i <= kMaxSchemaProperties; ++i) wide += (i ? "," : "") + std::string("\"p") + std::to_string(i) + "\": {}";
   EXPECT_NE(Refusal(wide + "}}").find("65 properties"), std::string::npos);
+}
+
+// A string's pattern, format and lengths as one DFA over its JSON text (json_string_dfa.h):
+// exactly the contents std::regex (ECMAScript, JSON Schema's dialect) finds the pattern in, of
+// the right length, written with JSON's short escapes.
+std::string Encoded(const std::string& content) {
+  std::string out;
+  for (char c : content) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+TEST(JsonStringDfaTest, TakesExactlyTheContentsThatValidate) {
+  struct Case {
+    std::string pattern;
+    int64_t min, max;
+  };
+  const std::vector<Case> cases = {{"^[a-c]+-\\d$", 0, -1}, {"b\"", 2, 5}, {"^\\\\?x", 0, 4}, {"(a|c)$", 1, -1},
+                                   {"[\\n\\t]", 0, 3}, {"^a\\$", 0, -1}};
+  const std::string alphabet = "abcx-1$\"\\\n\t\xC3\xA9";
+  for (const Case& c : cases) {
+    const RegexDfa dfa = JsonStringDfa({PatternContentRegex(c.pattern)}, c.min, c.max, nullptr);
+    const std::regex oracle(c.pattern, std::regex::ECMAScript);
+    std::vector<std::string> texts = {""};
+    int accepted = 0;
+    for (int len = 0; len <= 4; ++len) {
+      std::vector<std::string> longer;
+      for (const std::string& t : texts) {
+        const size_t chars = CodePoints(t);
+        bool valid_utf8 = true;  // the alphabet's only multi-byte character is C3 A9
+        for (size_t i = 0; i < t.size(); ++i) {
+          const auto b = static_cast<unsigned char>(t[i]);
+          if (b == 0xC3 && (i + 1 == t.size() || static_cast<unsigned char>(t[i + 1]) != 0xA9)) valid_utf8 = false;
+          if (b == 0xA9 && (i == 0 || static_cast<unsigned char>(t[i - 1]) != 0xC3)) valid_utf8 = false;
+        }
+        const bool want = valid_utf8 && std::regex_search(t, oracle) && static_cast<int64_t>(chars) >= c.min &&
+                          (c.max < 0 || static_cast<int64_t>(chars) <= c.max);
+        ASSERT_EQ(dfa.Matches(Encoded(t)), want) << c.pattern << " '" << t << "'";
+        accepted += want;
+        if (len < 4) {
+          for (char a : alphabet) longer.push_back(t + a);
+        }
+      }
+      texts = std::move(longer);
+    }
+    EXPECT_GE(accepted, 3) << c.pattern;
+    EXPECT_FALSE(dfa.Matches("\\u0061")) << "no \\u escapes";
+  }
+}
+
+// Formats, each against texts that are and are not of it.
+TEST(JsonStringDfaTest, FormatsTakeTheirTextsOnly) {
+  const std::vector<std::tuple<std::string, std::vector<std::string>, std::vector<std::string>>> cases = {
+      {"date", {"2024-02-29", "2000-02-29", "0001-01-31", "1999-12-31", "2023-04-30"},
+       {"2023-02-29", "1900-02-29", "2023-04-31", "0000-01-01", "2023-13-01", "2023-1-01", "20230101"}},
+      {"time", {"23:59:59Z", "00:00:00.123456+05:30", "12:30:00-23:59"}, {"24:00:00Z", "12:60:00Z", "12:00:60Z", "12:00:00", "12:00:00.1234567Z"}},
+      {"date-time", {"2024-02-29T12:00:00Z"}, {"2024-02-29 12:00:00Z", "2024-02-30T12:00:00Z"}},
+      {"email", {"a.b+c@example.com", "x@a-b.io"}, {"a..b@example.com", "@example.com", "a@example", "a@-x.com"}},
+      {"uuid", {"123e4567-e89b-12d3-a456-426614174000"}, {"123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400g"}},
+      {"ipv4", {"192.168.0.1", "0.0.0.0", "255.255.255.255"}, {"256.1.1.1", "01.2.3.4", "1.2.3"}},
+      {"uri", {"https://example.com", "http://a.b/c%20d?x=1&y=/#frag"}, {"ftp://x.com", "https://", "https://a.com:80", "https://a.com/%zz"}},
+  };
+  for (const auto& [format, good, bad] : cases) {
+    const RegexDfa dfa = JsonStringDfa({*FormatContentRegex(format)}, 0, -1, nullptr);
+    for (const std::string& t : good) EXPECT_TRUE(dfa.Matches(t)) << format << ": " << t;
+    for (const std::string& t : bad) EXPECT_FALSE(dfa.Matches(t)) << format << ": " << t;
+  }
+  EXPECT_FALSE(FormatContentRegex("ipv6").has_value());
+}
+
+// A maxLength too large to combine with a format is lowered to what fits; the strings still
+// validate, and a minLength is kept.
+TEST(JsonStringDfaTest, LowersAMaxLengthThatDoesNotFitAndKeepsTheMinimum) {
+  int64_t used = 0;
+  const RegexDfa dfa = JsonStringDfa({*FormatContentRegex("uri")}, 1, 2083, &used);
+  EXPECT_GE(used, 100);
+  EXPECT_LT(used, 2083);
+  EXPECT_LE(dfa.num_states(), static_cast<int32_t>(kMaxRegexDfaStates) * 2);
+  EXPECT_TRUE(dfa.Matches("https://example.com/" + std::string(static_cast<size_t>(used) - 20, 'a')));
+  EXPECT_FALSE(dfa.Matches("https://example.com/" + std::string(static_cast<size_t>(used) - 19, 'a')));
+  const SchemaGraph g = CompileJsonSchema(R"({"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083})");
+  EXPECT_EQ(g.nodes[static_cast<size_t>(g.root)].max_length, used);
+  EXPECT_EQ(g.string_dfas.size(), 1u);
 }
 
 }  // namespace

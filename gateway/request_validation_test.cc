@@ -113,8 +113,8 @@ TEST_F(ValidateRequestTest, AJsonSchemaTheEngineCannotKeepIsRefused) {
     r.mutable_sampling()->mutable_guided()->set_json_schema(schema);
     return Error(r);
   };
-  EXPECT_EQ(error(R"({"type":"string","minLength":3})"),
-            "sampling.guided.json_schema: schema at /: \"minLength\" is not supported");
+  EXPECT_EQ(error(R"({"type":"integer","minimum":3})"),
+            "sampling.guided.json_schema: schema at /: \"minimum\" is not supported");
   EXPECT_EQ(error(R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})"),
             "sampling.guided.json_schema: schema at /properties/age: \"minimum\" is not supported");
   const std::string not_json = error("{\"type\": ");

@@ -167,10 +167,11 @@ TEST(ParseCompletion, BadJsonSchemasAreNamed) {
   EXPECT_EQ(error({{"structured_outputs", {{"json", json::array({1})}}}}).param, "structured_outputs.json");
 
   // What the engine cannot keep: a 400 naming the field that gave the schema and the keyword.
-  const json min_length = {{"type", "string"}, {"minLength", 3}};
+  const json min_length = {{"type", "string"}, {"minLength", -3}};
   const ApiError compiled = error(format({{"schema", min_length}}));
   EXPECT_EQ(compiled.param, "response_format");
-  EXPECT_EQ(compiled.message, "response_format.json_schema.schema: schema at /: \"minLength\" is not supported");
+  EXPECT_EQ(compiled.message,
+            "response_format.json_schema.schema: schema at /: \"minLength\" must be a non-negative integer");
   const json nested = {{"type", "object"}, {"properties", {{"age", {{"type", "integer"}, {"minimum", 0}}}}}};
   const ApiError in_guided_json = error({{"guided_json", nested}});
   EXPECT_EQ(in_guided_json.param, "guided_json");

@@ -171,8 +171,8 @@ def test_tool_requests_ferry_cannot_serve_are_named(tools_stack, client):
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS, "max_tokens": 2}
     for extra, param, says in (
             ({"tool_choice": "required", "tools": [{"type": "function", "function": {
-                "name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "format": "date"}}}}}]},
-             "tools", '"format" is not supported'),
+                "name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "format": "ipv6"}}}}}]},
+             "tools", '"format" "ipv6" is not supported'),
             ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", '"nope"'),
             ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "tools[0].function.name"),
             ({"tool_choice": {"type": "function", "function": {"name": "judge"}},

@@ -37,6 +37,7 @@ LexStep StringLexer::Feed(uint8_t c) {
   }
   if (sub == 1) {  // after a backslash
     if (c == 'u') {
+      if (no_unicode_escape) return LexStep::kRejected;
       sub = 5;
       return LexStep::kTaken;
     }

@@ -24,9 +24,15 @@ enum class LexStep : uint8_t {
 // overlong forms, surrogates or code points past U+10FFFF), JSON's escapes, no raw control bytes.
 struct StringLexer {
   LexStep Feed(uint8_t c);
+  // Between characters of the content (not inside a UTF-8 sequence or an escape): the next byte
+  // taken begins one, which is how minLength and maxLength count them.
+  bool AtCharBoundary() const { return sub == 0 && utf8_left == 0; }
   uint8_t sub = 0;         // 0 plain, 1 after '\', 2-5: \u hex digits left + 1
   uint8_t utf8_left = 0;   // continuation bytes still due
   uint8_t utf8_first = 0;  // range of the next continuation byte (0: 80-BF; see .cc)
+  // A string whose characters are counted takes no \u escape: a surrogate pair is one
+  // character in two escapes, which a count by escapes would get wrong.
+  bool no_unicode_escape = false;
 };
 
 // A JSON number from its first byte; an integer one takes no fraction or exponent.

@@ -132,10 +132,19 @@ void MarkNode(const GuidedVocab& vocab, int32_t node, TokenMask& mask) {
 // The mask of an automaton inside a free string (FreeString() is its lexer): the tokens that
 // stay inside, which depend on the lexer alone, plus those that close the string and whose
 // rest the automaton accepts. The same set a whole walk finds, in a copy and a few short walks.
+// budget: the characters the string may still take (-1: any number); tokens that complete more
+// are dropped, and the closing ones are walked from the automaton, which counts.
 template <class Automaton>
-void FreeStringAllowed(GuidedVocab& vocab, const Automaton& state, const StringLexer& lexer, TokenMask& mask) {
+void FreeStringAllowed(GuidedVocab& vocab, const Automaton& state, const StringLexer& lexer, int64_t budget,
+                       TokenMask& mask) {
   const GuidedVocab::StringClasses& classes = vocab.StringClassesFor(lexer);
   mask = classes.inside;
+  if (budget >= 0) {
+    for (const auto& [chars, id] : classes.by_chars) {
+      if (chars <= budget) break;
+      mask.Clear(id);
+    }
+  }
   const std::vector<GuidedVocab::Node>& trie = vocab.trie();
   for (const auto& [node, path] : classes.exits) {
     Automaton after = state;
@@ -184,6 +193,8 @@ std::shared_ptr<const TokenMask> Allowed(GuidedVocab& vocab, const Automaton& st
   auto mask = std::make_shared<TokenMask>(vocab.size());
   const StringLexer* lexer = nullptr;
   if constexpr (requires { state.FreeString(); }) lexer = state.FreeString();
+  int64_t budget = -1;
+  if constexpr (requires { state.FreeStringBudget(); }) budget = state.FreeStringBudget();
   bool walked = false;
   if constexpr (std::is_same_v<Automaton, GrammarAutomaton>) {
     const int32_t top = state.SoleTop();
@@ -194,7 +205,7 @@ std::shared_ptr<const TokenMask> Allowed(GuidedVocab& vocab, const Automaton& st
   }
   if (walked) {
   } else if (lexer != nullptr) {
-    FreeStringAllowed(vocab, state, *lexer, *mask);
+    FreeStringAllowed(vocab, state, *lexer, budget, *mask);
   } else {
     Walk(vocab, state, *mask);
   }
@@ -384,11 +395,23 @@ std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& p
 }
 
 const GuidedVocab::StringClasses& GuidedVocab::StringClassesFor(const StringLexer& lexer) {
-  const uint32_t key = lexer.sub | uint32_t{lexer.utf8_left} << 8 | uint32_t{lexer.utf8_first} << 16;
+  const uint32_t key = lexer.sub | uint32_t{lexer.utf8_left} << 8 | uint32_t{lexer.utf8_first} << 16 |
+                       uint32_t{lexer.no_unicode_escape} << 24;
   std::unique_ptr<const StringClasses>& slot = string_classes_[key];
   if (!slot) {
-    auto classes = std::make_unique<StringClasses>(StringClasses{TokenMask(size()), StringExits(*this, lexer)});
+    auto classes = std::make_unique<StringClasses>(StringClasses{TokenMask(size()), {}, StringExits(*this, lexer)});
     Walk(*this, InsideString{lexer}, classes->inside);
+    for (int32_t id = 0; id < size(); ++id) {
+      if (!classes->inside.Test(id)) continue;
+      StringLexer l = lexer;
+      int32_t chars = 0;
+      for (char c : bytes(id)) {
+        chars += l.AtCharBoundary();  // characters begun, as SchemaAutomaton counts them
+        l.Feed(static_cast<uint8_t>(c));
+      }
+      classes->by_chars.emplace_back(chars, id);
+    }
+    std::sort(classes->by_chars.begin(), classes->by_chars.end(), std::greater<>());
     slot = std::move(classes);
   }
   return *slot;

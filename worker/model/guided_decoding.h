@@ -27,6 +27,7 @@ class TokenMask {
  public:
   explicit TokenMask(int32_t size = 0) : words_((static_cast<size_t>(size) + 63) / 64), size_(size) {}
   void Set(int32_t id) { words_[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
+  void Clear(int32_t id) { words_[static_cast<size_t>(id) >> 6] &= ~(uint64_t{1} << (id & 63)); }
   bool Test(int32_t id) const { return (words_[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u; }
   int32_t Count() const;
   int32_t size() const { return size_; }
@@ -84,6 +85,9 @@ class GuidedVocab {
   // (a dozen states in practice) and a string's mask is `inside` plus short walks under `exits`.
   struct StringClasses {
     TokenMask inside;  // tokens the lexer takes whole, ending still inside the string
+    // The inside tokens by the characters they begin, most first: a string with a maxLength
+    // drops those past what it may still take.
+    std::vector<std::pair<int32_t, int32_t>> by_chars;  // (characters, token id)
     // Trie nodes whose byte closes the string after a path the lexer took, with the path's
     // bytes (the closing quote last): what follows the string decides these subtrees.
     std::vector<std::pair<int32_t, std::string>> exits;

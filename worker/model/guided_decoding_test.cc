@@ -242,6 +242,26 @@ TEST(GuidedVocabTest, FreeStringMasksAreExactlyWhatTheAutomatonTakes) {
     }
   }
   EXPECT_GT(vocab.string_classes_computed(), precomputed) << "the lexer states past the plain one were classified";
+  // Counted strings (maxLength: tokens past the characters left are dropped; minLength: the
+  // string closes only once long enough), with every count up to the limit.
+  const std::string counted = R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4},
+      "m": {"type": "string", "minLength": 3}}})";
+  const SchemaGraph counted_graph = CompileJsonSchema(counted);
+  int compared = 0;
+  for (const std::string prefix : {"{\"s\":\"", "{\"m\":\""}) {
+    for (const std::string end : {"", "a", "ab", "abc", "abcd", "\\", "a\\", "\xC3", "ab\\n", "a\xC3\xA9b"}) {
+      SchemaAutomaton mirror(&counted_graph);
+      const std::string text = prefix + end;
+      if (Taken(mirror, text) != text.size()) continue;
+      auto m = MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, counted}, vocab);
+      for (char c : text) ASSERT_TRUE(m->Advance(static_cast<unsigned char>(c))) << text;
+      for (char c : text) mirror.Feed(static_cast<uint8_t>(c));
+      ASSERT_NE(mirror.FreeString(), nullptr) << text;
+      EXPECT_EQ(Members(m->Allowed()), BruteForce(bytes, mirror)) << text;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 16);
 }
 
 TEST(GuidedMatcherTest, JsonEndsOnlyWithTheObjectAndThenOnlyEnds) {

@@ -1,5 +1,6 @@
 #include "worker/model/guided_schema.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace ferry::worker {
@@ -16,12 +17,7 @@ bool SchemaAutomaton::Feed(uint8_t c) { return lex_ == Lex::kNone ? FeedStructur
 
 bool SchemaAutomaton::FeedLexer(uint8_t c) {
   switch (lex_) {
-    case Lex::kString:
-      switch (string_.Feed(c)) {
-        case LexStep::kTaken: return true;
-        case LexStep::kClosed: EndValue(); return true;
-        default: return false;
-      }
+    case Lex::kString: return FeedString(c);
     case Lex::kNumber:
       switch (number_.Feed(c)) {
         case LexStep::kTaken: return true;
@@ -41,6 +37,37 @@ bool SchemaAutomaton::FeedLexer(uint8_t c) {
       break;
   }
   return false;
+}
+
+// A string's byte: its lexer keeps it JSON, its DFA (a pattern or format) or its count of
+// characters (lengths alone) keeps it valid; the closing quote only where the DFA accepts and
+// minLength is met.
+bool SchemaAutomaton::FeedString(uint8_t c) {
+  const SchemaNode& n = node(string_node_);
+  StringLexer lexer = string_;
+  const LexStep step = lexer.Feed(c);
+  if (step == LexStep::kRejected) return false;
+  if (step == LexStep::kClosed) {
+    if (dfa_ != nullptr ? !dfa_->accepting[static_cast<size_t>(dfa_state_)] : chars_ < n.min_length) return false;
+    EndValue();
+    return true;
+  }
+  if (dfa_ != nullptr) {
+    const int32_t next = dfa_->Step(dfa_state_, c);
+    if (next < 0) return false;
+    dfa_state_ = next;
+  } else if (string_.AtCharBoundary()) {  // c begins a character (a byte, a UTF-8 lead, a backslash)
+    if (n.max_length >= 0 && chars_ + 1 > n.max_length) return false;
+    ++chars_;
+  }
+  string_ = lexer;
+  return true;
+}
+
+int64_t SchemaAutomaton::FreeStringBudget() const {
+  if (lex_ != Lex::kString || dfa_ != nullptr) return -1;
+  const SchemaNode& n = node(string_node_);
+  return n.max_length < 0 ? -1 : n.max_length - chars_;
 }
 
 // The token in progress (a number, or a literal another could extend) ends before c, which
@@ -165,7 +192,16 @@ bool SchemaAutomaton::StartValue(int32_t id, uint8_t c) {
   switch (n.kind) {
     case Kind::kObject: frames_[depth_++] = {id, -1, Phase::kObjectFirst}; return true;
     case Kind::kArray: frames_[depth_++] = {id, 0, Phase::kArrayFirst}; return true;
-    case Kind::kString: lex_ = Lex::kString, string_ = {}; return true;
+    case Kind::kString: {
+      lex_ = Lex::kString, string_ = {}, string_node_ = id, chars_ = 0, dfa_ = nullptr, dfa_state_ = 0;
+      const bool counted = n.string_dfa < 0 && (n.min_length > 0 || n.max_length >= 0);
+      string_.no_unicode_escape = counted;  // a DFA takes no \u either
+      if (n.string_dfa >= 0) {
+        dfa_ = graph_->string_dfas[static_cast<size_t>(n.string_dfa)].get();
+        dfa_state_ = dfa_->start;
+      }
+      return true;
+    }
     case Kind::kNumber:
     case Kind::kInteger: lex_ = Lex::kNumber; return number_.Start(c, n.kind == Kind::kInteger);
     case Kind::kLiterals:
@@ -264,7 +300,15 @@ std::string SchemaAutomaton::Key() const {
   for (size_t i = 0; i < depth_; ++i) Append(key, frames_[i].node), Append(key, frames_[i].count), Append(key, frames_[i].phase);
   switch (lex_) {
     case Lex::kNone: Append(key, ws_); break;
-    case Lex::kString: Append(key, string_.sub), Append(key, string_.utf8_left), Append(key, string_.utf8_first); break;
+    case Lex::kString: {
+      Append(key, string_.sub), Append(key, string_.utf8_left), Append(key, string_.utf8_first);
+      Append(key, string_node_), Append(key, dfa_state_);
+      // The count matters up to minLength without a maxLength, exactly with one.
+      const SchemaNode& n = node(string_node_);
+      const uint32_t chars = n.max_length >= 0 ? chars_ : static_cast<uint32_t>(std::min<int64_t>(chars_, n.min_length));
+      Append(key, chars);
+      break;
+    }
     case Lex::kNumber: Append(key, number_.state), Append(key, number_.integer); break;
     case Lex::kLiteral:
     case Lex::kKey: Append(key, alive_), Append(key, literal_at_), Append(key, literal_node_); break;

@@ -27,12 +27,15 @@ class SchemaAutomaton {
   // Equal keys: equal futures.
   std::string Key() const;
   // Inside a string whose content the schema leaves free (a `string` value, or any string of
-  // a value of any shape), its lexer, else nullptr; the contract of JsonAutomaton::FreeString.
-  // Keys and enum or const strings are literals, not free.
+  // a value of any shape), its lexer, else nullptr; the contract of JsonAutomaton::FreeString,
+  // for tokens of at most FreeStringBudget() characters. Keys, enum or const strings and strings
+  // under a pattern or format are not free.
   const StringLexer* FreeString() const {
-    if (lex_ == Lex::kString) return &string_;
+    if (lex_ == Lex::kString) return dfa_ == nullptr ? &string_ : nullptr;
     return lex_ == Lex::kAny ? any_.FreeString() : nullptr;
   }
+  // Inside a free string with a maxLength: the characters it may still take; else -1.
+  int64_t FreeStringBudget() const;
 
  private:
   enum class Phase : uint8_t { kObjectFirst, kObjectKey, kObjectColon, kObjectAfter, kArrayFirst, kArrayValue, kArrayAfter };
@@ -44,6 +47,7 @@ class SchemaAutomaton {
   };
 
   bool FeedLexer(uint8_t c);
+  bool FeedString(uint8_t c);
   bool FeedStructural(uint8_t c);
   bool FeedObject(Frame& f, uint8_t c);
   bool FeedArray(Frame& f, uint8_t c);
@@ -64,6 +68,12 @@ class SchemaAutomaton {
   uint8_t ws_ = 0;       // whitespace bytes in a row
   Lex lex_ = Lex::kNone;
   StringLexer string_;
+  // kString: the string's node, its characters so far, and its DFA's state when a pattern or
+  // format constrains it (common/json_string_dfa.h).
+  int32_t string_node_ = 0;
+  uint32_t chars_ = 0;
+  const RegexDfa* dfa_ = nullptr;
+  int32_t dfa_state_ = 0;
   NumberLexer number_;
   uint64_t alive_ = 0;       // kLiteral, kKey: the literals (or keys) the bytes so far begin
   uint16_t literal_at_ = 0;  // bytes of them read

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "worker/model/guided_decoding.h"
 #include "worker/model/guided_test_util.h"
@@ -273,7 +274,109 @@ TEST(SchemaAutomatonTest, MatcherMasksEndOnlyOnAWholeValue) {
   EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{2, 4, 5, 7}));
   ASSERT_TRUE(m->Advance(5));
   EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{3}));
-  EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, R"({"pattern": "x"})"}, vocab), JsonSchemaError);
+  EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, R"({"type": "integer", "maximum": 3})"}, vocab),
+               JsonSchemaError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strings under minLength, maxLength, pattern and format: random texts written a byte at a time
+// (each byte the automaton takes equally likely) all validate, and the automaton never stops
+// where the text could not end.
+
+const char* kConstrained = R"({"type": "object", "properties": {
+  "name": {"type": "string", "maxLength": 5},
+  "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d+$"},
+  "day": {"type": "string", "format": "date"},
+  "tag": {"type": "string", "minLength": 2},
+  "note": {"type": "string", "pattern": "ok", "minLength": 3, "maxLength": 6},
+  "at": {"type": "string", "format": "date-time"}},
+  "required": ["name", "code", "day", "tag", "note", "at"], "additionalProperties": false})";
+
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+bool RealDate(const std::string& ymd) {
+  const int y = std::stoi(ymd.substr(0, 4)), m = std::stoi(ymd.substr(5, 2)), d = std::stoi(ymd.substr(8, 2));
+  if (y < 1 || m < 1 || m > 12 || d < 1) return false;
+  const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  const int days[] = {31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  return d <= days[m - 1];
+}
+
+// A text written one random byte at a time among those the automaton takes; past `soft` bytes
+// the bytes that end a string or a container are preferred, so that texts end.
+std::string RandomText(const SchemaGraph& g, std::mt19937& rng, size_t soft) {
+  SchemaAutomaton a(&g);
+  std::string text;
+  for (;;) {
+    if (a.Accepted()) return text;
+    std::vector<uint8_t> taken, ending;
+    for (int c = 0; c < 256; ++c) {
+      SchemaAutomaton next = a;
+      if (!next.Feed(static_cast<uint8_t>(c))) continue;
+      taken.push_back(static_cast<uint8_t>(c));
+      if (c == '"' || c == '}' || c == ',' || (c >= '0' && c <= '9') || c == ':' || c == 'Z' || c == 'T' || c == '-') {
+        ending.push_back(static_cast<uint8_t>(c));
+      }
+    }
+    if (taken.empty()) {
+      std::string shown;
+      for (char ch : text) {
+        const auto b = static_cast<unsigned char>(ch);
+        shown += b >= 0x20 && b < 0x7F ? std::string(1, ch) : "\\x" + std::to_string(b);
+      }
+      ADD_FAILURE() << "stuck after: " << shown;
+      return text;
+    }
+    const std::vector<uint8_t>& from = text.size() > soft && !ending.empty() ? ending : taken;
+    const uint8_t c = from[rng() % from.size()];
+    EXPECT_TRUE(a.Feed(c));
+    text.push_back(static_cast<char>(c));
+  }
+}
+
+TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
+  const SchemaGraph g = CompileJsonSchema(kConstrained);
+  std::mt19937 rng(29);
+  const std::regex code("^[A-Z]{3}-\\d+$", std::regex::ECMAScript);
+  const std::regex datetime("^\\d{4}-\\d{2}-\\d{2}T([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,6})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)$");
+  size_t escapes = 0, non_ascii = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string text = RandomText(g, rng, 60 + rng() % 60);
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(nlohmann::json::accept(text)) << text;
+    const nlohmann::json v = nlohmann::json::parse(text);
+    const auto field = [&](const char* k) { return v.at(k).get<std::string>(); };
+    EXPECT_LE(CodePoints(field("name")), 5u) << text;
+    EXPECT_TRUE(std::regex_search(field("code"), code)) << text;
+    EXPECT_TRUE(std::regex_match(field("day"), std::regex("\\d{4}-\\d{2}-\\d{2}")) && RealDate(field("day"))) << text;
+    EXPECT_GE(CodePoints(field("tag")), 2u) << text;
+    const std::string note = field("note");
+    EXPECT_TRUE(note.find("ok") != std::string::npos && CodePoints(note) >= 3 && CodePoints(note) <= 6) << text;
+    EXPECT_TRUE(std::regex_match(field("at"), datetime) && RealDate(field("at").substr(0, 10))) << text;
+    escapes += text.find('\\') != std::string::npos;
+    for (char c : text) non_ascii += static_cast<unsigned char>(c) >= 0x80;
+  }
+  EXPECT_GT(escapes, 10u) << "escapes were written and counted as one character";
+  EXPECT_GT(non_ascii, 100u) << "and multi-byte characters";
+  // \u escapes are never taken where characters are counted (a surrogate pair is one).
+  const auto takes = [&](const std::string& text) {
+    SchemaAutomaton a(&g);
+    for (char c : text) {
+      if (!a.Feed(static_cast<uint8_t>(c))) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(takes("{\"name\":\"\\n\\\"\\\\\xC3\xA9x\"")) << "short escapes and a two-byte character count one each: five characters";
+  EXPECT_FALSE(takes("{\"name\":\"\\n\\\"\\\\\xC3\xA9xy")) << "the sixth character";
+  EXPECT_FALSE(takes(R"({"name":"\u0041)"));
+  EXPECT_TRUE(takes(R"({"name":"abcde")"));
+  EXPECT_FALSE(takes(R"({"name":"abcdef)")) << "six characters";
+  EXPECT_TRUE(takes(R"({"name":"","code":"ABC-1","day":"2024-02-29")"));
+  EXPECT_FALSE(takes(R"({"name":"","code":"ABC-1","day":"2023-02-29)")) << "no such day";
 }
 
 }  // namespace
