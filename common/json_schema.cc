@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/compile_cache.h"
+#include "common/json_number_range.h"
 #include "common/json_string_dfa.h"
 
 namespace ferry {
@@ -20,7 +21,6 @@ using json = nlohmann::ordered_json;
 // them would not validate.
 const std::set<std::string>& Refused() {
   static const std::set<std::string> kRefused = {
-      "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
       "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames", "uniqueItems",
       "contains", "minContains", "maxContains", "prefixItems", "allOf", "not", "if", "then", "else",
       "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
@@ -89,6 +89,7 @@ class Compiler {
   int32_t Object(const json& s, const std::string& path);
   int32_t Array(const json& s, const std::string& path);
   int32_t String(const json& s, const std::string& path);
+  int32_t Integer(const json& s, const std::string& path);
   std::vector<std::string> Types(const json& s, const std::string& path);
   void FirstBytes(int32_t id, int depth);
   std::optional<int32_t> TaggedObject(const std::vector<int32_t>& objects, const std::string& path);
@@ -150,6 +151,9 @@ std::vector<std::string> Compiler::Types(const json& s, const std::string& path)
     if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return {"array"};
     for (const char* key : {"minLength", "maxLength", "pattern", "format"}) {
       if (s.contains(key)) return {"string"};
+    }
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (s.contains(key)) return {"integer"};  // numbers in range: integers are some
     }
     return {"any"};
   }
@@ -239,11 +243,47 @@ int32_t Compiler::Typed(const json& s, const std::string& type, const std::strin
   if ((type == "number" || type == "integer") && s.contains("format")) {
     Fail(path, "\"format\" on a " + type + " is not supported");
   }
-  if (type == "number") return NewNode({.kind = Kind::kNumber}, path);
-  if (type == "integer") return NewNode({.kind = Kind::kInteger}, path);
+  if (type == "number") {
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (s.contains(key)) Fail(path, "\"" + std::string(key) + "\" on a number is not supported (on an integer it is)");
+    }
+    return NewNode({.kind = Kind::kNumber}, path);
+  }
+  if (type == "integer") return Integer(s, path);
   if (type == "boolean") return NewNode({.kind = Kind::kLiterals, .literals = {"false", "true"}}, path);
   if (type == "null") return NewNode({.kind = Kind::kLiterals, .literals = {"null"}}, path);
   return NewNode({.kind = Kind::kAnyValue}, path);
+}
+
+// An integer's bounds, as JSON Schema writes them (numbers; draft 4: exclusive* booleans beside
+// minimum / maximum), narrowed to whole numbers; a bounded integer is a DFA of its range's texts.
+int32_t Compiler::Integer(const json& s, const std::string& path) {
+  SchemaNode node{.kind = SchemaNode::Kind::kInteger};
+  std::optional<double> lo, hi;  // inclusive, whole
+  auto bound = [&](const char* key) -> std::optional<double> {
+    if (!s.contains(key) || s[key].is_boolean()) return std::nullopt;
+    if (!s[key].is_number()) Fail(path, "\"" + std::string(key) + "\" must be a number");
+    const double v = s[key].get<double>();
+    if (!(std::fabs(v) < 9.0e18)) Fail(path, "\"" + std::string(key) + "\" " + s[key].dump() + " is past the 64-bit integers");
+    return v;
+  };
+  const bool draft4_lo = s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_boolean() && s["exclusiveMinimum"].get<bool>();
+  const bool draft4_hi = s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_boolean() && s["exclusiveMaximum"].get<bool>();
+  if (auto v = bound("minimum")) lo = draft4_lo ? std::floor(*v) + 1 : std::ceil(*v);
+  if (auto v = bound("exclusiveMinimum")) lo = std::max(lo.value_or(*v), std::floor(*v) + 1);
+  if (auto v = bound("maximum")) hi = draft4_hi ? std::ceil(*v) - 1 : std::floor(*v);
+  if (auto v = bound("exclusiveMaximum")) hi = std::min(hi.value_or(*v), std::ceil(*v) - 1);
+  if (!lo && !hi) return NewNode(std::move(node), path);
+  if (lo && hi && *lo > *hi) Fail(path, "no integer lies between the schema's bounds");
+  const auto whole = [](std::optional<double> v) { return v ? std::optional<int64_t>(static_cast<int64_t>(*v)) : std::nullopt; };
+  try {
+    auto dfa = std::make_shared<const RegexDfa>(CompileRegex(IntegerRangeRegex(whole(lo), whole(hi))));
+    node.dfa = static_cast<int32_t>(graph_.dfas.size());
+    graph_.dfas.push_back(std::move(dfa));
+  } catch (const RegexError& e) {
+    Fail(path, std::string("the integer range: ") + e.what());
+  }
+  return NewNode(std::move(node), path);
 }
 
 // A string's lengths, pattern and format; a pattern or format becomes a DFA over its JSON text
@@ -280,8 +320,8 @@ int32_t Compiler::String(const json& s, const std::string& path) {
   if (!regexes.empty()) {
     try {
       auto dfa = std::make_shared<const RegexDfa>(JsonStringDfa(regexes, node.min_length, node.max_length, &node.max_length));
-      node.string_dfa = static_cast<int32_t>(graph_.string_dfas.size());
-      graph_.string_dfas.push_back(std::move(dfa));
+      node.dfa = static_cast<int32_t>(graph_.dfas.size());
+      graph_.dfas.push_back(std::move(dfa));
     } catch (const RegexError& e) {
       Fail(path, std::string(s.contains("pattern") ? "\"pattern\"" : "\"format\"") + ": " + e.what());
     }
@@ -361,8 +401,16 @@ void Compiler::FirstBytes(int32_t id, int depth) {
     case SchemaNode::Kind::kObject: b.set('{'); break;
     case SchemaNode::Kind::kArray: b.set('['); break;
     case SchemaNode::Kind::kString: b.set('"'); break;
-    case SchemaNode::Kind::kNumber:
-    case SchemaNode::Kind::kInteger: number(); break;
+    case SchemaNode::Kind::kNumber: number(); break;
+    case SchemaNode::Kind::kInteger:
+      if (n.dfa < 0) {
+        number();
+        break;
+      }
+      for (int c = 0; c < 256; ++c) {  // what the range's texts begin with
+        if (graph_.dfas[static_cast<size_t>(n.dfa)]->Step(graph_.dfas[static_cast<size_t>(n.dfa)]->start, static_cast<uint8_t>(c)) >= 0) b.set(static_cast<size_t>(c));
+      }
+      break;
     case SchemaNode::Kind::kLiterals:
       for (const std::string& l : n.literals) b.set(static_cast<uint8_t>(l[0]));
       break;

@@ -15,11 +15,13 @@
 //   (ECMA-262 search semantics, the syntax of common/regex_dfa.h) and format (date, time,
 //   date-time, email, uuid, ipv4, uri: common/json_string_dfa.h); a pattern or format becomes one
 //   DFA over the string's JSON text, lengths beside them included;
+// - integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's
+//   booleans), as a DFA of the range's texts;
 // - arrays: items (one schema), minItems, maxItems;
 // - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME", recursive ones included;
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
-// Refused: number and object assertions the automaton cannot keep (minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum, multipleOf, other formats, format on a number,
+// Refused: number and object assertions the automaton cannot keep (bounds on a "number",
+// multipleOf, other formats, format on a number,
 // minProperties, maxProperties, patternProperties, propertyNames, uniqueItems, contains,
 // prefixItems, allOf, not, if / then / else, dependent*, unevaluated*), a schema-valued
 // additionalProperties, and anyOf alternatives that can start with the same byte.
@@ -71,20 +73,21 @@ struct SchemaNode {
   // the tag alone, its node a kLiterals of every value, and the value literals[i] selects the
   // object tag_targets[i], whose properties follow the tag.
   std::vector<int32_t> tag_targets;
-  // kString: characters allowed (max -1: no limit), and the index in SchemaGraph::string_dfas
+  // kString: characters allowed (max -1: no limit), and the index in SchemaGraph::dfas
   // of the DFA over its JSON text when a pattern or format constrains it (-1: none). With a DFA
   // the lengths are in it: max_length is what it was built with (possibly lowered, see
-  // JsonStringDfa), informational.
+  // JsonStringDfa), informational. kInteger: the DFA of its range's texts, when bounded
+  // (common/json_number_range.h).
   int64_t min_length = 0;
   int64_t max_length = -1;
-  int32_t string_dfa = -1;
+  int32_t dfa = -1;
   std::bitset<256> first_bytes;       // bytes a value of this node can start with
 };
 
 struct SchemaGraph {
   std::vector<SchemaNode> nodes;
   int32_t root = 0;
-  std::vector<std::shared_ptr<const RegexDfa>> string_dfas;
+  std::vector<std::shared_ptr<const RegexDfa>> dfas;
 };
 
 // Limits that keep a schema's automaton small; a schema past one is refused naming it.

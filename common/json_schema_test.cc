@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <regex>
 #include <string>
 #include <tuple>
 
+#include "common/json_number_range.h"
 #include "common/json_string_dfa.h"
 
 namespace ferry {
@@ -95,7 +97,9 @@ TEST(JsonSchemaTest, RefusesWhatItCannotGuaranteeNamingThePlaceAndKeyword) {
       {R"({"type": "object", "properties": {"name": {"type": "string", "minLength": -3}}})",
        {"/properties/name", "\"minLength\" must be a non-negative integer"}},
       {R"({"type": "string", "minLength": 3, "maxLength": 2})", {"\"maxLength\" is below \"minLength\""}},
-      {R"({"type": "integer", "maximum": 5})", {"schema at /:", "\"maximum\""}},
+      {R"({"type": "number", "maximum": 5})", {"schema at /:", "\"maximum\" on a number is not supported"}},
+      {R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})", {"no integer lies between"}},
+      {R"({"type": "integer", "maximum": 1e30})", {"past the 64-bit integers"}},
       {R"({"type": "string", "pattern": "(a)\\1"})", {"\"pattern\": regex at byte", "backreferences"}},
       {R"({"type": "string", "format": "ipv6"})", {"\"format\" \"ipv6\" is not supported (served: date"}},
       {R"({"type": "integer", "format": "int32"})", {"\"format\" on a integer is not supported"}},
@@ -223,7 +227,62 @@ TEST(JsonStringDfaTest, LowersAMaxLengthThatDoesNotFitAndKeepsTheMinimum) {
   EXPECT_FALSE(dfa.Matches("https://example.com/" + std::string(static_cast<size_t>(used) - 19, 'a')));
   const SchemaGraph g = CompileJsonSchema(R"({"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083})");
   EXPECT_EQ(g.nodes[static_cast<size_t>(g.root)].max_length, used);
-  EXPECT_EQ(g.string_dfas.size(), 1u);
+  EXPECT_EQ(g.dfas.size(), 1u);
+}
+
+// Integer ranges as DFAs of their texts: exactly the integers in range, in JSON's one spelling.
+TEST(IntegerRangeTest, TakesExactlyTheIntegersInRange) {
+  std::mt19937 rng(5);
+  auto check = [](std::optional<int64_t> lo, std::optional<int64_t> hi) {
+    const RegexDfa dfa = CompileRegex(IntegerRangeRegex(lo, hi));
+    for (int64_t v = -1200; v <= 1200; ++v) {
+      const bool in = (!lo || v >= *lo) && (!hi || v <= *hi);
+      ASSERT_EQ(dfa.Matches(std::to_string(v)), in) << (lo ? *lo : -999999) << ".." << (hi ? *hi : 999999) << ": " << v;
+    }
+    for (const char* bad : {"-0", "01", "+1", "", "-", "00", "1.0", "1e2"}) {
+      ASSERT_FALSE(dfa.Matches(bad)) << bad;
+    }
+  };
+  for (int i = 0; i < 150; ++i) {
+    int64_t a = static_cast<int64_t>(rng() % 2001) - 1000, b = static_cast<int64_t>(rng() % 2001) - 1000;
+    if (a > b) std::swap(a, b);
+    const unsigned open = rng() % 6;
+    check(open == 1 ? std::nullopt : std::optional<int64_t>(a), open == 2 ? std::nullopt : std::optional<int64_t>(b));
+    if (HasFatalFailure()) return;
+  }
+  check(0, 0);
+  check(std::nullopt, std::nullopt);
+  check(-9, 99);
+  check(100, 999);
+  const RegexDfa big = CompileRegex(IntegerRangeRegex(INT64_MIN, INT64_MAX - 1));
+  EXPECT_TRUE(big.Matches("9223372036854775806"));
+  EXPECT_FALSE(big.Matches("9223372036854775807"));
+  EXPECT_TRUE(big.Matches("-9223372036854775808"));
+  EXPECT_FALSE(big.Matches("-9223372036854775809"));
+}
+
+// Schema bounds narrowed to whole numbers: exclusive ones, draft 4's booleans, fractional ones.
+TEST(IntegerRangeTest, SchemaBoundsNarrowToWholeNumbers) {
+  const std::vector<std::tuple<std::string, int64_t, int64_t>> cases = {
+      {R"({"type": "integer", "minimum": 1, "maximum": 5})", 1, 5},
+      {R"({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 5})", 2, 4},
+      {R"({"type": "integer", "minimum": 1, "exclusiveMinimum": true, "maximum": 5, "exclusiveMaximum": true})", 2, 4},
+      {R"({"type": "integer", "minimum": 0.5, "maximum": 4.5})", 1, 4},
+      {R"({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 4.5})", 1, 4},
+      {R"({"minimum": -3, "maximum": -1})", -3, -1},  // untyped: an integer in range is valid
+  };
+  for (const auto& [schema, lo, hi] : cases) {
+    const SchemaGraph g = CompileJsonSchema(schema);
+    const SchemaNode& n = g.nodes[static_cast<size_t>(g.root)];
+    ASSERT_EQ(n.kind, Kind::kInteger) << schema;
+    ASSERT_GE(n.dfa, 0) << schema;
+    const RegexDfa& dfa = *g.dfas[static_cast<size_t>(n.dfa)];
+    for (int64_t v = -10; v <= 10; ++v) EXPECT_EQ(dfa.Matches(std::to_string(v)), v >= lo && v <= hi) << schema << ": " << v;
+    EXPECT_FALSE(n.first_bytes['+']);
+  }
+  const SchemaGraph positive = CompileJsonSchema(R"({"type": "integer", "minimum": 1})");
+  EXPECT_FALSE(positive.nodes[static_cast<size_t>(positive.root)].first_bytes['-']) << "first bytes follow the range";
+  EXPECT_FALSE(positive.nodes[static_cast<size_t>(positive.root)].first_bytes['0']);
 }
 
 }  // namespace

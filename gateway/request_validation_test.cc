@@ -113,10 +113,10 @@ TEST_F(ValidateRequestTest, AJsonSchemaTheEngineCannotKeepIsRefused) {
     r.mutable_sampling()->mutable_guided()->set_json_schema(schema);
     return Error(r);
   };
-  EXPECT_EQ(error(R"({"type":"integer","minimum":3})"),
-            "sampling.guided.json_schema: schema at /: \"minimum\" is not supported");
-  EXPECT_EQ(error(R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})"),
-            "sampling.guided.json_schema: schema at /properties/age: \"minimum\" is not supported");
+  EXPECT_EQ(error(R"({"type":"integer","multipleOf":3})"),
+            "sampling.guided.json_schema: schema at /: \"multipleOf\" is not supported");
+  EXPECT_EQ(error(R"({"type":"object","properties":{"age":{"type":"integer","multipleOf":2}}})"),
+            "sampling.guided.json_schema: schema at /properties/age: \"multipleOf\" is not supported");
   const std::string not_json = error("{\"type\": ");
   EXPECT_EQ(not_json.rfind("sampling.guided.json_schema: schema is not JSON", 0), 0u) << not_json;
   EXPECT_EQ(error("").rfind("sampling.guided.json_schema: schema is not JSON", 0), 0u);  // set, but empty

@@ -185,10 +185,10 @@ TEST_F(SchedulerServiceTest, AChoiceConstraintWithoutChoicesIsRefused) {
 TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
   Start(true);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->set_json_schema(R"({"type":"integer","minimum":3})");
+  r.mutable_guided()->set_json_schema(R"({"type":"integer","multipleOf":3})");
   grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(), "guided.json_schema: schema at /: \"minimum\" is not supported");
+  EXPECT_EQ(status.error_message(), "guided.json_schema: schema at /: \"multipleOf\" is not supported");
   r.mutable_guided()->set_json_schema("[1, 2");
   status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

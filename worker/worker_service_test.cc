@@ -118,9 +118,9 @@ TEST(ValidateStep, AJsonSchemaMustCompile) {
   StepSpec step = ToStepSpec(OneSequence(nullptr));
   GuidedSpec& g = step.new_sequences[0].sampling.guided;
   g.kind = GuidedSpec::Kind::kJsonSchema;
-  g.json_schema = R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})";
+  g.json_schema = R"({"type":"object","properties":{"age":{"type":"integer","multipleOf":2}}})";
   EXPECT_EQ(Refusal(step, true),
-            "sequence 5: guided json_schema: schema at /properties/age: \"minimum\" is not supported");
+            "sequence 5: guided json_schema: schema at /properties/age: \"multipleOf\" is not supported");
   EXPECT_EQ(Refusal(step, false), "sequence 5: guided decoding is not supported by this backend");
   g.json_schema = "{not json";
   EXPECT_EQ(Refusal(step, true).rfind("sequence 5: guided json_schema: schema is not JSON", 0), 0u);

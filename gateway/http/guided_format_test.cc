@@ -172,10 +172,10 @@ TEST(ParseCompletion, BadJsonSchemasAreNamed) {
   EXPECT_EQ(compiled.param, "response_format");
   EXPECT_EQ(compiled.message,
             "response_format.json_schema.schema: schema at /: \"minLength\" must be a non-negative integer");
-  const json nested = {{"type", "object"}, {"properties", {{"age", {{"type", "integer"}, {"minimum", 0}}}}}};
+  const json nested = {{"type", "object"}, {"properties", {{"age", {{"type", "integer"}, {"multipleOf", 2}}}}}};
   const ApiError in_guided_json = error({{"guided_json", nested}});
   EXPECT_EQ(in_guided_json.param, "guided_json");
-  EXPECT_EQ(in_guided_json.message, "guided_json: schema at /properties/age: \"minimum\" is not supported");
+  EXPECT_EQ(in_guided_json.message, "guided_json: schema at /properties/age: \"multipleOf\" is not supported");
   const ApiError not_json = error({{"structured_outputs", {{"json", "{\"type\": "}}}});
   EXPECT_EQ(not_json.param, "structured_outputs.json");
   EXPECT_EQ(not_json.message.rfind("structured_outputs.json: schema is not JSON", 0), 0u) << not_json.message;

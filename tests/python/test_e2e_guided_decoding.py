@@ -156,8 +156,8 @@ def test_grammar_texts_are_in_its_language(gen, guided_stack, tmp_path):
 
 
 def test_pydantic_string_constraints_validate(gen, guided_stack, tiny_model):
-    """A pydantic model's schema with max_length, min_length, pattern, date, date-time, UUID and
-    HttpUrl fields: every text ends and pydantic itself validates it."""
+    """A pydantic model's schema with max_length, min_length, pattern, date, date-time, UUID,
+    HttpUrl and bounded int fields: every text ends and pydantic itself validates it."""
     pydantic = pytest.importorskip("pydantic")
     import datetime
     import uuid
@@ -170,6 +170,8 @@ def test_pydantic_string_constraints_validate(gen, guided_stack, tiny_model):
         id: uuid.UUID
         site: pydantic.HttpUrl
         note: str = pydantic.Field(min_length=2, max_length=12)
+        stars: int = pydantic.Field(ge=1, le=5)
+        offset: int = pydantic.Field(gt=-10, lt=0)
 
     schema = json.dumps(Visit.model_json_schema())
     tok = tokenizers.Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
@@ -232,7 +234,7 @@ def test_recursive_grammar_texts_are_in_its_language(gen, guided_stack, tiny_mod
 def test_bad_guided_values_name_the_field(gen):
     for guided, field in (({"choice": {"choices": []}}, "sampling.guided.choice.choices"),
                           ({"choice": {"choices": ["ok", ""]}}, "sampling.guided.choice.choices[1]"),
-                          ({"json_schema": '{"type": "integer", "minimum": 2}'}, '"minimum" is not supported'),
+                          ({"json_schema": '{"type": "integer", "multipleOf": 2}'}, '"multipleOf" is not supported'),
                           ({"json_schema": "{not json"}, "sampling.guided.json_schema"),
                           ({"regex": "a{3,2}"}, "sampling.guided.regex: regex at byte")):
         with pytest.raises(grpc.RpcError) as err:
@@ -258,9 +260,9 @@ def test_openai_response_format_and_guided_choice(guided_stack, only_close, clos
     status, body = post(guided_stack, "/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "Hi"}],
                          "response_format": {"type": "json_schema", "json_schema": {
-                             "name": "x", "schema": {"type": "integer", "minimum": 3}}}})
+                             "name": "x", "schema": {"type": "integer", "multipleOf": 3}}}})
     assert status == 400 and body["error"]["param"] == "response_format", body
-    assert "minimum" in body["error"]["message"], body
+    assert "multipleOf" in body["error"]["message"], body
     status, body = post(guided_stack, "/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "Is it raining?"}], "max_tokens": 200,
                          "temperature": 0.7, "seed": 3, "logit_bias": {str(close_brace): 100},

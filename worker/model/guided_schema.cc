@@ -24,6 +24,14 @@ bool SchemaAutomaton::FeedLexer(uint8_t c) {
         case LexStep::kEnded: return EndedBefore(c);
         default: return false;
       }
+    case Lex::kRange: {
+      const int32_t next = dfa_->Step(dfa_state_, c);
+      if (next >= 0) {
+        dfa_state_ = next;
+        return true;
+      }
+      return dfa_->accepting[static_cast<size_t>(dfa_state_)] && EndedBefore(c);  // the integer ended before c
+    }
     case Lex::kLiteral:
     case Lex::kKey:
       return FeedLiterals(c);
@@ -194,16 +202,22 @@ bool SchemaAutomaton::StartValue(int32_t id, uint8_t c) {
     case Kind::kArray: frames_[depth_++] = {id, 0, Phase::kArrayFirst}; return true;
     case Kind::kString: {
       lex_ = Lex::kString, string_ = {}, string_node_ = id, chars_ = 0, dfa_ = nullptr, dfa_state_ = 0;
-      const bool counted = n.string_dfa < 0 && (n.min_length > 0 || n.max_length >= 0);
+      const bool counted = n.dfa < 0 && (n.min_length > 0 || n.max_length >= 0);
       string_.no_unicode_escape = counted;  // a DFA takes no \u either
-      if (n.string_dfa >= 0) {
-        dfa_ = graph_->string_dfas[static_cast<size_t>(n.string_dfa)].get();
+      if (n.dfa >= 0) {
+        dfa_ = graph_->dfas[static_cast<size_t>(n.dfa)].get();
         dfa_state_ = dfa_->start;
       }
       return true;
     }
-    case Kind::kNumber:
-    case Kind::kInteger: lex_ = Lex::kNumber; return number_.Start(c, n.kind == Kind::kInteger);
+    case Kind::kInteger:
+      if (n.dfa >= 0) {  // a bounded integer: its range's DFA
+        lex_ = Lex::kRange, string_node_ = id, dfa_ = graph_->dfas[static_cast<size_t>(n.dfa)].get();
+        dfa_state_ = dfa_->Step(dfa_->start, c);
+        return dfa_state_ >= 0;
+      }
+      [[fallthrough]];
+    case Kind::kNumber: lex_ = Lex::kNumber; return number_.Start(c, n.kind == Kind::kInteger);
     case Kind::kLiterals:
       lex_ = Lex::kLiteral, literal_node_ = id, literal_at_ = 0;
       alive_ = n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;
@@ -281,6 +295,7 @@ bool SchemaAutomaton::Accepted() const {
   if (depth_ != 0 || expect_ >= 0) return false;
   switch (lex_) {
     case Lex::kNumber: return number_.Complete();
+    case Lex::kRange: return dfa_->accepting[static_cast<size_t>(dfa_state_)];
     case Lex::kAny: return any_.Complete();
     case Lex::kLiteral: {
       const auto& literals = node(literal_node_).literals;
@@ -310,6 +325,7 @@ std::string SchemaAutomaton::Key() const {
       break;
     }
     case Lex::kNumber: Append(key, number_.state), Append(key, number_.integer); break;
+    case Lex::kRange: Append(key, string_node_), Append(key, dfa_state_); break;
     case Lex::kLiteral:
     case Lex::kKey: Append(key, alive_), Append(key, literal_at_), Append(key, literal_node_); break;
     case Lex::kAny: key += any_.Key(); break;

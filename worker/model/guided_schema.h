@@ -39,7 +39,7 @@ class SchemaAutomaton {
 
  private:
   enum class Phase : uint8_t { kObjectFirst, kObjectKey, kObjectColon, kObjectAfter, kArrayFirst, kArrayValue, kArrayAfter };
-  enum class Lex : uint8_t { kNone, kString, kNumber, kLiteral, kKey, kAny };
+  enum class Lex : uint8_t { kNone, kString, kNumber, kLiteral, kKey, kAny, kRange };
   struct Frame {
     int32_t node = 0;
     int16_t count = 0;  // object: index of the last property written (-1: none); array: items
@@ -68,8 +68,8 @@ class SchemaAutomaton {
   uint8_t ws_ = 0;       // whitespace bytes in a row
   Lex lex_ = Lex::kNone;
   StringLexer string_;
-  // kString: the string's node, its characters so far, and its DFA's state when a pattern or
-  // format constrains it (common/json_string_dfa.h).
+  // kString, kRange: the value's node. kString: its characters so far, and its DFA's state when a pattern or
+  // format constrains it (common/json_string_dfa.h). kRange: a bounded integer's DFA and state.
   int32_t string_node_ = 0;
   uint32_t chars_ = 0;
   const RegexDfa* dfa_ = nullptr;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 
 #include "worker/model/guided_decoding.h"
 #include "worker/model/guided_test_util.h"
@@ -274,7 +275,7 @@ TEST(SchemaAutomatonTest, MatcherMasksEndOnlyOnAWholeValue) {
   EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{2, 4, 5, 7}));
   ASSERT_TRUE(m->Advance(5));
   EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{3}));
-  EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, R"({"type": "integer", "maximum": 3})"}, vocab),
+  EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, R"({"type": "number", "maximum": 3})"}, vocab),
                JsonSchemaError);
 }
 
@@ -289,8 +290,10 @@ const char* kConstrained = R"({"type": "object", "properties": {
   "day": {"type": "string", "format": "date"},
   "tag": {"type": "string", "minLength": 2},
   "note": {"type": "string", "pattern": "ok", "minLength": 3, "maxLength": 6},
-  "at": {"type": "string", "format": "date-time"}},
-  "required": ["name", "code", "day", "tag", "note", "at"], "additionalProperties": false})";
+  "at": {"type": "string", "format": "date-time"},
+  "age": {"type": "integer", "minimum": 0, "maximum": 120},
+  "delta": {"type": "integer", "exclusiveMinimum": -5, "exclusiveMaximum": 5}},
+  "required": ["name", "code", "day", "tag", "note", "at", "age", "delta"], "additionalProperties": false})";
 
 size_t CodePoints(const std::string& s) {
   size_t n = 0;
@@ -344,6 +347,7 @@ TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
   const std::regex code("^[A-Z]{3}-\\d+$", std::regex::ECMAScript);
   const std::regex datetime("^\\d{4}-\\d{2}-\\d{2}T([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,6})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)$");
   size_t escapes = 0, non_ascii = 0;
+  std::set<int64_t> ages;
   for (int i = 0; i < 300; ++i) {
     const std::string text = RandomText(g, rng, 60 + rng() % 60);
     if (HasFatalFailure()) return;
@@ -357,11 +361,15 @@ TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
     const std::string note = field("note");
     EXPECT_TRUE(note.find("ok") != std::string::npos && CodePoints(note) >= 3 && CodePoints(note) <= 6) << text;
     EXPECT_TRUE(std::regex_match(field("at"), datetime) && RealDate(field("at").substr(0, 10))) << text;
+    const int64_t age = v.at("age").get<int64_t>(), delta = v.at("delta").get<int64_t>();
+    EXPECT_TRUE(age >= 0 && age <= 120 && delta > -5 && delta < 5) << text;
+    ages.insert(age);
     escapes += text.find('\\') != std::string::npos;
     for (char c : text) non_ascii += static_cast<unsigned char>(c) >= 0x80;
   }
-  EXPECT_GT(escapes, 10u) << "escapes were written and counted as one character";
+  EXPECT_GT(escapes, 4u) << "escapes were written and counted as one character";
   EXPECT_GT(non_ascii, 100u) << "and multi-byte characters";
+  EXPECT_GT(ages.size(), 50u) << "ages across the range";
   // \u escapes are never taken where characters are counted (a surrogate pair is one).
   const auto takes = [&](const std::string& text) {
     SchemaAutomaton a(&g);
