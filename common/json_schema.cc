@@ -90,6 +90,7 @@ class Compiler {
   int32_t Array(const json& s, const std::string& path);
   int32_t String(const json& s, const std::string& path);
   int32_t Integer(const json& s, const std::string& path);
+  int32_t Number(const json& s, const std::string& path);
   std::vector<std::string> Types(const json& s, const std::string& path);
   void FirstBytes(int32_t id, int depth);
   std::optional<int32_t> TaggedObject(const std::vector<int32_t>& objects, const std::string& path);
@@ -153,7 +154,7 @@ std::vector<std::string> Compiler::Types(const json& s, const std::string& path)
       if (s.contains(key)) return {"string"};
     }
     for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
-      if (s.contains(key)) return {"integer"};  // numbers in range: integers are some
+      if (s.contains(key)) return {"number"};
     }
     return {"any"};
   }
@@ -243,12 +244,7 @@ int32_t Compiler::Typed(const json& s, const std::string& type, const std::strin
   if ((type == "number" || type == "integer") && s.contains("format")) {
     Fail(path, "\"format\" on a " + type + " is not supported");
   }
-  if (type == "number") {
-    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
-      if (s.contains(key)) Fail(path, "\"" + std::string(key) + "\" on a number is not supported (on an integer it is)");
-    }
-    return NewNode({.kind = Kind::kNumber}, path);
-  }
+  if (type == "number") return Number(s, path);
   if (type == "integer") return Integer(s, path);
   if (type == "boolean") return NewNode({.kind = Kind::kLiterals, .literals = {"false", "true"}}, path);
   if (type == "null") return NewNode({.kind = Kind::kLiterals, .literals = {"null"}}, path);
@@ -282,6 +278,37 @@ int32_t Compiler::Integer(const json& s, const std::string& path) {
     graph_.dfas.push_back(std::move(dfa));
   } catch (const RegexError& e) {
     Fail(path, std::string("the integer range: ") + e.what());
+  }
+  return NewNode(std::move(node), path);
+}
+
+// A number's bounds: the tighter of minimum and exclusiveMinimum (and of the maxima), draft 4's
+// booleans read as well; a bounded number is a DFA of plain decimals in range
+// (json_number_range.h).
+int32_t Compiler::Number(const json& s, const std::string& path) {
+  SchemaNode node{.kind = SchemaNode::Kind::kNumber};
+  auto pick = [&](const char* inclusive, const char* exclusive, bool lower) -> std::optional<NumberBound> {
+    std::optional<NumberBound> out;
+    for (const char* key : {inclusive, exclusive}) {
+      if (!s.contains(key) || s[key].is_boolean()) continue;
+      if (!s[key].is_number()) Fail(path, "\"" + std::string(key) + "\" must be a number");
+      const bool excl = key == exclusive || (s.contains(exclusive) && s[exclusive].is_boolean() && s[exclusive].get<bool>());
+      const double v = s[key].get<double>();
+      const bool tighter = !out || (lower ? v > std::stod(out->text) : v < std::stod(out->text)) ||
+                           (v == std::stod(out->text) && excl);
+      if (tighter) out = NumberBound{s[key].dump(), excl};
+    }
+    return out;
+  };
+  const std::optional<NumberBound> lo = pick("minimum", "exclusiveMinimum", true);
+  const std::optional<NumberBound> hi = pick("maximum", "exclusiveMaximum", false);
+  if (!lo && !hi) return NewNode(std::move(node), path);
+  try {
+    auto dfa = std::make_shared<const RegexDfa>(NumberRangeDfa(lo, hi));
+    node.dfa = static_cast<int32_t>(graph_.dfas.size());
+    graph_.dfas.push_back(std::move(dfa));
+  } catch (const std::invalid_argument& e) {
+    Fail(path, std::string("the number range: ") + e.what());
   }
   return NewNode(std::move(node), path);
 }
@@ -401,7 +428,7 @@ void Compiler::FirstBytes(int32_t id, int depth) {
     case SchemaNode::Kind::kObject: b.set('{'); break;
     case SchemaNode::Kind::kArray: b.set('['); break;
     case SchemaNode::Kind::kString: b.set('"'); break;
-    case SchemaNode::Kind::kNumber: number(); break;
+    case SchemaNode::Kind::kNumber:
     case SchemaNode::Kind::kInteger:
       if (n.dfa < 0) {
         number();

@@ -15,13 +15,14 @@
 //   (ECMA-262 search semantics, the syntax of common/regex_dfa.h) and format (date, time,
 //   date-time, email, uuid, ipv4, uri: common/json_string_dfa.h); a pattern or format becomes one
 //   DFA over the string's JSON text, lengths beside them included;
-// - integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's
-//   booleans), as a DFA of the range's texts;
+// - numbers and integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or
+//   draft 4's booleans), as a DFA of the range's texts (a bounded number is written as a plain
+//   decimal of at most 9 + 6 digits: common/json_number_range.h);
 // - arrays: items (one schema), minItems, maxItems;
 // - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME", recursive ones included;
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
-// Refused: number and object assertions the automaton cannot keep (bounds on a "number",
-// multipleOf, other formats, format on a number,
+// Refused: number and object assertions the automaton cannot keep (multipleOf, other formats,
+// format on a number, bounds of more than 15 significant digits,
 // minProperties, maxProperties, patternProperties, propertyNames, uniqueItems, contains,
 // prefixItems, allOf, not, if / then / else, dependent*, unevaluated*), a schema-valued
 // additionalProperties, and anyOf alternatives that can start with the same byte.
@@ -76,7 +77,7 @@ struct SchemaNode {
   // kString: characters allowed (max -1: no limit), and the index in SchemaGraph::dfas
   // of the DFA over its JSON text when a pattern or format constrains it (-1: none). With a DFA
   // the lengths are in it: max_length is what it was built with (possibly lowered, see
-  // JsonStringDfa), informational. kInteger: the DFA of its range's texts, when bounded
+  // JsonStringDfa), informational. kInteger, kNumber: the DFA of its range's texts, when bounded
   // (common/json_number_range.h).
   int64_t min_length = 0;
   int64_t max_length = -1;

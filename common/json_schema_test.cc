@@ -97,7 +97,9 @@ TEST(JsonSchemaTest, RefusesWhatItCannotGuaranteeNamingThePlaceAndKeyword) {
       {R"({"type": "object", "properties": {"name": {"type": "string", "minLength": -3}}})",
        {"/properties/name", "\"minLength\" must be a non-negative integer"}},
       {R"({"type": "string", "minLength": 3, "maxLength": 2})", {"\"maxLength\" is below \"minLength\""}},
-      {R"({"type": "number", "maximum": 5})", {"schema at /:", "\"maximum\" on a number is not supported"}},
+      {R"({"type": "number", "maximum": 0.1234567890123456})", {"schema at /:", "has more than 15 significant digits"}},
+      {R"({"type": "number", "minimum": 1e12})", {"no number between the bounds can be written"}},
+      {R"({"type": "number", "minimum": 1, "exclusiveMaximum": 1})", {"no number between the bounds"}},
       {R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})", {"no integer lies between"}},
       {R"({"type": "integer", "maximum": 1e30})", {"past the 64-bit integers"}},
       {R"({"type": "string", "pattern": "(a)\\1"})", {"\"pattern\": regex at byte", "backreferences"}},
@@ -269,7 +271,6 @@ TEST(IntegerRangeTest, SchemaBoundsNarrowToWholeNumbers) {
       {R"({"type": "integer", "minimum": 1, "exclusiveMinimum": true, "maximum": 5, "exclusiveMaximum": true})", 2, 4},
       {R"({"type": "integer", "minimum": 0.5, "maximum": 4.5})", 1, 4},
       {R"({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 4.5})", 1, 4},
-      {R"({"minimum": -3, "maximum": -1})", -3, -1},  // untyped: an integer in range is valid
   };
   for (const auto& [schema, lo, hi] : cases) {
     const SchemaGraph g = CompileJsonSchema(schema);
@@ -283,6 +284,77 @@ TEST(IntegerRangeTest, SchemaBoundsNarrowToWholeNumbers) {
   const SchemaGraph positive = CompileJsonSchema(R"({"type": "integer", "minimum": 1})");
   EXPECT_FALSE(positive.nodes[static_cast<size_t>(positive.root)].first_bytes['-']) << "first bytes follow the range";
   EXPECT_FALSE(positive.nodes[static_cast<size_t>(positive.root)].first_bytes['0']);
+}
+
+// Bounded numbers as plain decimals: exactly the texts (at most 9 + 6 digits, no exponent, no -0)
+// whose value is in range, compared as a validator compares them (as doubles).
+TEST(NumberRangeTest, TakesExactlyTheDecimalsInRange) {
+  // Integers near 0 and around the bounds' magnitudes; every fraction of up to two digits and
+  // three-digit ones next to the bounds' own.
+  std::vector<int> integers;
+  for (int i = -20; i <= 20; ++i) integers.push_back(i);
+  for (int i : {99, 100, 101, 149, 150, 151}) integers.push_back(i), integers.push_back(-i);
+  std::vector<std::string> fractions = {""};
+  for (int f = 0; f < 100; ++f) {
+    if (f < 10) fractions.push_back("." + std::to_string(f));
+    fractions.push_back(std::string(".") + (f < 10 ? "0" : "") + std::to_string(f));
+  }
+  for (const char* f : {".000", ".001", ".009", ".010", ".124", ".125", ".126", ".250", ".500", ".999", ".0011", ".000001"}) {
+    fractions.push_back(f);
+  }
+  std::vector<std::string> texts;
+  for (int i : integers) {
+    for (const std::string& f : fractions) texts.push_back((i < 0 ? "-" : "") + std::to_string(std::abs(i)) + f);
+  }
+  for (int f = 1; f < 10; ++f) texts.push_back("-0." + std::to_string(f));  // negative fractions of zero
+  const std::vector<std::string> bounds = {"0", "1", "0.5", "-2.25", "10", "1e-2", "-0.001", "100", "-150", "0.125"};
+  int ranges = 0;
+  for (size_t a = 0; a < bounds.size(); ++a) {
+    for (size_t b = 0; b < bounds.size(); ++b) {
+      for (int mode = 0; mode < 4; ++mode) {
+        const double lo = std::stod(bounds[a]), hi = std::stod(bounds[b]);
+        const bool lo_open = mode & 1, hi_open = mode & 2;
+        if (lo > hi || (lo == hi && (lo_open || hi_open))) continue;
+        const bool lower_only = a == b && mode == 0;  // one bound alone, each side
+        std::optional<NumberBound> l = NumberBound{bounds[a], lo_open}, h = NumberBound{bounds[b], hi_open};
+        if (lower_only && (a % 2 == 0)) h.reset();
+        if (lower_only && (a % 2 == 1)) l.reset();
+        const RegexDfa dfa = NumberRangeDfa(l, h);
+        ++ranges;
+        for (const std::string& t : texts) {
+          const double v = std::stod(t);
+          const bool negative_zero = t[0] == '-' && v == 0;
+          const bool want = !negative_zero && (!l || (lo_open ? v > lo : v >= lo)) && (!h || (hi_open ? v < hi : v <= hi));
+          ASSERT_EQ(dfa.Matches(t), want) << (l ? l->text : "-inf") << (lo_open ? " < " : " <= ") << t
+                                          << (hi_open ? " < " : " <= ") << (h ? h->text : "inf");
+        }
+        for (const char* bad : {"01", "-0", "1.", ".5", "1e2", "+1", "-0.0", "0.1234567", "1234567890"}) {
+          ASSERT_FALSE(dfa.Matches(bad)) << bad;
+        }
+      }
+    }
+  }
+  EXPECT_GE(ranges, 150);
+}
+
+TEST(NumberRangeTest, SchemaBoundsPickTheTighterOne) {
+  const std::vector<std::tuple<std::string, std::vector<std::string>, std::vector<std::string>>> cases = {
+      {R"({"type": "number", "minimum": 0, "maximum": 1})", {"0", "0.5", "1", "0.999999"}, {"-0.1", "1.000001", "2"}},
+      {R"({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})", {"0.000001", "0.5"}, {"0", "1", "0.0"}},
+      {R"({"type": "number", "minimum": 0, "exclusiveMinimum": true})", {"0.1", "5"}, {"0", "-1"}},
+      {R"({"type": "number", "minimum": 1, "exclusiveMinimum": 2})", {"2.5"}, {"2", "1.5"}},
+      {R"({"minimum": -0.5, "maximum": 0.25})", {"-0.5", "0", "0.25"}, {"-0.6", "0.3"}},
+      {R"({"type": "number", "maximum": 1e-2})", {"0.01", "-5", "0.009"}, {"0.011"}},
+  };
+  for (const auto& [schema, good, bad] : cases) {
+    const SchemaGraph g = CompileJsonSchema(schema);
+    const SchemaNode& n = g.nodes[static_cast<size_t>(g.root)];
+    ASSERT_EQ(n.kind, Kind::kNumber) << schema;
+    ASSERT_GE(n.dfa, 0) << schema;
+    const RegexDfa& dfa = *g.dfas[static_cast<size_t>(n.dfa)];
+    for (const std::string& t : good) EXPECT_TRUE(dfa.Matches(t)) << schema << ": " << t;
+    for (const std::string& t : bad) EXPECT_FALSE(dfa.Matches(t)) << schema << ": " << t;
+  }
 }
 
 }  // namespace

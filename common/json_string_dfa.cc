@@ -37,34 +37,11 @@ RegexDfa Product(const RegexDfa& a, const RegexDfa& b) {
   return out;
 }
 
-// Edges into states that cannot reach an accepting one are removed, so every state left can
-// end; throws when the start cannot.
+// Every state left can end; throws when the start cannot.
 void Trim(RegexDfa& d) {
-  const auto n = static_cast<size_t>(d.num_states());
-  std::vector<std::vector<int32_t>> into(n);
-  for (size_t s = 0; s < n; ++s) {
-    for (size_t c = 0; c < 256; ++c) {
-      if (const int32_t t = d.next[s * 256 + c]; t >= 0) into[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
-    }
-  }
-  std::vector<bool> live(n, false);
-  std::vector<int32_t> todo;
-  for (size_t s = 0; s < n; ++s) {
-    if (d.accepting[s]) live[s] = true, todo.push_back(static_cast<int32_t>(s));
-  }
-  while (!todo.empty()) {
-    const auto t = static_cast<size_t>(todo.back());
-    todo.pop_back();
-    for (int32_t s : into[t]) {
-      if (!live[static_cast<size_t>(s)]) live[static_cast<size_t>(s)] = true, todo.push_back(s);
-    }
-  }
-  if (!live[static_cast<size_t>(d.start)]) {
+  if (!TrimDfa(d)) {
     throw RegexError("no string satisfies the string's constraints together (as generated: no \\u escapes, no "
                      "control characters but \\b \\f \\n \\r \\t)");
-  }
-  for (int32_t& t : d.next) {
-    if (t >= 0 && !live[static_cast<size_t>(t)]) t = -1;
   }
 }
 

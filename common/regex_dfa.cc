@@ -482,6 +482,33 @@ RegexDfa Determinize(const Nfa& nfa, Frag whole) {
 
 }  // namespace
 
+bool TrimDfa(RegexDfa& d) {
+  const auto n = static_cast<size_t>(d.num_states());
+  std::vector<std::vector<int32_t>> into(n);
+  for (size_t s = 0; s < n; ++s) {
+    for (size_t c = 0; c < 256; ++c) {
+      if (const int32_t t = d.next[s * 256 + c]; t >= 0) into[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
+    }
+  }
+  std::vector<bool> live(n, false);
+  std::vector<int32_t> todo;
+  for (size_t s = 0; s < n; ++s) {
+    if (d.accepting[s]) live[s] = true, todo.push_back(static_cast<int32_t>(s));
+  }
+  while (!todo.empty()) {
+    const auto t = static_cast<size_t>(todo.back());
+    todo.pop_back();
+    for (int32_t s : into[t]) {
+      if (!live[static_cast<size_t>(s)]) live[static_cast<size_t>(s)] = true, todo.push_back(s);
+    }
+  }
+  for (int32_t& t : d.next) {
+    if (t >= 0 && !live[static_cast<size_t>(t)]) t = -1;
+  }
+  return live[static_cast<size_t>(d.start)];
+}
+
+
 RegexDfa CompileRegex(const std::string& pattern) {
   if (pattern.size() > kMaxRegexBytes) {
     throw RegexError("regex: " + std::to_string(pattern.size()) + " bytes, over the limit of " + std::to_string(kMaxRegexBytes));

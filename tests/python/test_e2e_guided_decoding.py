@@ -157,7 +157,7 @@ def test_grammar_texts_are_in_its_language(gen, guided_stack, tmp_path):
 
 def test_pydantic_string_constraints_validate(gen, guided_stack, tiny_model):
     """A pydantic model's schema with max_length, min_length, pattern, date, date-time, UUID,
-    HttpUrl and bounded int fields: every text ends and pydantic itself validates it."""
+    HttpUrl and bounded int and float fields: every text ends and pydantic itself validates it."""
     pydantic = pytest.importorskip("pydantic")
     import datetime
     import uuid
@@ -172,19 +172,24 @@ def test_pydantic_string_constraints_validate(gen, guided_stack, tiny_model):
         note: str = pydantic.Field(min_length=2, max_length=12)
         stars: int = pydantic.Field(ge=1, le=5)
         offset: int = pydantic.Field(gt=-10, lt=0)
+        score: float = pydantic.Field(ge=0, le=1)
+        price: float = pydantic.Field(gt=0)
 
     schema = json.dumps(Visit.model_json_schema())
     tok = tokenizers.Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     quote = tok.token_to_id('"')
+    # '"' favoured so that free strings close soon (they may run to maxLength otherwise), and
+    # whitespace-only tokens banned: between eleven fields this model would spend its tokens there.
+    spaces = [i for i in range(tok.get_vocab_size()) if tok.decode([i]) and not tok.decode([i]).strip()]
+    bias = {quote: 6.0, **{i: -100.0 for i in spaces}}
     for seed in range(4):
-        # '"' favoured so that free strings close soon (they may run to maxLength otherwise).
-        r = gen("Visit:", max_tokens=400, temperature=1.0, seed=seed, logit_bias={quote: 6.0},
+        r = gen("Visit:", max_tokens=400, temperature=1.0, seed=seed, logit_bias=bias,
                 guided={"json_schema": schema})
         assert r.finish_reason == EOS, r
         Visit.model_validate_json(r.text)
     status, body = post(guided_stack, "/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "A visit"}], "max_tokens": 400, "seed": 9,
-                         "temperature": 1.0, "logit_bias": {str(quote): 6},
+                         "temperature": 1.0, "logit_bias": {str(k): v for k, v in bias.items()},
                          "response_format": {"type": "json_schema",
                                              "json_schema": {"name": "visit", "schema": Visit.model_json_schema()}}})
     assert status == 200 and body["choices"][0]["finish_reason"] == "stop", body

@@ -210,14 +210,15 @@ bool SchemaAutomaton::StartValue(int32_t id, uint8_t c) {
       }
       return true;
     }
+    case Kind::kNumber:
     case Kind::kInteger:
-      if (n.dfa >= 0) {  // a bounded integer: its range's DFA
+      if (n.dfa >= 0) {  // a bounded number: its range's DFA
         lex_ = Lex::kRange, string_node_ = id, dfa_ = graph_->dfas[static_cast<size_t>(n.dfa)].get();
         dfa_state_ = dfa_->Step(dfa_->start, c);
         return dfa_state_ >= 0;
       }
-      [[fallthrough]];
-    case Kind::kNumber: lex_ = Lex::kNumber; return number_.Start(c, n.kind == Kind::kInteger);
+      lex_ = Lex::kNumber;
+      return number_.Start(c, n.kind == Kind::kInteger);
     case Kind::kLiterals:
       lex_ = Lex::kLiteral, literal_node_ = id, literal_at_ = 0;
       alive_ = n.literals.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.literals.size()) - 1;

@@ -275,7 +275,7 @@ TEST(SchemaAutomatonTest, MatcherMasksEndOnlyOnAWholeValue) {
   EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{2, 4, 5, 7}));
   ASSERT_TRUE(m->Advance(5));
   EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{3}));
-  EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, R"({"type": "number", "maximum": 3})"}, vocab),
+  EXPECT_THROW(MakeGuidedMatcher({GuidedSpec::Kind::kJsonSchema, {}, R"({"type": "integer", "multipleOf": 3})"}, vocab),
                JsonSchemaError);
 }
 
@@ -285,6 +285,8 @@ TEST(SchemaAutomatonTest, MatcherMasksEndOnlyOnAWholeValue) {
 // where the text could not end.
 
 const char* kConstrained = R"({"type": "object", "properties": {
+  "p": {"type": "number", "minimum": 0, "maximum": 1},
+  "t": {"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": 40},
   "name": {"type": "string", "maxLength": 5},
   "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d+$"},
   "day": {"type": "string", "format": "date"},
@@ -293,7 +295,7 @@ const char* kConstrained = R"({"type": "object", "properties": {
   "at": {"type": "string", "format": "date-time"},
   "age": {"type": "integer", "minimum": 0, "maximum": 120},
   "delta": {"type": "integer", "exclusiveMinimum": -5, "exclusiveMaximum": 5}},
-  "required": ["name", "code", "day", "tag", "note", "at", "age", "delta"], "additionalProperties": false})";
+  "required": ["name", "code", "day", "tag", "note", "at", "age", "delta", "p", "t"], "additionalProperties": false})";
 
 size_t CodePoints(const std::string& s) {
   size_t n = 0;
@@ -348,6 +350,7 @@ TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
   const std::regex datetime("^\\d{4}-\\d{2}-\\d{2}T([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,6})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)$");
   size_t escapes = 0, non_ascii = 0;
   std::set<int64_t> ages;
+  int fractions = 0;
   for (int i = 0; i < 300; ++i) {
     const std::string text = RandomText(g, rng, 60 + rng() % 60);
     if (HasFatalFailure()) return;
@@ -363,6 +366,9 @@ TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
     EXPECT_TRUE(std::regex_match(field("at"), datetime) && RealDate(field("at").substr(0, 10))) << text;
     const int64_t age = v.at("age").get<int64_t>(), delta = v.at("delta").get<int64_t>();
     EXPECT_TRUE(age >= 0 && age <= 120 && delta > -5 && delta < 5) << text;
+    const double p = v.at("p").get<double>(), t = v.at("t").get<double>();
+    EXPECT_TRUE(p >= 0 && p <= 1 && t > -2.5 && t < 40) << text;
+    fractions += p != 0 && p != 1;
     ages.insert(age);
     escapes += text.find('\\') != std::string::npos;
     for (char c : text) non_ascii += static_cast<unsigned char>(c) >= 0x80;
@@ -370,6 +376,7 @@ TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
   EXPECT_GT(escapes, 4u) << "escapes were written and counted as one character";
   EXPECT_GT(non_ascii, 100u) << "and multi-byte characters";
   EXPECT_GT(ages.size(), 50u) << "ages across the range";
+  EXPECT_GT(fractions, 20) << "probabilities with fractions";
   // \u escapes are never taken where characters are counted (a surrogate pair is one).
   const auto takes = [&](const std::string& text) {
     SchemaAutomaton a(&g);
@@ -378,13 +385,13 @@ TEST(SchemaAutomatonTest, ConstrainedStringsValidate) {
     }
     return true;
   };
-  EXPECT_TRUE(takes("{\"name\":\"\\n\\\"\\\\\xC3\xA9x\"")) << "short escapes and a two-byte character count one each: five characters";
-  EXPECT_FALSE(takes("{\"name\":\"\\n\\\"\\\\\xC3\xA9xy")) << "the sixth character";
-  EXPECT_FALSE(takes(R"({"name":"\u0041)"));
-  EXPECT_TRUE(takes(R"({"name":"abcde")"));
-  EXPECT_FALSE(takes(R"({"name":"abcdef)")) << "six characters";
-  EXPECT_TRUE(takes(R"({"name":"","code":"ABC-1","day":"2024-02-29")"));
-  EXPECT_FALSE(takes(R"({"name":"","code":"ABC-1","day":"2023-02-29)")) << "no such day";
+  EXPECT_TRUE(takes("{\"p\":0,\"t\":1,\"name\":\"\\n\\\"\\\\\xC3\xA9x\"")) << "short escapes and a two-byte character count one each: five characters";
+  EXPECT_FALSE(takes("{\"p\":0,\"t\":1,\"name\":\"\\n\\\"\\\\\xC3\xA9xy")) << "the sixth character";
+  EXPECT_FALSE(takes(R"({"p":0,"t":1,"name":"\u0041)"));
+  EXPECT_TRUE(takes(R"({"p":0,"t":1,"name":"abcde")"));
+  EXPECT_FALSE(takes(R"({"p":0,"t":1,"name":"abcdef)")) << "six characters";
+  EXPECT_TRUE(takes(R"({"p":0,"t":1,"name":"","code":"ABC-1","day":"2024-02-29")"));
+  EXPECT_FALSE(takes(R"({"p":0,"t":1,"name":"","code":"ABC-1","day":"2023-02-29)")) << "no such day";
 }
 
 }  // namespace
