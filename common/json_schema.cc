@@ -22,9 +22,9 @@ using json = nlohmann::ordered_json;
 const std::set<std::string>& Refused() {
   static const std::set<std::string> kRefused = {
       "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames", "uniqueItems",
-      "contains", "minContains", "maxContains", "prefixItems", "allOf", "not", "if", "then", "else",
+      "contains", "minContains", "maxContains", "not", "if", "then", "else",
       "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
-      "additionalItems", "$dynamicRef", "$recursiveRef", "contentSchema"};
+      "$dynamicRef", "$recursiveRef", "contentSchema"};
   return kRefused;
 }
 
@@ -123,6 +123,11 @@ int32_t Compiler::Compile(const json& s, const std::string& path) {
     only_annotations_beside("$ref");
     return Ref(s["$ref"], path);
   }
+  if (s.contains("allOf")) {  // pydantic wraps a described $ref in one; more would need merging
+    only_annotations_beside("allOf");
+    if (!s["allOf"].is_array() || s["allOf"].size() != 1) Fail(path, "\"allOf\" of other than one schema is not supported");
+    return Compile(s["allOf"][0], path + "/allOf/0");
+  }
   for (const char* keyword : {"anyOf", "oneOf"}) {
     if (s.contains(keyword)) {
       only_annotations_beside(keyword);
@@ -149,7 +154,7 @@ std::vector<std::string> Compiler::Types(const json& s, const std::string& path)
   std::vector<std::string> types;
   if (!s.contains("type")) {
     if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) return {"object"};
-    if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return {"array"};
+    if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) return {"array"};
     for (const char* key : {"minLength", "maxLength", "pattern", "format"}) {
       if (s.contains(key)) return {"string"};
     }
@@ -402,8 +407,26 @@ int32_t Compiler::Array(const json& s, const std::string& path) {
   node.min_items = s.value("minItems", int64_t{0});
   node.max_items = s.value("maxItems", int64_t{-1});
   if (node.max_items >= 0 && node.max_items < node.min_items) Fail(path, "\"maxItems\" is below \"minItems\"");
-  if (s.contains("items") && s["items"].is_array()) Fail(path, "\"items\" as a list (tuples) is not supported");
-  node.items = s.contains("items") ? Compile(s["items"], path + "/items") : NewNode({}, path + "/items");
+  // Tuples: prefixItems (2020-12, pydantic's tuple[...]) or a list under "items" (earlier drafts,
+  // the rest then under additionalItems); the items past them follow "items" (or additionalItems).
+  const bool list = s.contains("items") && s["items"].is_array();
+  if (s.contains("prefixItems") && list) Fail(path, "\"prefixItems\" beside a list under \"items\"");
+  const char* prefix_key = list ? "items" : "prefixItems";
+  const char* rest_key = list ? "additionalItems" : "items";
+  if (s.contains(prefix_key)) {
+    if (!s[prefix_key].is_array()) Fail(path, "\"" + std::string(prefix_key) + "\" must be an array");
+    for (size_t i = 0; i < s[prefix_key].size(); ++i) {
+      node.prefix_items.push_back(Compile(s[prefix_key][i], path + "/" + prefix_key + "/" + std::to_string(i)));
+    }
+  }
+  if (s.contains(rest_key) && s[rest_key].is_boolean() && !s[rest_key].get<bool>()) {  // nothing past the prefix
+    const auto fixed = static_cast<int64_t>(node.prefix_items.size());
+    if (node.min_items > fixed) Fail(path, "\"minItems\" is above the " + std::to_string(fixed) + " items allowed");
+    node.max_items = node.max_items < 0 ? fixed : std::min(node.max_items, fixed);
+    node.items = NewNode({}, path + "/" + rest_key);
+  } else {
+    node.items = s.contains(rest_key) ? Compile(s[rest_key], path + "/" + rest_key) : NewNode({}, path + "/" + rest_key);
+  }
   return NewNode(std::move(node), path);
 }
 

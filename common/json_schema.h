@@ -18,13 +18,15 @@
 // - numbers and integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or
 //   draft 4's booleans), as a DFA of the range's texts (a bounded number is written as a plain
 //   decimal of at most 9 + 6 digits: common/json_number_range.h);
-// - arrays: items (one schema), minItems, maxItems;
+// - arrays: items (one schema), minItems, maxItems, tuples (prefixItems, or a list under items
+//   with additionalItems);
+// - allOf of one schema (pydantic's wrapper of a described $ref);
 // - $ref to "#", "#/$defs/NAME" or "#/definitions/NAME", recursive ones included;
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
 // Refused: number and object assertions the automaton cannot keep (multipleOf, other formats,
 // format on a number, bounds of more than 15 significant digits,
 // minProperties, maxProperties, patternProperties, propertyNames, uniqueItems, contains,
-// prefixItems, allOf, not, if / then / else, dependent*, unevaluated*), a schema-valued
+// allOf of several schemas, not, if / then / else, dependent*, unevaluated*), a schema-valued
 // additionalProperties, and anyOf alternatives that can start with the same byte.
 #pragma once
 
@@ -64,7 +66,8 @@ struct SchemaNode {
   };
   Kind kind = Kind::kAnyValue;
   std::vector<Property> properties;   // kObject, schema order
-  int32_t items = -1;                 // kArray: the items' node
+  int32_t items = -1;                 // kArray: the items' node (past prefix_items)
+  std::vector<int32_t> prefix_items;  // kArray: item i's node, for the first ones (a tuple)
   int64_t min_items = 0;              // kArray
   int64_t max_items = -1;             // kArray; -1: no limit
   std::vector<std::string> literals;  // kLiterals: compact JSON texts

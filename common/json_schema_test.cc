@@ -117,10 +117,11 @@ TEST(JsonSchemaTest, RefusesWhatItCannotGuaranteeNamingThePlaceAndKeyword) {
       {R"({"type": "object", "additionalProperties": {"type": "string"}})", {"additionalProperties"}},
       {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", {"required property \"b\""}},
       {R"({"type": "array", "minItems": 3, "maxItems": 2})", {"\"maxItems\" is below \"minItems\""}},
-      {R"({"type": "array", "items": [{"type": "string"}]})", {"tuples"}},
       {R"({"type": "strin"})", {"\"strin\" is not a JSON Schema type"}},
       {R"({"type": "string", "enum": ["a", 1]})", {"the value 1 is not of the schema's \"type\""}},
       {R"({"enum": []})", {"non-empty"}},
+      {R"({"allOf": [{"type": "string"}, {"maxLength": 3}]})", {"\"allOf\" of other than one schema"}},
+      {R"({"type": "array", "prefixItems": [{}], "items": false, "minItems": 2})", {"\"minItems\" is above the 1 items allowed"}},
       {"{\"type\": ", {"not JSON"}},
       {"[1]", {"an object or a boolean"}},
   };

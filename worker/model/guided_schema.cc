@@ -164,12 +164,14 @@ bool SchemaAutomaton::FeedArray(Frame& f, uint8_t c) {
       }
       if (n.max_items == 0) return false;
       [[fallthrough]];
-    case Phase::kArrayValue:
-      if (!StartValue(n.items, c)) return false;
+    case Phase::kArrayValue: {
+      const auto i = static_cast<size_t>(f.count);
+      if (!StartValue(i < n.prefix_items.size() ? n.prefix_items[i] : n.items, c)) return false;
       // By index: StartValue may have pushed the item's own frame above this one.
       ++frames_[at].count;
       frames_[at].phase = Phase::kArrayAfter;
       return true;
+    }
     case Phase::kArrayAfter:
       if (c == ',') {
         if ((n.max_items >= 0 && f.count >= n.max_items) || f.count == INT16_MAX) return false;

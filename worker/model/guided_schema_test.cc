@@ -162,7 +162,10 @@ ordered_json Instance(const SchemaGraph& g, int32_t id, std::mt19937& rng, int d
       ordered_json a = ordered_json::array();
       const int64_t max = n.max_items >= 0 ? n.max_items : n.min_items + 3;
       const int64_t count = depth > 6 ? n.min_items : n.min_items + static_cast<int64_t>(rng() % static_cast<unsigned>(max - n.min_items + 1));
-      for (int64_t i = 0; i < count; ++i) a.push_back(Instance(g, n.items, rng, depth + 1));
+      for (int64_t i = 0; i < count; ++i) {
+        const auto at = static_cast<size_t>(i);
+        a.push_back(Instance(g, at < n.prefix_items.size() ? n.prefix_items[at] : n.items, rng, depth + 1));
+      }
       return a;
     }
     case Kind::kString: {
@@ -211,8 +214,8 @@ bool Valid(const SchemaGraph& g, int32_t id, const ordered_json& v) {
     case Kind::kArray: {
       if (!v.is_array() || static_cast<int64_t>(v.size()) < n.min_items) return false;
       if (n.max_items >= 0 && static_cast<int64_t>(v.size()) > n.max_items) return false;
-      for (const auto& item : v) {
-        if (!Valid(g, n.items, item)) return false;
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!Valid(g, i < n.prefix_items.size() ? n.prefix_items[i] : n.items, v[i])) return false;
       }
       return true;
     }
@@ -240,6 +243,10 @@ TEST(SchemaAutomatonTest, AgreesWithAValidatorOnRandomInstancesAndMutations) {
       kPerson,
       R"({"$defs": {"t": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 2}}, "required": ["v"]}}, "$ref": "#/$defs/t"})",
       R"({"type": "array", "items": {"anyOf": [{"type": "string"}, {"enum": [1, 12, null]}, {"type": "object", "properties": {"q": {"type": "boolean"}}}]}, "minItems": 1})",
+      // Tuples: pydantic's tuple[int, str, bool], an open one, and draft 7's list form.
+      R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}, {"type": "boolean"}], "minItems": 3, "maxItems": 3})",
+      R"({"type": "array", "prefixItems": [{"enum": ["q", "v"]}, {"type": "integer"}], "items": {"type": "null"}, "minItems": 1})",
+      R"({"type": "array", "items": [{"type": "integer"}, {"allOf": [{"type": "string"}], "description": "d"}], "additionalItems": false})",
       kCalls};
   std::mt19937 rng(11);
   const std::string alphabet = "{}[]:,\" \\0123456789.e-truefalsnl\"qv";
