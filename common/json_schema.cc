@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "common/compile_cache.h"
 #include "common/json_number_range.h"
@@ -91,6 +92,8 @@ class Compiler {
   int32_t String(const json& s, const std::string& path);
   int32_t Integer(const json& s, const std::string& path);
   int32_t Number(const json& s, const std::string& path);
+  std::pair<int64_t, int64_t> CountBounds(const json& s, const char* min_key, const char* max_key,
+                                          const std::string& path);
   std::vector<std::string> Types(const json& s, const std::string& path);
   void FirstBytes(int32_t id, int depth);
   std::optional<int32_t> TaggedObject(const std::vector<int32_t>& objects, const std::string& path);
@@ -318,17 +321,24 @@ int32_t Compiler::Number(const json& s, const std::string& path) {
   return NewNode(std::move(node), path);
 }
 
+// A pair of count keywords (minLength / maxLength, minItems / maxItems): non-negative integers,
+// the maximum not below the minimum. Returns (min, max), max -1 when absent.
+std::pair<int64_t, int64_t> Compiler::CountBounds(const json& s, const char* min_key, const char* max_key,
+                                                  const std::string& path) {
+  for (const char* key : {min_key, max_key}) {
+    if (!s.contains(key)) continue;
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0) Fail(path, "\"" + std::string(key) + "\" must be a non-negative integer");
+  }
+  const int64_t min = s.value(min_key, int64_t{0}), max = s.value(max_key, int64_t{-1});
+  if (max >= 0 && max < min) Fail(path, "\"" + std::string(max_key) + "\" is below \"" + min_key + "\"");
+  return {min, max};
+}
+
 // A string's lengths, pattern and format; a pattern or format becomes a DFA over its JSON text
 // (json_string_dfa.h), with the lengths in it.
 int32_t Compiler::String(const json& s, const std::string& path) {
   SchemaNode node{.kind = SchemaNode::Kind::kString};
-  for (const char* key : {"minLength", "maxLength"}) {
-    if (!s.contains(key)) continue;
-    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0) Fail(path, "\"" + std::string(key) + "\" must be a non-negative integer");
-  }
-  node.min_length = s.value("minLength", int64_t{0});
-  node.max_length = s.value("maxLength", int64_t{-1});
-  if (node.max_length >= 0 && node.max_length < node.min_length) Fail(path, "\"maxLength\" is below \"minLength\"");
+  std::tie(node.min_length, node.max_length) = CountBounds(s, "minLength", "maxLength", path);
   std::vector<std::string> regexes;
   if (s.contains("pattern")) {
     if (!s["pattern"].is_string()) Fail(path, "\"pattern\" must be a string");
@@ -400,13 +410,7 @@ int32_t Compiler::Object(const json& s, const std::string& path) {
 
 int32_t Compiler::Array(const json& s, const std::string& path) {
   SchemaNode node{.kind = SchemaNode::Kind::kArray};
-  for (const char* key : {"minItems", "maxItems"}) {
-    if (!s.contains(key)) continue;
-    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0) Fail(path, "\"" + std::string(key) + "\" must be a non-negative integer");
-  }
-  node.min_items = s.value("minItems", int64_t{0});
-  node.max_items = s.value("maxItems", int64_t{-1});
-  if (node.max_items >= 0 && node.max_items < node.min_items) Fail(path, "\"maxItems\" is below \"minItems\"");
+  std::tie(node.min_items, node.max_items) = CountBounds(s, "minItems", "maxItems", path);
   // Tuples: prefixItems (2020-12, pydantic's tuple[...]) or a list under "items" (earlier drafts,
   // the rest then under additionalItems); the items past them follow "items" (or additionalItems).
   const bool list = s.contains("items") && s["items"].is_array();
