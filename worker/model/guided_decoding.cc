@@ -191,23 +191,23 @@ void GrammarAllowed(GuidedVocab& vocab, const GrammarAutomaton& state, const std
 template <class Automaton>
 std::shared_ptr<const TokenMask> Allowed(GuidedVocab& vocab, const Automaton& state, const std::string& key_prefix) {
   auto mask = std::make_shared<TokenMask>(vocab.size());
-  const StringLexer* lexer = nullptr;
-  if constexpr (requires { state.FreeString(); }) lexer = state.FreeString();
-  int64_t budget = -1;
-  if constexpr (requires { state.FreeStringBudget(); }) budget = state.FreeStringBudget();
-  bool walked = false;
   if constexpr (std::is_same_v<Automaton, GrammarAutomaton>) {
     const int32_t top = state.SoleTop();
     if (top >= 0 && Simple(state.pda()->state(top))) {
       GrammarAllowed(vocab, state, key_prefix, *mask);
-      walked = true;
+    } else {
+      Walk(vocab, state, *mask);
     }
-  }
-  if (walked) {
-  } else if (lexer != nullptr) {
-    FreeStringAllowed(vocab, state, *lexer, budget, *mask);
   } else {
-    Walk(vocab, state, *mask);
+    const StringLexer* lexer = nullptr;
+    if constexpr (requires { state.FreeString(); }) lexer = state.FreeString();
+    int64_t budget = -1;
+    if constexpr (requires { state.FreeStringBudget(); }) budget = state.FreeStringBudget();
+    if (lexer != nullptr) {
+      FreeStringAllowed(vocab, state, *lexer, budget, *mask);
+    } else {
+      Walk(vocab, state, *mask);
+    }
   }
   if (state.Accepted()) {
     for (int32_t id : vocab.eos_ids()) mask->Set(id);

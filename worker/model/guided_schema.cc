@@ -51,7 +51,7 @@ bool SchemaAutomaton::FeedLexer(uint8_t c) {
 // characters (lengths alone) keeps it valid; the closing quote only where the DFA accepts and
 // minLength is met.
 bool SchemaAutomaton::FeedString(uint8_t c) {
-  const SchemaNode& n = node(string_node_);
+  const SchemaNode& n = node(value_node_);
   StringLexer lexer = string_;
   const LexStep step = lexer.Feed(c);
   if (step == LexStep::kRejected) return false;
@@ -74,7 +74,7 @@ bool SchemaAutomaton::FeedString(uint8_t c) {
 
 int64_t SchemaAutomaton::FreeStringBudget() const {
   if (lex_ != Lex::kString || dfa_ != nullptr) return -1;
-  const SchemaNode& n = node(string_node_);
+  const SchemaNode& n = node(value_node_);
   return n.max_length < 0 ? -1 : n.max_length - chars_;
 }
 
@@ -203,7 +203,7 @@ bool SchemaAutomaton::StartValue(int32_t id, uint8_t c) {
     case Kind::kObject: frames_[depth_++] = {id, -1, Phase::kObjectFirst}; return true;
     case Kind::kArray: frames_[depth_++] = {id, 0, Phase::kArrayFirst}; return true;
     case Kind::kString: {
-      lex_ = Lex::kString, string_ = {}, string_node_ = id, chars_ = 0, dfa_ = nullptr, dfa_state_ = 0;
+      lex_ = Lex::kString, string_ = {}, value_node_ = id, chars_ = 0, dfa_ = nullptr, dfa_state_ = 0;
       const bool counted = n.dfa < 0 && (n.min_length > 0 || n.max_length >= 0);
       string_.no_unicode_escape = counted;  // a DFA takes no \u either
       if (n.dfa >= 0) {
@@ -215,7 +215,7 @@ bool SchemaAutomaton::StartValue(int32_t id, uint8_t c) {
     case Kind::kNumber:
     case Kind::kInteger:
       if (n.dfa >= 0) {  // a bounded number: its range's DFA
-        lex_ = Lex::kRange, string_node_ = id, dfa_ = graph_->dfas[static_cast<size_t>(n.dfa)].get();
+        lex_ = Lex::kRange, value_node_ = id, dfa_ = graph_->dfas[static_cast<size_t>(n.dfa)].get();
         dfa_state_ = dfa_->Step(dfa_->start, c);
         return dfa_state_ >= 0;
       }
@@ -320,15 +320,15 @@ std::string SchemaAutomaton::Key() const {
     case Lex::kNone: Append(key, ws_); break;
     case Lex::kString: {
       Append(key, string_.sub), Append(key, string_.utf8_left), Append(key, string_.utf8_first);
-      Append(key, string_node_), Append(key, dfa_state_);
+      Append(key, value_node_), Append(key, dfa_state_);
       // The count matters up to minLength without a maxLength, exactly with one.
-      const SchemaNode& n = node(string_node_);
+      const SchemaNode& n = node(value_node_);
       const uint32_t chars = n.max_length >= 0 ? chars_ : static_cast<uint32_t>(std::min<int64_t>(chars_, n.min_length));
       Append(key, chars);
       break;
     }
     case Lex::kNumber: Append(key, number_.state), Append(key, number_.integer); break;
-    case Lex::kRange: Append(key, string_node_), Append(key, dfa_state_); break;
+    case Lex::kRange: Append(key, value_node_), Append(key, dfa_state_); break;
     case Lex::kLiteral:
     case Lex::kKey: Append(key, alive_), Append(key, literal_at_), Append(key, literal_node_); break;
     case Lex::kAny: key += any_.Key(); break;

@@ -70,7 +70,7 @@ class SchemaAutomaton {
   StringLexer string_;
   // kString, kRange: the value's node. kString: its characters so far, and its DFA's state when a pattern or
   // format constrains it (common/json_string_dfa.h). kRange: a bounded integer's DFA and state.
-  int32_t string_node_ = 0;
+  int32_t value_node_ = 0;
   uint32_t chars_ = 0;
   const RegexDfa* dfa_ = nullptr;
   int32_t dfa_state_ = 0;

@@ -13,7 +13,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/ebnf_grammar.h"
 #include "common/grammar_pda.h"
 #include "common/json_schema.h"
 #include "common/regex_dfa.h"
@@ -29,34 +28,24 @@ inline std::string Id(uint64_t seq_id) { return "sequence " + std::to_string(seq
 
 // A backend without a matcher would sample unconstrained text, and an empty choice list accepts
 // no text at all. Choices are non-empty, as the gateway requires (GuidedSpec's invariant). A
-// schema or a regex is compiled here so that a bad one is refused naming its sequence, before the
-// step runs.
+// schema, regex or grammar is compiled here so that a bad one is refused naming its sequence,
+// before the step runs.
 inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, const ModelInfo& info) {
   if (guided.kind == GuidedSpec::Kind::kNone) return;
   if (!info.supports_guided_decoding) Invalid(id + ": guided decoding is not supported by this backend");
-  if (guided.kind == GuidedSpec::Kind::kJsonSchema) {
+  // The compilers throw JsonSchemaError, RegexError and GrammarError, all invalid_arguments.
+  auto compiles = [&](const char* what, auto compile) {
     try {
-      CompileJsonSchemaCached(guided.json_schema);
-    } catch (const JsonSchemaError& e) {
-      Invalid(id + ": guided json_schema: " + e.what());
+      compile();
+    } catch (const std::invalid_argument& e) {
+      Invalid(id + ": guided " + what + ": " + e.what());
     }
-    return;
-  }
-  if (guided.kind == GuidedSpec::Kind::kRegex) {
-    try {
-      CompileRegexCached(guided.regex);
-    } catch (const RegexError& e) {
-      Invalid(id + ": guided regex: " + e.what());
-    }
-    return;
-  }
-  if (guided.kind == GuidedSpec::Kind::kGrammar) {
-    try {
-      CompileGrammarPdaCached(guided.grammar);
-    } catch (const GrammarError& e) {
-      Invalid(id + ": guided grammar: " + e.what());
-    }
-    return;
+  };
+  switch (guided.kind) {
+    case GuidedSpec::Kind::kJsonSchema: return compiles("json_schema", [&] { CompileJsonSchemaCached(guided.json_schema); });
+    case GuidedSpec::Kind::kRegex: return compiles("regex", [&] { CompileRegexCached(guided.regex); });
+    case GuidedSpec::Kind::kGrammar: return compiles("grammar", [&] { CompileGrammarPdaCached(guided.grammar); });
+    default: break;
   }
   if (guided.kind != GuidedSpec::Kind::kChoice) return;
   if (guided.choices.empty()) Invalid(id + ": guided choice constraint has no choices");
