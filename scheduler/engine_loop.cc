@@ -165,6 +165,7 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   const double total = core_.num_total_blocks();
   obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
   obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
+  obs.resumes_from_cache = core_.config().enable_prefix_caching;
   obs.last_step_s = last_step_s_;
   obs.last_step_tokens = last_step_tokens_;
   obs.last_step_seqs = last_step_seqs_;

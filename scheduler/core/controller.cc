@@ -215,7 +215,10 @@ void Controller::StepSlo(const StepObservation& obs) {
   preemptions_since_adjust_ = 0;
   last_adjust_s_ = obs.now_s;
   const size_t changes_before = changes_.size();
-  if (preempted > 0 || obs.kv_usage > o.kv_high_usage) {
+  // A full pool costs nothing by itself when a preempted sequence resumes
+  // from the cache; without the cache, high usage foretells recomputes.
+  const bool is_pool_full = !obs.resumes_from_cache && obs.kv_usage > o.kv_high_usage;
+  if (preempted > 0 || is_pool_full) {
     // KV pressure: preemption by recompute is the pool's normal overflow
     // valve, so step down gently (a multiplicative cut here oscillates
     // around the cap that fits and starves queued work).
@@ -251,9 +254,17 @@ void Controller::StepSlo(const StepObservation& obs) {
 int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) const {
   const SloOptions& o = options_.slo;
   int32_t limit = options_.max_num_seqs;
-  // Seats beyond what the pool holds at the mean final context only buy
-  // preemptions (recompute).
-  if (obs.kv_capacity_tokens > 0 && static_cast<int32_t>(contexts_.size()) >= o.min_samples) {
+  if (obs.resumes_from_cache && obs.kv_capacity_tokens > 0 && obs.num_running > 0 && obs.kv_usage > 0) {
+    // What the whole pool holds at the KV each running sequence holds now.
+    // The final-context rule below undercounts seats twice over here: shared
+    // prefix blocks are held once, and a decode holds half its output on
+    // average. On a long-context trace at saturation (docs/benchmarks/
+    // scheduler.md 3e) it held slo at 0.75 of the best static cap.
+    const double held = obs.kv_usage / static_cast<double>(obs.num_running);
+    limit = std::min(limit, std::max(obs.num_running, static_cast<int32_t>(1.0 / held)));
+  } else if (obs.kv_capacity_tokens > 0 && static_cast<int32_t>(contexts_.size()) >= o.min_samples) {
+    // Seats beyond what the pool holds at the mean final context only buy
+    // preemptions (recompute).
     double sum = 0;
     for (const TimedValue& v : contexts_) sum += v.value;
     const double fit = o.kv_raise_limit * static_cast<double>(obs.kv_capacity_tokens) /
@@ -280,7 +291,7 @@ void Controller::MaybeRaise(const StepObservation& obs, const Batch& batch) {
   // and a queue is queueing, which more seats relieve; with seats free, a
   // smaller cap would not help TTFT either.)
   const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
-  if (!is_cap_full || obs.kv_usage >= o.kv_raise_limit) return;
+  if (!is_cap_full || (!obs.resumes_from_cache && obs.kv_usage >= o.kv_raise_limit)) return;
   const int32_t limit = RaiseLimit(obs, batch);
   if (num_seqs_ >= limit) return;
   int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);

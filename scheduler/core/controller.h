@@ -80,10 +80,16 @@ struct SloOptions {
   double adjust_interval_s = 0.5;  // at most one change per interval
   double decrease_factor = 0.75;   // multiplicative decrease
   int32_t increase_step = 0;       // additive increase; 0: max(1, cap / 8)
-  double kv_high_usage = 0.92;     // above this, or on a preemption: cut the cap
-  double kv_raise_limit = 0.85;    // raise only while KV usage is below this, and never above
-                                   // the sequences this share of the pool holds at the mean
-                                   // final context of recent completions (every lane)
+  // Without prefix caching a preemption recomputes the victim's context, so
+  // the pool is kept below full: usage above kv_high_usage, or a preemption,
+  // cuts the cap; raises stop while usage is at kv_raise_limit, and at the
+  // sequences that share of the pool holds at the mean final context of
+  // recent completions (every lane). With it (resumes_from_cache) a resume
+  // mostly hits the cache: only preemptions cut, and raises stop at the
+  // sequences the whole pool holds at the KV the running ones hold now
+  // (prefix-shared blocks counted once, decodes part-way through).
+  double kv_high_usage = 0.92;
+  double kv_raise_limit = 0.85;
   // Only completions of these lanes count toward the targets (empty: all).
   std::vector<std::string> lanes;
 };
@@ -109,6 +115,10 @@ struct StepObservation {
   int32_t num_arrivals = 0;        // requests added since the previous observation
   int32_t num_preemptions = 0;     // preemptions since the previous observation
   int64_t kv_capacity_tokens = 0;  // KV pool size in tokens (0: unknown)
+  // Prefix caching is on: a preempted sequence's full blocks stay in the
+  // cache, so it resumes mostly from them instead of recomputing its context.
+  // slo then fills the pool (see kv_high_usage and kv_raise_limit).
+  bool resumes_from_cache = false;
 };
 
 // One finished request.

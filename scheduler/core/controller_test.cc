@@ -154,6 +154,42 @@ TEST(ControllerTest, SloRaisesOnlyUpToWhatTheKvPoolHolds) {
   EXPECT_EQ(d.num_seqs(), 256);
 }
 
+// With prefix caching a preempted sequence resumes from its cached blocks:
+// raises go up to what the whole pool holds at the KV the running sequences
+// hold now (here 600 tokens each: a shared prefix and half an answer, against
+// 1,000-token final contexts), a full pool alone cuts nothing, and a
+// preemption still does.
+TEST(ControllerTest, SloWithPrefixCachingFillsThePool) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.max_num_seqs = 256;
+  o.slo.min_samples = 5;
+  auto run = [&](bool cached, int32_t steps, Controller& c, double t0) {
+    for (int i = 0; i < 10; ++i) c.OnCompletion({t0 + 0.01 * i, 0.1, 0.005, "batch", 1000});
+    for (int i = 0; i < steps; ++i) {
+      const double now = t0 + 0.05 * (i + 1);
+      StepObservation obs = Obs(now, c.num_seqs(), 500, c.num_seqs() * 600.0 / 20000);
+      obs.kv_capacity_tokens = 20000;
+      obs.resumes_from_cache = cached;
+      if (i % 10 == 0) c.OnCompletion({now, 0.1, 0.005, "batch", 1000});
+      c.Step(obs);
+    }
+    return t0 + 0.05 * steps;
+  };
+  Controller cached(o);
+  const double t = run(true, 3000, cached, 0);
+  EXPECT_EQ(cached.num_seqs(), 33);  // 20,000 / 600, usage 0.99
+  Controller uncached(o);
+  run(false, 3000, uncached, 0);
+  EXPECT_LE(uncached.num_seqs(), 17);  // 0.85 * 20,000 / 1,000, below usage 0.85
+  // A preemption is still pressure: one step down by cap / 8.
+  StepObservation obs = Obs(t + 1, 33, 500, 0.99, 0.005, 0, 2);
+  obs.kv_capacity_tokens = 20000;
+  obs.resumes_from_cache = true;
+  for (int i = 0; i < 20 && cached.num_seqs() == 33; ++i, obs.now_s += 0.05) cached.Step(obs);
+  EXPECT_EQ(cached.num_seqs(), 29);
+  EXPECT_NE(cached.changes().back().reason.find("kv pressure"), std::string::npos);
+}
+
 TEST(ControllerTest, SloUsesCompletionsOfItsLanesOnly) {
   ControllerOptions o = Options(ControllerMode::kSlo);
   o.slo.lanes = {"interactive"};

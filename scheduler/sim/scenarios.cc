@@ -138,8 +138,21 @@ WorkloadOptions ScenarioWorkload(const std::string& name, double spike_multiplie
     a.spike_multiplier = spike_multiplier;
     a.spike_lane = "batch";  // a bulk flood: interactive keeps its rate
     w.seed = 14;
+  } else if (name == "long-context") {
+    // Retrieval-augmented chat: ~2,500-token prompts (half open with one of
+    // 4 shared 1,024-token instructions), ~200-token answers, at the rate
+    // where the pool, not the step time, bounds the batch (~16 sequences).
+    LaneMix rag{"interactive", 1.0, LengthDist{2500, 0.4, 16, 3000}, LengthDist{200, 0.6, 4, 1024}};
+    rag.prefix_share = 0.5;
+    rag.num_prefixes = 4;
+    rag.prefix_tokens = 1024;
+    w.lanes = {rag};
+    a.kind = ArrivalKind::kPoisson;
+    a.rate_per_s = 28;
+    w.seed = 15;
   } else {
-    throw std::invalid_argument("scenario \"" + name + "\" is not one of steady, bursty, diurnal, spike");
+    throw std::invalid_argument("scenario \"" + name +
+                                "\" is not one of steady, bursty, diurnal, spike, long-context");
   }
   return w;
 }
