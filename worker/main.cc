@@ -38,8 +38,9 @@ struct Flags {
 void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service);
   app.add_option("--model", f.model, "Hugging Face checkpoint directory")->required();
-  app.add_option("--dtype", f.runner.dtype, "Matmul dtype: bfloat16 (fast) or float32 (exact)")
-      ->check(CLI::IsMember({"bfloat16", "float32"}));
+  app.add_option("--dtype", f.runner.dtype,
+                 "Matmul dtype: bfloat16 (fast; AVX-512), float32 (exact) or auto (bfloat16 where the CPU runs it)")
+      ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
   app.add_option("--backend", f.backend, "cpu: the real engine; sim: sleep for a cost model's step time")
       ->check(CLI::IsMember({"cpu", "sim"}));
   app.add_option("--cost-model", f.cost_model, "Cost model JSON for --backend sim (e.g. scheduler/sim/presets/)");

@@ -259,7 +259,7 @@ int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) c
     // The final-context rule below undercounts seats twice over here: shared
     // prefix blocks are held once, and a decode holds half its output on
     // average. On a long-context trace at saturation (docs/benchmarks/
-    // scheduler.md 3e) it held slo at 0.75 of the best static cap.
+    // scheduler.md 3e) it held slo at 0.70-0.97 of the best static cap.
     const double held = obs.kv_usage / static_cast<double>(obs.num_running);
     limit = std::min(limit, std::max(obs.num_running, static_cast<int32_t>(1.0 / held)));
   } else if (obs.kv_capacity_tokens > 0 && static_cast<int32_t>(contexts_.size()) >= o.min_samples) {

@@ -28,7 +28,7 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
       ->excludes(on)
       ->group(group);
   app.add_option("--dtype", f.dtype, "Weights and activations (worker)")
-      ->check(CLI::IsMember({"bfloat16", "float32"}))
+      ->check(CLI::IsMember({"auto", "bfloat16", "float32"}))
       ->group(group);
   app.add_option("--device", f.device, "cpu or cuda (worker)")->check(CLI::IsMember({"cpu", "cuda"}))->group(group);
   app.add_option("--controller-mode", f.controller_mode, "max_num_seqs controller (scheduler)")

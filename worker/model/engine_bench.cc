@@ -3,7 +3,7 @@
 // prefill of one --context-token prompt. Uses --model-dir (or $FERRY_BENCH_MODEL), else writes
 // a random qwen2.5-0.5b-shaped bf16 checkpoint to a temp directory first.
 //
-//   build/bin/ferry-engine-bench [--model-dir DIR] [--dtype bfloat16|float32] [--context 512]
+//   build/bin/ferry-engine-bench [--model-dir DIR] [--dtype auto|bfloat16|float32] [--context 512]
 //                                [--threads N] [google benchmark flags]
 #include <benchmark/benchmark.h>
 
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/model/linear.h"
 #include "worker/model/qwen2_runner.h"
 #include "worker/model/random_checkpoint.h"
 
@@ -25,7 +26,7 @@ namespace {
 
 struct BenchFlags {
   std::string model_dir;
-  std::string dtype = "bfloat16";
+  std::string dtype = "auto";  // bfloat16 where the CPU runs it, else float32
   int32_t context = 512;
   int32_t threads = 0;
 };
@@ -176,8 +177,8 @@ int main(int argc, char** argv) {
   {
     Engine eng(flags);
     engine = &eng;
-    std::printf("model %s, dtype %s, context %d\n", flags.model_dir.c_str(), flags.dtype.c_str(),
-                flags.context);
+    std::printf("model %s, dtype %s, context %d\n", flags.model_dir.c_str(),
+                ResolveMatmulDtype(flags.dtype).c_str(), flags.context);
     for (int64_t batch : {1, 4, 16, 64}) {
       benchmark::RegisterBenchmark("Decode", BM_Decode)
           ->Arg(batch)->ArgName("batch")->Unit(benchmark::kMillisecond)->Iterations(16)

@@ -13,6 +13,7 @@
 #include "worker/model/qwen2_model.h"
 #include "worker/model/qwen2_runner.h"
 #include "worker/model/runner_test_util.h"
+#include "worker/model/bf16_test_util.h"
 
 namespace ferry::worker {
 namespace {
@@ -136,11 +137,15 @@ void CheckBf16AgainstFp32(const std::string& name, float relative) {
 }
 
 // bf16 weights on disk convert exactly: only activations and K/V are rounded (measured <= 1.1%).
-TEST(HfParityTest, Bf16EngineCloseToFp32) { CheckBf16AgainstFp32("hf_tiny_qwen2", 0.02f); }
+TEST(HfParityTest, Bf16EngineCloseToFp32) {
+  FERRY_SKIP_WITHOUT_BF16("bfloat16");
+  CheckBf16AgainstFp32("hf_tiny_qwen2", 0.02f);
+}
 
 // fp16 weights lose 3 mantissa bits more; this tiny random model amplifies that to ~14% at
 // its worst position (measured; 10% with an fp32 KV cache), so only a loose bound holds.
 TEST(HfParityTest, Bf16EngineCloseToFp32FromF16Weights) {
+  FERRY_SKIP_WITHOUT_BF16("bfloat16");
   CheckBf16AgainstFp32("hf_tiny_qwen2_tied", 0.2f);
 }
 

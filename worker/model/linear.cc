@@ -28,6 +28,29 @@ MatmulDtype ParseMatmulDtype(const std::string& dtype) {
   throw std::invalid_argument("unsupported CPU dtype " + dtype + " (float32 or bfloat16)");
 }
 
+bool Bf16MatmulAvailable() {
+  // Asks oneDNN for the primitive the bf16 path builds: it has one from AVX-512 on, none on an
+  // AVX2-only CPU (or under ONEDNN_MAX_CPU_ISA=AVX2).
+  static const bool available = [] {
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const dnnl::memory::desc src({kLayoutRows, 64}, dt::bf16, tag::ab);
+      const dnnl::memory::desc weights({64, 64}, dt::bf16, tag::any);
+      const dnnl::memory::desc dst({kLayoutRows, 64}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
+std::string ResolveMatmulDtype(const std::string& dtype) {
+  if (dtype != "auto") return dtype;
+  return Bf16MatmulAvailable() ? "bfloat16" : "float32";
+}
+
 struct MatmulContext::Dnnl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};

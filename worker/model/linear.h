@@ -21,6 +21,13 @@ enum class MatmulDtype { kFloat32, kBfloat16 };
 // "float32" | "bfloat16" -> MatmulDtype; throws std::invalid_argument otherwise.
 MatmulDtype ParseMatmulDtype(const std::string& dtype);
 
+// Whether this CPU runs the bf16 path: oneDNN 2.6 has bf16 matmul from AVX-512 on, not on
+// AVX2-only CPUs. Probed once.
+bool Bf16MatmulAvailable();
+// "auto" -> "bfloat16" where available, else "float32" (as vLLM's --dtype auto picks the
+// fastest dtype the device runs); any other name is returned as it is.
+std::string ResolveMatmulDtype(const std::string& dtype);
+
 // Shared by every Linear of one model: the oneDNN engine and stream, and a grow-only bf16
 // scratch for the activations of the current call. Not thread-safe (one model, one caller).
 class MatmulContext {

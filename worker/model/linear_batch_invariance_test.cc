@@ -7,6 +7,7 @@
 #include <random>
 
 #include "worker/model/linear.h"
+#include "worker/model/bf16_test_util.h"
 
 namespace ferry::worker {
 namespace {
@@ -18,6 +19,7 @@ struct Shape {
 class LinearBatchInvariance : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LinearBatchInvariance, RowResultsDoNotDependOnRowCount) {
+  FERRY_SKIP_WITHOUT_BF16(GetParam());
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.f, 0.05f);
   MatmulContext context(ParseMatmulDtype(GetParam()));

@@ -10,6 +10,7 @@
 
 #include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
+#include "worker/model/bf16_test_util.h"
 
 namespace ferry::worker {
 namespace {
@@ -73,12 +74,18 @@ TEST_F(RunnerTest, InfoAndEos) {
   EXPECT_EQ(runner->info().max_model_len, 2048);
   EXPECT_EQ(runner->info().eos_token_ids, (std::vector<int32_t>{2, 7}));
   // Derived from the byte budget: 2 (K, V) * 2 layers * 16 slots * 2 heads * 16 dims * 4 bytes
-  // for an fp32 cache; the bf16 default stores K/V in 2 bytes, so twice the blocks.
+  // for an fp32 cache; bf16 stores K/V in 2 bytes, so twice the blocks. The default, auto, is
+  // bf16 where the CPU runs it.
   RunnerOptions options;
   options.model_dir = dir_->str();
   options.kv_cache_bytes = 8192 * 10 + 5;
-  EXPECT_EQ(ModelRunner::Create(options)->info().num_kv_blocks, 20);
-  EXPECT_EQ(ModelRunner::Create(options)->info().dtype, "bfloat16");
+  const bool bf16 = Bf16MatmulAvailable();
+  EXPECT_EQ(ModelRunner::Create(options)->info().num_kv_blocks, bf16 ? 20 : 10);
+  EXPECT_EQ(ModelRunner::Create(options)->info().dtype, bf16 ? "bfloat16" : "float32");
+  if (bf16) {
+    options.dtype = "bfloat16";
+    EXPECT_EQ(ModelRunner::Create(options)->info().num_kv_blocks, 20);
+  }
   options.dtype = "float32";
   EXPECT_EQ(ModelRunner::Create(options)->info().num_kv_blocks, 10);
   options.dtype = "float16";
@@ -242,12 +249,13 @@ TEST_F(RunnerTest, InvalidSpecsRejectedWithoutSideEffects) {
 // exact fp32 engine on this checkpoint (bf16 on disk, logits well separated by construction),
 // alone and batched, with logits within a bf16-sized tolerance.
 TEST_F(RunnerTest, Bf16GreedyMatchesFp32) {
+  FERRY_SKIP_WITHOUT_BF16("bfloat16");
   auto fp32 = MakeRunner();
   RunnerOptions options;
   options.model_dir = dir_->str();
   options.block_size = 4;
   options.num_kv_blocks = 256;
-  ASSERT_EQ(options.dtype, "bfloat16");  // the default
+  options.dtype = "bfloat16";
   Qwen2Runner bf16(options);
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1), Prompt(30, 2), Prompt(1, 3)};
   std::vector<std::vector<int32_t>> batched_tokens;

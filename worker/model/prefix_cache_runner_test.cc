@@ -7,6 +7,7 @@
 #include "worker/model/qwen2_runner.h"
 #include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
+#include "worker/model/bf16_test_util.h"
 
 namespace ferry::worker {
 namespace {
@@ -51,6 +52,7 @@ std::pair<std::vector<int32_t>, std::vector<float>> RunSeq(Qwen2Runner& runner, 
 class PrefixCacheRunnerTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PrefixCacheRunnerTest, CachedPrefixEqualsFullPrompt) {
+  FERRY_SKIP_WITHOUT_BF16(GetParam());
   TempDir dir("prefix_cache_runner_test");
   WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/5, "bfloat16", dir.str(), {2});
   RunnerOptions options;
@@ -81,6 +83,7 @@ TEST_P(PrefixCacheRunnerTest, CachedPrefixEqualsFullPrompt) {
 }
 
 TEST_P(PrefixCacheRunnerTest, WholePromptCachedIsRejected) {
+  FERRY_SKIP_WITHOUT_BF16(GetParam());
   TempDir dir("prefix_cache_runner_test2");
   WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/5, "bfloat16", dir.str(), {2});
   RunnerOptions options;

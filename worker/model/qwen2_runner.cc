@@ -36,9 +36,10 @@ std::unique_ptr<ModelRunner> ModelRunner::Create(const RunnerOptions& options) {
 }
 
 Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
+  options_.dtype = ResolveMatmulDtype(options.dtype);
   ModelOptions model_options;
   try {
-    model_options.dtype = ParseMatmulDtype(options.dtype);
+    model_options.dtype = ParseMatmulDtype(options_.dtype);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(options.model_dir + ": " + e.what());
   }
@@ -51,7 +52,7 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   model_ = Qwen2Model::Load(options.model_dir, model_options);
   const Qwen2Config& c = model_->config();
   info_.model = c.name;
-  info_.dtype = options.dtype;
+  info_.dtype = options_.dtype;
   info_.tp_rank = model_->shard().rank;
   info_.tp_size = model_->shard().size;
   info_.block_size = options.block_size;
