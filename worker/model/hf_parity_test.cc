@@ -10,10 +10,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "worker/model/bf16_test_util.h"
 #include "worker/model/qwen2_model.h"
 #include "worker/model/qwen2_runner.h"
 #include "worker/model/runner_test_util.h"
-#include "worker/model/bf16_test_util.h"
 
 namespace ferry::worker {
 namespace {

@@ -20,6 +20,16 @@ using tag = dnnl::memory::format_tag;
 // m that would want a different one is created with this layout forced instead.
 constexpr int64_t kLayoutRows = 16;
 
+// The bf16 matmul whose weight layout a [n, k] layer takes at load: bf16 activations of
+// kLayoutRows rows, weights in the layout oneDNN picks, fp32 output. Throws dnnl::error where
+// oneDNN has no bf16 matmul for this CPU.
+dnnl::matmul::primitive_desc Bf16LayoutMatmul(int64_t n, int64_t k, const dnnl::engine& engine) {
+  const dnnl::memory::desc src({kLayoutRows, k}, dt::bf16, tag::ab);
+  const dnnl::memory::desc any({k, n}, dt::bf16, tag::any);
+  const dnnl::memory::desc dst({kLayoutRows, n}, dt::f32, tag::ab);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, any, dst), engine);
+}
+
 }  // namespace
 
 MatmulDtype ParseMatmulDtype(const std::string& dtype) {
@@ -33,11 +43,7 @@ bool Bf16MatmulAvailable() {
   // AVX2-only CPU (or under ONEDNN_MAX_CPU_ISA=AVX2).
   static const bool available = [] {
     try {
-      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-      const dnnl::memory::desc src({kLayoutRows, 64}, dt::bf16, tag::ab);
-      const dnnl::memory::desc weights({64, 64}, dt::bf16, tag::any);
-      const dnnl::memory::desc dst({kLayoutRows, 64}, dt::f32, tag::ab);
-      dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), engine);
+      Bf16LayoutMatmul(64, 64, dnnl::engine(dnnl::engine::kind::cpu, 0));
       return true;
     } catch (const dnnl::error&) {
       return false;
@@ -121,12 +127,9 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
   kernels::cpu::ConvertToBf16(weight.data(), plain.data(), n * k);
   std::vector<float>().swap(weight);
   dnnl::memory plain_mem({{k, n}, dt::bf16, tag::ba}, d.engine, plain.data());
-  const dnnl::memory::desc any({k, n}, dt::bf16, tag::any);
-  const dnnl::memory::desc src({kLayoutRows, k}, dt::bf16, tag::ab);
-  const dnnl::memory::desc dst({kLayoutRows, n}, dt::f32, tag::ab);
   dnnl::matmul::primitive_desc pd;
   try {
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, any, dst), d.engine);
+    pd = Bf16LayoutMatmul(n, k, d.engine);
   } catch (const dnnl::error& e) {
     // oneDNN 2.6 has bf16 matmul only from AVX-512 on (ONEDNN_MAX_CPU_ISA=AVX2 reproduces this).
     throw std::runtime_error(std::string("bfloat16 matmul is not available on this CPU (oneDNN: ") + e.what() +

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <random>
 
-#include "worker/model/linear.h"
 #include "worker/model/bf16_test_util.h"
+#include "worker/model/linear.h"
 
 namespace ferry::worker {
 namespace {

@@ -4,10 +4,10 @@
 
 #include <cmath>
 
+#include "worker/model/bf16_test_util.h"
 #include "worker/model/qwen2_runner.h"
 #include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
-#include "worker/model/bf16_test_util.h"
 
 namespace ferry::worker {
 namespace {
