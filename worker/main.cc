@@ -9,6 +9,7 @@
 #include "common/service_main.h"
 #include "worker/comm/communicator.h"
 #include "worker/gpu_plugin.h"
+#include "worker/model/linear.h"
 #include "worker/model/model_runner.h"
 #include "worker/sim_runner.h"
 #include "worker/worker_service.h"
@@ -144,6 +145,11 @@ int main(int argc, char** argv) {
   const auto& info = runner->info();
   spdlog::info("loaded {} ({}), {} KV blocks of {} tokens, max_model_len {}", info.model, info.dtype,
                info.num_kv_blocks, info.block_size, info.max_model_len);
+  if (flags.backend == "cpu" && flags.device == "cpu") {
+    namespace fw = ferry::worker;
+    spdlog::info("CPU matmuls through {} (FERRY_CPU_MATMUL=ferry|onednn overrides)",
+                 fw::MatmulBackendName(fw::ChooseMatmulBackend(fw::ParseMatmulDtype(info.dtype))));
+  }
 
   ferry::worker::DeviceMetrics device(metrics.registry(),
                                       {.gpu_index = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank});

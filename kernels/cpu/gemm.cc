@@ -216,6 +216,7 @@ void Gemm(const GemmArgs& a) {
 }
 
 void RoundToBf16(const float* x, float* out, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 18))
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(Bf16Bits(x[i])) << 16;
     std::memcpy(&out[i], &bits, sizeof(bits));

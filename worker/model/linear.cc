@@ -1,6 +1,7 @@
 #include "worker/model/linear.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 #include <unordered_map>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/gemm.h"
 
 namespace ferry::worker {
 namespace {
@@ -38,7 +40,7 @@ MatmulDtype ParseMatmulDtype(const std::string& dtype) {
   throw std::invalid_argument("unsupported CPU dtype " + dtype + " (float32 or bfloat16)");
 }
 
-bool Bf16MatmulAvailable() {
+static bool OneDnnBf16MatmulAvailable() {
   // Asks oneDNN for the primitive the bf16 path builds: it has one from AVX-512 on, none on an
   // AVX2-only CPU (or under ONEDNN_MAX_CPU_ISA=AVX2).
   static const bool available = [] {
@@ -50,6 +52,16 @@ bool Bf16MatmulAvailable() {
     }
   }();
   return available;
+}
+
+// Through oneDNN where it has a bf16 matmul, else through Ferry's own kernel (kernels/cpu/gemm.h):
+// unavailable only when FERRY_CPU_MATMUL=onednn forces oneDNN on a CPU where it has none.
+bool Bf16MatmulAvailable() {
+  return ChooseMatmulBackend(MatmulDtype::kBfloat16) == MatmulBackend::kFerry || OneDnnBf16MatmulAvailable();
+}
+
+const char* MatmulBackendName(MatmulBackend backend) {
+  return backend == MatmulBackend::kFerry ? "ferry" : "onednn";
 }
 
 std::string ResolveMatmulDtype(const std::string& dtype) {
@@ -86,8 +98,27 @@ int64_t RowTileFor(MatmulDtype dtype) {
 
 }  // namespace
 
+MatmulBackend ChooseMatmulBackend(MatmulDtype dtype) {
+  const char* forced = std::getenv("FERRY_CPU_MATMUL");
+  if (forced != nullptr && *forced != '\0') {
+    const std::string name = forced;
+    if (name == "ferry") return MatmulBackend::kFerry;
+    if (name == "onednn") return MatmulBackend::kOneDnn;
+    throw std::invalid_argument("FERRY_CPU_MATMUL=" + name + " is not one of ferry, onednn");
+  }
+  // Ferry's kernel where oneDNN would pad every call to 16 fp32 rows (no AVX-512) or has no
+  // bf16 matmul at all; oneDNN where it is batch-invariant by itself or has AMX.
+  if (dtype == MatmulDtype::kFloat32) {
+    return RowTileFor(dtype) == 0 ? MatmulBackend::kOneDnn : MatmulBackend::kFerry;
+  }
+  return OneDnnBf16MatmulAvailable() ? MatmulBackend::kOneDnn : MatmulBackend::kFerry;
+}
+
 MatmulContext::MatmulContext(MatmulDtype dtype)
-    : dtype_(dtype), dnnl_(std::make_unique<Dnnl>()), row_tile_(RowTileFor(dtype)) {}
+    : dtype_(dtype),
+      backend_(ChooseMatmulBackend(dtype)),
+      dnnl_(std::make_unique<Dnnl>()),
+      row_tile_(RowTileFor(dtype)) {}
 
 MatmulContext::~MatmulContext() = default;
 
@@ -107,6 +138,16 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
   if (static_cast<int64_t>(weight.size()) != n * k) {
     throw std::invalid_argument("Linear: weight has " + std::to_string(weight.size()) +
                                 " values, expected " + std::to_string(n * k));
+  }
+  if (context->backend() == MatmulBackend::kFerry) {
+    // fp32 kept in place ([n, k] is the kernel's layout); bf16 converted and packed once.
+    if (context->dtype() == MatmulDtype::kFloat32) {
+      weight_f32_ = std::move(weight);
+    } else {
+      weight_bf16_.resize(kernels::cpu::PackedBf16Size(n, k));
+      kernels::cpu::PackBf16(weight.data(), n, k, weight_bf16_.data());
+    }
+    return;
   }
   MatmulContext::Dnnl& d = *context->dnnl_;
   prims_ = std::make_unique<Primitives>();
@@ -131,9 +172,11 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
   try {
     pd = Bf16LayoutMatmul(n, k, d.engine);
   } catch (const dnnl::error& e) {
-    // oneDNN 2.6 has bf16 matmul only from AVX-512 on (ONEDNN_MAX_CPU_ISA=AVX2 reproduces this).
-    throw std::runtime_error(std::string("bfloat16 matmul is not available on this CPU (oneDNN: ") + e.what() +
-                             "; it needs AVX-512): run the worker with --dtype float32");
+    // oneDNN 2.6 has bf16 matmul only from AVX-512 on (ONEDNN_MAX_CPU_ISA=AVX2 reproduces this);
+    // reached only when FERRY_CPU_MATMUL=onednn forces it where Ferry's kernel would run.
+    throw std::runtime_error(std::string("bfloat16 matmul through oneDNN is not available on this CPU (oneDNN: ") +
+                             e.what() + "; it needs AVX-512): unset FERRY_CPU_MATMUL=onednn, or run the worker "
+                             "with --dtype float32");
   }
   prims_->weights_md = pd.weights_desc();
   prims_->weights = dnnl::memory(prims_->weights_md, d.engine);
@@ -145,13 +188,20 @@ Linear::~Linear() = default;
 Linear::Linear(Linear&&) noexcept = default;
 Linear& Linear::operator=(Linear&&) noexcept = default;
 
-int64_t Linear::weight_bytes() const { return static_cast<int64_t>(prims_->weights_md.get_size()); }
+int64_t Linear::weight_bytes() const {
+  if (prims_ == nullptr) {
+    return static_cast<int64_t>(weight_f32_.size() * sizeof(float) + weight_bf16_.size() * sizeof(uint16_t));
+  }
+  return static_cast<int64_t>(prims_->weights_md.get_size());
+}
 
-// Both dtypes go through oneDNN matmul, in one call or in fixed 16-row tiles (RowTileFor), so
-// that a row's result does not depend on the number of rows (tested bitwise) and batching never
-// changes it. OpenBLAS's sgemm did not have that property (it takes a gemv path for one row).
+// On the oneDNN backend both dtypes go through oneDNN matmul, in one call or in fixed 16-row tiles
+// (RowTileFor), so that a row's result does not depend on the number of rows (tested bitwise) and
+// batching never changes it. OpenBLAS's sgemm did not have that property (it takes a gemv path
+// for one row).
 void Linear::Forward(const float* x, float* out, int64_t m) {
   if (m == 0) return;
+  if (context_->backend() == MatmulBackend::kFerry) return RunFerry(x, out, m);
   const int64_t tile = context_->row_tile_;
   if (tile == 0) return Run(x, out, m);
   // Fixed-size tiles: every call runs the one primitive for `tile` rows, so a row's result
@@ -169,6 +219,31 @@ void Linear::Forward(const float* x, float* out, int64_t m) {
   if (accumulate_) std::memcpy(op.data(), out + i * n_, rest * n_ * sizeof(float));
   Run(xp.data(), op.data(), tile);
   std::memcpy(out + i * n_, op.data(), rest * n_ * sizeof(float));
+}
+
+// Ferry's kernel is batch-invariant by construction (kernels/cpu/gemm.h): one call, no tiles.
+void Linear::RunFerry(const float* x, float* out, int64_t m) {
+  kernels::cpu::GemmArgs args;
+  args.x = x;
+  if (context_->dtype() == MatmulDtype::kBfloat16) {
+    // As oneDNN's bf16 matmul: activations rounded to bf16, products and sums in fp32.
+    std::vector<float>& rounded = context_->x_rounded_;
+    if (static_cast<int64_t>(rounded.size()) < m * k_) rounded.resize(m * k_);
+    kernels::cpu::RoundToBf16(x, rounded.data(), m * k_);
+    args.x = rounded.data();
+    args.weight = weight_bf16_.data();
+    args.dtype = kernels::cpu::GemmWeight::kBfloat16Packed;
+  } else {
+    args.weight = weight_f32_.data();
+    args.dtype = kernels::cpu::GemmWeight::kFloat32;
+  }
+  args.bias = bias_.empty() ? nullptr : bias_.data();
+  args.out = out;
+  args.m = m;
+  args.n = n_;
+  args.k = k_;
+  args.accumulate = accumulate_;
+  kernels::cpu::Gemm(args);
 }
 
 void Linear::Run(const float* x, float* out, int64_t m) {

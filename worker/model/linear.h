@@ -1,12 +1,15 @@
 // Dense layers y = x W^T (+ bias) (+ y) for the CPU engine, in one of two numeric modes:
-//  - kFloat32: fp32 weights (plain layout, kept in place) and activations through oneDNN's fp32
-//    matmul. Exact; the parity tests with transformers use it.
-//  - kBfloat16: weights converted to bf16 once at load and reordered into the blocked layout
-//    oneDNN picks for them; activations rounded to bf16 per call; fp32 accumulation and output.
-//    oneDNN primitives are created once per distinct row count and reused.
-// A row's result never depends on the other rows of the call (batch invariance): where
-// oneDNN's kernels for this CPU would break that, every call runs at a fixed 16 rows
-// (MatmulContext::row_tile_; rule and measurements in linear.cc and worker/model/README.md).
+//  - kFloat32: fp32 weights (plain layout, kept in place) and activations. Exact; the parity
+//    tests with transformers use it.
+//  - kBfloat16: weights converted to bf16 once at load; activations rounded to bf16 per call;
+//    fp32 accumulation and output.
+// Two backends (MatmulBackend): oneDNN (on the Ferry backend's CPUs it is either slow or
+// absent), and Ferry's own AVX2 kernel (kernels/cpu/gemm.h). oneDNN primitives are created once
+// per distinct row count, bf16 weights reordered into the blocked layout it picks.
+// A row's result never depends on the other rows of the call (batch invariance): Ferry's kernel
+// has one fixed order per element; where oneDNN's kernels for this CPU would break that, every
+// oneDNN call runs at a fixed 16 rows (MatmulContext::row_tile_; rule and measurements in
+// linear.cc and worker/model/README.md).
 #pragma once
 
 #include <cstdint>
@@ -21,12 +24,20 @@ enum class MatmulDtype { kFloat32, kBfloat16 };
 // "float32" | "bfloat16" -> MatmulDtype; throws std::invalid_argument otherwise.
 MatmulDtype ParseMatmulDtype(const std::string& dtype);
 
-// Whether this CPU runs the bf16 path: oneDNN 2.6 has bf16 matmul from AVX-512 on, not on
-// AVX2-only CPUs. Probed once.
+// Whether the bf16 path runs: oneDNN's bf16 matmul from AVX-512 on, Ferry's kernel below that;
+// false only where FERRY_CPU_MATMUL=onednn forces oneDNN on a CPU without its bf16 matmul.
 bool Bf16MatmulAvailable();
 // "auto" -> "bfloat16" where available, else "float32" (as vLLM's --dtype auto picks the
 // fastest dtype the device runs); any other name is returned as it is.
 std::string ResolveMatmulDtype(const std::string& dtype);
+
+// Who computes the matmuls: oneDNN, or Ferry's batch-invariant AVX2 kernel (kernels/cpu/gemm.h)
+// where oneDNN would pad every fp32 call to 16 rows (no AVX-512) or has no bf16 matmul.
+enum class MatmulBackend { kOneDnn, kFerry };
+const char* MatmulBackendName(MatmulBackend backend);
+// $FERRY_CPU_MATMUL ("ferry" or "onednn") when set, else the rule above for this CPU. Throws
+// std::invalid_argument on another value.
+MatmulBackend ChooseMatmulBackend(MatmulDtype dtype);
 
 // Shared by every Linear of one model: the oneDNN engine and stream, and a grow-only bf16
 // scratch for the activations of the current call. Not thread-safe (one model, one caller).
@@ -35,16 +46,19 @@ class MatmulContext {
   explicit MatmulContext(MatmulDtype dtype);
   ~MatmulContext();
   MatmulDtype dtype() const { return dtype_; }
+  MatmulBackend backend() const { return backend_; }
 
  private:
   friend class Linear;
   struct Dnnl;
   MatmulDtype dtype_;
+  MatmulBackend backend_;
   std::unique_ptr<Dnnl> dnnl_;
   std::vector<uint16_t> x_bf16_;  // [m, k] of the call in progress
   int64_t row_tile_ = 0;          // 0: one call per Forward; else fixed tiles of this many rows
   std::vector<float> x_pad_;      // [row_tile, k]: a partial last tile, zero-padded
   std::vector<float> out_pad_;    // [row_tile, n]
+  std::vector<float> x_rounded_;  // [m, k]: bf16 activations of a Ferry-kernel call, as fp32
 };
 
 class Linear {
@@ -72,6 +86,10 @@ class Linear {
 
  private:
   struct Primitives;
+  // One call of Ferry's kernel over m rows.
+  void RunFerry(const float* x,  // [m, k]
+                float* out,      // [m, n]
+                int64_t m);
   // One oneDNN call over m rows (its primitive is created on first use).
   void Run(const float* x,  // [m, k]
            float* out,      // [m, n]
@@ -81,9 +99,10 @@ class Linear {
   int64_t n_ = 0;
   int64_t k_ = 0;
   bool accumulate_ = false;
-  std::vector<float> weight_f32_;  // [n, k]; kFloat32 only
+  std::vector<float> weight_f32_;      // [n, k]; kFloat32 only
+  std::vector<uint16_t> weight_bf16_;  // [n, k] as kernels::cpu::PackBf16 lays it out; Ferry + bf16 only
   std::vector<float> bias_;        // [n] or empty
-  std::unique_ptr<Primitives> prims_;  // weights in oneDNN's memory + per-m primitives
+  std::unique_ptr<Primitives> prims_;  // oneDNN backend: its weights + per-m primitives
 };
 
 }  // namespace ferry::worker

@@ -3,6 +3,7 @@
 // serving step sees, on the layer shapes of Qwen2.5-0.5B.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -43,6 +44,28 @@ TEST_P(LinearBatchInvariance, RowResultsDoNotDependOnRowCount) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, LinearBatchInvariance, ::testing::Values("float32", "bfloat16"));
+
+TEST(MatmulBackendTest, EnvironmentPicksTheBackendAndABadNameIsRefused) {
+  const char* before = std::getenv("FERRY_CPU_MATMUL");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("FERRY_CPU_MATMUL", "ferry", 1);
+  EXPECT_EQ(ChooseMatmulBackend(MatmulDtype::kBfloat16), MatmulBackend::kFerry);
+  EXPECT_TRUE(Bf16MatmulAvailable());
+  setenv("FERRY_CPU_MATMUL", "onednn", 1);
+  EXPECT_EQ(ChooseMatmulBackend(MatmulDtype::kFloat32), MatmulBackend::kOneDnn);
+  setenv("FERRY_CPU_MATMUL", "blas", 1);
+  try {
+    ChooseMatmulBackend(MatmulDtype::kFloat32);
+    ADD_FAILURE() << "FERRY_CPU_MATMUL=blas was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FERRY_CPU_MATMUL=blas"), std::string::npos) << e.what();
+  }
+  if (before != nullptr) {
+    setenv("FERRY_CPU_MATMUL", saved.c_str(), 1);
+  } else {
+    unsetenv("FERRY_CPU_MATMUL");
+  }
+}
 
 }  // namespace
 }  // namespace ferry::worker

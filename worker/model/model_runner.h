@@ -17,9 +17,9 @@ class Communicator;  // worker/comm/communicator.h
 struct RunnerOptions {
   std::string model_dir;            // Hugging Face checkpoint directory
   // Weight and activation dtype of the matrix products: "bfloat16" (weights
-  // kept in bf16, fp32 accumulation; fast, needs AVX-512), "float32" (exact,
-  // for parity tests) or "auto" (bfloat16 where the CPU runs it, else
-  // float32; info().dtype names the one chosen).
+  // kept in bf16, fp32 accumulation; oneDNN from AVX-512 on, Ferry's AVX2
+  // kernel below), "float32" (exact, for parity tests) or "auto" (bfloat16
+  // where the CPU runs it, else float32; info().dtype names the one chosen).
   std::string dtype = "auto";
   int32_t block_size = 16;          // tokens per KV block
   int32_t num_kv_blocks = 0;        // 0: derive from kv_cache_bytes
