@@ -104,6 +104,8 @@ bool Controller::CountsLane(const std::string& lane) const {
 }
 
 int32_t Controller::Step(const StepObservation& obs) {
+  if (!seen_step_) first_step_s_ = obs.now_s, seen_step_ = true;
+  last_step_s_ = obs.now_s;
   if (obs.num_arrivals > 0) arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals)});
   if (obs.last_step_s > 0 && obs.last_step_tokens > 0) {
     steps_.Add(obs.now_s, obs.last_step_s,
@@ -130,10 +132,14 @@ void Controller::Expire(double now_s) {
   }
 }
 
-double Controller::ArrivalRate(double /*now_s*/) const {
+double Controller::ArrivalRate(double now_s) const {
   double n = 0;
   for (const auto& a : arrivals_) n += a.value;
-  return n / options_.load.rate_window_s;
+  // Until a whole window has passed, over the time observed (at least 1 s):
+  // a rate over the full window would start near zero and climb for its
+  // first rate_window_s.
+  const double span = std::clamp(now_s - first_step_s_, 1.0, options_.load.rate_window_s);
+  return n / span;
 }
 
 void Controller::StepLoadLevel(const StepObservation& obs) {
@@ -228,15 +234,17 @@ void Controller::StepSlo(const StepObservation& obs) {
              Fmt("kv pressure: %.0f preemptions, kv usage %.2f (limit %.2f)", preempted,
                  obs.kv_usage, o.kv_high_usage));
     }
+  } else if (IsBacklogged(obs) && RaiseLimit(obs, batch) <= num_seqs_) {
+    RaiseForBacklog(obs, batch);
   } else if (tpot_p_s_ > o.tpot_target_s || step_mean > o.tpot_target_s) {
     // Cut to the seats whose predicted step time meets the target, by at
     // least one seat and at most down to decrease_factor of the batch.
     const int32_t running = batch.running;
     const double fit = SeatsFor(batch, o.tpot_target_s, std::max(step_mean, tpot_p_s_));
     const int32_t cut = std::max(
-        options_.min_num_seqs,
-        std::clamp(static_cast<int32_t>(std::floor(fit)),
-                   static_cast<int32_t>(std::floor(running * o.decrease_factor)), running - 1));
+        {options_.min_num_seqs, KeepUpFloor(obs.now_s),
+         std::clamp(static_cast<int32_t>(std::floor(fit)),
+                    static_cast<int32_t>(std::floor(running * o.decrease_factor)), running - 1)});
     if (cut < num_seqs_) {
       Change(obs.now_s, cut, "cut",
              Fmt("tpot p%.0f %.1f ms (steps %.1f ms) > target", o.percentile,
@@ -251,7 +259,46 @@ void Controller::StepSlo(const StepObservation& obs) {
   if (changes_.size() != changes_before) ForgetPastCap();
 }
 
-int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) const {
+bool Controller::IsBacklogged(const StepObservation& obs) const {
+  return ttft_p_s_ > options_.slo.ttft_target_s && obs.num_running >= num_seqs_ &&
+         obs.num_waiting > 0;
+}
+
+int32_t Controller::KeepUpFloor(double now_s) const {
+  if (keep_up_seats_ == 0 || keep_up_rate_ <= 0) return 0;
+  // The seats a queue needs to keep up grow with the arrival rate (Little's
+  // law at a given step time), so the floor follows the rate down.
+  const double share = std::min(1.0, ArrivalRate(now_s) / keep_up_rate_);
+  return static_cast<int32_t>(std::floor(keep_up_seats_ * share));
+}
+
+void Controller::RaiseForBacklog(const StepObservation& obs, const Batch& batch) {
+  // Requests miss TTFT in the queue behind a full cap: the cap that holds the
+  // TPOT target does not keep up with the arrivals, and the queue grows until
+  // every request misses. Keeping up comes first: a sequence a little over
+  // the TPOT target may still meet it, one that waits in a growing queue
+  // cannot. Only the KV pool bounds this raise. Its steps drain the backlog
+  // (they overshoot: TTFT lags the queue); the seat after the cap where the
+  // queue grew becomes a floor for TPOT cuts, scaled with the arrival rate,
+  // so the cap does not fall back to where the queue grew
+  // (docs/benchmarks/scheduler.md 3f).
+  const int32_t limit = KvRaiseLimit(obs);
+  if (num_seqs_ >= limit) return;
+  int32_t step = std::max(1, num_seqs_ / 8);
+  if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 4);  // deep queue: faster
+  const int32_t to = std::min(limit, num_seqs_ + step);
+  if (num_seqs_ + 1 > KeepUpFloor(obs.now_s)) {
+    keep_up_seats_ = num_seqs_ + 1;
+    keep_up_rate_ = ArrivalRate(obs.now_s);
+  }
+  Change(obs.now_s, to, "raise",
+         Fmt("backlog: %.0f waiting, ttft p%.0f %.0f ms", obs.num_waiting, options_.slo.percentile,
+             1e3 * ttft_p_s_) +
+             Fmt(" > target %.0f ms; keeping up before tpot %.1f ms", 1e3 * options_.slo.ttft_target_s,
+                 1e3 * std::max(tpot_p_s_, batch.step_mean_s)));
+}
+
+int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
   const SloOptions& o = options_.slo;
   int32_t limit = options_.max_num_seqs;
   if (obs.resumes_from_cache && obs.kv_capacity_tokens > 0 && obs.num_running > 0 && obs.kv_usage > 0) {
@@ -271,6 +318,12 @@ int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) c
                        std::max(1.0, sum / static_cast<double>(contexts_.size()));
     limit = std::min(limit, static_cast<int32_t>(fit));
   }
+  return std::max(limit, options_.min_num_seqs);
+}
+
+int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) const {
+  const SloOptions& o = options_.slo;
+  int32_t limit = KvRaiseLimit(obs);
   // Never past the seats whose predicted mean step time reaches the aim
   // (raise_headroom of the target), nor those whose predicted TPOT
   // percentile reaches half that headroom: a percentile already includes
@@ -326,7 +379,7 @@ ControllerStatus Controller::status() const {
                                                         : ControllerModeName(options_.mode);
   s.ttft_p_s = ttft_p_s_;
   s.tpot_p_s = tpot_p_s_;
-  s.arrival_rate_per_s = ArrivalRate(0);
+  s.arrival_rate_per_s = ArrivalRate(last_step_s_);
   s.num_changes = changes_.size();
   return s;
 }

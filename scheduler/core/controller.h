@@ -17,9 +17,11 @@
 //               raises the cap while the targets hold and work waits behind a
 //               full cap (never past the cap whose predicted step time meets
 //               the TPOT target, nor past what the KV pool holds), cuts it
-//               when TPOT or KV pressure says the batch is too large. After a
-//               change only completions that follow it count. See
-//               controller.cc for the rules.
+//               when TPOT or KV pressure says the batch is too large. When
+//               the cap that meets the TPOT target does not keep up with the
+//               arrivals (TTFT missed in the queue behind it), keeping up
+//               comes first. After a change only completions that follow it
+//               count. See controller.cc for the rules.
 #pragma once
 
 #include <cstdint>
@@ -190,6 +192,14 @@ class Controller {
   // The highest cap a raise may reach: what the KV pool holds and what keeps
   // the predicted step time within the TPOT target.
   int32_t RaiseLimit(const StepObservation& obs, const Batch& batch) const;
+  // The part of RaiseLimit that the KV pool sets.
+  int32_t KvRaiseLimit(const StepObservation& obs) const;
+  // Requests miss the TTFT target while work waits behind a full cap.
+  bool IsBacklogged(const StepObservation& obs) const;
+  void RaiseForBacklog(const StepObservation& obs, const Batch& batch);
+  // One seat above the cap a backlog raise left, scaled down with the
+  // arrival rate since (0: none): TPOT cuts stop there.
+  int32_t KeepUpFloor(double now_s) const;
   double ArrivalRate(double now_s) const;
   void Expire(double now_s);
   // Seats at which the predicted mean step time reaches `target_s`, when the
@@ -207,6 +217,9 @@ class Controller {
   double level_since_s_ = 0;
   double last_adjust_s_ = -1e300;
   std::deque<TimedValue> arrivals_;  // (time, count)
+  bool seen_step_ = false;
+  double first_step_s_ = 0;          // time of the first Step
+  double last_step_s_ = 0;           // time of the latest Step
   std::deque<TimedValue> ttft_;      // (completion time, ttft)
   std::deque<TimedValue> tpot_;
   StepTimeModel steps_;              // the fit spans cap changes: it needs their variety
@@ -214,6 +227,8 @@ class Controller {
   static constexpr int32_t kMinStepsToJudge = 16;
   std::deque<TimedValue> contexts_;  // (completion time, final context tokens), every lane
   int32_t preemptions_since_adjust_ = 0;
+  int32_t keep_up_seats_ = 0;
+  double keep_up_rate_ = 0;
   double ttft_p_s_ = 0;
   double tpot_p_s_ = 0;
   std::vector<CapChange> changes_;

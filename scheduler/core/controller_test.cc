@@ -250,6 +250,45 @@ TEST(ControllerTest, SloRaisesOnlyUpToTheTpotTarget) {
   EXPECT_EQ(c.changes().size(), 1u);
 }
 
+// When the cap that holds the TPOT target does not keep up with the
+// arrivals, requests miss TTFT in a growing queue: slo raises past the TPOT
+// limit to keep up, and later TPOT cuts stop one seat above the cap where the
+// queue grew, until the arrival rate falls.
+TEST(ControllerTest, SloKeepsUpWithABacklogBeforeItsTpotTarget) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.initial_num_seqs = 20;
+  o.slo.min_samples = 5;
+  o.slo.tpot_target_s = 0.005;
+  Controller c(o);
+  double t = 0;
+  double due = 0;  // arrivals owed at `rate_per_s`
+  auto run = [&](double until_s, int32_t waiting, double step_s, double rate_per_s, double ttft_s,
+                 double tpot_s) {
+    for (int i = 0; t < until_s; ++i, t += step_s) {
+      due += rate_per_s * step_s;
+      const auto arrivals = static_cast<int32_t>(due);
+      due -= arrivals;
+      if (i % 4 == 0) c.OnCompletion({t, ttft_s, tpot_s, "interactive"});
+      c.Step(Obs(t, c.num_seqs(), waiting, 0.1, step_s, arrivals));
+    }
+  };
+  // 20 running at 4.5 ms a step, above the raise aim (0.85 * 5 ms): no TPOT
+  // raise. But 30 wait and finish with a 2 s TTFT (target 1 s): a backlog.
+  run(0.6, 30, 0.0045, 100, 2.0, 0.0046);
+  ASSERT_EQ(c.changes().size(), 1u);
+  EXPECT_EQ(c.changes()[0].level, "raise");
+  EXPECT_NE(c.changes()[0].reason.find("backlog"), std::string::npos) << c.changes()[0].reason;
+  EXPECT_EQ(c.num_seqs(), 25);  // a deep queue (30 > 20): a quarter more
+  // The queue drains, and the larger batch runs over the target (6 ms): the
+  // cut stops at 21, one above where the queue grew, not at 20 (25 * 5 / 6).
+  run(20, 0, 0.006, 100, 0.1, 0.006);
+  EXPECT_EQ(c.num_seqs(), 21);
+  // Arrivals halve: the floor follows them down, and TPOT cuts resume.
+  run(40, 0, 0.006, 50, 0.1, 0.006);
+  EXPECT_LT(c.num_seqs(), 21);
+  EXPECT_EQ(c.changes().back().level, "cut");
+}
+
 // After a cut, completions of requests that ran under the old cap do not
 // cut again: only completions after a change count.
 TEST(ControllerTest, SloJudgesANewCapOnlyByCompletionsAfterIt) {

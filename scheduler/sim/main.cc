@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   app.add_option("--preset", f.preset, "cost model: rtx4090d-tp4, h200, or a JSON path");
   app.add_option("--trace", f.trace, "replay a JSONL trace instead of generating");
   app.add_option("--write-trace", f.write_trace, "write the workload as a JSONL trace");
-  app.add_option("--scenario", f.scenario, "steady, bursty, diurnal, spike, long-context");
+  app.add_option("--scenario", f.scenario, "steady, bursty, diurnal, spike, long-context, chat");
   app.add_option("--arrival", f.arrival, "override the arrival process: poisson, bursty, diurnal, spike");
   app.add_option("--rate", f.rate_per_s, "mean arrival rate, requests/s");
   app.add_option("--duration-s", f.duration_s, "length of the arrival window");

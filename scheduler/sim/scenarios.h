@@ -56,8 +56,9 @@ std::string FormatSweep(const std::vector<SweepRow>& rows);
 // "steady", "bursty", "diurnal", "spike" (3x overload: a bulk flood, the
 // excess all in the batch lane); `spike_multiplier` only affects "spike" (1:
 // the same trace's base load, no spike). ScenarioWorkload also takes
-// "long-context" (retrieval-augmented chat at 28 req/s, KV-bound), which is
-// not one of the four the controller is judged on.
+// "long-context" (retrieval-augmented chat at 28 req/s, KV-bound) and "chat"
+// (section 3's chat lane alone at 70 req/s, near saturation), which are not
+// among the four the controller is judged on.
 std::vector<std::string> ScenarioNames();
 WorkloadOptions ScenarioWorkload(const std::string& name, double spike_multiplier = 3.0);
 

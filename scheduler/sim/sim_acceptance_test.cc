@@ -187,10 +187,25 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
 // preempted sequence resumes from its cached blocks). slo used to stop at the
 // seats the pool holds at the mean final context and cut on usage alone
 // (0.93-0.97 of the best static cap on this trace); it now fills the pool.
+// At 2.5 ms the TPOT target cannot be held at the arrival rate (section 3f).
 TEST(SimAcceptanceTest, SloFillsThePoolOnALongContextTrace) {
   const CostModel cost(LoadPreset("rtx4090d-tp4"));
-  for (const Cell& c : MeasureTrace(cost, "long-context", {0.003, 0.050})) {
+  for (const Cell& c : MeasureTrace(cost, "long-context", {0.0025, 0.003, 0.050})) {
     std::printf("long-context, TPOT SLO %.1f ms: best static %lld (cap %d), slo %lld (%.3f)\n",
+                1e3 * c.tpot_slo_s, static_cast<long long>(c.best), c.best_cap,
+                static_cast<long long>(c.slo_good), c.slo_ratio());
+    EXPECT_GE(c.slo_good, 0.95 * c.best) << "TPOT SLO " << c.tpot_slo_s;
+  }
+}
+
+// Chat alone near saturation (70 req/s): at 2.5 ms the cap that holds the
+// TPOT target does not keep up with the arrivals, and at 3 ms only caps
+// 31-33 serve 95%. slo used to hold TPOT while the queue grew (0.15 and 0.82
+// of the best static cap); it now raises to keep up (section 3f).
+TEST(SimAcceptanceTest, SloKeepsUpWithAChatTraceAtSaturation) {
+  const CostModel cost(LoadPreset("rtx4090d-tp4"));
+  for (const Cell& c : MeasureTrace(cost, "chat", {0.0025, 0.003, 0.004})) {
+    std::printf("chat, TPOT SLO %.1f ms: best static %lld (cap %d), slo %lld (%.3f)\n",
                 1e3 * c.tpot_slo_s, static_cast<long long>(c.best), c.best_cap,
                 static_cast<long long>(c.slo_good), c.slo_ratio());
     EXPECT_GE(c.slo_good, 0.95 * c.best) << "TPOT SLO " << c.tpot_slo_s;
