@@ -362,6 +362,7 @@ void Controller::Set(int32_t num_seqs, double now_s) {
   last_adjust_s_ = now_s;
   level_since_s_ = now_s;
   Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + ")");
+  keep_up_seats_ = 0;  // the operator's cap replaces what a backlog taught
   ForgetPastCap();
 }
 

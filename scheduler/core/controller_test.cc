@@ -289,6 +289,27 @@ TEST(ControllerTest, SloKeepsUpWithABacklogBeforeItsTpotTarget) {
   EXPECT_EQ(c.changes().back().level, "cut");
 }
 
+// An operator's Set replaces the floor a backlog left: TPOT cuts go below it.
+TEST(ControllerTest, SloSetClearsTheKeepUpFloor) {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.initial_num_seqs = 20;
+  o.slo.min_samples = 5;
+  o.slo.tpot_target_s = 0.005;
+  Controller c(o);
+  double t = 0;
+  for (int i = 0; t < 0.6; ++i, t += 0.0045) {
+    if (i % 4 == 0) c.OnCompletion({t, 2.0, 0.0046, "interactive"});
+    c.Step(Obs(t, c.num_seqs(), 30, 0.1, 0.0045, 1));
+  }
+  ASSERT_EQ(c.num_seqs(), 25);  // the backlog raise; floor 21
+  c.Set(24, t);
+  for (int i = 0; t < 10; ++i, t += 0.006) {
+    if (i % 4 == 0) c.OnCompletion({t, 0.1, 0.006, "interactive"});
+    c.Step(Obs(t, c.num_seqs(), 0, 0.1, 0.006, 1));
+  }
+  EXPECT_LT(c.num_seqs(), 21);
+}
+
 // After a cut, completions of requests that ran under the old cap do not
 // cut again: only completions after a change count.
 TEST(ControllerTest, SloJudgesANewCapOnlyByCompletionsAfterIt) {
