@@ -250,16 +250,21 @@ TEST(ControllerTest, SloRaisesOnlyUpToTheTpotTarget) {
   EXPECT_EQ(c.changes().size(), 1u);
 }
 
+// slo from 20 seats, a 5 ms TPOT target, percentiles from 5 completions.
+ControllerOptions BacklogOptions() {
+  ControllerOptions o = Options(ControllerMode::kSlo);
+  o.initial_num_seqs = 20;
+  o.slo.min_samples = 5;
+  o.slo.tpot_target_s = 0.005;
+  return o;
+}
+
 // When the cap that holds the TPOT target does not keep up with the
 // arrivals, requests miss TTFT in a growing queue: slo raises past the TPOT
 // limit to keep up, and later TPOT cuts stop one seat above the cap where the
 // queue grew, until the arrival rate falls.
 TEST(ControllerTest, SloKeepsUpWithABacklogBeforeItsTpotTarget) {
-  ControllerOptions o = Options(ControllerMode::kSlo);
-  o.initial_num_seqs = 20;
-  o.slo.min_samples = 5;
-  o.slo.tpot_target_s = 0.005;
-  Controller c(o);
+  Controller c(BacklogOptions());
   double t = 0;
   double due = 0;  // arrivals owed at `rate_per_s`
   auto run = [&](double until_s, int32_t waiting, double step_s, double rate_per_s, double ttft_s,
@@ -291,11 +296,7 @@ TEST(ControllerTest, SloKeepsUpWithABacklogBeforeItsTpotTarget) {
 
 // An operator's Set replaces the floor a backlog left: TPOT cuts go below it.
 TEST(ControllerTest, SloSetClearsTheKeepUpFloor) {
-  ControllerOptions o = Options(ControllerMode::kSlo);
-  o.initial_num_seqs = 20;
-  o.slo.min_samples = 5;
-  o.slo.tpot_target_s = 0.005;
-  Controller c(o);
+  Controller c(BacklogOptions());
   double t = 0;
   for (int i = 0; t < 0.6; ++i, t += 0.0045) {
     if (i % 4 == 0) c.OnCompletion({t, 2.0, 0.0046, "interactive"});

@@ -182,6 +182,17 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
   }
 }
 
+// Runs `trace` at each SLO and expects slo within 95% of the best static cap.
+void ExpectSloNearTheBestStaticCap(const std::string& trace, const std::vector<double>& slos) {
+  const CostModel cost(LoadPreset("rtx4090d-tp4"));
+  for (const Cell& c : MeasureTrace(cost, trace, slos)) {
+    std::printf("%s, TPOT SLO %.1f ms: best static %lld (cap %d), slo %lld (%.3f)\n", trace.c_str(),
+                1e3 * c.tpot_slo_s, static_cast<long long>(c.best), c.best_cap,
+                static_cast<long long>(c.slo_good), c.slo_ratio());
+    EXPECT_GE(c.slo_good, 0.95 * c.best) << trace << " at TPOT SLO " << c.tpot_slo_s;
+  }
+}
+
 // Beyond the four traces: a long-context service at saturation, where the
 // pool bounds the batch and the best static caps run it over-full (a
 // preempted sequence resumes from its cached blocks). slo used to stop at the
@@ -189,13 +200,7 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
 // (0.93-0.97 of the best static cap on this trace); it now fills the pool.
 // At 2.5 ms the TPOT target cannot be held at the arrival rate (section 3f).
 TEST(SimAcceptanceTest, SloFillsThePoolOnALongContextTrace) {
-  const CostModel cost(LoadPreset("rtx4090d-tp4"));
-  for (const Cell& c : MeasureTrace(cost, "long-context", {0.0025, 0.003, 0.050})) {
-    std::printf("long-context, TPOT SLO %.1f ms: best static %lld (cap %d), slo %lld (%.3f)\n",
-                1e3 * c.tpot_slo_s, static_cast<long long>(c.best), c.best_cap,
-                static_cast<long long>(c.slo_good), c.slo_ratio());
-    EXPECT_GE(c.slo_good, 0.95 * c.best) << "TPOT SLO " << c.tpot_slo_s;
-  }
+  ExpectSloNearTheBestStaticCap("long-context", {0.0025, 0.003, 0.050});
 }
 
 // Chat alone near saturation (70 req/s): at 2.5 ms the cap that holds the
@@ -203,13 +208,7 @@ TEST(SimAcceptanceTest, SloFillsThePoolOnALongContextTrace) {
 // 31-33 serve 95%. slo used to hold TPOT while the queue grew (0.15 and 0.82
 // of the best static cap); it now raises to keep up (section 3f).
 TEST(SimAcceptanceTest, SloKeepsUpWithAChatTraceAtSaturation) {
-  const CostModel cost(LoadPreset("rtx4090d-tp4"));
-  for (const Cell& c : MeasureTrace(cost, "chat", {0.0025, 0.003, 0.004})) {
-    std::printf("chat, TPOT SLO %.1f ms: best static %lld (cap %d), slo %lld (%.3f)\n",
-                1e3 * c.tpot_slo_s, static_cast<long long>(c.best), c.best_cap,
-                static_cast<long long>(c.slo_good), c.slo_ratio());
-    EXPECT_GE(c.slo_good, 0.95 * c.best) << "TPOT SLO " << c.tpot_slo_s;
-  }
+  ExpectSloNearTheBestStaticCap("chat", {0.0025, 0.003, 0.004});
 }
 
 // p99 TTFT of the interactive lane under slo (cap up to 64, 50 ms TPOT SLO).
