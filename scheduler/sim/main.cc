@@ -20,7 +20,7 @@ using ferry::scheduler::ControllerMode;
 
 struct Flags {
   std::string preset = "rtx4090d-tp4";
-  std::string trace, write_trace, json_path, scenario = "steady", arrival, spike_lane = "-";
+  std::string trace, write_trace, json_path, results_path, scenario = "steady", arrival, spike_lane = "-";
   double rate_per_s = 0, duration_s = 0, burst_cv = 0, spike_multiplier = 3.0;
   uint64_t seed = 0;
   std::string mode = "slo";
@@ -116,6 +116,9 @@ int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<Trac
   if (!f.json_path.empty()) {
     std::ofstream(f.json_path) << ReportToJson(rep, result).dump(2) << '\n';
   }
+  if (!f.results_path.empty()) {
+    WriteResults(f.results_path, result, LanesWithSlo(f.ttft_target_s, f.tpot_target_s));
+  }
   return 0;
 }
 
@@ -152,6 +155,8 @@ int main(int argc, char** argv) {
   app.add_option("--caps", f.caps, "caps for --sweep/--compare")->delimiter(',');
   app.add_option("--timeout-s", f.timeout_s, "--sweep success: e2e latency within this");
   app.add_option("--json", f.json_path, "write the report as JSON");
+  app.add_option("--write-results", f.results_path,
+                 "write one JSON line per request: its latencies and whether it met its SLO");
   CLI11_PARSE(app, argc, argv);
   try {
     const ferry::CostModel cost(LoadPreset(f.preset));

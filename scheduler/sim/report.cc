@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <stdexcept>
 
 namespace ferry::sim {
 
@@ -33,6 +35,10 @@ struct LaneSamples {
   std::vector<double> ttft, tpot, e2e;
 };
 
+bool IsGood(const RequestResult& r, const LaneConfig& lane) {
+  return r.is_finished() && r.ttft_s() <= lane.ttft_slo_s && r.tpot_s() <= lane.tpot_slo_s;
+}
+
 void Add(LaneSamples& s, const RequestResult& r, const LaneConfig& lane) {
   ++s.report.num_requests;
   if (!r.is_finished()) return;
@@ -40,7 +46,7 @@ void Add(LaneSamples& s, const RequestResult& r, const LaneConfig& lane) {
   s.ttft.push_back(r.ttft_s());
   s.tpot.push_back(r.tpot_s());
   s.e2e.push_back(r.e2e_s());
-  if (r.ttft_s() <= lane.ttft_slo_s && r.tpot_s() <= lane.tpot_slo_s) ++s.report.num_good;
+  if (IsGood(r, lane)) ++s.report.num_good;
 }
 
 LaneReport Finish(LaneSamples& s) {
@@ -157,6 +163,24 @@ nlohmann::json ReportToJson(const SimReport& rep, const SimResult& result) {
           {"num_preemptions", rep.num_preemptions},
           {"lanes", lanes},
           {"cap_changes", changes}};
+}
+
+void WriteResults(const std::string& path, const SimResult& result,
+                  const std::vector<LaneConfig>& lanes) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write results " + path);
+  for (const RequestResult& r : result.requests) {
+    nlohmann::json line = nlohmann::json::parse(TraceLine(r.request));
+    const bool done = r.is_finished();
+    line["sent_s"] = r.arrival_s;
+    line["ttft_s"] = done ? nlohmann::json(r.ttft_s()) : nlohmann::json();
+    line["tpot_s"] = done ? nlohmann::json(r.tpot_s()) : nlohmann::json();
+    line["e2e_s"] = done ? nlohmann::json(r.e2e_s()) : nlohmann::json();
+    line["generated_tokens"] = r.num_output;
+    line["preemptions"] = r.num_preemptions;
+    line["good"] = IsGood(r, FindLane(lanes, r.request.lane));
+    out << line.dump() << '\n';
+  }
 }
 
 }  // namespace ferry::sim

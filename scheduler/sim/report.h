@@ -50,5 +50,12 @@ double SuccessRate(const SimResult& result, double timeout_s);
 std::string FormatReport(const SimReport& report);
 std::string FormatCapChanges(const SimResult& result, size_t max_lines);
 nlohmann::json ReportToJson(const SimReport& report, const SimResult& result);
+// One JSON line per request, in trace order: its trace fields, when it
+// arrived, its TTFT, TPOT and end-to-end latency (null while unfinished), its
+// preemptions and whether it met its lane's SLO; to see which requests a
+// controller lost and when. Throws std::runtime_error if `path` cannot be
+// written.
+void WriteResults(const std::string& path, const SimResult& result,
+                  const std::vector<LaneConfig>& lanes);
 
 }  // namespace ferry::sim

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "scheduler/sim/report.h"
 #include "scheduler/sim/scenarios.h"
@@ -145,6 +148,26 @@ TEST(ReportTest, PercentilesAndGoodput) {
   EXPECT_EQ(rep.all().num_good, 1);
   EXPECT_DOUBLE_EQ(rep.goodput_fraction(), 0.5);
   EXPECT_DOUBLE_EQ(SuccessRate(r, 1.0), 0.5);
+
+  // Per request: what the summary counts, one JSON line each, in trace order.
+  RequestResult c = a;
+  c.end_s = -1;  // unfinished
+  r.requests.push_back(c);
+  const std::string path = (std::filesystem::temp_directory_path() / "ferry_sim_results_test.jsonl").string();
+  WriteResults(path, r, StandardLanes());
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  std::filesystem::remove(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_FALSE(lines[0]["good"].get<bool>());
+  EXPECT_TRUE(lines[1]["good"].get<bool>());
+  EXPECT_FALSE(lines[2]["good"].get<bool>());
+  EXPECT_DOUBLE_EQ(lines[1]["ttft_s"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(lines[1]["tpot_s"].get<double>(), 0.04);
+  EXPECT_EQ(lines[1]["lane"], "interactive");
+  EXPECT_TRUE(lines[2]["e2e_s"].is_null());
+  EXPECT_THROW(WriteResults("/nonexistent-dir/x.jsonl", r, StandardLanes()), std::runtime_error);
 }
 
 }  // namespace
