@@ -221,6 +221,7 @@ void Controller::StepSlo(const StepObservation& obs) {
   preemptions_since_adjust_ = 0;
   last_adjust_s_ = obs.now_s;
   const size_t changes_before = changes_.size();
+  bool is_backlog_raise = false;
   // A full pool costs nothing by itself when a preempted sequence resumes
   // from the cache; without the cache, high usage foretells recomputes.
   const bool is_pool_full = !obs.resumes_from_cache && obs.kv_usage > o.kv_high_usage;
@@ -236,15 +237,17 @@ void Controller::StepSlo(const StepObservation& obs) {
     }
   } else if (IsBacklogged(obs) && RaiseLimit(obs, batch) <= num_seqs_) {
     RaiseForBacklog(obs, batch);
+    is_backlog_raise = true;
   } else if (tpot_p_s_ > o.tpot_target_s || step_mean > o.tpot_target_s) {
     // Cut to the seats whose predicted step time meets the target, by at
-    // least one seat and at most down to decrease_factor of the batch.
-    const int32_t running = batch.running;
+    // least one seat and at most down to decrease_factor of the cap. (Of the
+    // cap, not of the batch running now: between bursts one sequence may
+    // run, and a TPOT percentile of the burst before would cut to 1.)
     const double fit = SeatsFor(batch, o.tpot_target_s, std::max(step_mean, tpot_p_s_));
     const int32_t cut = std::max(
         {options_.min_num_seqs, KeepUpFloor(obs.now_s),
          std::clamp(static_cast<int32_t>(std::floor(fit)),
-                    static_cast<int32_t>(std::floor(running * o.decrease_factor)), running - 1)});
+                    static_cast<int32_t>(std::floor(num_seqs_ * o.decrease_factor)), num_seqs_ - 1)});
     if (cut < num_seqs_) {
       Change(obs.now_s, cut, "cut",
              Fmt("tpot p%.0f %.1f ms (steps %.1f ms) > target", o.percentile,
@@ -257,11 +260,18 @@ void Controller::StepSlo(const StepObservation& obs) {
   // Completions and steps so far ran under the old cap; judging the new one
   // by them would repeat a cut (or a raise) that has already been made.
   if (changes_.size() != changes_before) ForgetPastCap();
+  in_backlog_ = is_backlog_raise;
 }
 
 bool Controller::IsBacklogged(const StepObservation& obs) const {
-  return ttft_p_s_ > options_.slo.ttft_target_s && obs.num_running >= num_seqs_ &&
-         obs.num_waiting > 0;
+  if (obs.num_running < num_seqs_ || obs.num_waiting == 0) return false;
+  return ttft_p_s_ > options_.slo.ttft_target_s || obs.oldest_wait_s > options_.slo.ttft_target_s;
+}
+
+bool Controller::IsQueueBuilding(const StepObservation& obs) const {
+  const SloOptions& o = options_.slo;
+  if (obs.oldest_wait_s >= 0) return obs.oldest_wait_s > o.queue_wait_share * o.ttft_target_s;
+  return ttft_p_s_ > o.ttft_target_s;
 }
 
 int32_t Controller::KeepUpFloor(double now_s) const {
@@ -279,23 +289,23 @@ void Controller::RaiseForBacklog(const StepObservation& obs, const Batch& batch)
   // the TPOT target may still meet it, one that waits in a growing queue
   // cannot. Only the KV pool bounds this raise. Its steps drain the backlog
   // (they overshoot: TTFT lags the queue); the seat after the cap where the
-  // queue grew becomes a floor for TPOT cuts, scaled with the arrival rate,
-  // so the cap does not fall back to where the queue grew
-  // (docs/benchmarks/scheduler.md 3f).
+  // queue grew (the first raise of a run, not the overshoot) becomes a floor
+  // for TPOT cuts, scaled with the arrival rate, so the cap does not fall
+  // back to where the queue grew (docs/benchmarks/scheduler.md 3f, 3g).
   const int32_t limit = KvRaiseLimit(obs);
   if (num_seqs_ >= limit) return;
   int32_t step = std::max(1, num_seqs_ / 8);
   if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 4);  // deep queue: faster
   const int32_t to = std::min(limit, num_seqs_ + step);
-  if (num_seqs_ + 1 > KeepUpFloor(obs.now_s)) {
+  if (!in_backlog_ && num_seqs_ + 1 > KeepUpFloor(obs.now_s)) {
     keep_up_seats_ = num_seqs_ + 1;
     keep_up_rate_ = ArrivalRate(obs.now_s);
   }
   Change(obs.now_s, to, "raise",
-         Fmt("backlog: %.0f waiting, ttft p%.0f %.0f ms", obs.num_waiting, options_.slo.percentile,
-             1e3 * ttft_p_s_) +
-             Fmt(" > target %.0f ms; keeping up before tpot %.1f ms", 1e3 * options_.slo.ttft_target_s,
-                 1e3 * std::max(tpot_p_s_, batch.step_mean_s)));
+         Fmt("backlog: %.0f waiting, oldest waited %.0f ms, ttft p%.0f", obs.num_waiting,
+             1e3 * std::max(0.0, obs.oldest_wait_s), options_.slo.percentile) +
+             Fmt(" %.0f ms (target %.0f ms)", 1e3 * ttft_p_s_, 1e3 * options_.slo.ttft_target_s) +
+             Fmt("; keeping up before tpot %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s)));
 }
 
 int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
@@ -329,9 +339,10 @@ int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) c
   // percentile reaches half that headroom: a percentile already includes
   // most of the spread the headroom on the mean allows for. So a raise does
   // not overshoot the target on its own.
-  double fit = SeatsFor(batch, o.raise_headroom * o.tpot_target_s, batch.step_mean_s);
+  const double headroom = IsQueueBuilding(obs) ? o.queue_headroom : o.raise_headroom;
+  double fit = SeatsFor(batch, headroom * o.tpot_target_s, batch.step_mean_s);
   if (tpot_p_s_ > 0) {
-    const double percentile_aim = 0.5 * (1.0 + o.raise_headroom) * o.tpot_target_s;
+    const double percentile_aim = 0.5 * (1.0 + headroom) * o.tpot_target_s;
     fit = std::min(fit, SeatsFor(batch, percentile_aim, tpot_p_s_));
   }
   limit = std::min(limit, static_cast<int32_t>(std::floor(std::max(0.0, fit))));
@@ -350,11 +361,15 @@ void Controller::MaybeRaise(const StepObservation& obs, const Batch& batch) {
   int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);
   if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 2);  // deep queue: faster
   const int32_t to = std::min(limit, num_seqs_ + step);
+  std::string why = Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting,
+                        o.percentile, 1e3 * ttft_p_s_);
+  if (IsQueueBuilding(obs) && obs.oldest_wait_s >= 0) {
+    why += Fmt(", oldest waited %.0f ms (aim %.0f%% of tpot)", 1e3 * obs.oldest_wait_s,
+               100 * o.queue_headroom);
+  }
   Change(obs.now_s, to, "raise",
-         Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting, o.percentile,
-             1e3 * ttft_p_s_) +
-             Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s),
-                 1e3 * o.tpot_target_s));
+         why + Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s),
+                   1e3 * o.tpot_target_s));
 }
 
 void Controller::Set(int32_t num_seqs, double now_s) {

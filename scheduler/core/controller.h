@@ -17,9 +17,11 @@
 //               raises the cap while the targets hold and work waits behind a
 //               full cap (never past the cap whose predicted step time meets
 //               the TPOT target, nor past what the KV pool holds), cuts it
-//               when TPOT or KV pressure says the batch is too large. When
-//               the cap that meets the TPOT target does not keep up with the
-//               arrivals (TTFT missed in the queue behind it), keeping up
+//               when TPOT or KV pressure says the batch is too large. While
+//               the queue builds (its oldest request has waited half the
+//               TTFT target) raises spend the headroom up to the TPOT target.
+//               When the cap that meets the TPOT target does not keep up with
+//               the arrivals (TTFT missed in the queue behind it), keeping up
 //               comes first. After a change only completions that follow it
 //               count. See controller.cc for the rules.
 #pragma once
@@ -79,6 +81,12 @@ struct SloOptions {
   // TPOT sits above the mean step time, and the gap between raising and
   // cutting keeps the cap from flapping.
   double raise_headroom = 0.85;
+  // While a request of the counted lanes has waited longer than
+  // queue_wait_share of the TTFT target (StepObservation::oldest_wait_s),
+  // raises aim at queue_headroom of the TPOT target instead: a queue that
+  // builds costs TTFT misses soon, the headroom only margin.
+  double queue_wait_share = 0.5;
+  double queue_headroom = 0.95;
   double adjust_interval_s = 0.5;  // at most one change per interval
   double decrease_factor = 0.75;   // multiplicative decrease
   int32_t increase_step = 0;       // additive increase; 0: max(1, cap / 8)
@@ -117,6 +125,11 @@ struct StepObservation {
   int32_t num_arrivals = 0;        // requests added since the previous observation
   int32_t num_preemptions = 0;     // preemptions since the previous observation
   int64_t kv_capacity_tokens = 0;  // KV pool size in tokens (0: unknown)
+  // How long the oldest waiting request with no token yet, of the lanes the
+  // SLO counts (SloOptions::lanes), has waited: a TTFT being spent now, which
+  // completions report only after the request ends. 0 when none waits;
+  // negative when unknown (slo then reads the queue from completions alone).
+  double oldest_wait_s = -1;
   // Prefix caching is on: a preempted sequence's full blocks stay in the
   // cache, so it resumes mostly from them instead of recomputing its context.
   // slo then fills the pool (see kv_high_usage and kv_raise_limit).
@@ -190,11 +203,16 @@ class Controller {
   };
   void MaybeRaise(const StepObservation& obs, const Batch& batch);
   // The highest cap a raise may reach: what the KV pool holds and what keeps
-  // the predicted step time within the TPOT target.
+  // the predicted step time within the TPOT target (with raise_headroom, or
+  // queue_headroom while the queue builds).
   int32_t RaiseLimit(const StepObservation& obs, const Batch& batch) const;
+  // Requests of the counted lanes wait longer than queue_wait_share of the
+  // TTFT target (or, without oldest_wait_s, completions miss it).
+  bool IsQueueBuilding(const StepObservation& obs) const;
   // The part of RaiseLimit that the KV pool sets.
   int32_t KvRaiseLimit(const StepObservation& obs) const;
-  // Requests miss the TTFT target while work waits behind a full cap.
+  // Requests miss the TTFT target while work waits behind a full cap: the
+  // TTFT percentile of completions, or the oldest waiting request, is over it.
   bool IsBacklogged(const StepObservation& obs) const;
   void RaiseForBacklog(const StepObservation& obs, const Batch& batch);
   // One seat above the cap a backlog raise left, scaled down with the
@@ -228,6 +246,7 @@ class Controller {
   std::deque<TimedValue> contexts_;  // (completion time, final context tokens), every lane
   int32_t preemptions_since_adjust_ = 0;
   int32_t keep_up_seats_ = 0;
+  bool in_backlog_ = false;  // the latest adjustment was a backlog raise
   double keep_up_rate_ = 0;
   double ttft_p_s_ = 0;
   double tpot_p_s_ = 0;

@@ -259,55 +259,96 @@ ControllerOptions BacklogOptions() {
   return o;
 }
 
-// When the cap that holds the TPOT target does not keep up with the
-// arrivals, requests miss TTFT in a growing queue: slo raises past the TPOT
-// limit to keep up, and later TPOT cuts stop one seat above the cap where the
-// queue grew, until the arrival rate falls.
-TEST(ControllerTest, SloKeepsUpWithABacklogBeforeItsTpotTarget) {
-  Controller c(BacklogOptions());
+// Drives a controller through steps of `step_s` at `rate_per_s` arrivals, a
+// completion every 4 steps, a full cap and `waiting` requests of which the
+// oldest has waited `oldest_s`.
+struct Timeline {
+  Controller& c;
   double t = 0;
-  double due = 0;  // arrivals owed at `rate_per_s`
-  auto run = [&](double until_s, int32_t waiting, double step_s, double rate_per_s, double ttft_s,
-                 double tpot_s) {
+  double due = 0;  // arrivals owed
+  void Run(double until_s, int32_t waiting, double oldest_s, double step_s, double rate_per_s,
+           double ttft_s, double tpot_s) {
     for (int i = 0; t < until_s; ++i, t += step_s) {
       due += rate_per_s * step_s;
       const auto arrivals = static_cast<int32_t>(due);
       due -= arrivals;
       if (i % 4 == 0) c.OnCompletion({t, ttft_s, tpot_s, "interactive"});
-      c.Step(Obs(t, c.num_seqs(), waiting, 0.1, step_s, arrivals));
+      StepObservation o = Obs(t, c.num_seqs(), waiting, 0.1, step_s, arrivals);
+      o.oldest_wait_s = oldest_s;
+      c.Step(o);
     }
-  };
-  // 20 running at 4.5 ms a step, above the raise aim (0.85 * 5 ms): no TPOT
-  // raise. But 30 wait and finish with a 2 s TTFT (target 1 s): a backlog.
-  run(0.6, 30, 0.0045, 100, 2.0, 0.0046);
+  }
+};
+
+// While the queue builds (its oldest request has waited past half the TTFT
+// target), raises aim at 0.95 of the TPOT target instead of 0.85: a queue
+// that keeps building costs TTFT misses, the headroom only margin.
+TEST(ControllerTest, SloRaisesToTheTpotTargetWhileTheQueueBuilds) {
+  Controller c(BacklogOptions());
+  Timeline run{c};
+  // 20 running at 4.4 ms a step (above 0.85 * 5 ms), TPOT p95 4.5 ms: no
+  // raise while the oldest request has waited 0.2 s.
+  run.Run(2, 30, 0.2, 0.0044, 100, 0.3, 0.0045);
+  EXPECT_EQ(c.num_seqs(), 20);
+  // It has waited 0.6 s: up to 20 * 4.75 / 4.4 = 21 seats (one adjustment).
+  run.Run(2.4, 30, 0.6, 0.0044, 100, 0.3, 0.0045);
+  EXPECT_EQ(c.num_seqs(), 21);
+  // At 4.8 ms a step (past the queue's aim, within the target) it holds.
+  run.Run(4, 30, 0.6, 0.0048, 100, 0.3, 0.0048);
+  EXPECT_EQ(c.num_seqs(), 21);
   ASSERT_EQ(c.changes().size(), 1u);
-  EXPECT_EQ(c.changes()[0].level, "raise");
+  EXPECT_NE(c.changes()[0].reason.find("oldest waited 600 ms"), std::string::npos)
+      << c.changes()[0].reason;
+}
+
+// When the cap that holds the TPOT target does not keep up with the
+// arrivals, requests miss TTFT in a growing queue: slo raises past the TPOT
+// limit to keep up, and later TPOT cuts stop one seat above the cap where the
+// queue grew (not above the raises that followed it), until the arrival rate
+// falls.
+TEST(ControllerTest, SloKeepsUpWithABacklogBeforeItsTpotTarget) {
+  Controller c(BacklogOptions());
+  Timeline run{c};
+  // 20 running at 4.9 ms a step, above even the queue's aim (0.95 * 5 ms).
+  // 30 wait, the oldest for 1.5 s (target 1 s): a backlog, and a deep queue
+  // (30 > 20): a quarter more, at each of two adjustments. (After 2 s
+  // without a queue, so the arrival rate is known.)
+  run.Run(2, 0, 0, 0.0049, 100, 0.3, 0.0049);
+  ASSERT_TRUE(c.changes().empty());
+  run.Run(2.6, 30, 1.5, 0.0049, 100, 2.0, 0.0049);
+  ASSERT_EQ(c.changes().size(), 2u);
   EXPECT_NE(c.changes()[0].reason.find("backlog"), std::string::npos) << c.changes()[0].reason;
-  EXPECT_EQ(c.num_seqs(), 25);  // a deep queue (30 > 20): a quarter more
+  EXPECT_EQ(c.num_seqs(), 31);
   // The queue drains, and the larger batch runs over the target (6 ms): the
-  // cut stops at 21, one above where the queue grew, not at 20 (25 * 5 / 6).
-  run(20, 0, 0.006, 100, 0.1, 0.006);
+  // cut stops at 21, one above where the queue grew, not at 26.
+  run.Run(20, 0, 0, 0.006, 100, 0.1, 0.006);
   EXPECT_EQ(c.num_seqs(), 21);
   // Arrivals halve: the floor follows them down, and TPOT cuts resume.
-  run(40, 0, 0.006, 50, 0.1, 0.006);
+  run.Run(40, 0, 0, 0.006, 50, 0.1, 0.006);
   EXPECT_LT(c.num_seqs(), 21);
   EXPECT_EQ(c.changes().back().level, "cut");
+}
+
+// A TPOT cut goes at most to decrease_factor of the cap, even when few
+// sequences run: between two bursts one may run alone, and the TPOT
+// percentile of the burst before would cut the cap to 1.
+TEST(ControllerTest, SloCutsFromTheCapNotFromTheBatchBetweenBursts) {
+  ControllerOptions o = BacklogOptions();
+  o.initial_num_seqs = 16;
+  Controller c(o);
+  for (int i = 0; i < 10; ++i) c.OnCompletion({0.01 * i, 0.1, 0.008, "interactive"});
+  Feed(c, 0.1, 16, 1, 0, 0.1, 0.001);  // one sequence at 1 ms a step
+  EXPECT_EQ(c.num_seqs(), 12);
 }
 
 // An operator's Set replaces the floor a backlog left: TPOT cuts go below it.
 TEST(ControllerTest, SloSetClearsTheKeepUpFloor) {
   Controller c(BacklogOptions());
-  double t = 0;
-  for (int i = 0; t < 0.6; ++i, t += 0.0045) {
-    if (i % 4 == 0) c.OnCompletion({t, 2.0, 0.0046, "interactive"});
-    c.Step(Obs(t, c.num_seqs(), 30, 0.1, 0.0045, 1));
-  }
+  Timeline run{c};
+  run.Run(0.1, 30, 1.5, 0.0049, 1, 2.0, 0.0049);
   ASSERT_EQ(c.num_seqs(), 25);  // the backlog raise; floor 21
-  c.Set(24, t);
-  for (int i = 0; t < 10; ++i, t += 0.006) {
-    if (i % 4 == 0) c.OnCompletion({t, 0.1, 0.006, "interactive"});
-    c.Step(Obs(t, c.num_seqs(), 0, 0.1, 0.006, 1));
-  }
+  c.Set(24, run.t);
+  run.Run(10, 0, 0, 0.006, 1, 0.1, 0.006);
   EXPECT_LT(c.num_seqs(), 21);
 }
 

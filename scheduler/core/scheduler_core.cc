@@ -275,6 +275,14 @@ std::vector<SeqEvent> SchedulerCore::AbortAll() {
   return events;
 }
 
+std::optional<TimePoint> SchedulerCore::OldestWaitingArrival(const std::vector<std::string>& lanes) const {
+  const TimePoint oldest = state_.waiting.OldestUnstartedArrival([&](const Sequence& s) {
+    return lanes.empty() || std::find(lanes.begin(), lanes.end(), s.spec.lane) != lanes.end();
+  });
+  if (oldest == TimePoint::max()) return std::nullopt;
+  return oldest;
+}
+
 bool SchedulerCore::has_work() const {
   return !state_.sequences.empty() || !state_.pending_finished_ids.empty();
 }

@@ -18,6 +18,7 @@
 #include <deque>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,11 @@ class SchedulerCore {
 
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
+  // The earliest arrival among waiting requests that have no token yet, of the
+  // lanes in `lanes` (empty: every lane); nullopt when none waits. How long
+  // the head of the queue has waited is a TTFT being missed now, long before
+  // the request completes (the slo controller's queue signal).
+  std::optional<TimePoint> OldestWaitingArrival(const std::vector<std::string>& lanes) const;
   // Allocatable blocks: free plus cached ones no sequence holds.
   int32_t num_free_blocks() const { return state_.blocks.num_free_blocks(); }
   int32_t num_total_blocks() const { return state_.blocks.num_total_blocks(); }

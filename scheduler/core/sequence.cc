@@ -85,6 +85,19 @@ TimePoint WaitingQueue::OldestArrival() const {
   return oldest;
 }
 
+TimePoint WaitingQueue::OldestUnstartedArrival(const std::function<bool(const Sequence&)>& counts) const {
+  TimePoint oldest = TimePoint::max();
+  for (const auto& [priority, queue] : by_priority_) {
+    for (const Sequence* s : queue) {
+      if (s->num_generated() > 0 || !counts(*s)) continue;
+      oldest = std::min(oldest, s->spec.arrival);
+      // Only preempted sequences are out of arrival order, and they sit in front.
+      if (!s->has_started()) break;
+    }
+  }
+  return oldest;
+}
+
 void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms,
                                 const std::function<bool(Sequence&)>& fn) const {
   // A merge of the per-priority deques by their heads' effective priority.

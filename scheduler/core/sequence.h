@@ -91,6 +91,10 @@ class WaitingQueue {
   }
   // The earliest arrival among waiting sequences. Precondition: !empty(). O(n).
   TimePoint OldestArrival() const;
+  // The earliest arrival among waiting sequences without a generated token
+  // that `counts`; TimePoint::max() when there is none. Stops in each
+  // priority at the first match never admitted (arrival order from there on).
+  TimePoint OldestUnstartedArrival(const std::function<bool(const Sequence&)>& counts) const;
   // Visits waiting sequences in queue order at `now` until `fn` returns false.
   // `fn` must not change the queue.
   void VisitInOrder(TimePoint now, int32_t aging_interval_ms,

@@ -82,8 +82,12 @@ struct Cell {
 
 // One trace's cells: every static cap run once (a static cap does not depend
 // on the SLO, so one run serves every SLO), and slo run at each SLO.
-std::vector<Cell> MeasureTrace(const CostModel& cost, const std::string& name, const std::vector<double>& slos) {
-  const auto trace = GenerateWorkload(ScenarioWorkload(name));
+// `rate_per_s` > 0 replaces the scenario's arrival rate.
+std::vector<Cell> MeasureTrace(const CostModel& cost, const std::string& name, const std::vector<double>& slos,
+                               double rate_per_s = 0) {
+  WorkloadOptions w = ScenarioWorkload(name);
+  if (rate_per_s > 0) w.arrivals.rate_per_s = rate_per_s;
+  const auto trace = GenerateWorkload(w);
   std::map<int32_t, SimResult> runs;
   for (int32_t cap : StaticCaps()) {
     runs.emplace(cap, RunSimulation(trace, cost, TraceOptions(cost, ControllerMode::kStatic, cap, 0.05)));
@@ -211,9 +215,10 @@ TEST(SimAcceptanceTest, SloKeepsUpWithAChatTraceAtSaturation) {
   ExpectSloNearTheBestStaticCap("chat", {0.0025, 0.003, 0.004});
 }
 
-// p99 TTFT of the interactive lane under slo (cap up to 64, 50 ms TPOT SLO).
-double InteractiveTtftP99(const CostModel& cost, const std::vector<TraceRequest>& trace) {
-  const SimOptions o = TraceOptions(cost, ControllerMode::kSlo, 64, 0.050);
+// p99 TTFT of the interactive lane under slo (cap up to 64).
+double InteractiveTtftP99(const CostModel& cost, const std::vector<TraceRequest>& trace,
+                          double tpot_slo_s = 0.050) {
+  const SimOptions o = TraceOptions(cost, ControllerMode::kSlo, 64, tpot_slo_s);
   for (const LaneReport& l : Summarize(RunSimulation(trace, cost, o), o.lanes).lanes) {
     if (l.lane == "interactive") return l.ttft_s.p99;
   }
@@ -229,6 +234,41 @@ TEST(SimAcceptanceTest, SpikeKeepsInteractiveTtft) {
   std::printf("interactive TTFT p99: %.1f ms without the spike, %.1f ms with it (%.2fx)\n", 1e3 * base,
               1e3 * spike, spike / base);
   EXPECT_LE(spike, 1.5 * base);
+}
+
+// Acceptance 5 as written, in one cell: the four traces at 56 req/s instead
+// of 40 and a 2.5 ms TPOT SLO. The static cap each trace needs differs
+// (diurnal's peak needs 24 seats, the spike's bulk flood at most 20), so no
+// single static cap is within 95% on all four; slo is within 95% of the best
+// on each, and keeps the interactive lane's p99 TTFT through the 3x spike
+// within 1.5x of its value without it (docs/benchmarks/scheduler.md 3g).
+TEST(SimAcceptanceTest, SloBeatsEveryStaticCapOnTheFourTracesAtAHeavierLoad) {
+  constexpr double kRate = 56, kSlo = 0.0025;
+  const CostModel cost(LoadPreset("rtx4090d-tp4"));
+  std::map<int32_t, int> traces_within;
+  for (const std::string& name : ScenarioNames()) {
+    const Cell c = MeasureTrace(cost, name, {kSlo}, kRate).front();
+    std::string within;
+    for (int32_t cap : StaticCaps()) {
+      if (!c.within_95(cap)) continue;
+      ++traces_within[cap];
+      within += " " + std::to_string(cap);
+    }
+    std::printf("%s at %.0f req/s, TPOT SLO %.1f ms: best static %lld (cap %d), caps within 95%%:%s; "
+                "slo %lld (%.3f)\n", name.c_str(), kRate, 1e3 * kSlo, static_cast<long long>(c.best),
+                c.best_cap, within.c_str(), static_cast<long long>(c.slo_good), c.slo_ratio());
+    EXPECT_GE(c.slo_good, 0.95 * c.best) << name;
+  }
+  for (int32_t cap : StaticCaps()) {
+    EXPECT_LT(traces_within[cap], 4) << "static " << cap << " is within 95% on all four traces";
+  }
+  WorkloadOptions base = ScenarioWorkload("spike", 1.0), spike = ScenarioWorkload("spike", 3.0);
+  base.arrivals.rate_per_s = spike.arrivals.rate_per_s = kRate;
+  const double unloaded = InteractiveTtftP99(cost, GenerateWorkload(base), kSlo);
+  const double loaded = InteractiveTtftP99(cost, GenerateWorkload(spike), kSlo);
+  std::printf("interactive TTFT p99: %.1f ms without the spike, %.1f ms with it (%.2fx)\n", 1e3 * unloaded,
+              1e3 * loaded, loaded / unloaded);
+  EXPECT_LE(loaded, 1.5 * unloaded);
 }
 
 }  // namespace

@@ -14,6 +14,10 @@ scheduler::TimePoint ToTimePoint(double t) {
   return scheduler::TimePoint(std::chrono::nanoseconds(static_cast<int64_t>(t * 1e9)));
 }
 
+double ToSeconds(scheduler::TimePoint t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
 // What the simulated worker knows of a sequence.
 struct WorkerSeq {
   int32_t num_known = 0;     // tokens the worker has (prompt + generated)
@@ -139,6 +143,8 @@ class Simulation {
     obs.now_s = now_;
     obs.num_running = core_.num_running();
     obs.num_waiting = core_.num_waiting();
+    const auto oldest = core_.OldestWaitingArrival(options_.controller.slo.lanes);
+    obs.oldest_wait_s = oldest ? std::max(0.0, now_ - ToSeconds(*oldest)) : 0.0;
     const int32_t total = core_.num_total_blocks();
     obs.kv_usage = total > 0 ? 1.0 - static_cast<double>(core_.num_free_blocks()) / total : 0.0;
     obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
