@@ -162,9 +162,11 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.now_s = Seconds(now);
   obs.num_running = core_.num_running();
   obs.num_waiting = core_.num_waiting();
-  const auto oldest = core_.OldestWaitingArrival(controller_.options().slo.lanes);
-  // Clamped: arrival was read on the service thread.
-  obs.oldest_wait_s = oldest ? std::max(0.0, std::chrono::duration<double>(now - *oldest).count()) : 0.0;
+  if (controller_.options().mode == ControllerMode::kSlo) {  // a scan of the queue only slo reads
+    const auto oldest = core_.OldestWaitingArrival(controller_.options().slo.lanes);
+    // Clamped: arrival was read on the service thread.
+    obs.oldest_wait_s = oldest ? std::max(0.0, std::chrono::duration<double>(now - *oldest).count()) : 0.0;
+  }
   const double total = core_.num_total_blocks();
   obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
   obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;

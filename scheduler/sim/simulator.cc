@@ -143,8 +143,10 @@ class Simulation {
     obs.now_s = now_;
     obs.num_running = core_.num_running();
     obs.num_waiting = core_.num_waiting();
-    const auto oldest = core_.OldestWaitingArrival(options_.controller.slo.lanes);
-    obs.oldest_wait_s = oldest ? std::max(0.0, now_ - ToSeconds(*oldest)) : 0.0;
+    if (options_.controller.mode == scheduler::ControllerMode::kSlo) {  // a scan only slo reads
+      const auto oldest = core_.OldestWaitingArrival(options_.controller.slo.lanes);
+      obs.oldest_wait_s = oldest ? std::max(0.0, now_ - ToSeconds(*oldest)) : 0.0;
+    }
     const int32_t total = core_.num_total_blocks();
     obs.kv_usage = total > 0 ? 1.0 - static_cast<double>(core_.num_free_blocks()) / total : 0.0;
     obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
