@@ -2,9 +2,9 @@
 
 #include <cmath>
 
-#include "common/ebnf_grammar.h"
-#include "common/json_schema.h"
-#include "common/regex_dfa.h"
+#include "structured/ebnf_grammar.h"
+#include "structured/json_schema.h"
+#include "structured/regex_dfa.h"
 #include "common/status.h"
 
 namespace ferry::gateway {

@@ -41,9 +41,9 @@ inline constexpr int32_t kMaxLogitBias = 300;
 inline constexpr int32_t kMaxGuidedChoices = 256;
 inline constexpr size_t kMaxGuidedChoiceBytes = 1024;
 // A JSON schema's text (sampling.guided.json_schema): compiled at the gateway, the scheduler and
-// the worker, and its automaton is bounded too (common/json_schema.h's limits).
+// the worker, and its automaton is bounded too (structured/json_schema.h's limits).
 inline constexpr size_t kMaxGuidedJsonSchemaBytes = 64 * 1024;
-// A regex (sampling.guided.regex) is bounded by common/regex_dfa.h's kMaxRegexBytes (4,096) and
+// A regex (sampling.guided.regex) is bounded by structured/regex_dfa.h's kMaxRegexBytes (4,096) and
 // compiled at the same three places.
 
 inline constexpr int32_t kDefaultMaxTokens = 16;

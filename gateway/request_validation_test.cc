@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/ebnf_grammar.h"
-#include "common/regex_dfa.h"
+#include "structured/ebnf_grammar.h"
+#include "structured/regex_dfa.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway {

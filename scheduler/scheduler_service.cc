@@ -7,9 +7,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "common/ebnf_grammar.h"
-#include "common/json_schema.h"
-#include "common/regex_dfa.h"
+#include "structured/ebnf_grammar.h"
+#include "structured/json_schema.h"
+#include "structured/regex_dfa.h"
 
 namespace ferry::scheduler {
 

@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "common/ebnf_grammar.h"
-#include "common/json_schema.h"
-#include "common/regex_dfa.h"
+#include "structured/ebnf_grammar.h"
+#include "structured/json_schema.h"
+#include "structured/regex_dfa.h"
 #include "gateway/request_validation.h"  // the gateway's limits
 
 namespace ferry::gateway::http {
@@ -59,7 +59,7 @@ Error ParseVllmSchema(const json& v, const std::string& field, std::vector<Guide
 }
 
 // vLLM's guided_regex and structured_outputs.regex: a pattern the whole text matches (Python re's
-// subset in common/regex_dfa.h), compiled by FinishRegex once it is the one constraint.
+// subset in structured/regex_dfa.h), compiled by FinishRegex once it is the one constraint.
 Error ParseRegex(const json& v, const std::string& field, std::vector<GuidedAsk>& asks) {
   if (!v.is_string()) return WrongType(field, v, "a string (a regular expression)");
   GuidedAsk ask{field, {}};
@@ -69,7 +69,7 @@ Error ParseRegex(const json& v, const std::string& field, std::vector<GuidedAsk>
 }
 
 // vLLM's guided_grammar and structured_outputs.grammar: EBNF / GBNF rules from `root`, served
-// when regular (common/ebnf_grammar.h), checked by FinishGrammar once it is the one constraint.
+// when regular (structured/ebnf_grammar.h), checked by FinishGrammar once it is the one constraint.
 Error ParseGrammar(const json& v, const std::string& field, std::vector<GuidedAsk>& asks) {
   if (!v.is_string()) return WrongType(field, v, "a string (an EBNF grammar)");
   GuidedAsk ask{field, {}};

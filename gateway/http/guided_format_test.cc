@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 #include "gateway/http/openai_format_test_util.h"
 
 namespace ferry::gateway::http {

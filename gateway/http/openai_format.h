@@ -19,9 +19,9 @@
 //   {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}} (both
 //   endpoints), vLLM's guided_choice (a list of strings), guided_json (a schema, or a string
 //   of one), guided_regex (a pattern the whole text matches) and guided_grammar (EBNF / GBNF:
-//   common/ebnf_grammar.h), or vLLM's structured_outputs {"choice": [...]},
+//   structured/ebnf_grammar.h), or vLLM's structured_outputs {"choice": [...]},
 //   {"json_object": true}, {"json": ...}, {"regex": "..."} or {"grammar": "..."}; a second one is
-//   a 400 naming it. A schema (common/json_schema.h) or a regex (common/regex_dfa.h) is compiled
+//   a 400 naming it. A schema (structured/json_schema.h) or a regex (structured/regex_dfa.h) is compiled
 //   here and one the engine cannot keep is a 400 naming the field and the keyword or construct.
 // - chat tools (tool_calls.h): tools, tool_choice ("none", "auto", "required", a named function)
 //   and parallel_tool_calls; /v1/completions refuses them.

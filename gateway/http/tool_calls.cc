@@ -5,7 +5,7 @@
 #include <cctype>
 #include <random>
 
-#include "common/json_schema.h"
+#include "structured/json_schema.h"
 #include "gateway/http/openai_format.h"
 
 namespace ferry::gateway::http {

@@ -11,7 +11,7 @@
 // - {"type": "function", "function": {"name": N}}: the output is N's arguments, generated under
 //   its `parameters` schema (structured output), and returned as one call of N.
 // - "required": as vLLM, the output is a JSON array of at least one {"name": N, "parameters": {...}},
-//   generated under the union of the tools' schemas (a tagged union, common/json_schema.h), each
+//   generated under the union of the tools' schemas (a tagged union, structured/json_schema.h), each
 //   item one call; finish_reason "tool_calls".
 // - "none": the tools are in the prompt, nothing is parsed.
 // parallel_tool_calls = false keeps only the first call (with "required": an array of one).

@@ -58,9 +58,9 @@ struct GuidedDecoding {
   enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema, kRegex, kGrammar };
   Kind kind = Kind::kNone;
   std::vector<std::string> choices;  // kChoice: the text is exactly one of these
-  std::string json_schema;           // kJsonSchema: the schema as JSON text (common/json_schema.h)
-  std::string regex;                 // kRegex: the whole text matches it (common/regex_dfa.h)
-  std::string grammar;               // kGrammar: a grammar with no regex (common/ebnf_grammar.h)
+  std::string json_schema;           // kJsonSchema: the schema as JSON text (structured/json_schema.h)
+  std::string regex;                 // kRegex: the whole text matches it (structured/regex_dfa.h)
+  std::string grammar;               // kGrammar: a grammar with no regex (structured/ebnf_grammar.h)
 };
 
 // How the worker picks each token; the scheduler only carries it. Semantics in

@@ -1,4 +1,4 @@
-// A slow, obviously correct recogniser of the grammars of common/ebnf_grammar.h, for tests: it
+// A slow, obviously correct recogniser of the grammars of structured/ebnf_grammar.h, for tests: it
 // reads the parsed rules directly (memoised sets of end positions), with no automaton. Texts
 // are judged byte by byte for ASCII classes and `.`; non-ASCII characters count whole.
 // Needs a grammar without left recursion or rules that never end (CompileGrammarPda refuses
@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "common/ebnf_parse.h"
+#include "structured/ebnf_parse.h"
 
 namespace ferry::worker::testing {
 

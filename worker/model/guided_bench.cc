@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 #include "worker/model/guided_decoding.h"
 #include "worker/model/sampler.h"
 
@@ -93,7 +93,7 @@ void TimeCompiles() {
   }
 }
 
-// A recursive grammar (a pushdown automaton, common/grammar_pda.h): llama.cpp's json.gbnf,
+// A recursive grammar (a pushdown automaton, structured/grammar_pda.h): llama.cpp's json.gbnf,
 // a byte a token, walked (nothing cached: a new grammar text each run would see the same).
 void TimeGrammar(GuidedVocab& vocab) {
   const std::string json_gbnf = R"g(root   ::= object

@@ -9,7 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/guided_grammar.h"
 #include "worker/model/guided_schema.h"

@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/grammar_pda.h"
+#include "structured/grammar_pda.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/model_runner.h"
 
@@ -95,7 +95,7 @@ class GuidedVocab {
   const StringClasses& StringClassesFor(const StringLexer& lexer);
   size_t string_classes_computed() const { return string_classes_.size(); }
 
-  // The same for a grammar's pushdown automaton (common/grammar_pda.h) in a state that neither
+  // The same for a grammar's pushdown automaton (structured/grammar_pda.h) in a state that neither
   // calls nor ends a rule (inside a string, a number, a run of text): the tokens whose bytes
   // lead from it only through such states of its rule, which any parse whose top it is takes
   // whole, and the trie nodes where a token's path first reaches a state that calls or ends,

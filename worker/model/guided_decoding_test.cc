@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "common/json_schema.h"
+#include "structured/json_schema.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/guided_schema.h"
 #include "worker/model/guided_test_util.h"

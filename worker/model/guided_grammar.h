@@ -1,4 +1,4 @@
-// The byte automaton of a grammar that is not regular (common/grammar_pda.h): the set of every
+// The byte automaton of a grammar that is not regular (structured/grammar_pda.h): the set of every
 // way the text so far can be parsed, each a stack of automaton states (the bottom one in
 // `root`, the top one in the rule being read), read byte by byte. A small copyable value, as
 // the vocabulary walk of guided_decoding.h wants: the stacks are one flat vector.
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "common/grammar_pda.h"
+#include "structured/grammar_pda.h"
 
 namespace ferry::worker {
 

@@ -10,7 +10,7 @@
 #include <functional>
 #include <random>
 
-#include "common/ebnf_grammar.h"
+#include "structured/ebnf_grammar.h"
 #include "worker/model/grammar_reference.h"
 #include "worker/model/guided_decoding.h"
 #include "worker/model/guided_test_util.h"

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <set>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/guided_schema.h"
 #include "worker/model/random_checkpoint.h"

@@ -1,4 +1,4 @@
-// The byte automaton of a compiled JSON Schema (common/json_schema.h): a JSON text valid under
+// The byte automaton of a compiled JSON Schema (structured/json_schema.h): a JSON text valid under
 // the schema, with properties in the schema's order, read byte by byte. Copyable and small (its
 // frame stack is inline), since the vocabulary walk copies one per trie node it visits.
 #pragma once
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/json_schema.h"
+#include "structured/json_schema.h"
 #include "worker/model/guided_automata.h"
 
 namespace ferry::worker {
@@ -69,7 +69,7 @@ class SchemaAutomaton {
   Lex lex_ = Lex::kNone;
   StringLexer string_;
   // kString, kRange: the value's node. kString: its characters so far, and its DFA's state when a pattern or
-  // format constrains it (common/json_string_dfa.h). kRange: a bounded integer's DFA and state.
+  // format constrains it (structured/json_string_dfa.h). kRange: a bounded integer's DFA and state.
   int32_t value_node_ = 0;
   uint32_t chars_ = 0;
   const RegexDfa* dfa_ = nullptr;

@@ -63,9 +63,9 @@ struct GuidedSpec {
   enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema, kRegex, kGrammar };
   Kind kind = Kind::kNone;
   std::vector<std::string> choices;  // kChoice: the text is exactly one of these (non-empty)
-  std::string json_schema;           // kJsonSchema: the schema as JSON text (common/json_schema.h)
-  std::string regex;                 // kRegex: the whole text matches it (common/regex_dfa.h)
-  // kGrammar: an EBNF grammar (common/ebnf_grammar.h) run as a pushdown automaton; a regular
+  std::string json_schema;           // kJsonSchema: the schema as JSON text (structured/json_schema.h)
+  std::string regex;                 // kRegex: the whole text matches it (structured/regex_dfa.h)
+  // kGrammar: an EBNF grammar (structured/ebnf_grammar.h) run as a pushdown automaton; a regular
   // one comes as its regex (the scheduler translates it).
   std::string grammar;
 };

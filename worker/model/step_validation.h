@@ -3,7 +3,7 @@
 // the same steps with the same messages. Everything is checked against the state the step would
 // produce before any of it is applied, so a rejected step leaves the runner as it was.
 // Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine
-// (linking common/json_schema.cc and common/regex_dfa.cc, which ValidateGuided calls).
+// (linking structured/json_schema.cc and structured/regex_dfa.cc, which ValidateGuided calls).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/grammar_pda.h"
-#include "common/json_schema.h"
-#include "common/regex_dfa.h"
+#include "structured/grammar_pda.h"
+#include "structured/json_schema.h"
+#include "structured/regex_dfa.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/sampler.h"
 

@@ -1,4 +1,4 @@
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 
 #include <algorithm>
 #include <bitset>
 #include <map>
 
-#include "common/compile_cache.h"
+#include "structured/compile_cache.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/json_string_dfa.h"
+#include "structured/json_string_dfa.h"
 
 #include <map>
 #include <unordered_map>

@@ -10,9 +10,9 @@
 //
 // Served two ways (CheckGrammarCached picks): a grammar whose rules do not refer to themselves,
 // directly or through others, is regular; it is expanded in place into a regular expression of
-// common/regex_dfa.h, whose DFA the worker walks, when that compiles within regex_dfa.h's limits.
+// structured/regex_dfa.h, whose DFA the worker walks, when that compiles within regex_dfa.h's limits.
 // Any other grammar (JSON's, arithmetic, nested lists) runs as a pushdown automaton
-// (common/grammar_pda.h), which refuses left recursion and rules that never end. Refused with
+// (structured/grammar_pda.h), which refuses left recursion and rules that never end. Refused with
 // GrammarError naming the line, the column and what: those two, undefined rules, a missing root,
 // non-ASCII ranges and negated classes with non-ASCII characters (as in regex_dfa.h), and
 // grammars past kMaxGrammarBytes or grammar_pda.h's kMaxGrammarStates.

@@ -1,4 +1,4 @@
-// A grammar of common/ebnf_grammar.h, recursive or not, as a pushdown automaton over bytes. Each
+// A grammar of structured/ebnf_grammar.h, recursive or not, as a pushdown automaton over bytes. Each
 // rule is an epsilon-free NFA whose edges read one byte (from a set) or call a rule; the worker
 // (worker/model/guided_grammar.h) runs it as a set of stacks of such states, one stack per way
 // the text so far can be parsed.

@@ -1,9 +1,9 @@
-#include "common/ebnf_parse.h"
+#include "structured/ebnf_parse.h"
 
 #include <cctype>
 
-#include "common/ebnf_grammar.h"
-#include "common/regex_dfa.h"
+#include "structured/ebnf_grammar.h"
+#include "structured/regex_dfa.h"
 
 namespace ferry::ebnf {
 

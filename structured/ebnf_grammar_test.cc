@@ -1,13 +1,13 @@
 // EBNF / GBNF grammars translated to regular expressions: the translation's DFA takes exactly
 // the grammar's texts (checked against hand-written std::regex equivalents over every short
 // text of an alphabet), and what cannot be served is refused naming the line and column.
-#include "common/ebnf_grammar.h"
+#include "structured/ebnf_grammar.h"
 
 #include <gtest/gtest.h>
 
 #include <regex>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/grammar_pda.h"
+#include "structured/grammar_pda.h"
 
 #include <algorithm>
 #include <functional>
@@ -6,9 +6,9 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "common/compile_cache.h"
-#include "common/ebnf_grammar.h"
-#include "common/ebnf_parse.h"
+#include "structured/compile_cache.h"
+#include "structured/ebnf_grammar.h"
+#include "structured/ebnf_parse.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/json_schema.h"
+#include "structured/json_schema.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 #include <set>
 #include <tuple>
 
-#include "common/compile_cache.h"
-#include "common/json_number_range.h"
-#include "common/json_string_dfa.h"
+#include "structured/compile_cache.h"
+#include "structured/json_number_range.h"
+#include "structured/json_string_dfa.h"
 
 namespace ferry {
 namespace {

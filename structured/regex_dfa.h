@@ -51,11 +51,11 @@ inline constexpr int kMaxRegexRepeat = 1000;         // n and m of {n,m}
 RegexDfa CompileRegex(const std::string& pattern);
 
 // Removes every edge into a state that cannot reach an accepting one (for DFAs built by hand, as
-// common/json_string_dfa.h and json_number_range.h do), so that every state still reachable can
+// structured/json_string_dfa.h and json_number_range.h do), so that every state still reachable can
 // end. False when the start cannot: the DFA takes no text.
 bool TrimDfa(RegexDfa& dfa);
 
-// CompileRegex through a process-wide cache of the last few patterns (common/compile_cache.h):
+// CompileRegex through a process-wide cache of the last few patterns (structured/compile_cache.h):
 // what every check of a request and its worker's matcher call, so a pattern is compiled once.
 std::shared_ptr<const RegexDfa> CompileRegexCached(const std::string& pattern);
 

@@ -1,13 +1,13 @@
-#include "common/ebnf_grammar.h"
+#include "structured/ebnf_grammar.h"
 
 #include <map>
 #include <set>
 #include <vector>
 
-#include "common/compile_cache.h"
-#include "common/ebnf_parse.h"
-#include "common/grammar_pda.h"
-#include "common/regex_dfa.h"
+#include "structured/compile_cache.h"
+#include "structured/ebnf_parse.h"
+#include "structured/grammar_pda.h"
+#include "structured/regex_dfa.h"
 
 static_assert(ferry::kMaxGrammarRegexBytes == ferry::kMaxRegexBytes, "a grammar's expansion is compiled as a regex");
 

@@ -1,5 +1,5 @@
 // A JSON Schema string's `pattern` and `format`, with its `minLength` and `maxLength`, as one DFA
-// over the string's JSON text between its quotes (common/regex_dfa.h's RegexDfa), which the
+// over the string's JSON text between its quotes (structured/regex_dfa.h's RegexDfa), which the
 // schema automaton (worker/model/guided_schema.h) walks inside such a string.
 //
 // The content is constrained first (each regex matched whole, the length counted in characters,
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 
 namespace ferry {
 

@@ -1,11 +1,11 @@
 // The pushdown automaton's compiler: what it refuses, naming where, and how CheckGrammarCached
 // picks between a regex's DFA and the automaton. Its language is tested against a reference
 // recogniser in worker/model/guided_grammar_test.cc.
-#include "common/grammar_pda.h"
+#include "structured/grammar_pda.h"
 
 #include <gtest/gtest.h>
 
-#include "common/ebnf_grammar.h"
+#include "structured/ebnf_grammar.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/json_schema.h"
+#include "structured/json_schema.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <tuple>
 
-#include "common/json_number_range.h"
-#include "common/json_string_dfa.h"
+#include "structured/json_number_range.h"
+#include "structured/json_string_dfa.h"
 
 namespace ferry {
 namespace {

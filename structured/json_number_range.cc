@@ -1,4 +1,4 @@
-#include "common/json_number_range.h"
+#include "structured/json_number_range.h"
 
 #include <map>
 #include <stdexcept>

@@ -12,12 +12,12 @@
 //   required, additionalProperties false, true or absent (only listed properties are generated
 //   when there are some; none listed and not false: any object);
 // - strings: minLength, maxLength (characters, as JSON Schema counts code points), pattern
-//   (ECMA-262 search semantics, the syntax of common/regex_dfa.h) and format (date, time,
-//   date-time, email, uuid, ipv4, uri: common/json_string_dfa.h); a pattern or format becomes one
+//   (ECMA-262 search semantics, the syntax of structured/regex_dfa.h) and format (date, time,
+//   date-time, email, uuid, ipv4, uri: structured/json_string_dfa.h); a pattern or format becomes one
 //   DFA over the string's JSON text, lengths beside them included;
 // - numbers and integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or
 //   draft 4's booleans), as a DFA of the range's texts (a bounded number is written as a plain
-//   decimal of at most 9 + 6 digits: common/json_number_range.h);
+//   decimal of at most 9 + 6 digits: structured/json_number_range.h);
 // - arrays: items (one schema), minItems, maxItems, tuples (prefixItems, or a list under items
 //   with additionalItems);
 // - allOf of one schema (pydantic's wrapper of a described $ref);
@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 
 namespace ferry {
 
@@ -81,7 +81,7 @@ struct SchemaNode {
   // of the DFA over its JSON text when a pattern or format constrains it (-1: none). With a DFA
   // the lengths are in it: max_length is what it was built with (possibly lowered, see
   // JsonStringDfa), informational. kInteger, kNumber: the DFA of its range's texts, when bounded
-  // (common/json_number_range.h).
+  // (structured/json_number_range.h).
   int64_t min_length = 0;
   int64_t max_length = -1;
   int32_t dfa = -1;
@@ -103,7 +103,7 @@ inline constexpr size_t kMaxSchemaLiteralBytes = 1024;
 // Compiles a JSON Schema given as JSON text. Throws JsonSchemaError.
 SchemaGraph CompileJsonSchema(const std::string& schema_json);
 
-// CompileJsonSchema through a process-wide cache of the last few schemas (common/compile_cache.h).
+// CompileJsonSchema through a process-wide cache of the last few schemas (structured/compile_cache.h).
 std::shared_ptr<const SchemaGraph> CompileJsonSchemaCached(const std::string& schema_json);
 
 }  // namespace ferry

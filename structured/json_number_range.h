@@ -1,5 +1,5 @@
 // An integer range (JSON Schema's minimum, maximum, exclusiveMinimum and exclusiveMaximum on an
-// "integer") as a regular expression of common/regex_dfa.h over the integer's JSON text
+// "integer") as a regular expression of structured/regex_dfa.h over the integer's JSON text
 // (-?(0|[1-9][0-9]*)): exactly the integers in the range, each in its one JSON spelling, so the
 // schema automaton walks the range as a DFA; and a range of numbers, as a DFA built directly.
 #pragma once
@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "common/regex_dfa.h"
+#include "structured/regex_dfa.h"
 
 namespace ferry {
 
@@ -28,7 +28,7 @@ struct NumberBound {
 inline constexpr int kMaxBoundedIntegerDigits = 9;
 inline constexpr int kMaxBoundedFractionDigits = 6;
 
-// The DFA (common/regex_dfa.h) of the numbers between lo and hi (either open when nullopt),
+// The DFA (structured/regex_dfa.h) of the numbers between lo and hi (either open when nullopt),
 // written as plain decimals: -?(0|[1-9][0-9]{0,8})(\.[0-9]{1,6})?, no exponent, no -0. Every
 // state can still reach a number in range. Throws std::invalid_argument naming what is wrong: a
 // bound that is not a number or has more than 15 significant digits, or no such number between
