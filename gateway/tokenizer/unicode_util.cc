@@ -8,53 +8,6 @@
 
 namespace ferry::tokenizer {
 
-const ByteLevelAlphabet& ByteLevelAlphabet::Get() {
-  static const ByteLevelAlphabet alphabet;
-  return alphabet;
-}
-
-ByteLevelAlphabet::ByteLevelAlphabet() {
-  byte_of_cp_.fill(-1);
-  auto is_printable = [](int b) {
-    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  };
-  int rank = 0;
-  for (int b = 0; b < 256; ++b) {
-    if (is_printable(b)) byte_at_rank_[rank++] = static_cast<uint8_t>(b);
-  }
-  int num_shifted = 0;
-  for (int b = 0; b < 256; ++b) {
-    if (is_printable(b)) continue;
-    byte_at_rank_[rank++] = static_cast<uint8_t>(b);
-  }
-  for (int b = 0; b < 256; ++b) {
-    const char32_t cp = is_printable(b) ? static_cast<char32_t>(b) : 256 + num_shifted++;
-    AppendCodePoint(cp, &char_of_[b]);
-    byte_of_cp_[cp] = static_cast<int16_t>(b);
-  }
-}
-
-std::string ByteLevelAlphabet::Encode(std::string_view bytes) const {
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) out += char_of_[b];
-  return out;
-}
-
-bool ByteLevelAlphabet::Decode(std::string_view token, std::string* out) const {
-  const size_t old_size = out->size();
-  size_t pos = 0;
-  while (pos < token.size()) {
-    const int byte = ByteOfCodePoint(NextCodePoint(token, &pos));
-    if (byte < 0) {
-      out->resize(old_size);
-      return false;
-    }
-    out->push_back(static_cast<char>(byte));
-  }
-  return true;
-}
-
 namespace {
 
 // Length of the UTF-8 sequence led by `lead` and the allowed range of its

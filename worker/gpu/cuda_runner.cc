@@ -217,7 +217,7 @@ std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec
       Planned p{s.seq_id, &seq, s.num_tokens};
       if (samples) {
         p.logits_row = num_logits++;
-        if (options_.keep_logits) {
+        if (options_.runner.keep_logits) {
           p.host_slot = p.logits_row;
         } else if (NeedsHostSampler(seq.sampling)) {
           p.host_slot = num_host++;
@@ -226,7 +226,7 @@ std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec
       plan.push_back(p);
     }
   }
-  const int32_t host_rows = options_.keep_logits ? num_logits : num_host;
+  const int32_t host_rows = options_.runner.keep_logits ? num_logits : num_host;
   const size_t need = size_t(host_rows) * info_.vocab_size * sizeof(float);
   if (host_logits_.bytes() < need) host_logits_ = PinnedBuffer(need);
   return plan;
@@ -256,7 +256,7 @@ void CudaQwen2Runner::Launch(const std::vector<Planned>& plan, StepTiming* timin
   const size_t row_bytes = size_t(info_.vocab_size) * sizeof(float);
   FERRY_CUDA_CHECK(cudaMemcpyAsync(host_ids_.as<void>(), model_->argmax(), size_t(num_logits) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
-  if (options_.keep_logits && num_logits > 0) {
+  if (options_.runner.keep_logits && num_logits > 0) {
     FERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_.as<float>(), model_->logits(), num_logits * row_bytes,
                                      cudaMemcpyDeviceToHost, stream_));
   } else {
@@ -308,7 +308,7 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
     } else {
       r.token_id = host_ids_.as<int32_t>()[p.logits_row];
     }
-    if (options_.keep_logits) {
+    if (options_.runner.keep_logits) {
       const float* row = host_logits_.as<float>() + size_t(p.host_slot) * vocab;
       last_logits_.insert(last_logits_.end(), row, row + vocab);
     }

@@ -56,8 +56,7 @@ class CudaQwen2Runner final : public ModelRunner {
   // Safe to read from any thread (health checks, metrics).
   bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
   // Only from the thread driving Step.
-  const std::string& unhealthy_reason() const { return unhealthy_reason_; }
-  // With keep_logits: [num_sampled, vocab] in returned order, as Qwen2Runner::last_logits().
+  // With runner.keep_logits: [num_sampled, vocab] in returned order, as Qwen2Runner::last_logits().
   const std::vector<float>& last_logits() const { return last_logits_; }
   // Seconds the device spent executing steps (sum of StepTiming::gpu_seconds).
   double busy_seconds() const { return busy_seconds_; }

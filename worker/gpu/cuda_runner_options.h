@@ -19,7 +19,6 @@ struct CudaRunnerOptions {
   bool enforce_eager = false;           // no CUDA graphs
   std::vector<int32_t> cuda_graph_sizes;  // empty: DefaultGraphSizes(max_num_seqs)
   double step_timeout_s = 120;
-  bool keep_logits = false;             // copy every sampled row's logits to last_logits() (tests)
   // Tensor parallelism over NCCL: rank tp_rank of tp_size, all given the same unique id
   // (GetNcclUniqueId on rank 0, passed out of band).
   int32_t tp_rank = 0;

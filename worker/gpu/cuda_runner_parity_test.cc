@@ -44,6 +44,7 @@ RunnerOptions BaseOptions(const std::string& dir, const testing::Script& script)
   o.dtype = "bfloat16";
   o.num_kv_blocks = script.num_blocks;
   o.block_size = script.block_size;
+  o.keep_logits = true;  // the trace compares logits
   return o;
 }
 
@@ -115,7 +116,6 @@ void RunCase(const std::string& preset) {
     o.max_num_seqs = 8;
     o.max_num_batched_tokens = 1024;
     o.enforce_eager = eager;
-    o.keep_logits = true;
     CudaQwen2Runner gpu(o);
     const testing::Trace got = testing::Drive(gpu, c.script);
     ExpectClose(got, want, eager ? "eager" : "cuda graphs");

@@ -31,7 +31,6 @@ class DecodeGraphs {
   // The smallest captured size >= num_seqs, or 0 when there is none.
   int32_t SizeFor(int32_t num_seqs) const;
   // Decode splits the graph of `size` was captured with.
-  int32_t SplitsFor(int32_t size) const { return graphs_.at(size).splits; }
   void Replay(int32_t size, cudaStream_t stream) const;
   bool empty() const { return graphs_.empty(); }
 

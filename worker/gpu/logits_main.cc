@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     o.runner.num_kv_blocks = (prompt_len + steps) / 16 + 2;
     o.max_num_seqs = 1;
     o.max_num_batched_tokens = prompt_len;
-    o.keep_logits = true;
+    o.runner.keep_logits = true;
     gpu::CudaQwen2Runner runner(o);
     const int32_t vocab = runner.info().vocab_size;
     std::vector<int32_t> prompt(prompt_len), generated;

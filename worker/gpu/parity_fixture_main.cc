@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
     o.dtype = "bfloat16";
     o.num_kv_blocks = c.script.num_blocks;
     o.block_size = c.script.block_size;
+    o.keep_logits = true;
     Qwen2Runner cpu(o);
     const gpu::testing::Trace trace = gpu::testing::Drive(cpu, c.script);
     gpu::testing::WriteFixture(out, gpu::testing::HashCheckpoint(dir), trace, c.kept_samples);

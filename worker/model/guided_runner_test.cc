@@ -46,6 +46,7 @@ class GuidedRunnerTest : public ::testing::Test {
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 256;
+    options.keep_logits = true;  // the test reads the logits
     return std::make_unique<Qwen2Runner>(options);
   }
   static std::vector<int32_t> Prompt(int32_t salt) { return {40 + salt, 71, 9 + salt, 300 % 256, 33}; }

@@ -40,6 +40,7 @@ std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& name,
   options.dtype = dtype;  // parity at 1e-4 needs the exact path
   options.block_size = 16;
   options.num_kv_blocks = 32;
+  options.keep_logits = true;  // the test reads the logits
   return std::make_unique<Qwen2Runner>(options);
 }
 

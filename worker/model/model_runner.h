@@ -29,6 +29,9 @@ struct RunnerOptions {
   // Tensor parallelism: this process holds shard comm->rank() of comm->size().
   // nullptr: the whole model. Not owned; outlives the runner.
   Communicator* comm = nullptr;
+  // Copy the fp32 logits each Step samples from so that last_logits() can return them (parity
+  // tests and tools). Off in serving: a copy of vocab_size floats per sampled row per step.
+  bool keep_logits = false;
 };
 
 // Sampling defaults from generation_config.json; unset fields fall back to
@@ -65,8 +68,8 @@ struct GuidedSpec {
   std::vector<std::string> choices;  // kChoice: the text is exactly one of these (non-empty)
   std::string json_schema;           // kJsonSchema: the schema as JSON text (structured/json_schema.h)
   std::string regex;                 // kRegex: the whole text matches it (structured/regex_dfa.h)
-  // kGrammar: an EBNF grammar (structured/ebnf_grammar.h) run as a pushdown automaton; a regular
-  // one comes as its regex (the scheduler translates it).
+  // kGrammar: an EBNF grammar (structured/ebnf_grammar.h): a regular one is walked as its regex's
+  // DFA, any other runs as a pushdown automaton (the matcher chooses, guided_decoding.cc).
   std::string grammar;
 };
 

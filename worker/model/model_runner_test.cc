@@ -41,6 +41,7 @@ class RunnerTest : public ::testing::Test {
     options.block_size = 4;  // small blocks so short prompts span several
     options.num_kv_blocks = 256;
     options.max_model_len = max_model_len;
+    options.keep_logits = true;  // the test reads the logits
     return std::make_unique<Qwen2Runner>(options);
   }
 
@@ -256,6 +257,7 @@ TEST_F(RunnerTest, Bf16GreedyMatchesFp32) {
   options.block_size = 4;
   options.num_kv_blocks = 256;
   options.dtype = "bfloat16";
+  options.keep_logits = true;  // the test reads the logits
   Qwen2Runner bf16(options);
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1), Prompt(30, 2), Prompt(1, 3)};
   std::vector<std::vector<int32_t>> batched_tokens;

@@ -60,6 +60,7 @@ TEST_P(PrefixCacheRunnerTest, CachedPrefixEqualsFullPrompt) {
   options.dtype = GetParam();
   options.block_size = kBlock;
   options.num_kv_blocks = 64;
+  options.keep_logits = true;  // the test reads the logits
   Qwen2Runner runner(options);
 
   const std::vector<int32_t> shared = Tokens(12, 1);  // 3 full blocks
@@ -91,6 +92,7 @@ TEST_P(PrefixCacheRunnerTest, WholePromptCachedIsRejected) {
   options.dtype = GetParam();
   options.block_size = kBlock;
   options.num_kv_blocks = 16;
+  options.keep_logits = true;  // the test reads the logits
   Qwen2Runner runner(options);
   StepSpec step;
   NewSequenceSpec n;

@@ -37,6 +37,7 @@ class PromptLogprobsRunnerTest : public ::testing::Test {
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 512;
+    options.keep_logits = true;  // the test reads the logits
     return std::make_unique<Qwen2Runner>(options);
   }
 

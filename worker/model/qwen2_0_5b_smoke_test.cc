@@ -33,6 +33,7 @@ TEST(Qwen2_0_5BSmokeTest, WriteLoadAndStep) {
   RunnerOptions options;
   options.model_dir = dir.str();
   options.kv_cache_bytes = 32ll << 20;
+  options.keep_logits = true;  // the test reads the logits
   Qwen2Runner runner(options);
   std::printf("loaded in %.1f s, %d KV blocks\n", Seconds(start), runner.info().num_kv_blocks);
   EXPECT_EQ(runner.info().eos_token_ids, std::vector<int32_t>{151645});

@@ -130,7 +130,7 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   last_logits_.clear();
   if (step.scheduled.empty()) return out;
   const std::vector<float>& logits = model_->Forward(batch_, *cache_);
-  last_logits_.assign(logits.begin(), logits.end());
+  if (options_.keep_logits) last_logits_.assign(logits.begin(), logits.end());
   const int32_t vocab = info_.vocab_size;
   for (size_t i = 0; i < sampling.size(); ++i) {
     Sequence& seq = *sampling[i];

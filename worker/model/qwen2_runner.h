@@ -24,8 +24,8 @@ class Qwen2Runner final : public ModelRunner {
   std::vector<PromptLogprobsOut> TakePromptLogprobs() override { return std::move(prompt_logprobs_); }
   void ForgetAll() override { seqs_.clear(); }
 
-  // The fp32 logits the last Step sampled from, one row per returned token in the same order:
-  // [num_sampled, vocab_size]. Row-major; empty when nothing was sampled.
+  // With RunnerOptions::keep_logits, the fp32 logits the last Step sampled from, one row per
+  // returned token in the same order: [num_sampled, vocab_size]. Row-major; else empty.
   const std::vector<float>& last_logits() const { return last_logits_; }
   Qwen2Model& model() { return *model_; }
   int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }

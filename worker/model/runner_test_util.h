@@ -96,6 +96,7 @@ class MiniScheduler {
     for (size_t i = 0; i < out.size(); ++i) {
       Seq& s = seqs_.at(out[i].seq_id);
       s.tokens.push_back(out[i].token_id);
+      if (runner_.last_logits().empty()) continue;  // RunnerOptions::keep_logits off
       const float* row = runner_.last_logits().data() + i * vocab;
       s.logits.emplace_back(row, row + vocab);
     }

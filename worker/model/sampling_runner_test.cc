@@ -34,6 +34,7 @@ class SamplingRunnerTest : public ::testing::Test {
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 256;
+    options.keep_logits = true;  // the test reads the logits
     return std::make_unique<Qwen2Runner>(options);
   }
 

@@ -45,6 +45,7 @@ Outcome RunWorkload(const std::string& model_dir, Communicator* comm) {
   options.dtype = "float32";
   options.block_size = 4;
   options.num_kv_blocks = 512;
+  options.keep_logits = true;  // the test reads the logits
   options.num_threads = 1;  // two ranks share the machine's cores
   options.comm = comm;
   Qwen2Runner runner(options);
