@@ -77,11 +77,11 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
   const ValidatedRequest& v = admitted_->v;
   lane_series_ = &generator_.metrics_->lane(v.lane);
   lane_series_->waiting.Increment();
-  progress_.emplace(StreamProgress{CompletionText(generator_.tokenizer_, v.stop, v.submit.min_tokens(), v.include_stop)});
+  progress_.emplace(StreamProgress{CompletionText(generator_.tokenizer_, v.stop, v.submit.sampling().min_tokens(), v.include_stop)});
   progress_->final_chunk.set_request_id(v.submit.request_id());
-  if (v.submit.has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
+  if (v.submit.sampling().has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
   prefix_key_ = PrefixKey(v.submit.prompt_token_ids());
-  cost_ = v.submit.prompt_token_ids_size() + v.submit.max_tokens();
+  cost_ = v.submit.prompt_token_ids_size() + v.submit.sampling().max_tokens();
   StartAttempt();
 }
 

@@ -97,7 +97,7 @@ std::variant<grpc::Status, AdmittedRequest> Generator::Admit(ferry::v1::Generate
   }
   ValidatedRequest& v = std::get<ValidatedRequest>(validated);
   v.submit.set_request_id(id);
-  if (v.submit.seed() == 0) v.submit.set_seed(RandomU64() | 1);
+  if (v.submit.sampling().seed() == 0) v.submit.mutable_sampling()->set_seed(RandomU64() | 1);
   // A full lane answers at once; the ticket holds the place until the request starts.
   auto ticket = queues_.TryEnter(v.lane_rules);
   if (!ticket) {
@@ -111,7 +111,7 @@ std::variant<grpc::Status, AdmittedRequest> Generator::Admit(ferry::v1::Generate
                                     v.lane_rules.max_queued, hint));
   }
   spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, v.submit.prompt_token_ids_size(),
-                v.submit.max_tokens());
+                v.submit.sampling().max_tokens());
   return AdmittedRequest{std::move(v), std::move(*ticket), arrival};
 }
 

@@ -83,13 +83,7 @@ ferry::gateway::ModelLimits ModelLimitsFrom(const std::shared_ptr<grpc::Channel>
   ferry::gateway::ModelLimits limits;
   limits.max_model_len = info.max_model_len();
   limits.vocab_size = info.vocab_size();
-  const auto& d = info.generation_defaults();
-  auto& defaults = limits.defaults;
-  if (d.has_temperature()) defaults.temperature = d.temperature();
-  if (d.has_top_p()) defaults.top_p = d.top_p();
-  if (d.has_top_k()) defaults.top_k = d.top_k();
-  if (d.has_min_p()) defaults.min_p = d.min_p();
-  if (d.has_repetition_penalty()) defaults.repetition_penalty = d.repetition_penalty();
+  limits.defaults = info.generation_defaults();
   spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
                info.vocab_size());
   return limits;

@@ -73,7 +73,7 @@ std::string CheckRegex(const std::string& pattern) {
   return {};
 }
 
-// A grammar is expanded to a regex and compiled here, as the scheduler will: a recursive or
+// A grammar is expanded to a regex and compiled here, as the worker will: a recursive or
 // too large one is refused naming the line and column, or the regex construct it expanded to.
 std::string CheckGrammar(const std::string& grammar) {
   if (grammar.size() > kMaxGrammarBytes) {
@@ -221,37 +221,30 @@ std::string CheckTokenFields(const ferry::v1::SamplingParams& s, int32_t max_tok
   return {};
 }
 
-// The scheduler's request for a valid one: fields left unset take the model's defaults.
+// The scheduler's request for a valid one: the client's sampling message with every optional
+// field resolved (the request's value, else the model's default, else the API's); stop strings
+// stay here (the gateway applies them to the text).
 ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vector<int32_t>& ids,
-                             int32_t max_tokens, const SamplingDefaults& d, const Lane& lane) {
-  const auto& s = r.sampling();
+                             int32_t max_tokens, const ferry::v1::GenerationDefaults& d, const Lane& lane) {
   ValidatedRequest out;
   auto& sub = out.submit;
   sub.set_request_id(r.request_id());
   sub.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
-  sub.set_max_tokens(max_tokens);
-  sub.set_temperature(s.has_temperature() ? s.temperature() : d.temperature.value_or(0.f));
-  sub.set_top_p(s.has_top_p() ? s.top_p() : d.top_p.value_or(1.f));
-  sub.set_top_k(s.has_top_k() ? s.top_k() : d.top_k.value_or(0));
-  sub.set_min_p(s.has_min_p() ? s.min_p() : d.min_p.value_or(0.f));
-  sub.set_presence_penalty(s.presence_penalty());
-  sub.set_frequency_penalty(s.frequency_penalty());
-  sub.set_repetition_penalty(s.has_repetition_penalty() ? s.repetition_penalty()
-                                                        : d.repetition_penalty.value_or(1.f));
-  sub.set_logprobs(s.has_logprobs() ? s.logprobs() : -1);
-  if (s.has_prompt_logprobs()) sub.set_prompt_logprobs(s.prompt_logprobs());
-  sub.set_seed(s.seed());
-  *sub.mutable_stop_token_ids() = s.stop_token_ids();
-  *sub.mutable_logit_bias() = s.logit_bias();
-  *sub.mutable_allowed_token_ids() = s.allowed_token_ids();
-  sub.set_min_tokens(s.min_tokens());
-  if (s.guided().kind_case() != ferry::v1::GuidedDecoding::KIND_NOT_SET) *sub.mutable_guided() = s.guided();
-  sub.set_ignore_eos(s.ignore_eos());
+  ferry::v1::SamplingParams& p = *sub.mutable_sampling() = r.sampling();
+  out.stop.assign(p.stop().begin(), p.stop().end());
+  out.include_stop = p.include_stop_str_in_output();
+  p.clear_stop();
+  p.clear_include_stop_str_in_output();
+  if (p.guided().kind_case() == ferry::v1::GuidedDecoding::KIND_NOT_SET) p.clear_guided();  // no constraint
+  p.set_max_tokens(max_tokens);
+  if (!p.has_temperature()) p.set_temperature(d.has_temperature() ? d.temperature() : 0.f);
+  if (!p.has_top_p()) p.set_top_p(d.has_top_p() ? d.top_p() : 1.f);
+  if (!p.has_top_k()) p.set_top_k(d.has_top_k() ? d.top_k() : 0);
+  if (!p.has_min_p()) p.set_min_p(d.has_min_p() ? d.min_p() : 0.f);
+  if (!p.has_repetition_penalty()) p.set_repetition_penalty(d.has_repetition_penalty() ? d.repetition_penalty() : 1.f);
   sub.set_priority(lane.priority);
   sub.set_lane(lane.name);
   sub.set_queue_timeout_ms(lane.queue_timeout_ms);
-  out.stop.assign(s.stop().begin(), s.stop().end());
-  out.include_stop = s.include_stop_str_in_output();
   out.lane = lane.name;
   out.lane_rules = lane;
   return out;

@@ -15,20 +15,12 @@
 
 namespace ferry::gateway {
 
-// Sampling defaults from the model's generation_config.json (via the
-// scheduler's Info); a request's unset optional fields take these first.
-struct SamplingDefaults {
-  std::optional<float> temperature;
-  std::optional<float> top_p;
-  std::optional<int32_t> top_k;
-  std::optional<float> min_p;
-  std::optional<float> repetition_penalty;
-};
-
 struct ModelLimits {
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;
-  SamplingDefaults defaults;
+  // From the model's generation_config.json (via the scheduler's Info); a request's unset
+  // optional sampling fields take these first.
+  ferry::v1::GenerationDefaults defaults;
 };
 
 inline constexpr int32_t kMaxLogprobs = 20;
@@ -40,11 +32,11 @@ inline constexpr int32_t kMaxLogitBias = 300;
 // walks every choice still possible at each step, stays cheap next to the forward pass.
 inline constexpr int32_t kMaxGuidedChoices = 256;
 inline constexpr size_t kMaxGuidedChoiceBytes = 1024;
-// A JSON schema's text (sampling.guided.json_schema): compiled at the gateway, the scheduler and
-// the worker, and its automaton is bounded too (structured/json_schema.h's limits).
+// A JSON schema's text (sampling.guided.json_schema): compiled once in each process it passes
+// (structured/README.md), and its automaton is bounded too (structured/json_schema.h's limits).
 inline constexpr size_t kMaxGuidedJsonSchemaBytes = 64 * 1024;
 // A regex (sampling.guided.regex) is bounded by structured/regex_dfa.h's kMaxRegexBytes (4,096) and
-// compiled at the same three places.
+// compiled the same way.
 
 inline constexpr int32_t kDefaultMaxTokens = 16;
 // A client's request_id goes into every log line and chunk of its request: bounded and printable.
@@ -55,7 +47,7 @@ inline constexpr int32_t kMaxStopTokenIds = 1024;
 std::string CheckRequestId(const std::string& id);
 
 struct ValidatedRequest {
-  ferry::v1::SubmitRequest submit;  // prompt tokenised, defaults filled in
+  ferry::v1::SubmitRequest submit;  // prompt tokenised, sampling resolved (sampling.proto)
   std::vector<std::string> stop;    // stop strings, valid UTF-8
   bool include_stop = false;        // the matched stop string ends the text, not cut from it
   std::string lane;

@@ -32,8 +32,8 @@ TEST_F(ValidateRequestTest, FillsDefaults) {
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v));
   const auto& out = std::get<ValidatedRequest>(v);
-  EXPECT_EQ(out.submit.max_tokens(), kDefaultMaxTokens);
-  EXPECT_FLOAT_EQ(out.submit.top_p(), 1.f);
+  EXPECT_EQ(out.submit.sampling().max_tokens(), kDefaultMaxTokens);
+  EXPECT_FLOAT_EQ(out.submit.sampling().top_p(), 1.f);
   EXPECT_EQ(out.lane, "interactive");
   EXPECT_EQ(out.submit.priority(), 10);
   EXPECT_GT(out.submit.prompt_token_ids_size(), 0);
@@ -55,7 +55,7 @@ TEST_F(ValidateRequestTest, LogitBiasReachesTheScheduler) {
   (*r.mutable_sampling()->mutable_logit_bias())[7] = 5.5f;
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  const auto& bias = std::get<ValidatedRequest>(v).submit.logit_bias();
+  const auto& bias = std::get<ValidatedRequest>(v).submit.sampling().logit_bias();
   ASSERT_EQ(bias.size(), 2u);
   EXPECT_EQ(bias.at(42), -100.f);
   EXPECT_EQ(bias.at(7), 5.5f);
@@ -69,7 +69,7 @@ TEST_F(ValidateRequestTest, GuidedDecodingReachesTheScheduler) {
   choice->add_choices(std::string(kMaxGuidedChoiceBytes, 'n'));  // at the limit
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  const auto& guided = std::get<ValidatedRequest>(v).submit.guided();
+  const auto& guided = std::get<ValidatedRequest>(v).submit.sampling().guided();
   ASSERT_TRUE(guided.has_choice());
   ASSERT_EQ(guided.choice().choices_size(), 2);
   EXPECT_EQ(guided.choice().choices(0), "yes");
@@ -77,13 +77,13 @@ TEST_F(ValidateRequestTest, GuidedDecodingReachesTheScheduler) {
   r.mutable_sampling()->mutable_guided()->set_json_object(true);  // the oneof now holds json_object
   v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_TRUE(std::get<ValidatedRequest>(v).submit.guided().json_object());
+  EXPECT_TRUE(std::get<ValidatedRequest>(v).submit.sampling().guided().json_object());
 
   // No constraint (guided unset, or set with neither kind): none reaches the scheduler.
   r.mutable_sampling()->mutable_guided()->clear_kind();
   v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_FALSE(std::get<ValidatedRequest>(v).submit.has_guided());
+  EXPECT_FALSE(std::get<ValidatedRequest>(v).submit.sampling().has_guided());
 
   auto* many = r.mutable_sampling()->mutable_guided()->mutable_choice();
   for (int i = 0; i < kMaxGuidedChoices; ++i) many->add_choices(std::to_string(i));
@@ -98,7 +98,7 @@ TEST_F(ValidateRequestTest, AJsonSchemaReachesTheSchedulerAsWritten) {
   r.mutable_sampling()->mutable_guided()->set_json_schema(schema);
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.guided().json_schema(), schema);
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.sampling().guided().json_schema(), schema);
 
   // At the limit: a schema padded with whitespace to exactly 64 KiB.
   const std::string padded = schema + std::string(kMaxGuidedJsonSchemaBytes - schema.size(), ' ');
@@ -131,7 +131,7 @@ TEST_F(ValidateRequestTest, ARegexReachesTheSchedulerAsWritten) {
   r.mutable_sampling()->mutable_guided()->set_regex(pattern);
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.guided().regex(), pattern);
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.sampling().guided().regex(), pattern);
 
   // At the limit: 4,096 bytes that need few states (a literal that long needs 4,097, over the
   // compiler's state limit).
@@ -141,7 +141,7 @@ TEST_F(ValidateRequestTest, ARegexReachesTheSchedulerAsWritten) {
   r.mutable_sampling()->mutable_guided()->set_regex("");
   v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_TRUE(std::get<ValidatedRequest>(v).submit.guided().has_regex());
+  EXPECT_TRUE(std::get<ValidatedRequest>(v).submit.sampling().guided().has_regex());
 }
 
 TEST_F(ValidateRequestTest, ARegexTheEngineCannotGenerateExactlyIsRefused) {
@@ -174,7 +174,7 @@ TEST_F(ValidateRequestTest, AGrammarIsCheckedAndReachesTheSchedulerAsWritten) {
   r.mutable_sampling()->mutable_guided()->set_grammar(grammar);
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.guided().grammar(), grammar) << "the scheduler expands it";
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.sampling().guided().grammar(), grammar) << "the worker expands it";
   // Recursive, and regular with a DFA past regex_dfa.h's limits: both served by the pushdown
   // automaton. Left recursion and rules that never end cannot be.
   EXPECT_EQ(error("root ::= \"a\" root | \"b\""), "");
@@ -196,7 +196,7 @@ TEST_F(ValidateRequestTest, AllowedTokenIdsAreCheckedAndReachTheScheduler) {
   r.mutable_sampling()->add_allowed_token_ids(499);
   auto v = ValidateRequest(r, limits_, lanes_, *tok_);
   ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
-  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.allowed_token_ids_size(), 2);
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.sampling().allowed_token_ids_size(), 2);
   r.mutable_sampling()->add_allowed_token_ids(500);  // limits_: a vocabulary of 500
   EXPECT_EQ(Error(r), "sampling.allowed_token_ids[2] = 500 is outside the vocabulary [0, 500)");
   r.mutable_sampling()->clear_allowed_token_ids();

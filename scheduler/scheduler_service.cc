@@ -31,46 +31,47 @@ GuidedDecoding ToGuided(const ferry::v1::GuidedDecoding& g) {
       out.kind = GuidedDecoding::Kind::kRegex;
       out.regex = g.regex();
       break;
-    case ferry::v1::GuidedDecoding::kGrammar: {  // CheckGuided compiled it: this is a cache hit
-      const GrammarPlan plan = CheckGrammarCached(g.grammar());
-      if (plan.regex) {  // regular: the worker walks its regex's DFA
-        out.kind = GuidedDecoding::Kind::kRegex;
-        out.regex = *plan.regex;
-      } else {
-        out.kind = GuidedDecoding::Kind::kGrammar;
-        out.grammar = g.grammar();
-      }
+    case ferry::v1::GuidedDecoding::kGrammar:
+      out.kind = GuidedDecoding::Kind::kGrammar;
+      out.grammar = g.grammar();
       break;
-    }
     default: break;
   }
   return out;
+}
+
+// The one place a wire SamplingParams becomes the scheduler's (the gateway resolved every field).
+SamplingParams ToSamplingParams(const ferry::v1::SamplingParams& s) {
+  SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_p = s.top_p() > 0 ? s.top_p() : 1.f;
+  p.top_k = s.top_k();
+  p.min_p = s.min_p();
+  p.presence_penalty = s.presence_penalty();
+  p.frequency_penalty = s.frequency_penalty();
+  p.repetition_penalty = s.repetition_penalty() > 0 ? s.repetition_penalty() : 1.f;
+  p.logprobs = s.has_logprobs() ? s.logprobs() : -1;
+  p.prompt_logprobs = s.has_prompt_logprobs() ? s.prompt_logprobs() : -1;
+  p.guided = ToGuided(s.guided());
+  p.seed = s.seed();
+  p.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
+  p.allowed_token_ids.assign(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
+  p.min_tokens = s.min_tokens();
+  return p;
 }
 
 RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<int32_t>& eos_ids) {
   RequestSpec spec;
   spec.request_id = r.request_id();
   spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
-  spec.max_tokens = r.max_tokens();
-  SamplingParams& p = spec.sampling;
-  p.temperature = r.temperature();
-  p.top_p = r.top_p() > 0 ? r.top_p() : 1.f;
-  p.top_k = r.top_k();
-  p.min_p = r.min_p();
-  p.presence_penalty = r.presence_penalty();
-  p.frequency_penalty = r.frequency_penalty();
-  p.repetition_penalty = r.repetition_penalty() > 0 ? r.repetition_penalty() : 1.f;
-  p.logprobs = r.logprobs();
-  p.prompt_logprobs = r.has_prompt_logprobs() ? r.prompt_logprobs() : -1;
-  p.guided = ToGuided(r.guided());
-  p.seed = r.seed();
-  p.logit_bias.assign(r.logit_bias().begin(), r.logit_bias().end());
-  std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
-  p.allowed_token_ids.assign(r.allowed_token_ids().begin(), r.allowed_token_ids().end());
-  spec.stop_token_ids.assign(r.stop_token_ids().begin(), r.stop_token_ids().end());
+  const ferry::v1::SamplingParams& s = r.sampling();
+  spec.max_tokens = s.max_tokens();
+  spec.sampling = ToSamplingParams(s);
+  spec.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   spec.eos_token_ids = eos_ids;
-  spec.ignore_eos = r.ignore_eos();
-  p.min_tokens = r.min_tokens();
+  spec.ignore_eos = s.ignore_eos();
+  SamplingParams& p = spec.sampling;
   if (p.min_tokens > 0) {
     if (!spec.ignore_eos) p.min_tokens_suppressed_ids = eos_ids;
     p.min_tokens_suppressed_ids.insert(p.min_tokens_suppressed_ids.end(), spec.stop_token_ids.begin(),
@@ -138,9 +139,10 @@ void ToProto(const TokenLogprob& in, int32_t token_id, ferry::v1::TokenLogprob* 
 
 // A bad value would fail the worker's whole step, every sequence in it with it.
 void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
-  if (!r.has_prompt_logprobs()) return;
-  if (r.prompt_logprobs() < 0 || r.prompt_logprobs() > 20) {
-    throw std::invalid_argument(fmt::format("prompt_logprobs = {} must be in [0, 20]", r.prompt_logprobs()));
+  const ferry::v1::SamplingParams& s = r.sampling();
+  if (!s.has_prompt_logprobs()) return;
+  if (s.prompt_logprobs() < 0 || s.prompt_logprobs() > 20) {
+    throw std::invalid_argument(fmt::format("prompt_logprobs = {} must be in [0, 20]", s.prompt_logprobs()));
   }
   if (!info.supports_prompt_logprobs()) {
     throw std::invalid_argument("prompt_logprobs is not supported by this replica's worker backend");
@@ -152,7 +154,7 @@ void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::Sch
 // worker nothing to match, and a schema or a regex is compiled again since a client may call the
 // scheduler directly.
 void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
-  const ferry::v1::GuidedDecoding& g = r.guided();
+  const ferry::v1::GuidedDecoding& g = r.sampling().guided();
   if (g.kind_case() == ferry::v1::GuidedDecoding::KIND_NOT_SET) return;
   if (!info.supports_guided_decoding()) {
     throw std::invalid_argument("guided decoding is not supported by this replica's worker backend");

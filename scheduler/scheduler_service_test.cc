@@ -105,7 +105,7 @@ class SchedulerServiceTest : public ::testing::Test {
     ferry::v1::SubmitRequest r;
     r.set_request_id("r");
     for (int32_t t : {11, 12, 13}) r.add_prompt_token_ids(t);
-    r.set_max_tokens(2);
+    r.mutable_sampling()->set_max_tokens(2);
     return r;
   }
 
@@ -120,50 +120,52 @@ class SchedulerServiceTest : public ::testing::Test {
 TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   Start(true);
   ferry::v1::SubmitRequest choice = Request();
-  choice.mutable_guided()->mutable_choice()->add_choices("yes");
-  choice.mutable_guided()->mutable_choice()->add_choices("no");
+  choice.mutable_sampling()->mutable_guided()->mutable_choice()->add_choices("yes");
+  choice.mutable_sampling()->mutable_guided()->mutable_choice()->add_choices("no");
   ASSERT_TRUE(Submit(choice).ok());
   ferry::v1::SubmitRequest json_object = Request();
-  json_object.mutable_guided()->set_json_object(true);
+  json_object.mutable_sampling()->mutable_guided()->set_json_object(true);
   ASSERT_TRUE(Submit(json_object).ok());
   ASSERT_TRUE(Submit(Request()).ok());
   ferry::v1::SubmitRequest schema = Request();
   const std::string text = R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})";
-  schema.mutable_guided()->set_json_schema(text);
+  schema.mutable_sampling()->mutable_guided()->set_json_schema(text);
   ASSERT_TRUE(Submit(schema).ok());
   ferry::v1::SubmitRequest regex = Request();
   const std::string pattern = R"((?:yes|no)-\d{2,4})";
-  regex.mutable_guided()->set_regex(pattern);
+  regex.mutable_sampling()->mutable_guided()->set_regex(pattern);
   ASSERT_TRUE(Submit(regex).ok());
   ferry::v1::SubmitRequest grammar = Request();
-  grammar.mutable_guided()->set_grammar("root ::= (\"yes\" | \"no\") \"-\" [0-9]{2,4}");
+  grammar.mutable_sampling()->mutable_guided()->set_grammar("root ::= (\"yes\" | \"no\") \"-\" [0-9]{2,4}");
   ASSERT_TRUE(Submit(grammar).ok());
   ferry::v1::SubmitRequest recursive = Request();
   const std::string nested = "root ::= \"(\" root \")\" | \"x\"";
-  recursive.mutable_guided()->set_grammar(nested);
+  recursive.mutable_sampling()->mutable_guided()->set_grammar(nested);
   ASSERT_TRUE(Submit(recursive).ok());
 
   const std::vector<ferry::v1::NewSequence> sent = workers_.new_sequences();
   ASSERT_EQ(sent.size(), 7u);
-  ASSERT_TRUE(sent[0].guided().has_choice());
-  EXPECT_EQ(sent[0].guided().choice().choices_size(), 2);
-  EXPECT_EQ(sent[0].guided().choice().choices(1), "no");
-  EXPECT_TRUE(sent[1].guided().json_object());
-  EXPECT_FALSE(sent[2].has_guided());  // unconstrained: nothing on the wire
-  ASSERT_TRUE(sent[3].guided().has_json_schema());
-  EXPECT_EQ(sent[3].guided().json_schema(), text);  // byte for byte: the properties' order is the text's
-  ASSERT_TRUE(sent[4].guided().has_regex());
-  EXPECT_EQ(sent[4].guided().regex(), pattern);
-  ASSERT_TRUE(sent[5].guided().has_regex()) << "a grammar reaches the worker expanded to its regex";
-  EXPECT_EQ(sent[5].guided().regex(), "(?:yes|no)-(?:[0-9]){2,4}");
-  ASSERT_TRUE(sent[6].guided().has_grammar()) << "a recursive one as itself, for the pushdown automaton";
-  EXPECT_EQ(sent[6].guided().grammar(), nested);
+  ASSERT_TRUE(sent[0].sampling().guided().has_choice());
+  EXPECT_EQ(sent[0].sampling().guided().choice().choices_size(), 2);
+  EXPECT_EQ(sent[0].sampling().guided().choice().choices(1), "no");
+  EXPECT_TRUE(sent[1].sampling().guided().json_object());
+  EXPECT_FALSE(sent[2].sampling().has_guided());  // unconstrained: nothing on the wire
+  ASSERT_TRUE(sent[3].sampling().guided().has_json_schema());
+  EXPECT_EQ(sent[3].sampling().guided().json_schema(), text);  // byte for byte: the properties' order is the text's
+  ASSERT_TRUE(sent[4].sampling().guided().has_regex());
+  EXPECT_EQ(sent[4].sampling().guided().regex(), pattern);
+  // A grammar reaches the worker as itself, regular or not: the worker's matcher chooses between
+  // the regex's DFA and the pushdown automaton (guided_decoding_test.cc).
+  ASSERT_TRUE(sent[5].sampling().guided().has_grammar());
+  EXPECT_EQ(sent[5].sampling().guided().grammar(), "root ::= (\"yes\" | \"no\") \"-\" [0-9]{2,4}");
+  ASSERT_TRUE(sent[6].sampling().guided().has_grammar());
+  EXPECT_EQ(sent[6].sampling().guided().grammar(), nested);
 }
 
 TEST_F(SchedulerServiceTest, AReplicaWithoutGuidedDecodingRefusesIt) {
   Start(false);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->set_json_object(true);
+  r.mutable_sampling()->mutable_guided()->set_json_object(true);
   const grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(), "guided decoding is not supported by this replica's worker backend");
@@ -174,7 +176,7 @@ TEST_F(SchedulerServiceTest, AReplicaWithoutGuidedDecodingRefusesIt) {
 TEST_F(SchedulerServiceTest, AChoiceConstraintWithoutChoicesIsRefused) {
   Start(true);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->mutable_choice();
+  r.mutable_sampling()->mutable_guided()->mutable_choice();
   const grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(), "guided.choice.choices (count) = 0 must be at least 1");
@@ -185,11 +187,11 @@ TEST_F(SchedulerServiceTest, AChoiceConstraintWithoutChoicesIsRefused) {
 TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
   Start(true);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->set_json_schema(R"({"type":"integer","multipleOf":3})");
+  r.mutable_sampling()->mutable_guided()->set_json_schema(R"({"type":"integer","multipleOf":3})");
   grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(), "guided.json_schema: schema at /: \"multipleOf\" is not supported");
-  r.mutable_guided()->set_json_schema("[1, 2");
+  r.mutable_sampling()->mutable_guided()->set_json_schema("[1, 2");
   status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message().rfind("guided.json_schema: schema is not JSON", 0), 0u) << status.error_message();
@@ -200,7 +202,7 @@ TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
 TEST_F(SchedulerServiceTest, ALeftRecursiveGrammarIsRefused) {
   Start(true);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->set_grammar("root ::= \"x\" | root \"+\" \"x\"");
+  r.mutable_sampling()->mutable_guided()->set_grammar("root ::= \"x\" | root \"+\" \"x\"");
   const grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message().rfind("guided.grammar: grammar at line 1, column 16: rule \"root\" is "
@@ -214,16 +216,16 @@ TEST_F(SchedulerServiceTest, ALeftRecursiveGrammarIsRefused) {
 TEST_F(SchedulerServiceTest, ARegexThatDoesNotCompileIsRefused) {
   Start(true);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_guided()->set_regex(R"((a)\1)");
+  r.mutable_sampling()->mutable_guided()->set_regex(R"((a)\1)");
   grpc::Status status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(), "guided.regex: regex at byte 4: backreferences and octal escapes are not supported");
-  r.mutable_guided()->set_regex(std::string(4097, 'a'));
+  r.mutable_sampling()->mutable_guided()->set_regex(std::string(4097, 'a'));
   status = Submit(r);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(), "guided.regex: regex: 4097 bytes, over the limit of 4096");
   EXPECT_TRUE(workers_.new_sequences().empty());
-  r.mutable_guided()->set_regex("[a-z]+");
+  r.mutable_sampling()->mutable_guided()->set_regex("[a-z]+");
   EXPECT_TRUE(Submit(r).ok());
   EXPECT_EQ(workers_.new_sequences().size(), 1u);
 }

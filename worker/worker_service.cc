@@ -97,6 +97,25 @@ GuidedSpec ToGuidedSpec(const ferry::v1::GuidedDecoding& g) {
   return out;
 }
 
+// The one place a wire SamplingParams becomes the engine's (the scheduler sends every field set).
+SamplingOptions ToSamplingOptions(const ferry::v1::SamplingParams& p) {
+  SamplingOptions o;
+  o.temperature = p.temperature();
+  o.top_p = p.top_p();
+  o.top_k = p.top_k();
+  o.min_p = p.min_p();
+  o.presence_penalty = p.presence_penalty();
+  o.frequency_penalty = p.frequency_penalty();
+  o.repetition_penalty = p.repetition_penalty();
+  o.logprobs = p.has_logprobs() ? p.logprobs() : -1;
+  o.seed = p.seed();
+  o.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  o.allowed_token_ids.assign(p.allowed_token_ids().begin(), p.allowed_token_ids().end());
+  o.min_tokens = p.min_tokens();
+  o.guided = ToGuidedSpec(p.guided());
+  return o;
+}
+
 }  // namespace
 
 StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
@@ -107,22 +126,10 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.token_ids.assign(n.token_ids().begin(), n.token_ids().end());
     s.num_generated = n.num_generated();
     s.num_cached_tokens = n.num_cached_tokens();
-    s.sampling.temperature = n.temperature();
-    s.sampling.top_p = n.top_p();
-    s.sampling.top_k = n.top_k();
-    s.sampling.min_p = n.min_p();
-    s.sampling.presence_penalty = n.presence_penalty();
-    s.sampling.frequency_penalty = n.frequency_penalty();
-    s.sampling.repetition_penalty = n.repetition_penalty();
-    s.sampling.logprobs = n.logprobs();
-    s.sampling.seed = n.seed();
-    s.sampling.logit_bias.assign(n.logit_bias().begin(), n.logit_bias().end());
-    s.sampling.allowed_token_ids.assign(n.allowed_token_ids().begin(), n.allowed_token_ids().end());
-    s.sampling.min_tokens = n.min_tokens();
+    s.sampling = ToSamplingOptions(n.sampling());
     s.sampling.min_tokens_suppressed_ids.assign(n.min_tokens_suppressed_ids().begin(),
                                                 n.min_tokens_suppressed_ids().end());
-    s.prompt_logprobs = n.has_prompt_logprobs() ? n.prompt_logprobs() : -1;
-    s.sampling.guided = ToGuidedSpec(n.guided());
+    s.prompt_logprobs = n.sampling().has_prompt_logprobs() ? n.sampling().prompt_logprobs() : -1;
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {

@@ -38,11 +38,10 @@ ferry::v1::StepRequest OneSequence(const ferry::v1::GuidedDecoding* guided) {
   auto* n = request.add_new_sequences();
   n->set_seq_id(5);
   for (int32_t t : {10, 11, 12}) n->add_token_ids(t);
-  n->set_temperature(0);
-  n->set_top_p(1);
-  n->set_repetition_penalty(1);
-  n->set_logprobs(-1);
-  if (guided != nullptr) *n->mutable_guided() = *guided;
+  n->mutable_sampling()->set_temperature(0);
+  n->mutable_sampling()->set_top_p(1);
+  n->mutable_sampling()->set_repetition_penalty(1);
+  if (guided != nullptr) *n->mutable_sampling()->mutable_guided() = *guided;
   auto* s = request.add_scheduled();
   s->set_seq_id(5);
   s->set_num_tokens(3);

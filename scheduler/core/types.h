@@ -63,10 +63,11 @@ struct GuidedDecoding {
   std::string grammar;               // kGrammar: a grammar with no regex (structured/ebnf_grammar.h)
 };
 
-// How the worker picks each token; the scheduler only carries it. Semantics in
-// worker/model/model_runner.h (SamplingOptions).
+// How the worker picks each token; the scheduler only carries it (and reads prompt_logprobs).
+// Semantics in proto/ferry/v1/sampling.proto; converted from and to it in one place each
+// (scheduler_service.cc's ToSamplingParams, worker_client.cc's ToProto).
 struct SamplingParams {
-  float temperature = 1.0f;
+  float temperature = 0.0f;  // 0: greedy, as the API's default (sampling.proto)
   float top_p = 1.0f;
   int32_t top_k = 0;
   float min_p = 0.0f;

@@ -23,8 +23,8 @@ def start(cmd, ready_file, log, timeout_s=60):
 
 
 def submit(stub, pb, max_tokens):
-    return stub.Submit(pb.sched.SubmitRequest(prompt_token_ids=[11, 12, 13, 14, 15], max_tokens=max_tokens,
-                                              ignore_eos=True, logprobs=-1, repetition_penalty=1.0, top_p=1.0), timeout=120)
+    sampling = pb.gen.SamplingParams(max_tokens=max_tokens, ignore_eos=True, repetition_penalty=1.0, top_p=1.0)
+    return stub.Submit(pb.sched.SubmitRequest(prompt_token_ids=[11, 12, 13, 14, 15], sampling=sampling), timeout=120)
 
 
 def generate(stub, pb, max_tokens):

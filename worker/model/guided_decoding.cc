@@ -9,6 +9,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "common/byte_level.h"
+#include "structured/ebnf_grammar.h"
 #include "structured/regex_dfa.h"
 #include "worker/model/guided_automata.h"
 #include "worker/model/guided_grammar.h"
@@ -16,37 +18,6 @@
 
 namespace ferry::worker {
 namespace {
-
-// GPT-2's bytes_to_unicode, inverted: code point -> byte. Printable Latin-1 bytes stand for
-// themselves; the other 68 are shifted to U+0100 and up, in byte order.
-std::unordered_map<uint32_t, uint8_t> UnicodeToByte() {
-  std::unordered_map<uint32_t, uint8_t> out;
-  uint32_t shifted = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    out[printable ? b : shifted++] = static_cast<uint8_t>(b);
-  }
-  return out;
-}
-
-// The bytes a byte-level vocabulary entry stands for; nullopt when a code point is not one of
-// the 256 (not a byte-level token).
-std::optional<std::string> ByteLevelBytes(const std::string& entry,
-                                          const std::unordered_map<uint32_t, uint8_t>& table) {
-  std::string out;
-  for (size_t i = 0; i < entry.size();) {
-    const auto lead = static_cast<uint8_t>(entry[i]);
-    const int len = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-    if (i + static_cast<size_t>(len) > entry.size()) return std::nullopt;
-    uint32_t cp = len == 1 ? lead : lead & (0xFFu >> (len + 1));
-    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(entry[i + static_cast<size_t>(k)]) & 0x3Fu);
-    const auto it = table.find(cp);
-    if (it == table.end()) return std::nullopt;
-    out.push_back(static_cast<char>(it->second));
-    i += static_cast<size_t>(len);
-  }
-  return out;
-}
 
 // Marks in mask every token in trie nodes [begin, end) whose bytes past depth base_depth
 // automaton `start` accepts; the range is whole subtrees whose parent is at base_depth (the
@@ -372,15 +343,17 @@ std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& p
   if (vocab == nullptr || !vocab->contains("vocab") || !(*vocab)["vocab"].is_object()) {
     throw std::runtime_error(path + ": no model.vocab object (guided decoding reads byte-level BPE vocabularies)");
   }
-  const auto table = UnicodeToByte();
+  const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
   std::vector<std::string> bytes(static_cast<size_t>(std::max(vocab_size, 0)));
   for (const auto& [entry, id_json] : (*vocab)["vocab"].items()) {
     if (!id_json.is_number_integer()) continue;
     const int64_t id = id_json.get<int64_t>();
     if (id < 0 || id >= vocab_size) continue;
-    std::optional<std::string> b = ByteLevelBytes(entry, table);
-    if (!b) throw std::runtime_error(path + ": vocabulary entry " + std::to_string(id) + " is not byte-level");
-    bytes[static_cast<size_t>(id)] = std::move(*b);
+    std::string b;
+    if (!alphabet.Decode(entry, &b)) {
+      throw std::runtime_error(path + ": vocabulary entry " + std::to_string(id) + " is not byte-level");
+    }
+    bytes[static_cast<size_t>(id)] = std::move(b);
   }
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const nlohmann::json& t : j["added_tokens"]) {
@@ -487,6 +460,16 @@ void GuidedVocab::CacheMask(const std::string& key, std::shared_ptr<const TokenM
   mask_index_.emplace(key, mask_lru_.begin());
 }
 
+namespace {
+
+std::unique_ptr<GuidedMatcher> RegexMatcher(GuidedVocab& vocab, const std::string& regex) {
+  std::shared_ptr<const RegexDfa> dfa = CompileRegexCached(regex);
+  const RegexAutomaton start(dfa.get());
+  return Matcher(vocab, KeyPrefix("regex", {regex}), std::move(dfa), start);
+}
+
+}  // namespace
+
 std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab) {
   switch (spec.kind) {
     case GuidedSpec::Kind::kJsonObject:
@@ -506,12 +489,13 @@ std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedV
       const SchemaAutomaton start(graph.get());
       return Matcher(vocab, KeyPrefix("schema", {spec.json_schema}), std::move(graph), start);
     }
-    case GuidedSpec::Kind::kRegex: {  // RegexError is an invalid_argument
-      std::shared_ptr<const RegexDfa> dfa = CompileRegexCached(spec.regex);
-      const RegexAutomaton start(dfa.get());
-      return Matcher(vocab, KeyPrefix("regex", {spec.regex}), std::move(dfa), start);
-    }
+    case GuidedSpec::Kind::kRegex:  // RegexError is an invalid_argument
+      return RegexMatcher(vocab, spec.regex);
     case GuidedSpec::Kind::kGrammar: {  // GrammarError is an invalid_argument
+      // A regular grammar is walked as its regex's DFA (cheaper per step than the pushdown
+      // automaton, and its masks are cached); a recursive one, or one whose expansion is past
+      // the regex limits, runs as the pushdown automaton.
+      if (const GrammarPlan plan = CheckGrammarCached(spec.grammar); plan.regex) return RegexMatcher(vocab, *plan.regex);
       std::shared_ptr<const GrammarPda> pda = CompileGrammarPdaCached(spec.grammar);
       const GrammarAutomaton start(pda.get());
       return Matcher(vocab, KeyPrefix("grammar", {spec.grammar}), std::move(pda), start);

@@ -237,5 +237,35 @@ TEST(GrammarMatcherTest, MasksAreExactlyWhatTheAutomatonTakes) {
   EXPECT_GT(vocab.grammar_classes_cached(), 0u) << "masks inside strings took the precomputed classes";
 }
 
+// A regular grammar reaches the worker as itself (the scheduler only carries it): the matcher
+// walks its regex's DFA, sharing masks with the same regex asked for directly, and never
+// computes the pushdown automaton's classes.
+TEST(GrammarMatcherTest, ARegularGrammarIsWalkedAsItsRegexsDfa) {
+  const std::string grammar = "root ::= (\"yes\" | \"no\") \"-\" [0-9]{2,4}";
+  const std::string regex = "(?:yes|no)-(?:[0-9]){2,4}";
+  ASSERT_NE(CheckGrammarCached(grammar).regex, nullptr);
+  EXPECT_EQ(*CheckGrammarCached(grammar).regex, regex);
+  std::vector<std::string> bytes;
+  for (int i = 0; i < 128; ++i) bytes.push_back(std::string(1, static_cast<char>(i)));
+  for (const char* t : {"yes", "no", "-1", "12", "ye", "s-"}) bytes.push_back(t);
+  const auto eos = static_cast<int32_t>(bytes.size());
+  bytes.push_back("");
+  GuidedVocab vocab(bytes, {eos});
+  GuidedSpec as_regex{GuidedSpec::Kind::kRegex, {}, {}, regex};
+  GuidedSpec as_grammar{GuidedSpec::Kind::kGrammar, {}, {}, {}, grammar};
+  std::unique_ptr<GuidedMatcher> r = MakeGuidedMatcher(as_regex, vocab);
+  std::unique_ptr<GuidedMatcher> g = MakeGuidedMatcher(as_grammar, vocab);
+  for (int32_t pick : std::vector<int32_t>{128, '-', '4', '2'}) {  // "yes", then "-42"
+    const size_t masks = vocab.cached_masks();
+    const std::vector<int32_t> want = testing::Members(r->Allowed());
+    EXPECT_EQ(testing::Members(g->Allowed()), want);
+    EXPECT_LE(vocab.cached_masks(), masks + 1) << "the grammar's matcher took the regex's cached mask";
+    ASSERT_TRUE(r->Advance(pick));
+    ASSERT_TRUE(g->Advance(pick));
+  }
+  EXPECT_EQ(testing::Members(g->Allowed()), testing::Members(r->Allowed()));
+  EXPECT_EQ(vocab.grammar_classes_cached(), 0u);
+}
+
 }  // namespace
 }  // namespace ferry::worker

@@ -3,7 +3,7 @@
 // the same steps with the same messages. Everything is checked against the state the step would
 // produce before any of it is applied, so a rejected step leaves the runner as it was.
 // Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine
-// (linking structured/json_schema.cc and structured/regex_dfa.cc, which ValidateGuided calls).
+// (linking structured/, which ValidateGuided calls).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "structured/grammar_pda.h"
+#include "structured/ebnf_grammar.h"
 #include "structured/json_schema.h"
 #include "structured/regex_dfa.h"
 #include "worker/model/model_runner.h"
@@ -44,7 +44,7 @@ inline void ValidateGuided(const std::string& id, const GuidedSpec& guided, cons
   switch (guided.kind) {
     case GuidedSpec::Kind::kJsonSchema: return compiles("json_schema", [&] { CompileJsonSchemaCached(guided.json_schema); });
     case GuidedSpec::Kind::kRegex: return compiles("regex", [&] { CompileRegexCached(guided.regex); });
-    case GuidedSpec::Kind::kGrammar: return compiles("grammar", [&] { CompileGrammarPdaCached(guided.grammar); });
+    case GuidedSpec::Kind::kGrammar: return compiles("grammar", [&] { CheckGrammarCached(guided.grammar); });
     default: break;
   }
   if (guided.kind != GuidedSpec::Kind::kChoice) return;
