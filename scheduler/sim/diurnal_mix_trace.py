@@ -9,7 +9,7 @@ Used for docs/benchmarks/scheduler.md section 3d:
 
   python3 scheduler/sim/diurnal_mix_trace.py --seed 13 --out /tmp/diurnal_mix.jsonl
   build/bin/ferry-sim --compare --trace /tmp/diurnal_mix.jsonl --enable-prefix-caching \
-      --tpot-target-s 0.002 --caps 8,12,16,20,24,28,32,36,40,44,48,52,56,60,64
+      --slo-tpot-ms 2 --caps 8,12,16,20,24,28,32,36,40,44,48,52,56,60,64
 """
 import argparse
 import json

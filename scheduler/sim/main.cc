@@ -23,13 +23,15 @@ struct Flags {
   std::string trace, write_trace, json_path, results_path, scenario = "steady", arrival, spike_lane = "-";
   double rate_per_s = 0, duration_s = 0, burst_cv = 0, spike_multiplier = 3.0;
   uint64_t seed = 0;
-  std::string mode = "slo";
+  std::string controller_mode = "slo";
   int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
   int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
-  double ttft_target_s = 1.0, tpot_target_s = 0.050, slo_percentile = 95;
+  double slo_ttft_ms = 1000, slo_tpot_ms = 50, slo_percentile = 95;  // milliseconds, as ferry-scheduler takes them
   bool sweep = false, compare = false, enable_prefix_caching = false;
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
+  // One pair of targets says what the slo controller aims at and what counts as good.
+  std::vector<LaneConfig> lanes() const { return LanesWithSlo(slo_ttft_ms / 1000.0, slo_tpot_ms / 1000.0); }
 };
 
 double WallSeconds(std::chrono::steady_clock::time_point start) {
@@ -57,10 +59,10 @@ SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, Controll
   sim.controller = ControllerFor(mode, cap);
   sim.controller.min_num_seqs = std::min(f.min_num_seqs, cap);
   sim.controller.initial_num_seqs = f.initial_num_seqs;
-  sim.controller.slo.ttft_target_s = f.ttft_target_s;
-  sim.controller.slo.tpot_target_s = f.tpot_target_s;
+  sim.controller.slo.ttft_target_s = f.slo_ttft_ms / 1000.0;
+  sim.controller.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
   sim.controller.slo.percentile = f.slo_percentile;
-  sim.lanes = LanesWithSlo(f.ttft_target_s, f.tpot_target_s);
+  sim.lanes = f.lanes();
   return sim;
 }
 
@@ -85,7 +87,7 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
               "int. TTFT p99 ms | tok/s | preemptions | cap changes |\n|---|---|---|---|---|---|---|---|---|\n");
   auto row = [&](const std::string& name, ControllerMode mode, int32_t cap) {
     SimResult r = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, cap));
-    SimReport rep = Summarize(r, LanesWithSlo(f.ttft_target_s, f.tpot_target_s));
+    SimReport rep = Summarize(r, f.lanes());
     auto lane = [&](const char* n) {
       for (const LaneReport& l : rep.lanes) if (l.lane == n) return l;
       return LaneReport{};
@@ -104,21 +106,17 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
 }
 
 int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<TraceRequest>& trace) {
-  const ControllerMode mode = ferry::scheduler::ParseControllerMode(f.mode);
+  const ControllerMode mode = ferry::scheduler::ParseControllerMode(f.controller_mode);
   const auto start = std::chrono::steady_clock::now();
   SimResult result = RunSimulation(trace, cost, MakeSimOptions(f, cost, mode, f.max_num_seqs));
   const double wall = WallSeconds(start);
-  SimReport rep = Summarize(result, LanesWithSlo(f.ttft_target_s, f.tpot_target_s));
+  SimReport rep = Summarize(result, f.lanes());
   std::printf("preset %s, mode %s, max_num_seqs %d, %zu requests\n%s", cost.params().name.c_str(),
-              f.mode.c_str(), f.max_num_seqs, trace.size(), FormatReport(rep).c_str());
+              f.controller_mode.c_str(), f.max_num_seqs, trace.size(), FormatReport(rep).c_str());
   std::printf("cap changes:\n%s", FormatCapChanges(result, 40).c_str());
   std::printf("simulated %.1f s in %.3f s wall: %.0fx real time\n", result.sim_s, wall, result.sim_s / wall);
-  if (!f.json_path.empty()) {
-    std::ofstream(f.json_path) << ReportToJson(rep, result).dump(2) << '\n';
-  }
-  if (!f.results_path.empty()) {
-    WriteResults(f.results_path, result, LanesWithSlo(f.ttft_target_s, f.tpot_target_s));
-  }
+  if (!f.json_path.empty()) std::ofstream(f.json_path) << ReportToJson(rep, result).dump(2) << '\n';
+  if (!f.results_path.empty()) WriteResults(f.results_path, result, f.lanes());
   return 0;
 }
 
@@ -139,17 +137,17 @@ int main(int argc, char** argv) {
   app.add_option("--spike-lane", f.spike_lane,
                  "spike: lane that takes the excess (\"\": scale every lane; default: the scenario's)");
   app.add_option("--seed", f.seed, "workload seed (0: the scenario's)");
-  app.add_option("--mode", f.mode, "controller: static, load-level, slo");
+  app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, slo");
   app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");
   app.add_option("--min-num-seqs", f.min_num_seqs, "lower bound for adaptive modes");
   app.add_option("--initial-num-seqs", f.initial_num_seqs, "slo mode's starting cap (0: max/4)");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step");
   app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
-  app.add_flag("--enable-prefix-caching", f.enable_prefix_caching,
-               "reuse the KV of shared prompt prefixes (trace prefix_id)");
-  app.add_option("--ttft-target-s", f.ttft_target_s, "interactive lane SLO and slo mode target: TTFT");
-  app.add_option("--tpot-target-s", f.tpot_target_s, "interactive lane SLO and slo mode target: TPOT");
-  app.add_option("--slo-percentile", f.slo_percentile, "slo mode percentile");
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
+               "reuse the KV of shared prompt prefixes (trace prefix_id; default off)");
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "slo mode: TTFT target; also the interactive and default lanes' SLO");
+  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: TPOT target; also the interactive and default lanes' SLO");
+  app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");
   app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
   app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and slo");
   app.add_option("--caps", f.caps, "caps for --sweep/--compare")->delimiter(',');

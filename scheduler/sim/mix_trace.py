@@ -12,7 +12,7 @@ seed's benchmark mix (512-token prompts, 128-token answers) at 72 req/s:
   python3 scheduler/sim/mix_trace.py --seed 11 --rate 72 \
       --lane interactive:1:512:0.5:128:0.0001:0:0 --out /tmp/s72.jsonl
   build/bin/ferry-sim --compare --trace /tmp/s72.jsonl --enable-prefix-caching \
-      --tpot-target-s 0.0025 --caps 8,12,16,20,24,28,32,36,40,44,48,52,56,60,64
+      --slo-tpot-ms 2.5 --caps 8,12,16,20,24,28,32,36,40,44,48,52,56,60,64
 """
 import argparse
 import json

@@ -11,7 +11,7 @@ SIM = REPO / "scheduler" / "sim"
 def replay(trace, tmp_path):
     """Runs ferry-sim on `trace` with a static cap; returns its JSON report."""
     report = tmp_path / "report.json"
-    subprocess.run([str(binary("ferry-sim")), "--trace", str(trace), "--mode", "static",
+    subprocess.run([str(binary("ferry-sim")), "--trace", str(trace), "--controller-mode", "static",
                     "--max-num-seqs", "16", "--json", str(report)],
                    check=True, capture_output=True, timeout=120)
     return json.loads(report.read_text())
