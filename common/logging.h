@@ -1,5 +1,5 @@
 // spdlog setup shared by the services. Every line carries the service name;
-// lines about a request carry "req=<id>" (see RequestLogPrefix).
+// lines about a request carry "req=<id>".
 #pragma once
 
 #include <string>

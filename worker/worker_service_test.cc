@@ -1,6 +1,7 @@
-// Proto -> domain translation of a step (ToStepSpec) and the step validation every backend
-// shares, for guided decoding (structured output): carried as sent, refused by a backend without
-// a matcher (the sim and GPU backends) before any of the step applies.
+// Proto -> domain translation of a step (ToStepSpec) and the step validation the engine backends
+// share (ValidateStep), for guided decoding (structured output): carried as sent, refused by a
+// backend without a matcher before any of the step applies. (The sim backend validates nothing;
+// its Info reports no guided decoding, so the scheduler refuses such requests.)
 #include "worker/worker_service.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // vLLM's extra request fields that would change the output and that Ferry does not serve
-// (beam search, bad_words, allowed_token_ids, truncate_prompt_tokens, custom chat templates,
+// (beam search, bad_words, logits processors, custom chat templates,
 // ...): a value other than the field's default is refused with 400 naming the field and why,
 // never ignored, so a client never gets an answer to another question than the one it asked.
 #pragma once

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   app.add_option("--write-trace", f.write_trace, "write the workload as a JSONL trace");
   app.add_option("--scenario", f.scenario, "steady, bursty, diurnal, spike, long-context, chat");
   app.add_option("--arrival", f.arrival, "override the arrival process: poisson, bursty, diurnal, spike");
-  app.add_option("--rate", f.rate_per_s, "mean arrival rate, requests/s");
+  app.add_option("--request-rate", f.rate_per_s, "mean arrival rate, requests/s (ferry-bench's name)");
   app.add_option("--duration-s", f.duration_s, "length of the arrival window");
   app.add_option("--burst-cv", f.burst_cv, "bursty: coefficient of variation of the gaps");
   app.add_option("--spike-multiplier", f.spike_multiplier, "spike: rate multiplier during the spike");

@@ -9,7 +9,7 @@ outputs to [4, 1024]; `prefix_share` of the lane's requests open with one of 4 s
 (--arrival bursty). Used for docs/benchmarks/scheduler.md sections 3e and 3f, for example the
 seed's benchmark mix (512-token prompts, 128-token answers) at 72 req/s:
 
-  python3 scheduler/sim/mix_trace.py --seed 11 --rate 72 \
+  python3 scheduler/sim/mix_trace.py --seed 11 --request-rate 72 \
       --lane interactive:1:512:0.5:128:0.0001:0:0 --out /tmp/s72.jsonl
   build/bin/ferry-sim --compare --trace /tmp/s72.jsonl --enable-prefix-caching \
       --slo-tpot-ms 2.5 --caps 8,12,16,20,24,28,32,36,40,44,48,52,56,60,64
@@ -32,7 +32,7 @@ def parse_lane(spec):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rate", type=float, default=40, help="mean arrivals per second")
+    parser.add_argument("--request-rate", type=float, default=40, help="mean arrivals per second")
     parser.add_argument("--dur", type=float, default=120, help="seconds of arrivals")
     parser.add_argument("--arrival", choices=["poisson", "bursty"], default="poisson")
     parser.add_argument("--cv", type=float, default=3, help="bursty: CV of the gaps")
@@ -50,10 +50,10 @@ def main():
     requests = []
     while True:
         if args.arrival == "poisson":
-            t += rng.expovariate(args.rate)
+            t += rng.expovariate(args.request_rate)
         else:
             k = 1 / (args.cv ** 2)
-            t += rng.gammavariate(k, 1 / (args.rate * k))
+            t += rng.gammavariate(k, 1 / (args.request_rate * k))
         if t >= args.dur:
             break
         x = rng.random() * total_share

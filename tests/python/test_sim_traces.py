@@ -24,7 +24,7 @@ def read_jsonl(path):
 def test_mix_trace_lanes_lengths_and_prefixes_replay(tmp_path):
     trace = tmp_path / "mix.jsonl"
     out = subprocess.run(
-        [sys.executable, str(SIM / "mix_trace.py"), "--seed", "3", "--rate", "20", "--dur", "10",
+        [sys.executable, str(SIM / "mix_trace.py"), "--seed", "3", "--request-rate", "20", "--dur", "10",
          "--lane", "chat:3:400:0.6:160:0.7:0.5:128", "--lane", "docs:1:1200:0.5:300:0.6:0:0",
          "--out", str(trace)], check=True, capture_output=True, text=True, timeout=60)
     requests = read_jsonl(trace)
@@ -41,7 +41,7 @@ def test_mix_trace_lanes_lengths_and_prefixes_replay(tmp_path):
     assert not any("prefix_id" in r for r in by_lane["docs"])
     # The same seed writes the same trace.
     again = tmp_path / "again.jsonl"
-    subprocess.run([sys.executable, str(SIM / "mix_trace.py"), "--seed", "3", "--rate", "20",
+    subprocess.run([sys.executable, str(SIM / "mix_trace.py"), "--seed", "3", "--request-rate", "20",
                     "--dur", "10", "--lane", "chat:3:400:0.6:160:0.7:0.5:128", "--lane",
                     "docs:1:1200:0.5:300:0.6:0:0", "--out", str(again)], check=True, timeout=60)
     assert again.read_text() == trace.read_text()
