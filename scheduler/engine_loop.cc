@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "scheduler/loop_metrics.h"
@@ -58,18 +57,16 @@ void EngineLoop::Push(Command command) {
   inbox_cv_.notify_one();
 }
 
-std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestSpec spec, TimePoint queue_deadline) {
-  const int64_t total = static_cast<int64_t>(spec.prompt.size()) + spec.max_tokens;
-  if (total > config_.max_model_len) {
-    throw std::invalid_argument(fmt::format(
-        "prompt tokens ({}) + max_tokens ({}) = {} exceeds max_model_len {}", spec.prompt.size(),
-        spec.max_tokens, total, config_.max_model_len));
+std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestSpec spec) {
+  // The core's own check, here on the caller's thread so that the call is refused at once.
+  if (const std::string error = SchedulerCore::LengthError(spec, config_); !error.empty()) {
+    throw std::invalid_argument(error);
   }
   spec.seq_id = next_seq_id_.fetch_add(1);
   const uint64_t id = spec.seq_id;
   auto channel = std::make_shared<RequestChannel>();
   num_live_.fetch_add(1);
-  Push(AddCommand{std::move(spec), channel, queue_deadline});
+  Push(AddCommand{std::move(spec), channel});
   return {id, channel};
 }
 
@@ -119,8 +116,6 @@ void EngineLoop::Apply(Command& command) {
   const TimePoint now = Clock::now();
   if (auto* add = std::get_if<AddCommand>(&command)) {
     const uint64_t id = add->spec.seq_id;
-    Live live{add->channel, add->spec.lane, add->spec.arrival, std::nullopt, 0, add->queue_deadline, false,
-              static_cast<int32_t>(add->spec.prompt.size())};
     // The deadline is checked between steps: end a step early enough that the final event
     // still reaches the client before its own deadline cancels the call. The margin covers two
     // steps and the hops back (at least 20 ms, and a tenth of the request's budget up to 250 ms,
@@ -135,7 +130,7 @@ void EngineLoop::Apply(Command& command) {
     }
     try {
       core_.Add(std::move(add->spec));
-      live_.emplace(id, std::move(live));
+      streams_.emplace(id, Stream{add->channel, std::nullopt});
       ++arrivals_since_step_;
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
@@ -144,9 +139,9 @@ void EngineLoop::Apply(Command& command) {
       add->channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
     }
   } else if (auto* cancel = std::get_if<CancelCommand>(&command)) {
-    if (!live_.count(cancel->seq_id)) return;  // already ended
+    if (!streams_.count(cancel->seq_id)) return;  // already ended
     core_.Cancel(cancel->seq_id);
-    End(cancel->seq_id, FinishKind::kCancelled, now);
+    End(SeqEvent{.seq_id = cancel->seq_id, .finish = FinishKind::kCancelled}, now);
   } else {
     auto& set = std::get<SetCapCommand>(command);
     controller_.Set(set.max_num_seqs, Seconds(now));
@@ -195,36 +190,14 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   return cap;
 }
 
-// Requests still waiting past their queue deadline leave with DEADLINE_EXCEEDED (the lane's
-// queue timeout); running ones are unaffected.
-void EngineLoop::ExpireQueued(TimePoint now) {
-  std::vector<uint64_t> expired;
-  for (const auto& [id, live] : live_) {
-    if (!live.started && live.queue_deadline <= now) expired.push_back(id);
-  }
-  for (uint64_t id : expired) {
-    core_.Cancel(id);
-    auto channel = live_.at(id).channel;
-    End(id, FinishKind::kDeadlineExceeded, now);
-    channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kDeadlineExceeded});
-  }
-}
-
 bool EngineLoop::LaunchStep() {
   const TimePoint start = Clock::now();
-  ExpireQueued(start);
   const int32_t cap = NextCap(start);
   StepPlan plan = core_.Plan(Budget{cap, config_.max_num_batched_tokens}, start);
-  Dispatch(core_.TakeEvents(), start);  // requests past their deadline
+  Dispatch(core_.TakeEvents(), start);  // deadline ends, and the first event of those it starts
   if (plan.empty()) {
     Publish();
     return false;
-  }
-  for (const auto& seq : plan.new_sequences) {
-    if (auto it = live_.find(seq.seq_id); it != live_.end()) {
-      it->second.started = true;
-      it->second.channel->MarkStarted(start, seq.seq_id, seq.num_cached_tokens);
-    }
   }
   try {
     workers_.Send(plan.step_id, plan);
@@ -286,39 +259,38 @@ void EngineLoop::AbortAll(const std::exception& error, uint64_t step_id) {
 
 void EngineLoop::Dispatch(const std::vector<SeqEvent>& events, TimePoint now) {
   for (const SeqEvent& event : events) {
-    auto it = live_.find(event.seq_id);
-    if (it == live_.end()) continue;
-    Live& live = it->second;
-    if (!event.new_tokens.empty() && !live.first_token) live.first_token = now;
-    live.num_tokens += static_cast<int32_t>(event.new_tokens.size());
-    auto channel = live.channel;
-    if (event.finish != FinishKind::kNone) End(event.seq_id, event.finish, now);
+    auto it = streams_.find(event.seq_id);
+    if (it == streams_.end()) continue;
+    if (!event.new_tokens.empty() && !it->second.first_token) it->second.first_token = now;
+    auto channel = it->second.channel;
+    if (event.finish != FinishKind::kNone) End(event, now);
     channel->Push(event);
   }
 }
 
 // Bookkeeping of a request's end, before its final event is visible to anyone:
 // whoever sees the final event sees the request gone.
-void EngineLoop::End(uint64_t seq_id, FinishKind kind, TimePoint now) {
-  auto it = live_.find(seq_id);
-  if (it == live_.end()) return;
-  const Live& live = it->second;
+void EngineLoop::End(const SeqEvent& last, TimePoint now) {
+  auto it = streams_.find(last.seq_id);
+  if (it == streams_.end()) return;
+  const Stream& stream = it->second;
+  const FinishKind kind = last.finish;
   const bool served = kind == FinishKind::kLength || kind == FinishKind::kEos || kind == FinishKind::kStopToken ||
                       kind == FinishKind::kTimeout;
-  if (served && live.first_token) {
+  if (served && stream.first_token) {
     RequestCompletion done;
     done.now_s = Seconds(now);
     // Clamped: arrival was read on the service thread (see scheduler_service.cc's queue_s).
-    done.ttft_s = std::max(0.0, std::chrono::duration<double>(*live.first_token - live.arrival).count());
-    done.tpot_s = live.num_tokens > 1
-                      ? std::chrono::duration<double>(now - *live.first_token).count() / (live.num_tokens - 1)
+    done.ttft_s = std::max(0.0, std::chrono::duration<double>(*stream.first_token - last.arrival).count());
+    done.tpot_s = last.num_generated > 1
+                      ? std::chrono::duration<double>(now - *stream.first_token).count() / (last.num_generated - 1)
                       : 0.0;
-    done.lane = live.lane;
-    done.num_tokens = live.num_prompt_tokens + live.num_tokens;
+    done.lane = last.lane;
+    done.num_tokens = last.num_prompt_tokens + last.num_generated;
     controller_.OnCompletion(done);
   }
-  if (kind == FinishKind::kCancelled) live.channel->Push(SeqEvent{.seq_id = seq_id, .finish = kind});
-  live_.erase(it);
+  if (kind == FinishKind::kCancelled) stream.channel->Push(last);
+  streams_.erase(it);
   num_live_.fetch_sub(1);
   metrics_->Finished(kind);
 }

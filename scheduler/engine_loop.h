@@ -67,10 +67,9 @@ class EngineLoop {
   ~EngineLoop();
 
   // Queues a request; returns its sequence id and the channel its events
-  // arrive on. Throws std::invalid_argument naming the field and the limit.
-  // queue_deadline: if still waiting then, it ends with DEADLINE_EXCEEDED (a lane's queue timeout).
-  std::pair<uint64_t, std::shared_ptr<RequestChannel>> Submit(RequestSpec spec,
-                                                              TimePoint queue_deadline = TimePoint::max());
+  // arrive on. Throws std::invalid_argument (SchedulerCore::LengthError) if it
+  // cannot fit max_model_len; any other refusal of the core ends it kAborted.
+  std::pair<uint64_t, std::shared_ptr<RequestChannel>> Submit(RequestSpec spec);
   // The sequence leaves the batch at the next step and its blocks are freed.
   void Cancel(uint64_t seq_id);
   // Admin: sets the cap (clamped to the controller's bounds); returns once applied.
@@ -85,7 +84,6 @@ class EngineLoop {
   struct AddCommand {
     RequestSpec spec;
     std::shared_ptr<RequestChannel> channel;
-    TimePoint queue_deadline;
   };
   struct CancelCommand {
     uint64_t seq_id;
@@ -96,16 +94,11 @@ class EngineLoop {
   };
   using Command = std::variant<AddCommand, CancelCommand, SetCapCommand>;
 
-  // A request the loop has not ended yet.
-  struct Live {
+  // What the loop alone knows of a request it has not ended: where its events go, and when
+  // it delivered the first token (for the controller's TTFT). The rest is the core's.
+  struct Stream {
     std::shared_ptr<RequestChannel> channel;
-    std::string lane;
-    TimePoint arrival;
     std::optional<TimePoint> first_token;
-    int32_t num_tokens = 0;
-    TimePoint queue_deadline = TimePoint::max();
-    bool started = false;  // first scheduled
-    int32_t num_prompt_tokens = 0;
   };
 
   // A step sent to the workers whose samples the loop has not taken yet.
@@ -122,10 +115,9 @@ class EngineLoop {
   // Takes the oldest step's samples, commits them and delivers the events.
   void CompleteStep();
   void AbortAll(const std::exception& error, uint64_t step_id);
-  void ExpireQueued(TimePoint now);
   int32_t NextCap(TimePoint now);
   void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);
-  void End(uint64_t seq_id, FinishKind kind, TimePoint now);
+  void End(const SeqEvent& last, TimePoint now);
   void Publish();
   double Seconds(TimePoint t) const { return std::chrono::duration<double>(t - start_).count(); }
 
@@ -142,7 +134,7 @@ class EngineLoop {
   // Owned by the loop thread alone.
   SchedulerCore core_;
   Controller controller_;
-  std::unordered_map<uint64_t, Live> live_;
+  std::unordered_map<uint64_t, Stream> streams_;  // the live sequences of core_
   int32_t arrivals_since_step_ = 0;
   uint64_t preemptions_seen_ = 0;     // for the metric (all preemptions)
   uint64_t kv_preemptions_seen_ = 0;  // for the controller (KV pressure only)

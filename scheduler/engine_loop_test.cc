@@ -7,6 +7,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -85,11 +86,22 @@ SchedulerConfig Config(int32_t max_steps_in_flight = 1) {
   return c;
 }
 
+// The channel's next (merged) event, polled with the non-blocking TryPop the gRPC reactor uses;
+// nullopt if none comes within `timeout`.
+std::optional<SeqEvent> Next(RequestChannel& ch, std::chrono::milliseconds timeout) {
+  const TimePoint give_up = Clock::now() + timeout;
+  while (true) {
+    if (auto ev = ch.TryPop()) return ev;
+    if (Clock::now() >= give_up) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 // Pops until the terminal event; returns (tokens, finish).
 std::pair<std::vector<int32_t>, FinishKind> Drain(RequestChannel& ch) {
   std::vector<int32_t> tokens;
   while (true) {
-    auto ev = ch.Pop(std::chrono::milliseconds(5000));
+    auto ev = Next(ch, std::chrono::milliseconds(5000));
     if (!ev) return {tokens, FinishKind::kNone};
     tokens.insert(tokens.end(), ev->new_tokens.begin(), ev->new_tokens.end());
     if (ev->finish != FinishKind::kNone) return {tokens, ev->finish};
@@ -147,7 +159,7 @@ TEST_P(EngineLoopTest, CancelStormLeavesNothingLive) {
     ASSERT_NE(finish, FinishKind::kNone) << "seq " << id << " never ended";
     cancelled += finish == FinishKind::kCancelled;
     // Exactly one terminal event: nothing follows it.
-    EXPECT_FALSE(ch->Pop(std::chrono::milliseconds(1)).has_value());
+    EXPECT_FALSE(Next(*ch, std::chrono::milliseconds(1)).has_value());
   }
   EXPECT_GT(cancelled, 0);
   EXPECT_EQ(loop.num_live(), 0);
@@ -181,6 +193,26 @@ TEST_P(EngineLoopTest, AFailedStepAbortsAllAndTheNextRequestIsServed) {
 
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));
 
+// The first event says when the sequence was first scheduled; a request still waiting at its
+// queue deadline ends DEADLINE_EXCEEDED.
+TEST(EngineLoop, TheFirstEventSaysWhenItStartedAndAQueueDeadlineEndsAWaitingRequest) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  EngineLoop loop(Config(), workers, registry);
+  const RequestSpec spec = Request(5, 6);
+  auto [id, ch] = loop.Submit(spec);
+  auto first = Next(*ch, std::chrono::milliseconds(5000));
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(first->first_scheduled.has_value());
+  EXPECT_GE(*first->first_scheduled, spec.arrival);
+  RequestSpec late = Request(5, 6);
+  late.queue_deadline = Clock::now();
+  auto [tokens, finish] = Drain(*loop.Submit(late).second);
+  EXPECT_EQ(finish, FinishKind::kDeadlineExceeded);
+  EXPECT_TRUE(tokens.empty());
+  EXPECT_EQ(Drain(*ch).second, FinishKind::kLength);
+}
+
 TEST(EngineLoop, TooLongIsRejectedAtSubmit) {
   prometheus::Registry registry;
   FakeWorkers workers;
@@ -189,7 +221,7 @@ TEST(EngineLoop, TooLongIsRejectedAtSubmit) {
     loop.Submit(Request(200, 100));
     FAIL() << "expected invalid_argument";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("max_model_len 256"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_model_len = 256"), std::string::npos) << e.what();
   }
 }
 

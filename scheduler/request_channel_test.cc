@@ -27,7 +27,7 @@ TEST(RequestChannel, TryPopMergesUpToTheFinishAndNeverWaits) {
 
 TEST(RequestChannel, TheListenerHearsEveryPushAndWhatWasQueuedBeforeIt) {
   RequestChannel channel;
-  channel.MarkStarted(TimePoint{}, 7);
+  channel.Push(SeqEvent{.seq_id = 7, .first_scheduled = TimePoint{}});  // a start event: no tokens
   int calls = 0;
   std::vector<int32_t> seen;
   channel.SetListener([&] {

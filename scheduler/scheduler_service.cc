@@ -282,11 +282,11 @@ class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEven
       if (!end) {
         out_ = ToTokenEvent(*event);
         if (first_) {
-          const auto started = channel_->started().value_or(Clock::now());
+          const auto started = event->first_scheduled.value_or(Clock::now());
           // Clamped: `started` is read on the engine thread, `arrival` on another, and on this
           // VM one core's clock can lag another's by a few ms.
           out_.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival_).count()));
-          out_.set_num_cached_tokens(channel_->num_cached_tokens());
+          out_.set_num_cached_tokens(event->num_cached_tokens);
           first_ = false;
         }
         writing_ = true;
@@ -333,10 +333,10 @@ grpc::ServerWriteReactor<ferry::v1::TokenEvent>* SchedulerService::Submit(grpc::
     CheckGuided(*request, info_);
     RequestSpec spec = ToRequestSpec(*request, eos);
     spec.deadline = SteadyDeadline(*context);
-    const TimePoint queue_deadline = request->queue_timeout_ms() > 0
-                                         ? arrival + std::chrono::milliseconds(request->queue_timeout_ms())
-                                         : TimePoint::max();
-    auto [seq_id, channel] = loop_.Submit(std::move(spec), queue_deadline);
+    if (request->queue_timeout_ms() > 0) {
+      spec.queue_deadline = arrival + std::chrono::milliseconds(request->queue_timeout_ms());
+    }
+    auto [seq_id, channel] = loop_.Submit(std::move(spec));
     spdlog::debug("req={} seq={} queued ({} prompt tokens)", request->request_id(), seq_id,
                   request->prompt_token_ids_size());
     return new SubmitReactor(loop_, std::move(channel), seq_id, arrival);

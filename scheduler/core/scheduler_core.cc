@@ -33,6 +33,14 @@ FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t pos, int32_t 
   return FinishKind::kNone;
 }
 
+// The event of `seq` ending with `kind` (kNone: not ending); a final one carries its account, which
+// the core forgets next.
+SeqEvent EventOf(const Sequence& seq, FinishKind kind) {
+  if (kind == FinishKind::kNone) return SeqEvent{.seq_id = seq.spec.seq_id};
+  return SeqEvent{.seq_id = seq.spec.seq_id, .finish = kind, .lane = seq.spec.lane, .arrival = seq.spec.arrival,
+                  .num_prompt_tokens = seq.num_prompt_tokens(), .num_generated = seq.num_generated() - seq.num_pending};
+}
+
 void RequireNonNegative(const char* field, int64_t value) {
   if (value < 0) {
     throw std::invalid_argument(std::string(field) + " = " + Num(value) + ", must be >= 0");
@@ -96,11 +104,8 @@ void SchedulerCore::Add(RequestSpec request) {
   if (request.max_tokens < 1) {
     throw std::invalid_argument(id + "max_tokens = " + Num(request.max_tokens) + ", must be >= 1");
   }
+  if (const std::string error = LengthError(request, cfg); !error.empty()) throw std::invalid_argument(id + error);
   const int64_t total = num_prompt + request.max_tokens;
-  if (total > cfg.max_model_len) {
-    throw std::invalid_argument(id + "prompt+max_tokens = " + Num(total) +
-                                " exceeds max_model_len = " + Num(cfg.max_model_len));
-  }
   // The last sampled token is never computed, so total - 1 positions need KV.
   const int64_t blocks_needed = (total - 1 + cfg.block_size - 1) / cfg.block_size;
   if (blocks_needed > cfg.num_kv_blocks) {
@@ -114,11 +119,15 @@ void SchedulerCore::Add(RequestSpec request) {
   for (size_t i = 0; i < lanes.size(); ++i) {
     if (lanes[i].lane == seq->spec.lane) seq->lane_index = static_cast<int32_t>(i);
   }
-  if (seq->spec.deadline != TimePoint::max()) {
-    seq->deadline_pos = state_.deadlines.emplace(seq->spec.deadline, seq_id);
-  }
+  if (seq->deadline() != TimePoint::max()) seq->deadline_pos = state_.deadlines.emplace(seq->deadline(), seq_id);
   state_.waiting.PushByArrival(seq.get());
   state_.sequences.emplace(seq_id, std::move(seq));
+}
+
+std::string SchedulerCore::LengthError(const RequestSpec& request, const SchedulerConfig& config) {
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (total <= config.max_model_len) return "";
+  return "prompt+max_tokens = " + Num(total) + " exceeds max_model_len = " + Num(config.max_model_len);
 }
 
 void SchedulerCore::Cancel(uint64_t seq_id) {
@@ -144,8 +153,26 @@ StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
   if (!plan.empty()) {
     plan.step_id = ++num_steps_;
     Launch(plan);
+    MarkSent(plan, now);
   }
   return plan;
+}
+
+void SchedulerCore::MarkSent(const StepPlan& plan, TimePoint now) {
+  for (const NewSequence& sent : plan.new_sequences) {
+    Sequence& seq = *Find(sent.seq_id);
+    if (seq.is_sent) continue;
+    const TimePoint before = seq.deadline();
+    seq.is_sent = true;
+    if (seq.deadline() != before) {  // the queue deadline was the earlier: it no longer applies
+      state_.deadlines.erase(seq.deadline_pos);
+      if (seq.deadline() != TimePoint::max()) {
+        seq.deadline_pos = state_.deadlines.emplace(seq.deadline(), sent.seq_id);
+      }
+    }
+    events_.push_back(
+        SeqEvent{.seq_id = sent.seq_id, .first_scheduled = now, .num_cached_tokens = sent.num_cached_tokens});
+  }
 }
 
 void SchedulerCore::Launch(const StepPlan& plan) {
@@ -170,9 +197,11 @@ void SchedulerCore::ExpireDeadlines(TimePoint now) {
   auto& deadlines = state_.deadlines;
   while (!deadlines.empty() && deadlines.begin()->first <= now) {
     Sequence& seq = *Find(deadlines.begin()->second);
+    // A queue timeout is always kDeadlineExceeded, even for one admitted and preempted unsent.
+    const bool queue_timeout = !seq.is_sent && seq.spec.queue_deadline <= now;
     const FinishKind kind =
-        seq.has_started() ? FinishKind::kTimeout : FinishKind::kDeadlineExceeded;
-    events_.push_back(SeqEvent{.seq_id = seq.spec.seq_id, .new_tokens = {}, .logprobs = {}, .finish = kind});
+        seq.has_started() && !queue_timeout ? FinishKind::kTimeout : FinishKind::kDeadlineExceeded;
+    events_.push_back(EventOf(seq, kind));
     Retire(seq);  // erases the deadline entry
   }
 }
@@ -251,8 +280,8 @@ SeqEvent SchedulerCore::ApplySample(Sequence& seq, const SampledToken& sample) {
   const int32_t pos = seq.num_tokens() - seq.num_pending;
   seq.tokens[static_cast<size_t>(pos)] = sample.token_id;
   --seq.num_pending;
-  SeqEvent event{.seq_id = seq.spec.seq_id, .new_tokens = {sample.token_id}, .logprobs = {},
-                 .finish = FinishAfter(seq, sample.token_id, pos, state_.config.max_model_len)};
+  SeqEvent event = EventOf(seq, FinishAfter(seq, sample.token_id, pos, state_.config.max_model_len));
+  event.new_tokens = {sample.token_id};
   if (sample.logprob) event.logprobs.push_back(*sample.logprob);
   // Ended: a step still in flight may have run it once more (on a token it
   // could not know was the last); that sample is dropped with the sequence.
@@ -268,8 +297,9 @@ std::vector<SeqEvent> SchedulerCore::AbortAll() {
   std::vector<SeqEvent> events;
   events.reserve(ids.size());
   for (uint64_t id : ids) {
-    Retire(*Find(id));
-    events.push_back(SeqEvent{.seq_id = id, .new_tokens = {}, .logprobs = {}, .finish = FinishKind::kAborted});
+    Sequence& seq = *Find(id);
+    events.push_back(EventOf(seq, FinishKind::kAborted));
+    Retire(seq);
   }
   in_flight_.clear();
   return events;
@@ -305,7 +335,7 @@ void SchedulerCore::Retire(Sequence& seq) {
     running.erase(it);
   }
   if (seq.is_on_worker) state_.pending_finished_ids.push_back(seq.spec.seq_id);
-  if (seq.spec.deadline != TimePoint::max()) state_.deadlines.erase(seq.deadline_pos);
+  if (seq.deadline() != TimePoint::max()) state_.deadlines.erase(seq.deadline_pos);
   state_.sequences.erase(seq.spec.seq_id);  // the lease returns its blocks here
 }
 
@@ -345,8 +375,10 @@ void SchedulerCore::CheckSequence(const Sequence& seq) const {
       fail("holds cached block " + Num(table[i]) + " under another chained hash");
     }
   }
-  const bool has_deadline = seq.spec.deadline != TimePoint::max();
-  if (has_deadline && seq.deadline_pos->second != seq.spec.seq_id) fail("deadline entry is wrong");
+  const bool has_deadline = seq.deadline() != TimePoint::max();
+  if (has_deadline && (seq.deadline_pos->first != seq.deadline() || seq.deadline_pos->second != seq.spec.seq_id)) {
+    fail("deadline entry is wrong");
+  }
 }
 
 void SchedulerCore::CheckInvariants() const {
@@ -370,7 +402,7 @@ void SchedulerCore::CheckInvariants() const {
     if (places[seq.get()] != 1) fail("seq_id " + std::to_string(id) + " is queued twice or not");
     for (BlockId b : seq->lease.block_ids()) ++owners.at(static_cast<size_t>(b));
     CheckSequence(*seq);
-    if (seq->spec.deadline != TimePoint::max()) ++num_deadlines;
+    if (seq->deadline() != TimePoint::max()) ++num_deadlines;
   }
   if (num_deadlines != state_.deadlines.size()) fail("deadline index and sequences differ");
   for (BlockId b = 0; b < blocks.num_total_blocks(); ++b) {

@@ -3,7 +3,7 @@
 // loop and calls, from one thread:
 //
 //   Add / Cancel            at any time
-//   plan = Plan(budget, now); deliver TakeEvents()   (deadline ends)
+//   plan = Plan(budget, now); deliver TakeEvents()   (first schedulings, deadline ends)
 //   if (!plan.empty()) { send plan; events = Commit(plan, result.sampled); }
 //   on a worker failure:    events = AbortAll()
 //
@@ -34,21 +34,25 @@ class SchedulerCore {
 
   // Queues a request. Throws std::invalid_argument (naming field, value and
   // limit) for a live duplicate seq_id, an empty prompt, a negative token id,
-  // max_tokens < 1, prompt+max_tokens > max_model_len, or a sequence whose
-  // full length needs more KV blocks than the pool has.
+  // max_tokens < 1, LengthError, or a sequence whose full length needs more
+  // KV blocks than the pool has.
   void Add(RequestSpec request);
+  // Add's check of prompt + max_tokens against config.max_model_len: "" if it fits, else the error
+  // naming field, value and limit. Stateless, so a caller may refuse a request before it queues it.
+  static std::string LengthError(const RequestSpec& request, const SchedulerConfig& config);
   // Removes the sequence and frees its blocks now. If the worker holds state
   // for it, its id goes into the next plan's finished_ids. Unknown ids are ignored.
   void Cancel(uint64_t seq_id);
   // Decides the next step. Every non-empty plan must be sent and then passed to
   // Commit, in order; at most config.max_steps_in_flight plans may await their
   // Commit when Plan is called (std::logic_error otherwise). `now` drives
-  // deadlines (sequences whose deadline <= now end first; their events wait in
-  // TakeEvents) and aging. Throws std::invalid_argument
-  // on a budget with a non-positive limit.
+  // deadlines (sequences whose deadline or, never sent, queue deadline is <= now
+  // end first; their events wait in TakeEvents), aging, and the time of first
+  // schedulings. Throws std::invalid_argument on a budget with a non-positive limit.
   StepPlan Plan(const Budget& budget, TimePoint now);
-  // Events produced outside Commit since the last call (deadline ends from
-  // Plan: kDeadlineExceeded / kTimeout, no tokens), in the order they happened.
+  // Events produced outside Commit since the last call, in the order they happened:
+  // from Plan, deadline ends (kDeadlineExceeded / kTimeout) and then an event for each
+  // sequence sent for the first time (first_scheduled set); none has tokens.
   std::vector<SeqEvent> TakeEvents() { return std::exchange(events_, {}); }
   // Applies the worker's samples for `plan`, the oldest step in flight. Every
   // scheduled, still-live sequence whose step reached the end of its known
@@ -115,6 +119,8 @@ class SchedulerCore {
   // Advances every scheduled sequence past its tokens in `plan` (a pending
   // token for each that samples) and records the step as in flight.
   void Launch(const StepPlan& plan);
+  // Sequences of `plan` sent for the first time: their queue deadline lapses and their event is queued.
+  void MarkSent(const StepPlan& plan, TimePoint now);
   void ValidateCommit(const StepPlan& plan, const std::vector<SampledToken>& sampled) const;
   // Writes a sampled token over the sequence's oldest pending one; returns the
   // event (and retires the sequence if the token ends it).

@@ -1,5 +1,6 @@
 // Timeline tests of the policies that depend on time and lanes: priority aging,
-// lane reservations (admission and preemption), deadlines
+// lane reservations (admission and preemption), deadlines and queue deadlines, and the events
+// of a sequence's first scheduling and end.
 // window. Each step advances the harness clock; failures name the iteration.
 #include <gtest/gtest.h>
 
@@ -221,6 +222,7 @@ TEST(DeadlineTest, CommitNeverSeesAnExpiredSequence) {
   SchedulerCore core(MakeConfig());
   core.Add(MakeRequest(1, {.prompt_len = 4, .max_tokens = 8, .deadline_ms = 3}));
   StepPlan plan = core.Plan(MakeBudget(), Ms(0));
+  ASSERT_EQ(core.TakeEvents().size(), 1u);  // its first scheduling
   core.Commit(plan, {SampledToken{1, 20}});
   StepPlan next = core.Plan(MakeBudget(), Ms(3));
   EXPECT_EQ(next.finished_ids, std::vector<uint64_t>{1});
@@ -230,6 +232,71 @@ TEST(DeadlineTest, CommitNeverSeesAnExpiredSequence) {
   EXPECT_EQ(events[0].finish, FinishKind::kTimeout);
   core.Commit(next, {});
   core.CheckInvariants();
+}
+
+// A lane's queue timeout: a request never sent ends kDeadlineExceeded at it; once sent, it
+// no longer applies.
+TEST(DeadlineTest, AQueueDeadlineEndsOnlyARequestNeverSent) {
+  Harness h(MakeConfig());
+  h.Add(MakeRequest(1, {.prompt_len = 8, .max_tokens = 20}));
+  h.Add(MakeRequest(3, {.prompt_len = 8, .max_tokens = 10, .queue_deadline_ms = 2}));  // sent at once
+  h.Add(MakeRequest(2, {.prompt_len = 8, .max_tokens = 5, .queue_deadline_ms = 5}));   // waits for a seat
+  const Budget budget = MakeBudget(/*max_num_seqs=*/2);
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(Iteration(i));
+    h.now = Ms(i);
+    h.Step(budget);
+    EXPECT_TRUE(h.core.is_live(2));
+  }
+  h.now = Ms(5);
+  StepPlan plan = h.Step(budget);
+  EXPECT_FALSE(h.core.is_live(2));
+  EXPECT_EQ(h.outcomes[2].finish, FinishKind::kDeadlineExceeded);
+  EXPECT_TRUE(h.outcomes[2].tokens.empty());
+  EXPECT_TRUE(plan.finished_ids.empty()) << "the worker never saw it";
+  EXPECT_TRUE(h.core.is_live(3)) << "past its queue deadline, but sent before it";
+  h.RunToCompletion(budget);
+  EXPECT_EQ(h.outcomes[3].finish, FinishKind::kLength);
+  h.ExpectOutcomesMatchReference();
+}
+
+// The first scheduling of a sequence is one event from Plan, with Plan's time and the prompt
+// tokens found in the prefix cache; the final event carries the request's account.
+TEST(SeqEventTest, TheFirstSchedulingAndTheEndAreOnTheEvents) {
+  SchedulerConfig cfg = MakeConfig();
+  cfg.enable_prefix_caching = true;
+  SchedulerCore core(cfg);
+  const std::vector<int32_t> shared = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26};
+  core.Add(MakeRequest(1, {.prompt_len = 1, .max_tokens = 1, .arrival_ms = 1, .lane = "a", .prefix = shared}));
+  StepPlan plan = core.Plan(MakeBudget(), Ms(3));
+  std::vector<SeqEvent> events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].first_scheduled, Ms(3));
+  EXPECT_EQ(events[0].num_cached_tokens, 0);
+  EXPECT_TRUE(events[0].new_tokens.empty());
+  EXPECT_EQ(events[0].finish, FinishKind::kNone);
+  events = core.Commit(plan, {SampledToken{1, 40}});
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish, FinishKind::kLength);
+  EXPECT_FALSE(events[0].first_scheduled.has_value());
+  EXPECT_EQ(events[0].lane, "a");
+  EXPECT_EQ(events[0].arrival, Ms(1));
+  EXPECT_EQ(events[0].num_prompt_tokens, 17);
+  EXPECT_EQ(events[0].num_generated, 1);
+
+  core.Add(MakeRequest(2, {.prompt_len = 1, .max_tokens = 3, .prefix = shared}));
+  plan = core.Plan(MakeBudget(), Ms(7));
+  events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].first_scheduled, Ms(7));
+  EXPECT_EQ(events[0].num_cached_tokens, 16) << "four cached blocks of 4";
+  for (int step = 0; step < 3; ++step) {
+    events = core.Commit(plan, {SampledToken{2, 40 + step}});
+    if (step < 2) plan = core.Plan(MakeBudget(), Ms(8 + step));
+    EXPECT_TRUE(core.TakeEvents().empty()) << "one first scheduling per sequence";
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].num_generated, 3);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The invariant test: 10,000 random requests with shared prefixes,
-// random cancellations, deadlines, priorities and lanes, prefix caching and
+// random cancellations, deadlines and queue deadlines, priorities and lanes, prefix caching and
 // aging on, under changing budgets. Invariants are checked after every step;
 // at the end every KV block is free or cached-unreferenced and every request
 // ended exactly once with output matching its reference (or a prefix of it).
@@ -58,6 +58,8 @@ TEST_P(SchedulerStressTest, TenThousandRandomRequestsEndOnceAndLeaveNoBlockHeld)
                                   .stop_token_ids = {static_cast<int32_t>(uniform(10, 999))},
                                   .lane = uniform(0, 3) == 0 ? "interactive" : "",
                                   .deadline_ms = uniform(0, 4) == 0 ? i + uniform(1, 300) : -1,
+                                  // Drawn from no random number: the other draws stay as they were.
+                                  .queue_deadline_ms = next_id % 10 == 0 ? i + 100 : -1,
                                   .prefix = prefix}));
       ids.push_back(next_id);
     }

@@ -54,6 +54,7 @@ struct RequestOptions {
   bool ignore_eos = false;
   std::string lane = "";
   int64_t deadline_ms = -1;          // -1: none
+  int64_t queue_deadline_ms = -1;    // -1: none
   std::vector<int32_t> prefix = {};  // shared tokens placed before the prompt_len own ones
 };
 
@@ -75,6 +76,7 @@ inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
   r.arrival = TimePoint(std::chrono::milliseconds(o.arrival_ms));
   r.lane = o.lane;
   if (o.deadline_ms >= 0) r.deadline = TimePoint(std::chrono::milliseconds(o.deadline_ms));
+  if (o.queue_deadline_ms >= 0) r.queue_deadline = TimePoint(std::chrono::milliseconds(o.queue_deadline_ms));
   return r;
 }
 

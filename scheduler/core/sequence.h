@@ -2,6 +2,7 @@
 // scheduler/core: the facade and the policies share these; callers never see them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -31,6 +32,8 @@ struct Sequence {
   // One token left to compute: it runs as a decode and samples.
   bool is_decode() const { return num_uncomputed() == 1; }
   bool has_started() const { return start_order != 0; }
+  // When it ends unless it finished first; the queue deadline holds until it is first sent.
+  TimePoint deadline() const { return is_sent ? spec.deadline : std::min(spec.deadline, spec.queue_deadline); }
   // Its pending tokens already end it by length: it must not run again (the
   // commit that brings them retires it).
   bool is_finishing(int32_t max_model_len) const {
@@ -54,6 +57,7 @@ struct Sequence {
   // The worker holds state for this sequence: it was sent in new_sequences and
   // not since in preempted_ids. Decides finished_ids and re-sending.
   bool is_on_worker = false;
+  bool is_sent = false;  // sent in new_sequences at least once (it left the queue)
   uint64_t start_order = 0;  // when last admitted; larger == more recent; 0: never
   int32_t num_preemptions = 0;
   int32_t lane_index = -1;  // index in config.lane_reservations; -1: no reservation
@@ -67,7 +71,7 @@ struct Sequence {
   int32_t next_prompt_logprob = 1;
   BlockId last_published = kNoBlock;  // the cached block standing for block num_published - 1
   bool is_publishing_stopped = false;  // a hash collision with a held block
-  std::multimap<TimePoint, uint64_t>::iterator deadline_pos;  // valid iff deadline is finite
+  std::multimap<TimePoint, uint64_t>::iterator deadline_pos;  // valid iff deadline() is finite
 };
 
 // spec.priority raised by one step per full aging interval waited since arrival.

@@ -113,6 +113,8 @@ struct RequestSpec {
   // Waiting at this time: ends with kDeadlineExceeded (never started) or
   // kTimeout (started: its tokens so far were delivered). Running: kTimeout.
   TimePoint deadline = TimePoint::max();
+  // Not yet sent to the worker at this time: ends with kDeadlineExceeded (a lane's queue timeout).
+  TimePoint queue_deadline = TimePoint::max();
 };
 
 // A sequence the worker has no state for, sent in full once (ferry.v1.NewSequence).
@@ -183,16 +185,27 @@ enum class FinishKind {
   kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout
 };
 
-// What a sequence produced in one Commit (or AbortAll, or a deadline in Plan). A finished sequence
-// gets exactly one event with finish != kNone, its last.
+// What a sequence produced in one Commit (or AbortAll, or Plan: its first scheduling, a deadline).
+// A finished sequence gets exactly one event with finish != kNone, its last. (Members without a
+// default are `{}` so that designated initializers may leave them out without a warning.)
 struct SeqEvent {
   uint64_t seq_id = 0;
-  std::vector<int32_t> new_tokens;  // includes a final eos/stop token
-  std::vector<TokenLogprob> logprobs;  // one per new token when requested, else empty
+  std::vector<int32_t> new_tokens{};  // includes a final eos/stop token
+  std::vector<TokenLogprob> logprobs{};  // one per new token when requested, else empty
   FinishKind finish = FinishKind::kNone;
   // The next prompt tokens' logprobs (prompt_logprobs requests), in prompt order, each once;
   // all of them come before or with the first new token.
-  std::vector<TokenLogprob> prompt_logprobs;
+  std::vector<TokenLogprob> prompt_logprobs{};
+  // Set on the event of its first scheduling (from Plan, before any token): the Plan's `now` (the
+  // end of its queue time) and the prompt tokens the prefix cache held then.
+  std::optional<TimePoint> first_scheduled{};
+  int32_t num_cached_tokens = 0;
+  // Set on the final event, since the core forgets the sequence then: what the caller's
+  // per-request measurements (TTFT, TPOT per lane) need of it.
+  std::string lane{};
+  TimePoint arrival{};
+  int32_t num_prompt_tokens = 0;
+  int32_t num_generated = 0;  // the tokens of all its events
 };
 
 const char* FinishKindName(FinishKind kind);
