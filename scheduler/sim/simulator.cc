@@ -106,6 +106,9 @@ class Simulation {
     if (cap != result_.caps.back().num_seqs) result_.caps.push_back({now_, cap});
     const scheduler::Budget budget{cap, options_.scheduler.max_num_batched_tokens};
     const scheduler::StepPlan plan = core_.Plan(budget, ToTimePoint(now_));
+    // First schedulings carry nothing the report reads (TTFT counts from the first token), and
+    // the sim sets no deadlines.
+    core_.TakeEvents();
     if (plan.empty()) return false;
     for (uint64_t id : plan.finished_ids) worker_.erase(id);
     for (uint64_t id : plan.preempted_ids) {
