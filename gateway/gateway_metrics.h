@@ -9,19 +9,25 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
-#include <grpcpp/support/status.h>
 #include <prometheus/registry.h>
 
 #include "common/metrics.h"
 #include "ferry/v1/generation.pb.h"
 #include "gateway/lanes.h"
+#include "gateway/status.h"
 
 namespace ferry::gateway {
 
 // "length", "eos", ...: the enum name without its prefix, in lower case.
 std::string FinishReasonLabel(ferry::v1::FinishReason reason);
-// "OK", "CANCELLED", ...: a status code as the requests counter labels it.
-std::string StatusCodeName(grpc::StatusCode code);
+// "OK", "CANCELLED", ...: a status code as the requests counter labels it (gRPC's names).
+std::string StatusCodeName(StatusCode code);
+// A request's lane as a label: the configured lane its `lane` field names, else "unknown". Only
+// configured names become label values: a client cannot grow the series.
+inline std::string LaneLabel(const LaneTable& lanes, std::string_view name) {
+  auto lane = lanes.Find(name);
+  return lane ? lane->name : "unknown";
+}
 
 // One lane's series, made when the Generator starts so that every lane shows (at 0) before
 // its first request and the hot path never looks labels up.

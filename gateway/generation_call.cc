@@ -1,10 +1,11 @@
 #include "gateway/generation_call.h"
 
 #include <algorithm>
-#include <chrono>
+#include <random>
+#include <span>
 #include <utility>
 
-#include <grpcpp/support/client_callback.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "gateway/gateway_metrics.h"
@@ -14,6 +15,7 @@ namespace ferry::gateway {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ferry::v1::FinishReason;
 
 // Clamped at 0: `from` and `to` may be read on different threads, and on this VM one core's clock
 // read can lag another's by a few ms (CI saw a negative time to first token).
@@ -21,63 +23,146 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::max(0.0, std::chrono::duration<double>(to - from).count());
 }
 
+uint64_t RandomU64() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+std::string NewRequestId() { return fmt::format("req-{:016x}", RandomU64()); }
+
+FinishReason ToFinishReason(ferry::v1::FinishKind kind) {
+  switch (kind) {
+    case ferry::v1::FINISH_KIND_LENGTH: return ferry::v1::FINISH_REASON_LENGTH;
+    case ferry::v1::FINISH_KIND_EOS: return ferry::v1::FINISH_REASON_EOS;
+    case ferry::v1::FINISH_KIND_STOP_TOKEN: return ferry::v1::FINISH_REASON_STOP;
+    case ferry::v1::FINISH_KIND_TIMEOUT: return ferry::v1::FINISH_REASON_TIMEOUT;
+    default: return ferry::v1::FINISH_REASON_ERROR;
+  }
+}
+
+// Copies a logprob entry, adding each token's own text, as OpenAI's logprobs show it.
+void AddDecoded(const ferry::v1::TokenLogprob& in, int32_t token, const tokenizer::Tokenizer& tokenizer,
+                ferry::v1::TokenLogprob* out) {
+  *out = in;
+  out->set_token_id(token);
+  out->set_token(tokenizer.Decode(std::span<const int32_t>(&token, 1)));
+  for (auto& top : *out->mutable_top()) {
+    const int32_t id = top.token_id();
+    top.set_token(tokenizer.Decode(std::span<const int32_t>(&id, 1)));
+  }
+}
+
+// The call's status once the scheduler stream has ended.
+Status Outcome(bool client_cancelled, const Status& downstream, bool client_gone, StreamProgress& progress) {
+  if (client_gone) return Status(StatusCode::kCancelled, "client went away");
+  if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) return Status();
+  // The scheduler call ended without a finish: deadline, cancellation or failure.
+  if (downstream.error_code() == StatusCode::kDeadlineExceeded) {
+    progress.reason = ferry::v1::FINISH_REASON_TIMEOUT;
+    progress.final_chunk.mutable_text()->append(progress.text.Finish());
+    return Status();
+  }
+  if (client_cancelled) return Status(StatusCode::kCancelled, "cancelled by the client");
+  if (downstream.ok()) return Status(StatusCode::kInternal, "scheduler ended the stream without a finish");
+  const auto code =
+      downstream.error_code() == StatusCode::kAborted ? StatusCode::kInternal : downstream.error_code();
+  return Status(code, "scheduler: " + downstream.error_message());
+}
+
 }  // namespace
 
-// One scheduler Submit stream. Owns itself (deleted in OnDone) and keeps its call alive until
-// then. A hold keeps OnDone back until the call stops reading, since reads also start from
-// WriteDone, outside this reactor's reactions.
-class GenerationCall::Attempt final : public grpc::ClientReadReactor<ferry::v1::TokenEvent> {
- public:
-  Attempt(std::shared_ptr<GenerationCall> call, grpc::ClientContext* context)
-      : call_(std::move(call)), context_(context) {}
-
-  void Begin(ferry::v1::Scheduler::Stub& stub, const ferry::v1::SubmitRequest& submit) {
-    stub.async()->Submit(context_, &submit, this);
-    AddHold();
-    StartRead(&event_);
-    StartCall();  // the last touch: callbacks may run from here on
+ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& event,
+                                                const tokenizer::Tokenizer& tokenizer) {
+  ferry::v1::GenerateChunk chunk;
+  if (first_prompt_token >= 0) {
+    auto* head = chunk.add_prompt_logprobs();
+    head->set_token_id(first_prompt_token);
+    head->set_token(tokenizer.Decode(std::span<const int32_t>(&first_prompt_token, 1)));
+    first_prompt_token = -1;
   }
-  void ReadNext() {
-    event_.Clear();
-    StartRead(&event_);
+  for (const auto& lp : event.prompt_logprobs()) {
+    AddDecoded(lp, lp.token_id(), tokenizer, chunk.add_prompt_logprobs());
   }
-  // No further read; OnDone follows once the stream's status is in. The caller's last touch.
-  void StopReading() { RemoveHold(); }
-  void Cancel() { context_->TryCancel(); }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return StopReading();
-    call_->OnEvent(event_);
+  for (int i = 0; i < event.token_ids_size(); ++i) {
+    const int32_t token = event.token_ids(i);
+    chunk.add_token_ids(token);
+    if (i < event.logprobs_size()) AddDecoded(event.logprobs(i), token, tokenizer, chunk.add_logprobs());
+    ++completion_tokens;
+    chunk.mutable_text()->append(text.Add(token));
+    if (text.stopped()) {
+      reason = ferry::v1::FINISH_REASON_STOP;
+      return chunk;
+    }
   }
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<GenerationCall> call = std::move(call_);
-    const grpc::Status result = status;
-    delete this;
-    call->OnAttemptDone(result);
+  if (event.finish() != ferry::v1::FINISH_KIND_NONE) {
+    reason = ToFinishReason(event.finish());
+    chunk.mutable_text()->append(text.Finish());
   }
+  return chunk;
+}
 
- private:
-  std::shared_ptr<GenerationCall> call_;
-  grpc::ClientContext* context_;  // the front's; outlives the stream
-  ferry::v1::TokenEvent event_;
-};
+void CancelSource::Cancel() {
+  std::lock_guard lock(mu_);
+  is_cancelled_ = true;
+  if (stream_ != nullptr) stream_->Cancel();
+}
 
-GenerationCall::GenerationCall(Generator& generator, CallHooks hooks)
-    : generator_(generator), hooks_(std::move(hooks)) {}
+void CancelSource::SetStream(SchedulerStream* stream) {
+  std::lock_guard lock(mu_);
+  stream_ = stream;
+  if (stream_ != nullptr && is_cancelled_) stream_->Cancel();
+}
+
+GenerationCall::GenerationCall(GenerationContext& context, CallHooks hooks)
+    : context_(context), hooks_(std::move(hooks)) {}
 
 GenerationCall::~GenerationCall() = default;
 
+std::variant<Status, AdmittedRequest> GenerationCall::Admit(ferry::v1::GenerateRequest& request) {
+  const auto arrival = Clock::now();
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  // A bad id is refused below; it is not written to the log.
+  const std::string id = CheckRequestId(request.request_id()).empty() ? request.request_id() : "(invalid id)";
+  auto validated = ValidateRequest(request, context_.options.limits, context_.options.lanes, context_.tokenizer);
+  GatewayMetrics& metrics = context_.metrics;
+  if (auto* error = std::get_if<ValidationError>(&validated)) {
+    spdlog::info("req={} invalid: {}", id, error->message);
+    metrics.invalid.Increment();
+    metrics.requests.Add({{"lane", LaneLabel(context_.options.lanes, request.lane())}, {"code", "INVALID_ARGUMENT"}})
+        .Increment();
+    return Status(StatusCode::kInvalidArgument, error->message);
+  }
+  ValidatedRequest& v = std::get<ValidatedRequest>(validated);
+  v.submit.set_request_id(id);
+  if (v.submit.sampling().seed() == 0) v.submit.mutable_sampling()->set_seed(RandomU64() | 1);
+  // A full lane answers at once; the ticket holds the place until the request starts.
+  auto ticket = context_.queues.TryEnter(v.lane_rules);
+  if (!ticket) {
+    const int64_t hint = std::max<int64_t>(100, v.lane_rules.queue_timeout_ms / 10);
+    retry_after_ms_ = hint;
+    metrics.lane_full.Increment();
+    metrics.requests.Add({{"lane", v.lane}, {"code", "RESOURCE_EXHAUSTED"}}).Increment();
+    spdlog::info("req={} lane {} full ({} queued)", id, v.lane, v.lane_rules.max_queued);
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("lane \"{}\" is full ({} requests waiting); retry after {} ms", v.lane,
+                              v.lane_rules.max_queued, hint));
+  }
+  spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, v.submit.prompt_token_ids_size(),
+                v.submit.sampling().max_tokens());
+  return AdmittedRequest{std::move(v), std::move(*ticket), arrival};
+}
+
 void GenerationCall::Start(ferry::v1::GenerateRequest request) {
-  auto admitted = generator_.Admit(request, retry_after_ms_);
-  if (auto* refused = std::get_if<grpc::Status>(&admitted)) {
+  auto admitted = Admit(request);
+  if (auto* refused = std::get_if<Status>(&admitted)) {
     result_ = *refused;
     return End();
   }
   admitted_.emplace(std::move(std::get<AdmittedRequest>(admitted)));
   const ValidatedRequest& v = admitted_->v;
-  lane_series_ = &generator_.metrics_->lane(v.lane);
+  lane_series_ = &context_.metrics.lane(v.lane);
   lane_series_->waiting.Increment();
-  progress_.emplace(StreamProgress{CompletionText(generator_.tokenizer_, v.stop, v.submit.sampling().min_tokens(), v.include_stop)});
+  progress_.emplace(StreamProgress{CompletionText(context_.tokenizer, v.stop, v.submit.sampling().min_tokens(), v.include_stop)});
   progress_->final_chunk.set_request_id(v.submit.request_id());
   if (v.submit.sampling().has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
   prefix_key_ = PrefixKey(v.submit.prompt_token_ids());
@@ -88,16 +173,18 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
 // A replica that fails before the request started is left for another; after the start, the
 // failure is the request's (UNAVAILABLE), since its tokens so far cannot be taken back.
 void GenerationCall::StartAttempt() {
-  grpc::ClientContext* downstream = hooks_.make_context();
-  if (downstream == nullptr) return Conclude(last_attempt_status_);
-  ReplicaRouter& router = *generator_.router_;
+  if (tried_.size() >= hooks_.max_attempts) return Conclude(last_attempt_status_);
+  ReplicaRouter& router = context_.scheduler.router();
   replica_ = router.Choose(prefix_key_, tried_);
-  if (!replica_) return Conclude(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no healthy scheduler replica"));
-  Generator::ApplyLaneDeadline(admitted_->v.lane_rules, *downstream);
-  auto& r = router.replica(*replica_);
-  r.outstanding_tokens += cost_;
-  attempt_ = new Attempt(shared_from_this(), downstream);
-  attempt_->Begin(*r.stub, admitted_->v.submit);
+  if (!replica_) return Conclude(Status(StatusCode::kUnavailable, "no healthy scheduler replica"));
+  auto deadline = hooks_.deadline;
+  if (const int64_t ms = admitted_->v.lane_rules.default_deadline_ms; ms > 0) {
+    deadline = std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+  }
+  router.replica(*replica_).outstanding_tokens += cost_;
+  attempt_ = context_.scheduler.NewStream(*replica_, admitted_->v.submit, deadline, shared_from_this());
+  if (hooks_.cancel != nullptr) hooks_.cancel->SetStream(attempt_);
+  attempt_->Start();
 }
 
 void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
@@ -122,7 +209,7 @@ void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
     }
     progress.last_token_s = now_s;
   }
-  ferry::v1::GenerateChunk chunk = progress.Consume(event, generator_.tokenizer_);
+  ferry::v1::GenerateChunk chunk = progress.Consume(event, context_.tokenizer);
   chunk.set_request_id(admitted_->v.submit.request_id());
   if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) {
     progress.final_chunk = std::move(chunk);
@@ -143,12 +230,13 @@ void GenerationCall::WriteDone(bool ok) {
   attempt_->StopReading();
 }
 
-void GenerationCall::OnAttemptDone(const grpc::Status& status) {
+void GenerationCall::OnStreamDone(const Status& status) {
+  if (hooks_.cancel != nullptr) hooks_.cancel->SetStream(nullptr);  // the stream is deleted after this
   attempt_ = nullptr;
-  ReplicaRouter& router = *generator_.router_;
+  ReplicaRouter& router = context_.scheduler.router();
   auto& r = router.replica(*replica_);
   r.outstanding_tokens -= cost_;
-  if (progress_->started || status.error_code() != grpc::StatusCode::UNAVAILABLE || hooks_.client_cancelled()) {
+  if (progress_->started || status.error_code() != StatusCode::kUnavailable || hooks_.client_cancelled()) {
     if (progress_->started) router.Served(*replica_, prefix_key_);
     return Conclude(status);
   }
@@ -160,12 +248,12 @@ void GenerationCall::OnAttemptDone(const grpc::Status& status) {
   StartAttempt();
 }
 
-void GenerationCall::Conclude(const grpc::Status& downstream) {
+void GenerationCall::Conclude(const Status& downstream) {
   StreamProgress& progress = *progress_;
   const std::string& id = admitted_->v.submit.request_id();
   (progress.started ? lane_series_->running : lane_series_->waiting).Decrement();
-  result_ = Generator::Conclude(hooks_.client_cancelled(), downstream, client_gone_, progress);
-  generator_.metrics_->requests.Add({{"lane", admitted_->v.lane}, {"code", StatusCodeName(result_.error_code())}})
+  result_ = Outcome(hooks_.client_cancelled(), downstream, client_gone_, progress);
+  context_.metrics.requests.Add({{"lane", admitted_->v.lane}, {"code", StatusCodeName(result_.error_code())}})
       .Increment();
   if (!result_.ok()) {
     spdlog::info("req={} ended: {} {}", id, static_cast<int>(result_.error_code()), result_.error_message());
@@ -205,7 +293,7 @@ void GenerationCall::End() {
   if (admitted_) admitted_->ticket.Release();
   // The hook may end the front, and with it this call: nothing of ours is touched after it.
   auto done = std::move(hooks_.done);
-  grpc::Status status = std::move(result_);
+  Status status = std::move(result_);
   done(std::move(status), retry_after_ms_);
 }
 

@@ -1,44 +1,106 @@
-// One request's life, driven by gRPC callbacks instead of a thread per request. A thread per
-// stream on both sides (client handler, scheduler reader) spent about half of the gateway's CPU
-// in the kernel switching threads (docs/benchmarks/bench.md 2e).
+// One request's life in the gateway, driven by callbacks (no thread waits on it): validate and
+// tokenise it, admit it into its lane, submit it to a scheduler replica, turn the scheduler's
+// token stream into text chunks (incremental detokenisation, stop strings, logprobs) and end it
+// with usage, timings and a status. Every front (gRPC, OpenAI HTTP, jobs) runs its requests as
+// calls; generator.h makes them and holds what they share.
 //
 // Flow: Start validates and admits the request on the caller's thread, then opens a scheduler
-// `Submit` stream (a ClientReadReactor, one per attempt). Each event is folded into a chunk and
+// Submit stream (scheduler_client.h; one per attempt). Each event is folded into a chunk and
 // handed to the front's `write` hook; the next event is read only after the front answers with
-// WriteDone, so the client's pace is the stream's flow control, as with the blocking API. When
-// the stream ends: a replica that failed before the start is left for another attempt;
-// otherwise the call concludes, writes the final chunk (finish reason, usage, timings) and calls
-// `done`.
+// WriteDone, so the client's pace is the stream's flow control. When the stream ends: a replica
+// that failed before the start is left for another attempt; otherwise the call concludes, writes
+// the final chunk (finish reason, usage, timings) and calls `done`.
 //
-// Threads: hooks run on gRPC's callback threads (Start's refusals on the caller's), never two at
-// once for one call. The front keeps each attempt's ClientContext alive until `done`.
+// Threads: hooks run on the scheduler client's threads (Start's refusals on the caller's), never
+// two at once for one call.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <variant>
 #include <vector>
 
-#include <grpcpp/client_context.h>
-#include <grpcpp/support/status.h>
-
 #include "ferry/v1/generation.pb.h"
-#include "ferry/v1/scheduler.grpc.pb.h"
-#include "gateway/generator.h"
+#include "gateway/completion_text.h"
+#include "gateway/lanes.h"
+#include "gateway/request_validation.h"
+#include "gateway/scheduler_client.h"
+#include "gateway/status.h"
+#include "gateway/tokenizer/tokenizer.h"
 
 namespace ferry::gateway {
 
+struct GatewayMetrics;
 struct LaneSeries;
 
 // Scheduler attempts one request may make: a replica that fails before the start is left for
-// another, up to this many in all. Fronts stop handing out contexts past it.
+// another, up to this many in all.
 inline constexpr size_t kMaxSchedulerAttempts = 4;
 
+struct GatewayOptions {
+  ModelLimits limits;
+  LaneTable lanes = LaneTable::Defaults();
+};
+
+// What the calls of one Generator share (it owns them).
+struct GenerationContext {
+  const tokenizer::Tokenizer& tokenizer;
+  const GatewayOptions& options;
+  SchedulerClient& scheduler;
+  GatewayMetrics& metrics;
+  LaneQueues& queues;
+};
+
+// What one request has produced so far.
+struct StreamProgress {
+  CompletionText text;
+  ferry::v1::GenerateChunk final_chunk;  // sent last, with finish reason, usage and timings
+  ferry::v1::FinishReason reason = ferry::v1::FINISH_REASON_UNSPECIFIED;
+  int completion_tokens = 0;
+  bool started = false;  // the scheduler has scheduled the sequence
+  double queue_s = 0;
+  int32_t num_cached_tokens = 0;  // prompt tokens the scheduler found in its prefix cache
+  double first_token_s = 0;
+  double last_token_s = 0;  // since arrival, of the latest event that carried tokens
+  // prompt_logprobs: the first prompt token, sent (without a logprob) ahead of the others in
+  // the first chunk; -1 when not requested or already sent.
+  int32_t first_prompt_token = -1;
+  // Folds one scheduler event into a chunk; sets reason when it ends the request.
+  ferry::v1::GenerateChunk Consume(const ferry::v1::TokenEvent& event, const tokenizer::Tokenizer& tokenizer);
+};
+
+// A request that passed validation and holds a place in its lane.
+struct AdmittedRequest {
+  ValidatedRequest v;
+  LaneQueues::Ticket ticket;  // released when the scheduler starts it (or it ends)
+  std::chrono::steady_clock::time_point arrival;
+};
+
+// A front's way to cancel a request from any thread (its client went away, a sibling choice
+// failed, the job was cancelled): the scheduler stream open now ends, and any opened later ends
+// at once. The front keeps it until the call's `done`; a front that runs one request as several
+// calls (jobs, while the lane is full) gives each the same one.
+class CancelSource {
+ public:
+  void Cancel();
+  // The call's open stream (nullptr once it has ended).
+  void SetStream(SchedulerStream* stream);
+
+ private:
+  std::mutex mu_;
+  bool is_cancelled_ = false;
+  SchedulerStream* stream_ = nullptr;
+};
+
 struct CallHooks {
-  // The scheduler call's context for each attempt (owned by the front), or nullptr when no
-  // further attempt may be made.
-  Generator::ContextFactory make_context;
+  // The front's deadline (the client's); a lane's default deadline, when shorter, wins.
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
+  size_t max_attempts = kMaxSchedulerAttempts;
+  CancelSource* cancel = nullptr;  // null: the front never cancels
   // Whether the client gave up (read when a scheduler stream ends).
   std::function<bool()> client_cancelled;
   // A chunk for the client. The front answers with GenerationCall::WriteDone(ok) once the
@@ -47,13 +109,13 @@ struct CallHooks {
   // The end, once: after the last chunk's WriteDone, or without any chunk when the request was
   // refused or failed. retry_after_ms > 0 when a full lane suggests a retry. The call touches
   // nothing of its own after this hook returns.
-  std::function<void(grpc::Status, int64_t retry_after_ms)> done;
+  std::function<void(Status, int64_t retry_after_ms)> done;
 };
 
-class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
+class GenerationCall final : public StreamReader, public std::enable_shared_from_this<GenerationCall> {
  public:
-  GenerationCall(Generator& generator, CallHooks hooks);
-  ~GenerationCall();
+  GenerationCall(GenerationContext& context, CallHooks hooks);
+  ~GenerationCall() override;
 
   // Validates, admits and opens the first scheduler stream; `done` may run before it returns.
   void Start(ferry::v1::GenerateRequest request);
@@ -61,20 +123,21 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   void WriteDone(bool ok);
 
  private:
-  class Attempt;
-
+  // Validates, tokenises and enters the request's lane; a status when it is refused (counted),
+  // with a retry hint in retry_after_ms_ when the lane is full.
+  std::variant<Status, AdmittedRequest> Admit(ferry::v1::GenerateRequest& request);
   // Opens a stream on a healthy replica not tried yet, or concludes when none is left.
   void StartAttempt();
-  // One scheduler event (from the attempt's read): counts it, folds it into a chunk and writes
-  // it, or reads on when there is nothing to show.
-  void OnEvent(const ferry::v1::TokenEvent& event);
-  // The attempt's stream ended: retry elsewhere or conclude.
-  void OnAttemptDone(const grpc::Status& status);
+  // StreamReader, for the current attempt. An event is counted, folded into a chunk and written,
+  // or the stream reads on when there is nothing to show; at the stream's end the call retries
+  // elsewhere or concludes.
+  void OnEvent(const ferry::v1::TokenEvent& event) override;
+  void OnStreamDone(const Status& status) override;
   // Fills the final chunk and records the request's metrics; writes it when the call succeeded.
-  void Conclude(const grpc::Status& downstream);
+  void Conclude(const Status& downstream);
   void End();
 
-  Generator& generator_;
+  GenerationContext& context_;
   CallHooks hooks_;
   std::optional<AdmittedRequest> admitted_;
   LaneSeries* lane_series_ = nullptr;
@@ -82,13 +145,13 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   uint64_t prefix_key_ = 0;
   int64_t cost_ = 0;  // tokens the replica has outstanding for this request
   std::vector<size_t> tried_;
-  std::optional<size_t> replica_;  // of the current attempt
-  Attempt* attempt_ = nullptr;     // the current stream; valid until its OnDone
+  std::optional<size_t> replica_;      // of the current attempt
+  SchedulerStream* attempt_ = nullptr;  // the current stream; valid until its OnStreamDone
   bool client_gone_ = false;
   bool final_written_ = false;  // the next WriteDone answers the final chunk
-  grpc::Status result_;
+  Status result_;
   // Of the latest attempt: the call's status when no further attempt may be made.
-  grpc::Status last_attempt_status_{grpc::StatusCode::UNAVAILABLE, "no scheduler attempt may be made"};
+  Status last_attempt_status_{StatusCode::kUnavailable, "no scheduler attempt may be made"};
   int64_t retry_after_ms_ = 0;
 };
 

@@ -1,6 +1,7 @@
 // GenerationCall's contract (generation_call.h) against scripted schedulers served over real gRPC
-// on loopback: flow control, a client that goes away, failover before the start, refusals, and
-// the blocking Run built on it. End-to-end behaviour with the real services is in tests/python.
+// on loopback (through grpc_scheduler_client.h): flow control, a client that goes away, failover
+// before the start, refusals, and the blocking Run built on it. End-to-end behaviour with the
+// real services is in tests/python.
 #include "gateway/generation_call.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,9 @@
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
 
+#include "ferry/v1/scheduler.grpc.pb.h"
+#include "gateway/generator.h"
+#include "gateway/grpc_scheduler_client.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway {
@@ -80,23 +84,36 @@ TokenEvent Event(std::vector<int32_t> ids, ferry::v1::FinishKind finish = ferry:
   return event;
 }
 
+// The gRPC scheduler client, counting the streams calls open (one per attempt).
+class CountingClient final : public SchedulerClient {
+ public:
+  explicit CountingClient(std::vector<std::shared_ptr<grpc::Channel>> channels)
+      : client_(MakeGrpcSchedulerClient(channels, std::vector<std::string>(channels.size(), "scripted"))) {}
+  ReplicaRouter& router() override { return client_->router(); }
+  SchedulerStream* NewStream(size_t replica, const ferry::v1::SubmitRequest& submit,
+                             std::chrono::system_clock::time_point deadline,
+                             std::shared_ptr<StreamReader> reader) override {
+    ++num_streams;
+    return client_->NewStream(replica, submit, deadline, std::move(reader));
+  }
+  std::atomic<size_t> num_streams{0};
+
+ private:
+  std::shared_ptr<SchedulerClient> client_;
+};
+
 // A front that records what the call hands it and answers writes only when told to.
 class RecordingFront {
  public:
   CallHooks Hooks() {
     CallHooks hooks;
-    hooks.make_context = [this]() -> grpc::ClientContext* {
-      std::lock_guard lock(mu_);
-      contexts_.push_back(std::make_unique<grpc::ClientContext>());
-      return contexts_.back().get();
-    };
     hooks.client_cancelled = [] { return false; };
     hooks.write = [this](GenerateChunk chunk) {
       std::lock_guard lock(mu_);
       chunks_.push_back(std::move(chunk));
       cv_.notify_all();
     };
-    hooks.done = [this](grpc::Status status, int64_t) {
+    hooks.done = [this](Status status, int64_t) {
       std::lock_guard lock(mu_);
       status_ = std::move(status);
       cv_.notify_all();
@@ -108,11 +125,11 @@ class RecordingFront {
     std::unique_lock lock(mu_);
     return cv_.wait_for(lock, 10s, [&] { return chunks_.size() >= n; });
   }
-  std::optional<grpc::Status> status_now() {
+  std::optional<Status> status_now() {
     std::lock_guard lock(mu_);
     return status_;
   }
-  std::optional<grpc::Status> WaitDone() {
+  std::optional<Status> WaitDone() {
     std::unique_lock lock(mu_);
     cv_.wait_for(lock, 10s, [&] { return status_.has_value(); });
     return status_;
@@ -125,17 +142,12 @@ class RecordingFront {
     std::lock_guard lock(mu_);
     return chunks_.at(i);
   }
-  size_t num_contexts() {
-    std::lock_guard lock(mu_);
-    return contexts_.size();
-  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
   std::vector<GenerateChunk> chunks_;
-  std::optional<grpc::Status> status_;
+  std::optional<Status> status_;
 };
 
 class GenerationCallTest : public ::testing::Test {
@@ -144,11 +156,11 @@ class GenerationCallTest : public ::testing::Test {
     GatewayOptions options;
     options.limits.max_model_len = 128;
     options.limits.vocab_size = static_cast<int32_t>(TestTokenizer().vocab_size());
-    std::vector<std::string> names(channels.size(), "scripted");
-    return std::make_unique<Generator>(TestTokenizer(),
-                                       std::make_shared<ReplicaRouter>(std::move(channels), std::move(names)),
-                                       options, registry_);
+    client_ = std::make_shared<CountingClient>(std::move(channels));
+    return std::make_unique<Generator>(TestTokenizer(), client_, options, registry_);
   }
+  // Scheduler streams the calls opened.
+  size_t num_attempts() const { return client_->num_streams; }
   static ferry::v1::GenerateRequest Request(int32_t max_tokens) {
     ferry::v1::GenerateRequest request;
     request.set_text("hello world");
@@ -158,6 +170,7 @@ class GenerationCallTest : public ::testing::Test {
   std::vector<int32_t> Ids(const std::string& text) { return TestTokenizer().Encode(text); }
 
   prometheus::Registry registry_;
+  std::shared_ptr<CountingClient> client_;
 };
 
 TEST_F(GenerationCallTest, ReadsTheNextEventOnlyAfterTheFrontTookTheLastChunk) {
@@ -188,7 +201,7 @@ TEST_F(GenerationCallTest, ReadsTheNextEventOnlyAfterTheFrontTookTheLastChunk) {
   EXPECT_EQ(front.chunk(0).token_ids(0), ids[0]);
   EXPECT_EQ(front.chunk(1).token_ids(0), ids[1]);
   std::this_thread::sleep_for(50ms);
-  EXPECT_EQ(front.num_contexts(), 1u);
+  EXPECT_EQ(num_attempts(), 1u);
   call->WriteDone(true);  // the final chunk's answer ends the call
   const auto status = front.WaitDone();
   ASSERT_TRUE(status.has_value());
@@ -208,7 +221,7 @@ TEST_F(GenerationCallTest, AClientThatGoesAwayCancelsTheSchedulerStream) {
   call->WriteDone(false);
   const auto status = front.WaitDone();
   ASSERT_TRUE(status.has_value());
-  EXPECT_EQ(status->error_code(), grpc::StatusCode::CANCELLED) << status->error_message();
+  EXPECT_EQ(status->error_code(), StatusCode::kCancelled) << status->error_message();
   for (int i = 0; i < 200 && !scheduler.saw_cancel; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(scheduler.saw_cancel);
   EXPECT_EQ(front.num_chunks(), 1u);  // no final chunk for a client that is gone
@@ -231,7 +244,7 @@ TEST_F(GenerationCallTest, AReplicaUnavailableBeforeTheStartIsLeftForTheNext) {
   EXPECT_TRUE(status->ok()) << status->error_message();
   EXPECT_EQ(down.submits, 1);
   EXPECT_EQ(up.submits, 1);
-  EXPECT_EQ(front.num_contexts(), 2u);  // a fresh context per attempt
+  EXPECT_EQ(num_attempts(), 2u);  // a fresh stream (and context) per attempt
 }
 
 TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt) {
@@ -243,9 +256,9 @@ TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt
   call->Start(Request(1000));  // beyond max_model_len
   const auto status = front.status_now();
   ASSERT_TRUE(status.has_value());
-  EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status->error_code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status->error_message().find("max_tokens"), std::string::npos) << status->error_message();
-  EXPECT_EQ(front.num_contexts(), 0u);
+  EXPECT_EQ(num_attempts(), 0u);
   EXPECT_EQ(scheduler.submits, 0);
 }
 
@@ -257,12 +270,13 @@ TEST_F(GenerationCallTest, BlockingRunDeliversEveryChunkInOrderOnTheCallersThrea
   scheduler.events.push_back(Event({ids[3]}, ferry::v1::FINISH_KIND_LENGTH));
   Server server(scheduler);
   auto generator = MakeGenerator({server.Channel()});
-  grpc::ClientContext context;
+  CallHooks hooks;
+  hooks.client_cancelled = [] { return false; };
   const auto caller = std::this_thread::get_id();
   std::vector<int32_t> seen;
   bool same_thread = true;
   ferry::v1::FinishReason reason = ferry::v1::FINISH_REASON_UNSPECIFIED;
-  const grpc::Status status = generator->Run(Request(4), context, [] { return false; }, [&](const GenerateChunk& c) {
+  const Status status = generator->Run(Request(4), hooks, [&](const GenerateChunk& c) {
     same_thread = same_thread && std::this_thread::get_id() == caller;
     seen.insert(seen.end(), c.token_ids().begin(), c.token_ids().end());
     if (c.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) reason = c.finish_reason();

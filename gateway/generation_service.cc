@@ -1,10 +1,8 @@
 #include "gateway/generation_service.h"
 
 #include <memory>
-#include <vector>
 
-#include "gateway/auth/grpc_admission.h"
-#include "gateway/generation_call.h"
+#include "gateway/grpc_admission.h"
 
 namespace ferry::gateway {
 
@@ -12,8 +10,12 @@ namespace {
 
 using ferry::v1::GenerateChunk;
 
-// What both reactors share: the caller's admission, the scheduler attempts' contexts (each
-// propagates the client's deadline and cancellation), the refund of unused tokens and the
+grpc::Status ToGrpc(const Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.error_code()), status.error_message());
+}
+
+// What both reactors share: the caller's admission, the scheduler call's deadline and
+// cancellation (the client's, as gRPC would propagate them), the refund of unused tokens and the
 // retry trailer.
 class Front {
  public:
@@ -23,15 +25,23 @@ class Front {
   // Admits the caller and starts its call, kept in `slot` first: the call may end, and the
   // reactor with it, before Start returns. A refusal goes straight to `done`.
   void Start(const ferry::v1::GenerateRequest& request, std::function<void(GenerateChunk)> write,
-             std::function<void(grpc::Status, int64_t)> done, std::shared_ptr<GenerationCall>& slot) {
-    if (grpc::Status refused = Admit(request); !refused.ok()) return done(std::move(refused), 0);
-    CallHooks hooks = Hooks();
+             std::function<void(Status, int64_t)> done, std::shared_ptr<GenerationCall>& slot) {
+    if (grpc::Status refused = Admit(request); !refused.ok()) {
+      return done(Status(static_cast<StatusCode>(refused.error_code()), refused.error_message()), 0);
+    }
+    CallHooks hooks;
+    hooks.deadline = context_->deadline();
+    hooks.cancel = &cancel_;
+    hooks.client_cancelled = [context = context_] { return context->IsCancelled(); };
     hooks.write = std::move(write);
     hooks.done = std::move(done);
     slot = service_.generator().NewCall(std::move(hooks));
     std::shared_ptr<GenerationCall> call = slot;
     call->Start(request);
   }
+
+  // The client cancelled, or its deadline passed: the scheduler frees the sequence.
+  void Cancel() { cancel_.Cancel(); }
 
   void Count(const GenerateChunk& chunk) {
     if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
@@ -43,9 +53,7 @@ class Front {
   // call), and the refund.
   void End(int64_t retry_after_ms) {
     if (retry_after_ms > 0) context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(retry_after_ms));
-    ferry::v1::GenerateResponse generated;
-    generated.mutable_usage()->set_completion_tokens(completion_tokens_);
-    RefundUnused(service_.auth(), admission_, generated);
+    RefundUnused(service_.auth(), admission_, completion_tokens_);
   }
 
  private:
@@ -55,28 +63,15 @@ class Front {
     if (!admission_.status.ok()) {
       const bool limited = admission_.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
       service_.generator().CountRejection(limited ? "rate_limit" : "auth", request.lane(),
-                                          admission_.status.error_code());
+                                          static_cast<StatusCode>(admission_.status.error_code()));
     }
     return admission_.status;
-  }
-
-  // Hooks with the attempts' contexts and cancellation.
-  CallHooks Hooks() {
-    CallHooks hooks;
-    // A replica that fails before the start is left for another: each attempt gets a fresh context.
-    hooks.make_context = [this]() -> grpc::ClientContext* {
-      if (attempts_.size() >= kMaxSchedulerAttempts) return nullptr;
-      attempts_.push_back(grpc::ClientContext::FromCallbackServerContext(*context_));
-      return attempts_.back().get();
-    };
-    hooks.client_cancelled = [context = context_] { return context->IsCancelled(); };
-    return hooks;
   }
 
   GenerationService& service_;
   grpc::CallbackServerContext* context_;
   Admission admission_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> attempts_;  // alive until the call's end
+  CancelSource cancel_;  // alive until the call's end
   int32_t completion_tokens_ = 0;
 };
 
@@ -92,13 +87,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<GenerateChunk> {
           out_ = std::move(chunk);
           StartWrite(&out_);
         },
-        [this](grpc::Status status, int64_t retry_after_ms) {
+        [this](Status status, int64_t retry_after_ms) {
           front_.End(retry_after_ms);
-          Finish(status);
+          Finish(ToGrpc(status));
         },
         call_);
   }
 
+  void OnCancel() override { front_.Cancel(); }
   void OnWriteDone(bool ok) override {
     std::shared_ptr<GenerationCall> call = call_;
     call->WriteDone(ok);
@@ -124,18 +120,19 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
           std::shared_ptr<GenerationCall> call = call_;
           call->WriteDone(true);
         },
-        [this](grpc::Status status, int64_t retry_after_ms) {
+        [this](Status status, int64_t retry_after_ms) {
           front_.End(retry_after_ms);
           // A unary call that ran out of time must end with DEADLINE_EXCEEDED (gRPC's rule); the
           // partial text is then dropped.
           if (status.ok() && response_->finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
-            status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating");
+            status = Status(StatusCode::kDeadlineExceeded, "deadline reached while generating");
           }
-          Finish(status);
+          Finish(ToGrpc(status));
         },
         call_);
   }
 
+  void OnCancel() override { front_.Cancel(); }
   void OnDone() override { delete this; }
 
  private:

@@ -82,12 +82,6 @@ std::optional<LaneQueues::Ticket> LaneQueues::TryEnter(const Lane& lane) {
   return Ticket(this, lane.name);
 }
 
-int32_t LaneQueues::queued(const std::string& lane) const {
-  std::lock_guard lock(mu_);
-  auto it = queued_.find(lane);
-  return it == queued_.end() ? 0 : it->second;
-}
-
 LaneQueues::Ticket& LaneQueues::Ticket::operator=(Ticket&& other) noexcept {
   if (this != &other) {
     Release();

@@ -68,7 +68,6 @@ class LaneQueues {
   explicit LaneQueues(const LaneTable& lanes);
   // A place in the lane's queue, or nullopt when it is full.
   std::optional<Ticket> TryEnter(const Lane& lane);
-  int32_t queued(const std::string& lane) const;
 
  private:
   mutable std::mutex mu_;

@@ -10,8 +10,10 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/service_main.h"
+#include "ferry/v1/scheduler.grpc.pb.h"
 #include "gateway/auth/authenticator.h"
 #include "gateway/generation_service.h"
+#include "gateway/grpc_scheduler_client.h"
 #include "gateway/jobs/job_runner.h"
 #include "gateway/jobs/job_store.h"
 #include "gateway/jobs/jobs_service.h"
@@ -145,9 +147,9 @@ int main(int argc, char** argv) {
   }
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
-  auto router = std::make_shared<ferry::gateway::ReplicaRouter>(channels, flags.schedulers);
-  router->StartHealthChecks(std::chrono::milliseconds(500));
-  ferry::gateway::Generator generator(*tokenizer, router, options, metrics.registry());
+  auto scheduler = ferry::gateway::MakeGrpcSchedulerClient(channels, flags.schedulers);
+  scheduler->router().StartHealthChecks(std::chrono::milliseconds(500));
+  ferry::gateway::Generator generator(*tokenizer, scheduler, options, metrics.registry());
   // One Authenticator for every front, so a tenant's limits hold across them.
   std::unique_ptr<ferry::gateway::Authenticator> auth;
   try {
@@ -171,7 +173,7 @@ int main(int argc, char** argv) {
   }
   // SERVING only while some scheduler replica behind answers (each needs its workers).
   ferry::ServeHooks hooks;
-  hooks.is_ready = [&router] { return router->AnyHealthy(); };
+  hooks.is_ready = [&scheduler] { return scheduler->router().AnyHealthy(); };
   hooks.drain = [&http](std::chrono::system_clock::time_point deadline) {
     if (http) http->Drain(deadline);
   };

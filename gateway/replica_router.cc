@@ -1,5 +1,7 @@
 #include "gateway/replica_router.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 namespace ferry::gateway {
@@ -9,7 +11,6 @@ constexpr size_t kAffinityEntries = 4096;
 // Affinity wins unless the preferred replica has this many more outstanding tokens than the least
 // loaded one: a cached prefix saves its prefill, not more.
 constexpr int64_t kAffinitySlackTokens = 4096;
-constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
 constexpr int32_t kFailedChecksToEject = 3;
 }  // namespace
 
@@ -20,13 +21,11 @@ uint64_t PrefixKey(const google::protobuf::RepeatedField<int32_t>& prompt) {
   return h;
 }
 
-ReplicaRouter::ReplicaRouter(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                             std::vector<std::string> addresses) {
-  for (size_t i = 0; i < channels.size(); ++i) {
-    auto r = std::make_unique<Replica>();
-    r->address = i < addresses.size() ? addresses[i] : std::to_string(i);
-    r->stub = ferry::v1::Scheduler::NewStub(channels[i]);
-    replicas_.push_back(std::move(r));
+ReplicaRouter::ReplicaRouter(std::vector<std::string> addresses, std::function<bool(size_t)> probe)
+    : probe_(std::move(probe)) {
+  for (std::string& address : addresses) {
+    replicas_.push_back(std::make_unique<Replica>());
+    replicas_.back()->address = std::move(address);
   }
 }
 
@@ -109,11 +108,9 @@ void ReplicaRouter::HealthLoop(std::chrono::milliseconds interval) {
 }
 
 void ReplicaRouter::CheckOnce() {
-  for (auto& r : replicas_) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + kHealthCheckTimeout);
-    ferry::v1::SchedulerState state;
-    const bool ok = r->stub->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    Replica* r = replicas_[i].get();
+    const bool ok = probe_(i);
     // One slow answer from a busy scheduler is not an outage: out of rotation only after
     // kFailedChecksToEject failures in a row; back at the first success.
     r->failed_checks = ok ? 0 : r->failed_checks + 1;

@@ -2,12 +2,14 @@
 // fewest outstanding tokens, preferring the replica that recently served the same prompt
 // prefix (its KV blocks may still be cached) unless that one is much busier. Replicas whose
 // health check fails three times in a row leave the rotation until it passes again; with none
-// in rotation, requests still go to the least loaded replica (a check can be wrong).
+// in rotation, requests still go to the least loaded replica (a check can be wrong). No gRPC:
+// the check itself is a probe the scheduler client gives (grpc_scheduler_client.h).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -16,9 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <grpcpp/channel.h>
-
-#include "ferry/v1/scheduler.grpc.pb.h"
+#include <google/protobuf/repeated_field.h>
 
 namespace ferry::gateway {
 
@@ -26,20 +26,18 @@ class ReplicaRouter {
  public:
   struct Replica {
     std::string address;
-    std::unique_ptr<ferry::v1::Scheduler::Stub> stub;
     std::atomic<int64_t> outstanding_tokens{0};
     std::atomic<bool> healthy{true};
     int32_t failed_checks = 0;  // consecutive failed health checks (the health thread's alone)
   };
 
-  // channels[i] reaches replica i (addresses are for logs).
-  ReplicaRouter(std::vector<std::shared_ptr<grpc::Channel>> channels, std::vector<std::string> addresses);
+  // Replica i is at addresses[i] (for logs); probe(i) asks it whether it is healthy now.
+  ReplicaRouter(std::vector<std::string> addresses, std::function<bool(size_t)> probe);
   ~ReplicaRouter();
 
   // A healthy replica not in `exclude`, or nullopt when none is left.
   std::optional<size_t> Choose(uint64_t prefix_key, const std::vector<size_t>& exclude);
   Replica& replica(size_t i) { return *replicas_[i]; }
-  size_t size() const { return replicas_.size(); }
   // Records that replica i served prefix_key (for affinity).
   void Served(size_t i, uint64_t prefix_key);
   // Takes replica i out of rotation until its health check passes again.
@@ -54,6 +52,7 @@ class ReplicaRouter {
   void HealthLoop(std::chrono::milliseconds interval);
 
   std::vector<std::unique_ptr<Replica>> replicas_;
+  const std::function<bool(size_t)> probe_;
   std::mutex affinity_mu_;
   std::list<uint64_t> affinity_lru_;  // most recent first; guarded by affinity_mu_
   std::unordered_map<uint64_t, std::pair<size_t, std::list<uint64_t>::iterator>> affinity_;

@@ -1,6 +1,7 @@
 // ReplicaRouter: choice by load and health, panic routing when none is in rotation, and
 // ejection by the health check only after failures in a row. No scheduler listens on the
-// addresses used here (channels connect lazily), so every health check fails.
+// addresses used here (channels connect lazily), so every health check (GetState through
+// grpc_scheduler_client.h) fails.
 #include "gateway/replica_router.h"
 
 #include <gtest/gtest.h>
@@ -8,22 +9,24 @@
 
 #include <memory>
 
+#include "gateway/grpc_scheduler_client.h"
+
 namespace ferry::gateway {
 namespace {
 
-std::unique_ptr<ReplicaRouter> MakeRouter(size_t n) {
+std::shared_ptr<SchedulerClient> MakeClient(size_t n) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::string> addresses;
   for (size_t i = 0; i < n; ++i) {
     addresses.push_back("127.0.0.1:1");  // port 1: nothing listens, connections are refused
     channels.push_back(grpc::CreateChannel(addresses.back(), grpc::InsecureChannelCredentials()));
   }
-  return std::make_unique<ReplicaRouter>(std::move(channels), std::move(addresses));
+  return MakeGrpcSchedulerClient(std::move(channels), addresses);
 }
 
 TEST(ReplicaRouterTest, ChoosesTheLeastLoadedHealthyReplica) {
-  auto router_ptr = MakeRouter(3);
-  ReplicaRouter& router = *router_ptr;
+  auto client = MakeClient(3);
+  ReplicaRouter& router = client->router();
   router.replica(0).outstanding_tokens = 500;
   router.replica(1).outstanding_tokens = 100;
   router.replica(2).outstanding_tokens = 300;
@@ -34,8 +37,8 @@ TEST(ReplicaRouterTest, ChoosesTheLeastLoadedHealthyReplica) {
 }
 
 TEST(ReplicaRouterTest, WithNoneInRotationStillTriesTheLeastLoadedUntried) {
-  auto router_ptr = MakeRouter(2);
-  ReplicaRouter& router = *router_ptr;
+  auto client = MakeClient(2);
+  ReplicaRouter& router = client->router();
   router.replica(0).outstanding_tokens = 50;
   router.replica(1).outstanding_tokens = 10;
   router.MarkUnhealthy(0);
@@ -47,7 +50,8 @@ TEST(ReplicaRouterTest, WithNoneInRotationStillTriesTheLeastLoadedUntried) {
 }
 
 TEST(ReplicaRouterTest, HealthCheckEjectsOnlyAfterThreeFailuresInARow) {
-  auto router = MakeRouter(1);
+  auto client = MakeClient(1);
+  ReplicaRouter* router = &client->router();
   router->CheckOnce();
   router->CheckOnce();
   EXPECT_TRUE(router->AnyHealthy()) << "two failed checks in a row must not eject";

@@ -4,30 +4,11 @@
 #include <string>
 #include <utility>
 
-#include "gateway/generation_call.h"
-
 namespace ferry::gateway::http {
 
-grpc::ClientContext* AttemptContexts::Next() {
-  std::lock_guard lock(mu_);
-  if (contexts_.size() >= kMaxSchedulerAttempts) return nullptr;
-  auto context = std::make_unique<grpc::ClientContext>();
-  if (deadline_) context->set_deadline(*deadline_);
-  if (cancelled_) context->TryCancel();
-  contexts_.push_back(std::move(context));
-  return contexts_.back().get();
-}
-
-void AttemptContexts::Cancel() {
-  std::lock_guard lock(mu_);
-  cancelled_ = true;
-  if (!contexts_.empty()) contexts_.back()->TryCancel();
-}
-
 ChoiceSet::ChoiceSet(int32_t num_choices, std::optional<int64_t> timeout_ms) {
-  std::optional<std::chrono::system_clock::time_point> deadline;
-  if (timeout_ms) deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms);
-  for (int32_t i = 0; i < num_choices; ++i) choices_.push_back(std::make_unique<Choice>(deadline));
+  if (timeout_ms) deadline_ = std::chrono::system_clock::now() + std::chrono::milliseconds(*timeout_ms);
+  for (int32_t i = 0; i < num_choices; ++i) choices_.push_back(std::make_unique<Choice>());
   num_open_ = num_choices;
 }
 
@@ -37,11 +18,12 @@ void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateReque
   if (!sink) throw std::invalid_argument("ChoiceSet::Start: no sink");
   on_end_ = std::move(on_end);
   sink_ = std::move(sink);
-  const auto self = shared_from_this();  // the hooks keep the set, and so the contexts, alive
+  const auto self = shared_from_this();  // the hooks keep the set, and so the cancel sources, alive
   for (int32_t i = 0; i < size(); ++i) {
     Choice& choice = *choices_[static_cast<size_t>(i)];
     CallHooks hooks;
-    hooks.make_context = [&choice, self] { return choice.contexts.Next(); };
+    hooks.deadline = deadline_;
+    hooks.cancel = &choice.cancel;
     hooks.client_cancelled = [self] { return self->is_client_gone(); };
     hooks.write = [&choice, self, i](ferry::v1::GenerateChunk chunk) {
       self->completion_tokens_ += chunk.token_ids_size();
@@ -49,7 +31,7 @@ void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateReque
       if (taken) self->sink_(i, chunk);
       choice.call->WriteDone(taken);
     };
-    hooks.done = [self, i](grpc::Status status, int64_t) { self->OnChoiceDone(i, status); };
+    hooks.done = [self, i](Status status, int64_t) { self->OnChoiceDone(i, status); };
     ferry::v1::GenerateRequest& one = requests[static_cast<size_t>(i)];
     if (size() > 1) one.set_request_id(one.request_id() + "-" + std::to_string(i));
     std::shared_ptr<GenerationCall> call = generator.NewCall(std::move(hooks));
@@ -58,16 +40,16 @@ void ChoiceSet::Start(Generator& generator, std::vector<ferry::v1::GenerateReque
   }
 }
 
-void ChoiceSet::OnChoiceDone(int32_t index, const grpc::Status& status) {
+void ChoiceSet::OnChoiceDone(int32_t index, const Status& status) {
   bool last = false;
   {
     std::lock_guard lock(mu_);
     if (!status.ok() && !error_) {
       error_ = status;
       // The request has failed: the other choices stop (a choice that has not started yet sees
-      // the cancel on its first context).
+      // the cancel on its first stream).
       for (int32_t i = 0; i < size(); ++i) {
-        if (i != index) choices_[static_cast<size_t>(i)]->contexts.Cancel();
+        if (i != index) choices_[static_cast<size_t>(i)]->cancel.Cancel();
       }
     }
     last = --num_open_ == 0;
@@ -86,14 +68,14 @@ void ChoiceSet::WaitEnded() {
   cv_.wait(lock, [&] { return is_ended_; });
 }
 
-grpc::Status ChoiceSet::status() {
+Status ChoiceSet::status() {
   std::lock_guard lock(mu_);
-  return error_.value_or(grpc::Status::OK);
+  return error_.value_or(Status());
 }
 
 void ChoiceSet::ClientGone() {
   is_client_gone_ = true;
-  for (auto& choice : choices_) choice->contexts.Cancel();
+  for (auto& choice : choices_) choice->cancel.Cancel();
 }
 
 }  // namespace ferry::gateway::http

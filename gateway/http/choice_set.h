@@ -18,29 +18,10 @@
 #include <optional>
 #include <vector>
 
-#include <grpcpp/client_context.h>
-
 #include "ferry/v1/generation.pb.h"
 #include "gateway/generator.h"
 
 namespace ferry::gateway::http {
-
-// The scheduler call's contexts of one generation: a fresh one per attempt (a replica that fails
-// before the start is left for another), each with the request's deadline. Cancel reaches the
-// current attempt and any later one.
-class AttemptContexts {
- public:
-  explicit AttemptContexts(std::optional<std::chrono::system_clock::time_point> deadline) : deadline_(deadline) {}
-  // The next attempt's context, or nullptr when no further attempt may be made.
-  grpc::ClientContext* Next();
-  void Cancel();
-
- private:
-  std::mutex mu_;
-  const std::optional<std::chrono::system_clock::time_point> deadline_;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;  // alive until the generation ends
-  bool cancelled_ = false;
-};
 
 class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
  public:
@@ -58,7 +39,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
   // Waits until every choice has ended, and every chunk was given to the sink.
   void WaitEnded();
   // OK, or the first choice's failure.
-  grpc::Status status();
+  Status status();
   // Cancels every choice (the client went away).
   void ClientGone();
   bool is_client_gone() const { return is_client_gone_; }
@@ -66,12 +47,12 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
 
  private:
   struct Choice {
-    explicit Choice(std::optional<std::chrono::system_clock::time_point> deadline) : contexts(deadline) {}
-    AttemptContexts contexts;
+    CancelSource cancel;
     GenerationCall* call = nullptr;  // its hooks run only while it is alive
   };
-  void OnChoiceDone(int32_t index, const grpc::Status& status);
+  void OnChoiceDone(int32_t index, const Status& status);
 
+  std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
   std::vector<std::unique_ptr<Choice>> choices_;
   std::function<void(int64_t)> on_end_;
   ChunkSink sink_;
@@ -81,7 +62,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
   std::condition_variable cv_;
   int32_t num_open_ = 0;
   bool is_ended_ = false;
-  std::optional<grpc::Status> error_;  // the first failure
+  std::optional<Status> error_;  // the first failure
 };
 
 }  // namespace ferry::gateway::http

@@ -457,24 +457,24 @@ json ErrorJson(const ApiError& e) {
   return json{{"error", error}};
 }
 
-ApiError ErrorFromStatus(const grpc::Status& status) {
+ApiError ErrorFromStatus(const Status& status) {
   ApiError e;
   e.message = status.error_message();
   switch (status.error_code()) {
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::OUT_OF_RANGE:
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
       e.param = ParamFromMessage(e.message);
       return e;
-    case grpc::StatusCode::UNAUTHENTICATED: e.http_status = 401; e.type = "authentication_error"; break;
-    case grpc::StatusCode::PERMISSION_DENIED: e.http_status = 403; e.type = "permission_error"; break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case StatusCode::kUnauthenticated: e.http_status = 401; e.type = "authentication_error"; break;
+    case StatusCode::kPermissionDenied: e.http_status = 403; e.type = "permission_error"; break;
+    case StatusCode::kResourceExhausted:
       e.http_status = 429;
       e.type = "rate_limit_error";
       e.retry_after_s = 1;
       break;
-    case grpc::StatusCode::DEADLINE_EXCEEDED: e.http_status = 504; e.type = "timeout"; break;
-    case grpc::StatusCode::UNAVAILABLE: e.http_status = 503; e.type = "service_unavailable"; break;
-    case grpc::StatusCode::CANCELLED: e.http_status = 499; e.type = "cancelled"; break;
+    case StatusCode::kDeadlineExceeded: e.http_status = 504; e.type = "timeout"; break;
+    case StatusCode::kUnavailable: e.http_status = 503; e.type = "service_unavailable"; break;
+    case StatusCode::kCancelled: e.http_status = 499; e.type = "cancelled"; break;
     default: e.http_status = 500; e.type = "internal_error"; break;
   }
   e.code = std::to_string(e.http_status);

@@ -37,12 +37,12 @@
 #include <variant>
 #include <vector>
 
-#include <grpcpp/support/status.h>
 #include <nlohmann/json.hpp>
 
 #include "ferry/v1/generation.pb.h"
 #include "gateway/http/chat_template.h"
 #include "gateway/http/tool_calls.h"
+#include "gateway/status.h"
 
 namespace ferry::gateway::http {
 
@@ -74,8 +74,8 @@ bool NestsDeeperThan(std::string_view text, int max_depth);
 // A short rendering of a client's value for an error message: strings and containers are cut
 // (a message never quotes a whole megabyte prompt back).
 std::string Brief(const json& value);
-// Maps the Generator's (or the authenticator's) gRPC status to an HTTP error.
-ApiError ErrorFromStatus(const grpc::Status& status);
+// Maps the Generator's (or the authenticator's) status to an HTTP error.
+ApiError ErrorFromStatus(const Status& status);
 
 enum class Endpoint { kCompletions, kChat };
 

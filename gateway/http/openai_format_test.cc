@@ -173,41 +173,41 @@ TEST(ParseChat, Refusals) {
 
 TEST(ErrorFromStatus, MapsCodesAndParam) {
   const ApiError invalid =
-      ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p = 2 must be in (0, 1]"});
+      ErrorFromStatus({StatusCode::kInvalidArgument, "sampling.top_p = 2 must be in (0, 1]"});
   EXPECT_EQ(invalid.http_status, 400);
   EXPECT_EQ(invalid.param, "top_p");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "sampling.stop[1] (bytes) 99"}).param, "stop");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "sampling.stop[1] (bytes) 99"}).param, "stop");
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument,
                              "sampling.guided.choice.choices[3] = \"\" must be non-empty"}).param,
             "guided_choice");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument,
                              "sampling.guided.choice.choices (count) = 300 must be in [1, 256]"}).param,
             "guided_choice");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument,
                              "guided decoding is not supported by this replica's worker backend"}).param,
             "");
   // Checked at parse time, naming the HTTP field; one refused later could have come from any of three.
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument,
                              "sampling.guided.json_schema: schema at /: \"pattern\" is not supported"}).param,
             "");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT,
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument,
                              "sampling.guided.regex: regex at byte 4: backreferences and octal escapes are not "
                              "supported"}).param,
             "");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "sampling.guided.regex (bytes) = 4097 exceeds the "
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "sampling.guided.regex (bytes) = 4097 exceeds the "
                                                                  "limit of 4096"}).param,
             "");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INVALID_ARGUMENT, "guided.regex: regex at byte 1: '(?' forms other "
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "guided.regex: regex at byte 1: '(?' forms other "
                                                                  "than (?:...) are not supported"}).param,
             "");
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::UNAUTHENTICATED, ""}).http_status, 401);
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::PERMISSION_DENIED, ""}).http_status, 403);
-  const ApiError full = ErrorFromStatus({grpc::StatusCode::RESOURCE_EXHAUSTED, "lane full"});
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kUnauthenticated, ""}).http_status, 401);
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kPermissionDenied, ""}).http_status, 403);
+  const ApiError full = ErrorFromStatus({StatusCode::kResourceExhausted, "lane full"});
   EXPECT_EQ(full.http_status, 429);
   EXPECT_GT(full.retry_after_s, 0);
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, ""}).http_status, 504);
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::UNAVAILABLE, ""}).http_status, 503);
-  EXPECT_EQ(ErrorFromStatus({grpc::StatusCode::INTERNAL, ""}).http_status, 500);
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kDeadlineExceeded, ""}).http_status, 504);
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kUnavailable, ""}).http_status, 503);
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInternal, ""}).http_status, 500);
   const json j = ErrorJson(invalid);
   EXPECT_EQ(j["error"]["param"], "top_p");
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");

@@ -78,10 +78,10 @@ std::optional<std::string> Bearer(const httplib::Request& req) {
 
 ApiError FromAuth(const AuthResult& auth) {
   switch (auth.code) {
-    case AuthCode::kUnauthenticated: return ErrorFromStatus({grpc::StatusCode::UNAUTHENTICATED, auth.message});
-    case AuthCode::kPermissionDenied: return ErrorFromStatus({grpc::StatusCode::PERMISSION_DENIED, auth.message});
+    case AuthCode::kUnauthenticated: return ErrorFromStatus({StatusCode::kUnauthenticated, auth.message});
+    case AuthCode::kPermissionDenied: return ErrorFromStatus({StatusCode::kPermissionDenied, auth.message});
     default: {
-      ApiError e = ErrorFromStatus({grpc::StatusCode::RESOURCE_EXHAUSTED, auth.message});
+      ApiError e = ErrorFromStatus({StatusCode::kResourceExhausted, auth.message});
       e.retry_after_s = std::max<int64_t>(1, (auth.retry_after_ms + 999) / 1000);
       return e;
     }
@@ -153,7 +153,7 @@ void OpenAiHttpServer::SetErrorHandlers() {
     } catch (...) {
     }
     spdlog::error("HTTP {} {}: handler threw: {}", req.method, req.path, what);
-    ApiError error = ErrorFromStatus({grpc::StatusCode::INTERNAL, "internal error: " + what});
+    ApiError error = ErrorFromStatus({StatusCode::kInternal, "internal error: " + what});
     SendError(res, error);
   });
 }
@@ -218,7 +218,7 @@ std::shared_ptr<OpenAiHttpServer::ActiveGuard> OpenAiHttpServer::Track(std::shar
 
 bool OpenAiHttpServer::RefusedWhileDraining(httplib::Response& res) {
   if (!draining_) return false;
-  SendError(res, ErrorFromStatus({grpc::StatusCode::UNAVAILABLE, "the server is shutting down"}));
+  SendError(res, ErrorFromStatus({StatusCode::kUnavailable, "the server is shutting down"}));
   return true;
 }
 
@@ -238,10 +238,10 @@ void OpenAiHttpServer::Drain(std::chrono::system_clock::time_point deadline) {
 void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
   // Counted as the gRPC front counts its refusals, so one dashboard shows both fronts.
   const char* reason = "invalid";
-  grpc::StatusCode code = grpc::StatusCode::INVALID_ARGUMENT;
-  if (error.http_status == 401) reason = "auth", code = grpc::StatusCode::UNAUTHENTICATED;
-  if (error.http_status == 403) reason = "auth", code = grpc::StatusCode::PERMISSION_DENIED;
-  if (error.http_status == 429) reason = "rate_limit", code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+  StatusCode code = StatusCode::kInvalidArgument;
+  if (error.http_status == 401) reason = "auth", code = StatusCode::kUnauthenticated;
+  if (error.http_status == 403) reason = "auth", code = StatusCode::kPermissionDenied;
+  if (error.http_status == 429) reason = "rate_limit", code = StatusCode::kResourceExhausted;
   generator_.CountRejection(reason, req.get_header_value("X-Ferry-Lane"), code);
   SendError(res, error);
 }
@@ -415,11 +415,11 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
       });
   choices->WaitEnded();
   std::vector<ferry::v1::GenerateResponse>& responses = *collected;
-  if (grpc::Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
+  if (Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
   for (const auto& response : responses) {
     if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
       return SendError(res,
-                       ErrorFromStatus({grpc::StatusCode::DEADLINE_EXCEEDED, "deadline reached while generating"}));
+                       ErrorFromStatus({StatusCode::kDeadlineExceeded, "deadline reached while generating"}));
     }
   }
   if (request.echo) ApplyEcho(EchoTexts(request), request.n, responses);

@@ -82,14 +82,14 @@ void SseStream::SendOrQueueLocked(std::string event) {
   unsent_tail_ = framed.substr(sent > 0 ? static_cast<size_t>(sent) : 0);
 }
 
-void SseStream::End(const grpc::Status& status) {
+void SseStream::End(const Status& status) {
   std::lock_guard lock(mu_);
   status_ = status;
   is_ended_ = true;
   cv_.notify_all();
 }
 
-std::optional<grpc::Status> SseStream::WaitStarted() {
+std::optional<Status> SseStream::WaitStarted() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return is_started_ || is_ended_; });
   if (!is_started_ && !status_.ok()) return status_;

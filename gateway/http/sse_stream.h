@@ -18,8 +18,6 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/status.h>
-
 #include "ferry/v1/generation.pb.h"
 #include "gateway/http/openai_format.h"
 
@@ -42,11 +40,11 @@ class SseStream {
   void OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls = nullptr,
                bool tools_called = false);
   // Any thread, once, after every choice's last chunk: how the request ended.
-  void End(const grpc::Status& status);
+  void End(const Status& status);
 
   // The connection's thread, before the headers: waits for the first chunk or the end; the
   // error when the request failed before any chunk (it keeps its own HTTP status then).
-  std::optional<grpc::Status> WaitStarted();
+  std::optional<Status> WaitStarted();
   // The same wait, for at most `timeout`: true when the first chunk or the end came.
   bool WaitStartedFor(std::chrono::milliseconds timeout);
   // The connection's thread, after the headers: writes the rest of the stream to `socket` (the
@@ -76,7 +74,7 @@ class SseStream {
   bool is_started_ = false;
   bool is_ended_ = false;
   bool is_broken_ = false;           // a send failed: the client is gone
-  grpc::Status status_;
+  Status status_;
   int64_t direct_sends_ = 0;
 };
 

@@ -94,7 +94,7 @@ TEST(SseStreamTest, ChunksAfterTheHeadersGoOutOnTheCallersThread) {
     stream.OnChunk(0, TextChunk("b"));
   }
   stream.OnChunk(0, TextChunk("c", /*last=*/true));
-  stream.End(grpc::Status::OK);
+  stream.End(Status());
   const std::vector<std::string> events = Events(ReadChunkedBody(c.client));
   ASSERT_TRUE(served.get());
   ASSERT_GE(events.size(), 5u);
@@ -122,7 +122,7 @@ TEST(SseStreamTest, ASlowClientGetsEveryEventInOrder) {
   constexpr int kChunks = 200;  // ~600 kB against buffers of a few kB
   for (int i = 0; i < kChunks; ++i) stream.OnChunk(0, TextChunk(std::to_string(i) + ":" + filler));
   stream.OnChunk(0, TextChunk("end", true));
-  stream.End(grpc::Status::OK);
+  stream.End(Status());
   const std::vector<std::string> events = Events(ReadChunkedBody(c.client));
   ASSERT_TRUE(served.get());
   ASSERT_EQ(events.size(), static_cast<size_t>(kChunks + 3));  // start, the chunks, end, [DONE]
@@ -153,10 +153,10 @@ TEST(SseStreamTest, AClientThatGoesAwayEndsServe) {
 
 TEST(SseStreamTest, AFailureBeforeAnyChunkIsReturnedForItsOwnStatus) {
   SseStream stream(Ctx(), 2, 2, false);
-  stream.End(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "lane full"));
+  stream.End(Status(StatusCode::kResourceExhausted, "lane full"));
   const auto error = stream.WaitStarted();
   ASSERT_TRUE(error.has_value());
-  EXPECT_EQ(error->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(error->error_code(), StatusCode::kResourceExhausted);
 }
 
 // No socket found: every event goes through the sink on the connection's thread, and a failure
@@ -168,7 +168,7 @@ TEST(SseStreamTest, WithoutASocketEverythingGoesThroughTheSink) {
   SocketSink sink(c.server);
   auto served = std::async(std::launch::async, [&] { return stream.Serve(-1, sink.sink); });
   stream.OnChunk(0, TextChunk("zero"));
-  stream.End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "replica lost"));
+  stream.End(Status(StatusCode::kUnavailable, "replica lost"));
   const std::vector<std::string> events = Events(ReadChunkedBody(c.client));
   ASSERT_TRUE(served.get());
   EXPECT_EQ(stream.direct_sends(), 0);

@@ -16,7 +16,7 @@ JobRunner::~JobRunner() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
-    for (grpc::ClientContext* context : running_) context->TryCancel();
+    for (CancelSource* cancel : running_) cancel->Cancel();
   }
   wake_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -45,13 +45,13 @@ void JobRunner::WorkerLoop() {
 }
 
 void JobRunner::RunOne(const JobTicket& ticket) {
-  grpc::ClientContext downstream;
+  CancelSource cancel;
   std::atomic<bool> cancelled{false};
   auto request = store_.Start(
       ticket.id,
-      [this, &downstream, &cancelled] {
+      [this, &cancel, &cancelled] {
         cancelled = true;
-        downstream.TryCancel();
+        cancel.Cancel();
         wake_.notify_all();  // a job waiting for a lane seat stops waiting
       },
       JobStore::Clock::now());
@@ -61,16 +61,16 @@ void JobRunner::RunOne(const JobTicket& ticket) {
   }
   {
     std::lock_guard lock(mu_);
-    if (stopping_) downstream.TryCancel();
-    running_.insert(&downstream);
+    if (stopping_) cancel.Cancel();
+    running_.insert(&cancel);
   }
   ferry::v1::GenerateResponse response;
-  const grpc::Status status = RunUntilAdmitted(*request, downstream, cancelled, response);
+  const Status status = RunUntilAdmitted(*request, cancel, cancelled, response);
   {
     std::lock_guard lock(mu_);
-    running_.erase(&downstream);
+    running_.erase(&cancel);
   }
-  // Drops the store's cancel hook before `downstream` goes away.
+  // Drops the store's cancel hook before `cancel` goes away.
   if (status.ok()) {
     store_.Finish(ticket.id, response, JobStore::Clock::now());
   } else {
@@ -83,25 +83,29 @@ void JobRunner::RunOne(const JobTicket& ticket) {
 }
 
 // A job is asynchronous: when its lane is full it waits for a place (polling at the lane's retry
-// hint) instead of failing, until it gets one, is cancelled, or the runner stops. No scheduler
-// call has been made on `downstream` when the lane refuses, so it serves the next attempt.
-grpc::Status JobRunner::RunUntilAdmitted(const ferry::v1::GenerateRequest& request, grpc::ClientContext& downstream,
-                                         const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response) {
+// hint) instead of failing, until it gets one, is cancelled, or the runner stops. Each try is a
+// call of its own; `cancel` reaches whichever runs.
+Status JobRunner::RunUntilAdmitted(const ferry::v1::GenerateRequest& request, CancelSource& cancel,
+                                   const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response) {
+  CallHooks hooks;
+  hooks.max_attempts = 1;  // one scheduler attempt: a failed replica fails the job
+  hooks.cancel = &cancel;
+  hooks.client_cancelled = [&cancelled] { return cancelled.load(); };
   while (true) {
     int64_t retry_after_ms = 0;
     response.Clear();
-    grpc::Status status = generator_.Run(
-        request, downstream, [&cancelled] { return cancelled.load(); },
+    Status status = generator_.Run(
+        request, hooks,
         [&response](const ferry::v1::GenerateChunk& chunk) {
           AppendChunk(chunk, response);
           return true;
         },
         &retry_after_ms);
-    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED || retry_after_ms <= 0) return status;
+    if (status.error_code() != StatusCode::kResourceExhausted || retry_after_ms <= 0) return status;
     std::unique_lock lock(mu_);
     wake_.wait_for(lock, std::chrono::milliseconds(retry_after_ms),
                    [this, &cancelled] { return stopping_ || cancelled.load(); });
-    if (stopping_ || cancelled) return grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled while its lane was full");
+    if (stopping_ || cancelled) return Status(StatusCode::kCancelled, "job cancelled while its lane was full");
   }
 }
 

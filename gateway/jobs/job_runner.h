@@ -1,5 +1,5 @@
 // JobRunner: a bounded pool of threads running queued jobs through the Generator. Each job gets
-// its own scheduler-call ClientContext, whose TryCancel the JobStore calls when the job is
+// its own CancelSource (generation_call.h), which the JobStore cancels when the job is
 // cancelled. The runner owns its queue of job ids; the JobStore owns the jobs themselves.
 #pragma once
 
@@ -11,8 +11,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/client_context.h>
 
 #include "gateway/auth/authenticator.h"
 #include "gateway/generator.h"
@@ -37,8 +35,8 @@ class JobRunner {
  private:
   void WorkerLoop();
   void RunOne(const JobTicket& ticket);
-  grpc::Status RunUntilAdmitted(const ferry::v1::GenerateRequest& request, grpc::ClientContext& downstream,
-                                const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response);
+  Status RunUntilAdmitted(const ferry::v1::GenerateRequest& request, CancelSource& cancel,
+                          const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response);
 
   JobStore& store_;
   Generator& generator_;
@@ -47,7 +45,7 @@ class JobRunner {
   std::mutex mu_;  // guards the three fields below
   std::condition_variable wake_;
   std::deque<JobTicket> queue_;
-  std::set<grpc::ClientContext*> running_;
+  std::set<CancelSource*> running_;
   bool stopping_ = false;
 
   std::vector<std::thread> workers_;

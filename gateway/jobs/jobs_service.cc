@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "gateway/auth/grpc_admission.h"
+#include "gateway/grpc_admission.h"
 #include "gateway/request_validation.h"
 
 namespace ferry::gateway {
@@ -43,7 +43,8 @@ grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::
   const Admission admission = AdmitCall(auth_, generator_, *context, *request);
   if (!admission.status.ok()) {
     const bool limited = admission.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    generator_.CountRejection(limited ? "rate_limit" : "auth", request->lane(), admission.status.error_code());
+    generator_.CountRejection(limited ? "rate_limit" : "auth", request->lane(),
+                              static_cast<StatusCode>(admission.status.error_code()));
     return admission.status;
   }
   // Bad input is refused now, naming the field, rather than accepted and failed later.
@@ -51,7 +52,7 @@ grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::
                                          generator_.tokenizer());
   if (const auto* error = std::get_if<ValidationError>(&validated)) {
     auth_.Refund(admission.tenant, admission.reserved_completion_tokens);
-    generator_.CountRejection("invalid", request->lane(), grpc::StatusCode::INVALID_ARGUMENT);
+    generator_.CountRejection("invalid", request->lane(), StatusCode::kInvalidArgument);
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error->message);
   }
   auto id = store_.Submit(admission.tenant, *request, JobStore::Clock::now());

@@ -1,4 +1,4 @@
-#include "gateway/auth/grpc_admission.h"
+#include "gateway/grpc_admission.h"
 
 #include <spdlog/spdlog.h>
 
@@ -34,7 +34,7 @@ Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::Serve
                     const ferry::v1::GenerateRequest& request) {
   Admission admission;
   const auto bearer = BearerToken(context);
-  const auto lane = generator.ResolveLane(request.lane());
+  const auto lane = generator.options().lanes.Find(request.lane());
   if (!lane) {
     auto tenant = auth.Identify(bearer);
     if (!tenant) {
@@ -53,21 +53,21 @@ Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::Serve
   }
   const auto& s = request.sampling();
   const int64_t max_tokens = s.has_max_tokens() && s.max_tokens() > 0 ? s.max_tokens() : kDefaultMaxTokens;
-  const AuthResult result = auth.Admit(bearer, *lane, prompt_tokens, max_tokens);
+  const AuthResult result = auth.Admit(bearer, lane->name, prompt_tokens, max_tokens);
   admission.status = ToGrpcStatus(result, context);
   admission.tenant = result.tenant;
   if (result.code == AuthCode::kOk) {
     admission.reserved_completion_tokens = max_tokens;
   } else {
     // The tenant name only: the key never reaches a log line.
-    spdlog::info("refused request tenant={} lane={}: {}", result.tenant.empty() ? "-" : result.tenant, *lane,
+    spdlog::info("refused request tenant={} lane={}: {}", result.tenant.empty() ? "-" : result.tenant, lane->name,
                  result.message);
   }
   return admission;
 }
 
-void RefundUnused(Authenticator& auth, const Admission& admission, const ferry::v1::GenerateResponse& response) {
-  const int64_t unused = admission.reserved_completion_tokens - response.usage().completion_tokens();
+void RefundUnused(Authenticator& auth, const Admission& admission, int64_t completion_tokens) {
+  const int64_t unused = admission.reserved_completion_tokens - completion_tokens;
   if (!admission.tenant.empty() && unused > 0) auth.Refund(admission.tenant, unused);
 }
 

@@ -33,6 +33,6 @@ Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::Serve
                     const ferry::v1::GenerateRequest& request);
 
 // Returns what an admitted request reserved but did not generate.
-void RefundUnused(Authenticator& auth, const Admission& admission, const ferry::v1::GenerateResponse& response);
+void RefundUnused(Authenticator& auth, const Admission& admission, int64_t completion_tokens);
 
 }  // namespace ferry::gateway

@@ -1,0 +1,30 @@
+// How a request ended, as the gateway's logic says it. The codes are google.rpc.Code's, numbered
+// as gRPC numbers them, so the gRPC adapters translate by value (generation_service.cc,
+// grpc_scheduler_client.cc) and the HTTP front maps them to HTTP statuses (http/openai_format.h).
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace ferry::gateway {
+
+enum class StatusCode {
+  kOk = 0, kCancelled = 1, kUnknown = 2, kInvalidArgument = 3, kDeadlineExceeded = 4, kNotFound = 5,
+  kAlreadyExists = 6, kPermissionDenied = 7, kResourceExhausted = 8, kFailedPrecondition = 9, kAborted = 10,
+  kOutOfRange = 11, kUnimplemented = 12, kInternal = 13, kUnavailable = 14, kDataLoss = 15, kUnauthenticated = 16,
+};
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode error_code() const { return code_; }
+  const std::string& error_message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+}  // namespace ferry::gateway
