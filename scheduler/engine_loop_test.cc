@@ -70,7 +70,6 @@ RequestSpec Request(int prompt_len, int max_tokens) {
   RequestSpec r;
   for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(100 + i % 7);
   r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
   r.arrival = Clock::now();
   return r;
 }

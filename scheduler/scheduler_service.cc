@@ -15,50 +15,12 @@ namespace ferry::scheduler {
 
 namespace {
 
-GuidedDecoding ToGuided(const ferry::v1::GuidedDecoding& g) {
-  GuidedDecoding out;
-  switch (g.kind_case()) {
-    case ferry::v1::GuidedDecoding::kJsonObject: out.kind = GuidedDecoding::Kind::kJsonObject; break;
-    case ferry::v1::GuidedDecoding::kChoice:
-      out.kind = GuidedDecoding::Kind::kChoice;
-      out.choices.assign(g.choice().choices().begin(), g.choice().choices().end());
-      break;
-    case ferry::v1::GuidedDecoding::kJsonSchema:
-      out.kind = GuidedDecoding::Kind::kJsonSchema;
-      out.json_schema = g.json_schema();
-      break;
-    case ferry::v1::GuidedDecoding::kRegex:
-      out.kind = GuidedDecoding::Kind::kRegex;
-      out.regex = g.regex();
-      break;
-    case ferry::v1::GuidedDecoding::kGrammar:
-      out.kind = GuidedDecoding::Kind::kGrammar;
-      out.grammar = g.grammar();
-      break;
-    default: break;
-  }
-  return out;
-}
-
-// The one place a wire SamplingParams becomes the scheduler's (the gateway resolved every field).
+// The one place a wire SamplingParams becomes the scheduler's: what the planner reads, and the
+// message itself to carry to the workers.
 SamplingParams ToSamplingParams(const ferry::v1::SamplingParams& s) {
-  SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_p = s.top_p() > 0 ? s.top_p() : 1.f;
-  p.top_k = s.top_k();
-  p.min_p = s.min_p();
-  p.presence_penalty = s.presence_penalty();
-  p.frequency_penalty = s.frequency_penalty();
-  p.repetition_penalty = s.repetition_penalty() > 0 ? s.repetition_penalty() : 1.f;
-  p.logprobs = s.has_logprobs() ? s.logprobs() : -1;
-  p.prompt_logprobs = s.has_prompt_logprobs() ? s.prompt_logprobs() : -1;
-  p.guided = ToGuided(s.guided());
-  p.seed = s.seed();
-  p.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
-  std::sort(p.logit_bias.begin(), p.logit_bias.end());  // a map's order is unspecified
-  p.allowed_token_ids.assign(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
-  p.min_tokens = s.min_tokens();
-  return p;
+  return SamplingParams{.min_tokens = s.min_tokens(),
+                        .prompt_logprobs = s.has_prompt_logprobs() ? s.prompt_logprobs() : -1,
+                        .encoded = s.SerializeAsString()};
 }
 
 RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<int32_t>& eos_ids) {

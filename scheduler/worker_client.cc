@@ -31,11 +31,6 @@ GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
 
 GrpcWorkerGroup::~GrpcWorkerGroup() { CloseStreams(); }
 
-bool GrpcWorkerGroup::Healthy(std::chrono::milliseconds timeout) const {
-  const std::vector<bool> ranks = HealthyRanks(timeout);
-  return std::all_of(ranks.begin(), ranks.end(), [](bool ok) { return ok; });
-}
-
 std::vector<bool> GrpcWorkerGroup::HealthyRanks(std::chrono::milliseconds timeout) const {
   std::vector<bool> out;
   for (const auto& rank : ranks_) {
@@ -93,39 +88,6 @@ void GrpcWorkerGroup::CloseStreams() {
   }
 }
 
-namespace {
-
-// kNone leaves guided unset: unconstrained.
-void SetGuided(const GuidedDecoding& g, ferry::v1::SamplingParams& out) {
-  if (g.kind == GuidedDecoding::Kind::kJsonObject) out.mutable_guided()->set_json_object(true);
-  if (g.kind == GuidedDecoding::Kind::kChoice) {
-    out.mutable_guided()->mutable_choice()->mutable_choices()->Add(g.choices.begin(), g.choices.end());
-  }
-  if (g.kind == GuidedDecoding::Kind::kJsonSchema) out.mutable_guided()->set_json_schema(g.json_schema);
-  if (g.kind == GuidedDecoding::Kind::kRegex) out.mutable_guided()->set_regex(g.regex);
-  if (g.kind == GuidedDecoding::Kind::kGrammar) out.mutable_guided()->set_grammar(g.grammar);
-}
-
-// The one place the scheduler's SamplingParams becomes the wire's (the worker's fields only).
-void ToProto(const SamplingParams& p, ferry::v1::SamplingParams& out) {
-  out.set_temperature(p.temperature);
-  out.set_top_p(p.top_p);
-  out.set_top_k(p.top_k);
-  out.set_min_p(p.min_p);
-  out.set_presence_penalty(p.presence_penalty);
-  out.set_frequency_penalty(p.frequency_penalty);
-  out.set_repetition_penalty(p.repetition_penalty);
-  if (p.logprobs >= 0) out.set_logprobs(p.logprobs);
-  out.set_seed(p.seed);
-  for (const auto& [id, bias] : p.logit_bias) (*out.mutable_logit_bias())[id] = bias;
-  out.mutable_allowed_token_ids()->Assign(p.allowed_token_ids.begin(), p.allowed_token_ids.end());
-  out.set_min_tokens(p.min_tokens);
-  if (p.prompt_logprobs >= 0) out.set_prompt_logprobs(p.prompt_logprobs);
-  SetGuided(p.guided, out);
-}
-
-}  // namespace
-
 ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
   ferry::v1::StepRequest request;
   request.set_step_id(step_id);
@@ -135,7 +97,10 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
     out->mutable_token_ids()->Add(seq.token_ids.begin(), seq.token_ids.end());
     out->set_num_generated(seq.num_generated);
     out->set_num_cached_tokens(seq.num_cached_tokens);
-    ToProto(seq.sampling, *out->mutable_sampling());
+    // The gateway's message as it came (its encoding parsed here; the scheduler read a copy).
+    if (!out->mutable_sampling()->ParseFromString(seq.sampling.encoded)) {
+      throw std::invalid_argument(fmt::format("sequence {}: sampling parameters do not decode", seq.seq_id));
+    }
     out->mutable_min_tokens_suppressed_ids()->Add(seq.sampling.min_tokens_suppressed_ids.begin(),
                                                   seq.sampling.min_tokens_suppressed_ids.end());
   }

@@ -31,9 +31,8 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // close (the next Send opens new ones, and a worker forgets every sequence
   // when a new stream opens).
   StepOutput Receive() override;
-  // Whether every rank answers Health within timeout (thread-safe: only uses the stubs).
-  bool Healthy(std::chrono::milliseconds timeout) const;
-  // Each rank's answer, rank 0 first (every rank is asked, even after one fails).
+  // Whether each rank answers Health within timeout, rank 0 first (every rank is asked, even
+  // after one fails). Thread-safe: only uses the stubs.
   std::vector<bool> HealthyRanks(std::chrono::milliseconds timeout) const;
 
  private:

@@ -97,16 +97,17 @@ GuidedSpec ToGuidedSpec(const ferry::v1::GuidedDecoding& g) {
   return out;
 }
 
-// The one place a wire SamplingParams becomes the engine's (the scheduler sends every field set).
+// The one place a wire SamplingParams becomes the engine's: the gateway's message, every optional
+// field resolved (a field a direct client of the scheduler left unset takes sampling.proto's default).
 SamplingOptions ToSamplingOptions(const ferry::v1::SamplingParams& p) {
   SamplingOptions o;
   o.temperature = p.temperature();
-  o.top_p = p.top_p();
+  o.top_p = p.has_top_p() ? p.top_p() : 1.f;
   o.top_k = p.top_k();
   o.min_p = p.min_p();
   o.presence_penalty = p.presence_penalty();
   o.frequency_penalty = p.frequency_penalty();
-  o.repetition_penalty = p.repetition_penalty();
+  o.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.f;
   o.logprobs = p.has_logprobs() ? p.logprobs() : -1;
   o.seed = p.seed();
   o.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());

@@ -103,7 +103,7 @@ TEST(SchedulerCoreTest, FirstPlanSendsPromptAndBlocks) {
   EXPECT_EQ(plan.new_sequences[0].seq_id, 7u);
   EXPECT_EQ(plan.new_sequences[0].token_ids, r.prompt);
   EXPECT_EQ(plan.new_sequences[0].num_generated, 0);
-  EXPECT_EQ(plan.new_sequences[0].sampling.seed, r.sampling.seed);
+  EXPECT_EQ(plan.new_sequences[0].sampling.encoded, r.sampling.encoded);  // carried as it came
   ASSERT_EQ(plan.scheduled.size(), 1u);
   EXPECT_EQ(plan.scheduled[0].num_tokens, 10);
   EXPECT_EQ(plan.scheduled[0].new_block_ids.size(), 3u);

@@ -68,7 +68,7 @@ inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
   r.prompt.insert(r.prompt.begin(), o.prefix.begin(), o.prefix.end());
   if (o.eos_after >= 0) r.prompt[0] = kEosAfterBase + o.eos_after;
   r.max_tokens = o.max_tokens;
-  r.sampling.seed = seq_id;
+  r.sampling.encoded = "sampling of " + std::to_string(seq_id);  // carried, never read
   r.eos_token_ids = {kEosToken};
   r.stop_token_ids = o.stop_token_ids;
   r.ignore_eos = o.ignore_eos;

@@ -79,12 +79,6 @@ bool WaitingQueue::Remove(const Sequence* seq) {
   return true;
 }
 
-TimePoint WaitingQueue::OldestArrival() const {
-  TimePoint oldest = TimePoint::max();
-  ForEach([&](const Sequence* s) { oldest = std::min(oldest, s->spec.arrival); });
-  return oldest;
-}
-
 TimePoint WaitingQueue::OldestUnstartedArrival(const std::function<bool(const Sequence&)>& counts) const {
   TimePoint oldest = TimePoint::max();
   for (const auto& [priority, queue] : by_priority_) {

@@ -93,8 +93,6 @@ class WaitingQueue {
     return lane_index >= 0 && static_cast<size_t>(lane_index) < lane_counts_.size()
                ? lane_counts_[static_cast<size_t>(lane_index)] : 0;
   }
-  // The earliest arrival among waiting sequences. Precondition: !empty(). O(n).
-  TimePoint OldestArrival() const;
   // The earliest arrival among waiting sequences without a generated token
   // that `counts`; TimePoint::max() when there is none. Stops in each
   // priority at the first match never admitted (arrival order from there on).

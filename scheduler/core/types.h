@@ -52,32 +52,11 @@ struct Budget {
   int32_t max_num_batched_tokens = 8192;
 };
 
-// Structured output (ferry.v1.GuidedDecoding): the worker samples only text the constraint
-// accepts and ends it (end-of-sequence) only once accepted; the scheduler only carries it.
-struct GuidedDecoding {
-  enum class Kind { kNone, kJsonObject, kChoice, kJsonSchema, kRegex, kGrammar };
-  Kind kind = Kind::kNone;
-  std::vector<std::string> choices;  // kChoice: the text is exactly one of these
-  std::string json_schema;           // kJsonSchema: the schema as JSON text (structured/json_schema.h)
-  std::string regex;                 // kRegex: the whole text matches it (structured/regex_dfa.h)
-  std::string grammar;               // kGrammar: a grammar with no regex (structured/ebnf_grammar.h)
-};
-
-// How the worker picks each token; the scheduler only carries it (and reads prompt_logprobs).
-// Semantics in proto/ferry/v1/sampling.proto; converted from and to it in one place each
-// (scheduler_service.cc's ToSamplingParams, worker_client.cc's ToProto).
+// How the worker picks each token (ferry.v1.SamplingParams, proto/ferry/v1/sampling.proto). The
+// scheduler reads the few fields below; the rest it carries to the worker as the gateway sent it,
+// so no sampling field is copied by hand on its way through (scheduler_service.cc decodes what it
+// reads, worker_client.cc puts the message in each NewSequence).
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy, as the API's default (sampling.proto)
-  float top_p = 1.0f;
-  int32_t top_k = 0;
-  float min_p = 0.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  float repetition_penalty = 1.0f;
-  int32_t logprobs = -1;  // -1 none; N >= 0: the sampled token's plus the top N
-  uint64_t seed = 0;
-  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias), sorted by id
-  std::vector<int32_t> allowed_token_ids;             // only these are sampled; empty: any
   // Before min_tokens tokens were generated the worker does not sample these (EOS unless
   // ignored, and the stop token ids), and they end nothing.
   int32_t min_tokens = 0;
@@ -85,7 +64,7 @@ struct SamplingParams {
   // -1 none; N >= 0: each prompt token's logprob after the first plus the top N. The planner
   // never serves such a sequence from the prefix cache: every prompt position is computed.
   int32_t prompt_logprobs = -1;
-  GuidedDecoding guided;  // kNone: unconstrained
+  std::string encoded;  // the whole ferry.v1.SamplingParams, in its wire encoding
 };
 
 // Log-probability of a sampled token and the most likely alternatives.
