@@ -1,5 +1,6 @@
-// One Prometheus registry and HTTP exposer per process. Binding port 0 lets the
-// kernel choose; port() tells which (for the ready file).
+// One Prometheus registry and HTTP exposer per process, which also serves the standard process
+// metrics (common/process_metrics.h). Binding port 0 lets the kernel choose; port() tells which
+// (for the ready file).
 #pragma once
 
 #include <prometheus/counter.h>
@@ -24,12 +25,13 @@ class MetricsServer {
 
   prometheus::Registry& registry() { return *registry_; }
   int port() const;
-  // The registry in Prometheus' text format (what /metrics serves), for a second endpoint such as
-  // the gateway's OpenAI HTTP port.
+  // The registry and the process metrics in Prometheus' text format (what /metrics serves), for a
+  // second endpoint such as the gateway's OpenAI HTTP port.
   std::string Text() const;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_;  // common/process_metrics.h
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

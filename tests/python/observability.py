@@ -21,7 +21,7 @@ PROM = REPO / "deploy" / "prometheus"
 
 # Section heading in docs/metrics.md -> the services it describes ("*": every service).
 SECTIONS = {"ferry-gateway": "gateway", "ferry-scheduler": "scheduler", "ferry-worker": "worker",
-            "Every service: the exporter's own": "*"}
+            "Every service: the exporter's own": "*", "Every service: the process": "*"}
 
 
 @dataclass(frozen=True)

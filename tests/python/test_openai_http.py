@@ -181,6 +181,7 @@ def test_models_and_health(client, http_stack, tiny_model):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     names = {f.name for f in text_string_to_metric_families(r.text)}
     assert "ferry_gateway_requests_in_flight" in names and "ferry_gateway_rejections" in names
+    assert "process_cpu_seconds" in names and "process_resident_memory_bytes" in names  # the process's too
 
 
 def test_bad_field_is_400_naming_it(client, http_stack):

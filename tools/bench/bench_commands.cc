@@ -1,5 +1,6 @@
 #include "tools/bench/bench_commands.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -141,6 +142,14 @@ void Warmup(const BenchFlags& f, const std::vector<BenchRequest>& requests, cons
   }
 }
 
+// This process's user and system CPU time so far.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 struct Measured {
   RunReport report;
   std::vector<RequestResult> results;
@@ -155,9 +164,12 @@ Measured Measure(const BenchFlags& f, const std::vector<BenchRequest>& requests,
   options.show_progress = f.is_progress_shown && isatty(STDERR_FILENO);
   MetricsScraper scraper(MakeScrapeTargets(f), f.scrape_interval_s);
   scraper.Start();
+  const double cpu_before_s = ProcessCpuSeconds();
   RunOutput out = RunLoad(requests, factory, options);
+  const double bench_cpu_s = ProcessCpuSeconds() - cpu_before_s;
   Measured m;
   m.report.metrics = scraper.Stop();
+  m.report.metrics.cpu_seconds["ferry-bench"] = bench_cpu_s;
   m.report.label = label;
   m.report.config = ConfigJson(f, concurrency);
   m.report.run = SummarizeRun(out.results, out.duration_s, MakeSlo(f));

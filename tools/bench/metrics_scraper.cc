@@ -229,6 +229,9 @@ MetricsSummary SummarizeScrapes(const std::vector<Scrape>& scrapes) {
   if (!m.engine_utilization) {
     m.engine_utilization = BusyFraction(scrapes, "scheduler", "ferry_scheduler_step_duration_seconds_sum");
   }
+  for (const auto& [target, e] : CounterEnds(scrapes, "", "process_cpu_seconds_total")) {
+    if (e.t1 > e.t0) m.cpu_seconds[target] = e.v1 - e.v0;
+  }
   return m;
 }
 

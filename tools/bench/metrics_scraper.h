@@ -57,6 +57,9 @@ struct MetricsSummary {
   std::optional<double> memory_bytes_mean, memory_bytes_peak;
   std::string memory_kind;  // "gpu", "cpu" (worker RSS) or "rss" (all services); empty: none
   std::optional<double> max_num_seqs_last;  // the scheduler's cap as exported
+  // CPU seconds each target spent over the run (its process_cpu_seconds_total's increase from
+  // its first to its last scrape), by target name; the benchmark adds its own ("ferry-bench").
+  std::map<std::string, double> cpu_seconds;
 };
 MetricsSummary SummarizeScrapes(const std::vector<Scrape>& scrapes);
 

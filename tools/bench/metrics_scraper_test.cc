@@ -74,12 +74,26 @@ TEST(SummarizeScrapesTest, PrefersGpuMemoryAndReportsNvmlUtilisation) {
   EXPECT_FALSE(m.engine_utilization.has_value());     // one scrape: no interval
 }
 
+// Each process's CPU time over the run, from its process_cpu_seconds_total at its first and last
+// scrape; a target scraped once has no interval and no figure.
+TEST(SummarizeScrapesTest, CpuSecondsPerProcess) {
+  const std::vector<Scrape> scrapes = {
+      At(0.0, {{"gateway", "process_cpu_seconds_total 3.5\n"}, {"scheduler", "process_cpu_seconds_total 1\n"},
+               {"worker-0", "process_cpu_seconds_total 7\n"}}),
+      At(1.0, {{"gateway", "process_cpu_seconds_total 4.25\n"}}),
+      At(2.0, {{"gateway", "process_cpu_seconds_total 5\n"}, {"worker-0", "process_cpu_seconds_total 7.5\n"}}),
+  };
+  const MetricsSummary m = SummarizeScrapes(scrapes);
+  EXPECT_EQ(m.cpu_seconds, (std::map<std::string, double>{{"gateway", 1.5}, {"worker-0", 0.5}}));
+}
+
 TEST(SummarizeScrapesTest, NothingScrapedGivesNoFigures) {
   const MetricsSummary m = SummarizeScrapes({});
   EXPECT_EQ(m.num_scrapes, 0);
   EXPECT_FALSE(m.num_running_mean.has_value());
   EXPECT_FALSE(m.engine_utilization.has_value());
   EXPECT_TRUE(m.memory_kind.empty());
+  EXPECT_TRUE(m.cpu_seconds.empty());
 }
 
 TEST(ScrapeTargetTest, Parses) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -81,6 +82,13 @@ std::string DistributionBlock(const char* title, const char* key, const Distribu
   return out;
 }
 
+// By process: CPU milliseconds per 1,000 output tokens (CPU seconds * 1e6 / tokens).
+std::map<std::string, double> CpuMsPer1kTokens(const MetricsSummary& m, int64_t output_tokens) {
+  std::map<std::string, double> out;
+  for (const auto& [target, cpu_s] : m.cpu_seconds) out[target] = cpu_s * 1e6 / static_cast<double>(output_tokens);
+  return out;
+}
+
 std::string MetricsBlock(const MetricsSummary& m) {
   std::string out = fmt::format("{:-^52}\n", " Services (averages over the run) ");
   if (m.num_scrapes == 0) return out + "not scraped (no --metrics-url or --stack-file)\n";
@@ -94,6 +102,14 @@ std::string MetricsBlock(const MetricsSummary& m) {
   const std::string kind = m.memory_kind == "gpu" ? "GPU memory" : m.memory_kind == "cpu" ? "Worker RSS" : "RSS";
   out += Line(kind + " (mean, GiB):", m.memory_bytes_mean ? Num(*m.memory_bytes_mean / (1 << 30)) : "n/a");
   out += Line("Scrapes (failed fetches):", fmt::format("{} ({})", m.num_scrapes, m.num_errors));
+  return out;
+}
+
+// Each process's CPU time per 1,000 output tokens: where the host work goes.
+std::string CpuBlock(const MetricsSummary& m, int64_t output_tokens) {
+  if (m.cpu_seconds.empty() || output_tokens <= 0) return "";
+  std::string out = fmt::format("{:-^52}\n", " CPU per 1,000 output tokens (ms) ");
+  for (const auto& [target, cpu_s] : CpuMsPer1kTokens(m, output_tokens)) out += Line(target + ":", Num(cpu_s));
   return out;
 }
 
@@ -145,6 +161,7 @@ std::string FormatSummary(const RunReport& r) {
                        r.clock_resolution_ms, s.coarse_clock_share * 100);
   }
   out += MetricsBlock(r.metrics);
+  out += CpuBlock(r.metrics, r.run.total_output_tokens);
   out += std::string(52, '=') + "\n";
   return out;
 }
@@ -171,6 +188,10 @@ json ReportJson(const RunReport& r) {
   }
   j["lanes"] = lanes;
   j["memory_kind"] = r.metrics.memory_kind;
+  j["cpu_seconds"] = r.metrics.cpu_seconds;
+  if (r.run.total_output_tokens > 0) {
+    j["cpu_ms_per_1k_output_tokens"] = CpuMsPer1kTokens(r.metrics, r.run.total_output_tokens);
+  }
   j["metrics_scrapes"] = r.metrics.num_scrapes;
   j["metrics_scrape_errors"] = r.metrics.num_errors;
   return j;
