@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <future>
 #include <stdexcept>
 #include <vector>
 
@@ -52,45 +53,79 @@ std::string FinishStatus(ferry::v1::FinishReason reason) {
   }
 }
 
+// One GenerateStream call read by gRPC's callback threads: each chunk is timed where it arrives,
+// and the sending thread sleeps until the end. (Blocking Reads cost a thread hand-off per chunk,
+// as they did in the services: docs/benchmarks/bench.md 2d, 2e.) It owns what the call needs until
+// OnDone, the last callback, which drops its hold on itself.
+class StreamCall final : public grpc::ClientReadReactor<ferry::v1::GenerateChunk> {
+ public:
+  StreamCall(ferry::v1::GenerateRequest request, RequestResult& result) : request_(std::move(request)), result_(result) {}
+
+  // Starts the call; the future is ready (with the call's status) once it has ended.
+  std::future<grpc::Status> Start(ferry::v1::Generation::Stub& stub, std::shared_ptr<StreamCall> self,
+                                  double timeout_s, const std::string& api_key) {
+    self_ = std::move(self);
+    context_.set_deadline(DeadlineIn(timeout_s));
+    if (!api_key.empty()) context_.AddMetadata("authorization", "Bearer " + api_key);
+    std::future<grpc::Status> done = done_.get_future();
+    t0_ = Clock::now();
+    stub.async()->GenerateStream(&context_, &request_, this);
+    StartRead(&chunk_);
+    StartCall();
+    return done;
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    if (chunk_.token_ids_size() > 0 || !chunk_.text().empty()) {
+      last_s_ = Since(t0_);
+      result_.chunk_s.push_back(last_s_);
+    }
+    num_tokens_ += chunk_.token_ids_size();
+    if (chunk_.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
+      finish_ = chunk_.finish_reason();
+      usage_ = chunk_.usage();
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    const std::shared_ptr<StreamCall> keep = std::move(self_);  // this outlives the callback
+    result_.e2e_s = last_s_ >= 0 ? last_s_ : Since(t0_);
+    result_.output_tokens = usage_.completion_tokens() > 0 ? usage_.completion_tokens() : num_tokens_;
+    if (usage_.prompt_tokens() > 0) result_.prompt_tokens = usage_.prompt_tokens();
+    if (!status.ok()) {
+      result_.status = GrpcCodeName(status.error_code());
+      result_.error = status.error_message();
+    } else {
+      result_.status = FinishStatus(finish_);
+      if (!result_.is_success()) result_.error = "stream ended with finish reason " + result_.status;
+    }
+    done_.set_value(status);
+  }
+
+ private:
+  const ferry::v1::GenerateRequest request_;
+  RequestResult& result_;
+  std::shared_ptr<StreamCall> self_;
+  grpc::ClientContext context_;
+  std::promise<grpc::Status> done_;
+  Clock::time_point t0_;
+  ferry::v1::GenerateChunk chunk_;
+  ferry::v1::FinishReason finish_ = ferry::v1::FINISH_REASON_UNSPECIFIED;
+  ferry::v1::Usage usage_;
+  int32_t num_tokens_ = 0;
+  double last_s_ = -1;
+};
+
 class GrpcClient final : public GenerationClient {
  public:
   GrpcClient(std::shared_ptr<grpc::Channel> channel, const GrpcClientOptions& options)
       : stub_(ferry::v1::Generation::NewStub(std::move(channel))), options_(options) {}
 
   void Send(const BenchRequest& request, double timeout_s, RequestResult& result) override {
-    const ferry::v1::GenerateRequest req = ToProto(request, options_);
-    grpc::ClientContext context;
-    context.set_deadline(DeadlineIn(timeout_s));
-    if (!options_.api_key.empty()) context.AddMetadata("authorization", "Bearer " + options_.api_key);
-    const auto t0 = Clock::now();
-    auto reader = stub_->GenerateStream(&context, req);
-    ferry::v1::GenerateChunk chunk;
-    ferry::v1::FinishReason finish = ferry::v1::FINISH_REASON_UNSPECIFIED;
-    ferry::v1::Usage usage;
-    int32_t num_tokens = 0;
-    double last_s = -1;
-    while (reader->Read(&chunk)) {
-      if (chunk.token_ids_size() > 0 || !chunk.text().empty()) {
-        last_s = Since(t0);
-        result.chunk_s.push_back(last_s);
-      }
-      num_tokens += chunk.token_ids_size();
-      if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
-        finish = chunk.finish_reason();
-        usage = chunk.usage();
-      }
-    }
-    const grpc::Status status = reader->Finish();
-    result.e2e_s = last_s >= 0 ? last_s : Since(t0);
-    result.output_tokens = usage.completion_tokens() > 0 ? usage.completion_tokens() : num_tokens;
-    if (usage.prompt_tokens() > 0) result.prompt_tokens = usage.prompt_tokens();
-    if (!status.ok()) {
-      result.status = GrpcCodeName(status.error_code());
-      result.error = status.error_message();
-      return;
-    }
-    result.status = FinishStatus(finish);
-    if (!result.is_success()) result.error = "stream ended with finish reason " + result.status;
+    auto call = std::make_shared<StreamCall>(ToProto(request, options_), result);
+    call->Start(*stub_, call, timeout_s, options_.api_key).wait();
   }
 
  private:
