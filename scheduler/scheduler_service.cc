@@ -41,7 +41,6 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   }
   spec.priority = r.priority();
   spec.lane = r.lane();
-  spec.arrival = Clock::now();
   return spec;
 }
 
@@ -294,6 +293,7 @@ grpc::ServerWriteReactor<ferry::v1::TokenEvent>* SchedulerService::Submit(grpc::
     CheckPromptLogprobs(*request, info_);
     CheckGuided(*request, info_);
     RequestSpec spec = ToRequestSpec(*request, eos);
+    spec.arrival = arrival;  // one reading for the core (TTFT, aging, queue deadline) and queue_s
     spec.deadline = SteadyDeadline(*context);
     if (request->queue_timeout_ms() > 0) {
       spec.queue_deadline = arrival + std::chrono::milliseconds(request->queue_timeout_ms());
