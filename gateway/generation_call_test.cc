@@ -32,24 +32,26 @@ const tokenizer::Tokenizer& TestTokenizer() {
   return *tok;
 }
 
-// Answers each Submit with `events`, or at once with `refusal`; with `hold_open`, keeps the
-// stream open after the events until the gateway cancels it (up to 10 s).
+// Answers each submit of a session with `events`, each in a message of its own; with `refusal`,
+// ends the session at the first submit. Unless an event ends the request, it stays open until the
+// gateway cancels it (seen in saw_cancel) or the session ends.
 class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
  public:
-  grpc::Status Submit(grpc::ServerContext* context, const ferry::v1::SubmitRequest*,
-                      grpc::ServerWriter<TokenEvent>* writer) override {
-    ++submits;
-    if (!refusal.ok()) return refusal;
-    for (const TokenEvent& event : events) {
-      if (!writer->Write(event)) return grpc::Status::CANCELLED;
-    }
-    if (hold_open) {
-      for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
-        if (context->IsCancelled()) {
-          saw_cancel = true;
-          return grpc::Status::CANCELLED;
+  grpc::Status Session(grpc::ServerContext*,
+                       grpc::ServerReaderWriter<ferry::v1::SessionEvents, ferry::v1::SessionRequests>* stream) override {
+    ++sessions;
+    ferry::v1::SessionRequests in;
+    while (stream->Read(&in)) {
+      if (in.cancels_size() > 0) saw_cancel = true;
+      for (const auto& submit : in.submits()) {
+        ++submits;
+        if (!refusal.ok()) return refusal;
+        for (TokenEvent event : events) {
+          event.set_stream_id(submit.stream_id());
+          ferry::v1::SessionEvents out;
+          *out.add_events() = std::move(event);
+          if (!stream->Write(out)) return grpc::Status::CANCELLED;
         }
-        std::this_thread::sleep_for(5ms);
       }
     }
     return grpc::Status::OK;
@@ -57,7 +59,7 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
 
   std::vector<TokenEvent> events;
   grpc::Status refusal = grpc::Status::OK;
-  bool hold_open = false;
+  std::atomic<int> sessions{0};
   std::atomic<int> submits{0};
   std::atomic<bool> saw_cancel{false};
 };
@@ -69,7 +71,7 @@ struct Server {
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
   }
-  ~Server() { server->Shutdown(std::chrono::system_clock::now() + 1s); }
+  ~Server() { server->Shutdown(std::chrono::system_clock::now() + 200ms); }
   std::shared_ptr<grpc::Channel> Channel() const {
     return grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   }
@@ -173,7 +175,9 @@ class GenerationCallTest : public ::testing::Test {
   std::shared_ptr<CountingClient> client_;
 };
 
-TEST_F(GenerationCallTest, ReadsTheNextEventOnlyAfterTheFrontTookTheLastChunk) {
+// The front's pace is the call's: what arrives while the front writes a chunk waits, and goes
+// out merged into the next one.
+TEST_F(GenerationCallTest, AChunkIsWrittenOnlyAfterTheFrontTookTheLastAndMergesWhatCameMeanwhile) {
   ScriptedScheduler scheduler;
   const auto ids = Ids("one two three");
   ASSERT_GE(ids.size(), 3u);
@@ -189,17 +193,12 @@ TEST_F(GenerationCallTest, ReadsTheNextEventOnlyAfterTheFrontTookTheLastChunk) {
   EXPECT_EQ(front.num_chunks(), 1u);
   call->WriteDone(true);
   ASSERT_TRUE(front.WaitChunks(2));
-  std::this_thread::sleep_for(100ms);
-  EXPECT_EQ(front.num_chunks(), 2u);
-  call->WriteDone(true);
-  ASSERT_TRUE(front.WaitChunks(3));
-  const GenerateChunk last = front.chunk(2);
+  const GenerateChunk last = front.chunk(1);
   EXPECT_EQ(last.finish_reason(), ferry::v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(last.usage().completion_tokens(), 3);
-  EXPECT_EQ(last.token_ids_size(), 1);
-  EXPECT_EQ(last.token_ids(0), ids[2]);
+  EXPECT_EQ(std::vector<int32_t>(last.token_ids().begin(), last.token_ids().end()),
+            (std::vector<int32_t>{ids[1], ids[2]}));
   EXPECT_EQ(front.chunk(0).token_ids(0), ids[0]);
-  EXPECT_EQ(front.chunk(1).token_ids(0), ids[1]);
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(num_attempts(), 1u);
   call->WriteDone(true);  // the final chunk's answer ends the call
@@ -211,7 +210,6 @@ TEST_F(GenerationCallTest, ReadsTheNextEventOnlyAfterTheFrontTookTheLastChunk) {
 TEST_F(GenerationCallTest, AClientThatGoesAwayCancelsTheSchedulerStream) {
   ScriptedScheduler scheduler;
   scheduler.events = {Event({Ids("one")[0]})};
-  scheduler.hold_open = true;
   Server server(scheduler);
   auto generator = MakeGenerator({server.Channel()});
   RecordingFront front;
@@ -260,6 +258,57 @@ TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt
   EXPECT_NE(status->error_message().find("max_tokens"), std::string::npos) << status->error_message();
   EXPECT_EQ(num_attempts(), 0u);
   EXPECT_EQ(scheduler.submits, 0);
+}
+
+TEST_F(GenerationCallTest, ConcurrentCallsShareTheReplicasSession) {
+  ScriptedScheduler scheduler;
+  const auto ids = Ids("one two");
+  scheduler.events = {Event({ids[0]}), Event({ids[1]}, ferry::v1::FINISH_KIND_EOS)};
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      CallHooks hooks;
+      hooks.client_cancelled = [] { return false; };
+      std::vector<int32_t> seen;
+      const Status status = generator->Run(Request(4), hooks, [&](const GenerateChunk& c) {
+        seen.insert(seen.end(), c.token_ids().begin(), c.token_ids().end());
+        return true;
+      });
+      ok += status.ok() && seen == std::vector<int32_t>{ids[0], ids[1]};
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok, 8);
+  EXPECT_EQ(scheduler.submits, 8);
+  EXPECT_EQ(scheduler.sessions, 1);
+}
+
+// The scheduler ends a request by its timeout itself; one that does not answer is caught by the
+// gateway's own timer, and the client gets what it had with finish "timeout".
+TEST_F(GenerationCallTest, ADeadlineEndsTheCallWhenTheSchedulerDoesNot) {
+  ScriptedScheduler scheduler;
+  scheduler.events = {Event({Ids("one")[0]})};  // then silence
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  CallHooks hooks = front.Hooks();
+  hooks.deadline = std::chrono::system_clock::now() + 300ms;
+  auto call = generator->NewCall(std::move(hooks));
+  call->Start(Request(8));
+  ASSERT_TRUE(front.WaitChunks(1));
+  call->WriteDone(true);
+  ASSERT_TRUE(front.WaitChunks(2));
+  EXPECT_EQ(front.chunk(1).finish_reason(), ferry::v1::FINISH_REASON_TIMEOUT);
+  EXPECT_EQ(front.chunk(1).usage().completion_tokens(), 1);
+  call->WriteDone(true);
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+  for (int i = 0; i < 200 && !scheduler.saw_cancel; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(scheduler.saw_cancel);  // the scheduler is told to free the sequence
 }
 
 TEST_F(GenerationCallTest, BlockingRunDeliversEveryChunkInOrderOnTheCallersThread) {

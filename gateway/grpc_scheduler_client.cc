@@ -1,5 +1,13 @@
 #include "gateway/grpc_scheduler_client.h"
 
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <optional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/client_callback.h>
 
@@ -9,83 +17,457 @@ namespace ferry::gateway {
 
 namespace {
 
+using ferry::v1::SessionEvents;
+using ferry::v1::SessionRequests;
+using ferry::v1::TokenEvent;
+using SteadyClock = std::chrono::steady_clock;
+
 constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
 
-// One Submit stream, owning its context; deleted once its reader has seen the end. A hold keeps
-// OnDone back until the reader stops reading, since reads also start from the reader's side (the
-// front's answer to a chunk), outside this reactor's reactions.
-class GrpcStream final : public SchedulerStream, public grpc::ClientReadReactor<ferry::v1::TokenEvent> {
+class Session;
+
+// Ends streams whose deadline passed, on a thread of its own that sleeps until the earliest: the
+// scheduler ends a request in time by itself (timeout_ms), so this only catches a scheduler that
+// does not answer.
+class DeadlineTimer {
  public:
-  GrpcStream(ferry::v1::Scheduler::Stub& stub, const ferry::v1::SubmitRequest& submit,
-             std::chrono::system_clock::time_point deadline, std::shared_ptr<StreamReader> reader)
-      : stub_(stub), submit_(submit), reader_(std::move(reader)) {
-    if (deadline != std::chrono::system_clock::time_point::max()) context_.set_deadline(deadline);
+  using Key = std::pair<SteadyClock::time_point, uint64_t>;  // (when, stream id)
+
+  DeadlineTimer() : thread_([this] { Run(); }) {}
+  ~DeadlineTimer() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
   }
 
-  void Start() override {
-    stub_.async()->Submit(&context_, &submit_, this);
-    AddHold();
-    StartRead(&event_);
-    StartCall();  // the last touch: reactions may run from here on
+  void Add(const Key& key, std::function<void()> expire) {
+    std::lock_guard lock(mu_);
+    const bool earliest = entries_.empty() || key < entries_.begin()->first;
+    entries_.emplace(key, std::move(expire));
+    if (earliest) cv_.notify_one();
   }
-  void ReadNext() override {
-    event_.Clear();
-    StartRead(&event_);
-  }
-  void StopReading() override { RemoveHold(); }
-  void Cancel() override { context_.TryCancel(); }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return StopReading();
-    reader_->OnEvent(event_);
-  }
-  // The reader drops its hold on this stream (its cancel) before it returns.
-  void OnDone(const grpc::Status& status) override {
-    std::shared_ptr<StreamReader> reader = std::move(reader_);
-    reader->OnStreamDone(Status(static_cast<StatusCode>(status.error_code()), status.error_message()));
-    delete this;
+  void Remove(const Key& key) {
+    std::lock_guard lock(mu_);
+    entries_.erase(key);
   }
 
  private:
-  ferry::v1::Scheduler::Stub& stub_;
-  const ferry::v1::SubmitRequest& submit_;
-  std::shared_ptr<StreamReader> reader_;
-  grpc::ClientContext context_;
-  ferry::v1::TokenEvent event_;
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      if (entries_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (const auto when = entries_.begin()->first.first; SteadyClock::now() < when) {
+        cv_.wait_until(lock, when);
+        continue;
+      }
+      std::function<void()> expire = std::move(entries_.begin()->second);
+      entries_.erase(entries_.begin());
+      lock.unlock();
+      expire();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Key, std::function<void()>> entries_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
+
+// One request on a session, as the SchedulerStream GenerationCall reads. Events arrive on the
+// session's thread whenever the scheduler sends them; the reader takes them at its own pace
+// (ReadNext), so what arrives meanwhile waits here, merged into one event (at most the request's
+// max_tokens ids): this is the request's flow control, and the scheduler never waits for it.
+//
+// Lifetime: shared by the session (until the request ends there) and itself (from Start until
+// OnStreamDone returns).
+class MuxStream final : public SchedulerStream, public std::enable_shared_from_this<MuxStream> {
+ public:
+  MuxStream(std::shared_ptr<Session> session, const ferry::v1::SubmitRequest& submit,
+            std::chrono::system_clock::time_point deadline, std::shared_ptr<StreamReader> reader, DeadlineTimer& timer)
+      : session_(std::move(session)), submit_(submit), deadline_(deadline), reader_(std::move(reader)), timer_(timer) {}
+
+  // The stream's own share, from its making until OnStreamDone returns.
+  void Own() { self_ = shared_from_this(); }
+  void Start() override;
+  void ReadNext() override {
+    std::unique_lock lock(mu_);
+    waiting_ = true;
+    Deliver(lock);
+  }
+  void StopReading() override {
+    std::unique_lock lock(mu_);
+    const bool cancel = !ended_;
+    if (cancel) End(Status(StatusCode::kCancelled, "stopped reading"));
+    waiting_ = false;
+    lock.unlock();
+    if (cancel) CancelUpstream();
+    Done();
+  }
+  void Cancel() override { Abandon(Status(StatusCode::kCancelled, "cancelled"), true); }
+
+  // The session's thread: one event of this request. Takes its contents (swaps).
+  void OnEvent(TokenEvent& event) {
+    std::unique_lock lock(mu_);
+    if (ended_) return;  // cancelled or timed out here: the scheduler's late events are dropped
+    if (event.status_code() != 0) {
+      End(Status(static_cast<StatusCode>(event.status_code()), event.status_message()));
+    } else {
+      Merge(event);
+      if (event.finish() != ferry::v1::FINISH_KIND_NONE || pending_.finish() != ferry::v1::FINISH_KIND_NONE) {
+        End(Status());
+      }
+    }
+    Deliver(lock);
+  }
+  // The session ended before the request did.
+  void OnSessionEnd(const Status& status) { Abandon(status, false); }
+
+  uint64_t id() const { return id_; }
+
+ private:
+  // Ends the request here with `status`, once: a waiting reader hears of it now, another at its
+  // next ReadNext; `upstream` tells the scheduler to free the sequence.
+  void Abandon(const Status& status, bool upstream) {
+    std::unique_lock lock(mu_);
+    if (ended_) return;
+    End(status);
+    has_pending_ = false;  // as a cancelled gRPC call's reads fail, what was not taken is dropped
+    pending_.Clear();
+    const bool now = waiting_;
+    waiting_ = false;
+    lock.unlock();
+    if (upstream) CancelUpstream();
+    if (now) Done();
+  }
+
+  // mu_ held.
+  void End(const Status& status) {
+    ended_ = true;
+    status_ = status;
+  }
+
+  // mu_ held. Appends the event to what the reader has not taken yet.
+  void Merge(TokenEvent& event) {
+    if (!has_pending_) {
+      pending_.Swap(&event);
+      has_pending_ = true;
+      return;
+    }
+    pending_.mutable_token_ids()->Add(event.token_ids().begin(), event.token_ids().end());
+    for (auto& lp : *event.mutable_logprobs()) pending_.add_logprobs()->Swap(&lp);
+    for (auto& lp : *event.mutable_prompt_logprobs()) pending_.add_prompt_logprobs()->Swap(&lp);
+    pending_.set_finish(event.finish());
+  }
+
+  // mu_ held by `lock`; releases it. Hands a waiting reader the merged event, or the end.
+  void Deliver(std::unique_lock<std::mutex>& lock) {
+    if (!waiting_) return;
+    if (has_pending_) {
+      waiting_ = false;
+      has_pending_ = false;
+      delivered_.Swap(&pending_);
+      pending_.Clear();  // keeps its storage for the next merge
+      std::shared_ptr<StreamReader> reader = reader_;
+      std::shared_ptr<MuxStream> keep = shared_from_this();
+      lock.unlock();
+      return reader->OnEvent(delivered_);  // the reader answers with ReadNext or StopReading
+    }
+    if (!ended_) return;  // the reader waits for the next event
+    waiting_ = false;
+    lock.unlock();
+    Done();
+  }
+
+  void CancelUpstream();
+  void Done();
+
+  const std::shared_ptr<Session> session_;
+  const ferry::v1::SubmitRequest& submit_;
+  const std::chrono::system_clock::time_point deadline_;
+  std::shared_ptr<StreamReader> reader_;
+  DeadlineTimer& timer_;
+  std::optional<DeadlineTimer::Key> timer_key_;
+  uint64_t id_ = 0;
+  std::shared_ptr<MuxStream> self_;
+
+  std::mutex mu_;
+  bool waiting_ = false;  // the reader asked for an event and has none yet
+  bool ended_ = false;    // the request's end is known (status_)
+  bool done_ = false;     // OnStreamDone was called
+  Status status_;
+  bool has_pending_ = false;
+  TokenEvent pending_;    // arrived, not taken
+  TokenEvent delivered_;  // the reader's, during its OnEvent (one at a time)
+};
+
+// One Scheduler.Session: the requests of one gateway connection to one replica, multiplexed.
+// Submits and cancels queued while a write is in flight go out together in the next message;
+// each message read (a step's events of every request on it) is handed out on the one thread
+// that read it. When the session ends every request still on it ends with its status
+// (UNAVAILABLE when the scheduler went away, so a request that had not started may try another
+// replica).
+class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEvents>,
+                      public std::enable_shared_from_this<Session> {
+ public:
+  explicit Session(ferry::v1::Scheduler::Stub& stub) : stub_(stub) {}
+
+  // A hold keeps OnDone back while a write may still start (WriteIfIdle decides under the lock,
+  // starts outside it); it goes once reading failed and no write is in flight.
+  void Begin() {
+    self_ = shared_from_this();
+    stub_.async()->Session(&context_, this);
+    AddHold();
+    StartRead(&in_);
+    StartCall();
+  }
+
+  // False when the session has already ended (the stream is not added).
+  bool Open(const std::shared_ptr<MuxStream>& stream, const ferry::v1::SubmitRequest& submit, int64_t timeout_ms) {
+    {
+      std::lock_guard lock(mu_);
+      if (ended_) return false;
+      streams_.emplace(stream->id(), stream);
+      auto* out = pending_.add_submits();
+      out->set_stream_id(stream->id());
+      *out->mutable_request() = submit;
+      out->set_timeout_ms(timeout_ms);
+    }
+    WriteIfIdle();
+    return true;
+  }
+  void Cancel(uint64_t id) {
+    {
+      std::lock_guard lock(mu_);
+      if (streams_.erase(id) == 0 || ended_) return;  // ended already, here or there
+      pending_.add_cancels(id);
+    }
+    WriteIfIdle();
+  }
+  void Forget(uint64_t id) {
+    std::lock_guard lock(mu_);
+    streams_.erase(id);
+  }
+  bool ended() {
+    std::lock_guard lock(mu_);
+    return ended_;
+  }
+  // Ends the session (the gateway is shutting down) and waits for gRPC to be done with it.
+  void Shutdown() {
+    context_.TryCancel();
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the session is over: no more writes, and OnDone follows with its status
+      bool release = false;
+      {
+        std::lock_guard lock(mu_);
+        ended_ = true;
+        release = !writing_;
+        hold_ = hold_ && !release;
+      }
+      if (release) RemoveHold();
+      return;
+    }
+    batch_.clear();
+    {
+      std::lock_guard lock(mu_);
+      for (TokenEvent& event : *in_.mutable_events()) {
+        auto it = streams_.find(event.stream_id());
+        if (it == streams_.end()) continue;  // cancelled or timed out here
+        batch_.emplace_back(it->second, &event);
+        if (event.status_code() != 0 || event.finish() != ferry::v1::FINISH_KIND_NONE) streams_.erase(it);
+      }
+    }
+    for (auto& [stream, event] : batch_) stream->OnEvent(*event);
+    batch_.clear();
+    StartRead(&in_);
+  }
+  void OnWriteDone(bool ok) override {
+    bool release = false;
+    {
+      std::lock_guard lock(mu_);
+      writing_ = false;
+      release = ended_ && hold_;
+      hold_ = hold_ && !release;
+    }
+    if (release) return RemoveHold();
+    if (ok) WriteIfIdle();  // else the stream broke: the read fails too
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::unordered_map<uint64_t, std::shared_ptr<MuxStream>> streams;
+    {
+      std::lock_guard lock(mu_);
+      ended_ = true;
+      streams.swap(streams_);
+    }
+    const Status end = status.ok() ? Status(StatusCode::kUnavailable, "the scheduler ended the session")
+                                   : Status(static_cast<StatusCode>(status.error_code()),
+                                            "scheduler session: " + status.error_message());
+    for (auto& [id, stream] : streams) stream->OnSessionEnd(end);
+    std::shared_ptr<Session> last = std::move(self_);
+    std::lock_guard lock(mu_);
+    done_ = true;
+    done_cv_.notify_all();
+  }
+
+ private:
+  void WriteIfIdle() {
+    {
+      std::lock_guard lock(mu_);
+      if (writing_ || ended_ || (pending_.submits_size() == 0 && pending_.cancels_size() == 0)) return;
+      out_.Swap(&pending_);
+      pending_.Clear();
+      writing_ = true;
+    }
+    StartWrite(&out_);
+  }
+
+  ferry::v1::Scheduler::Stub& stub_;
+  grpc::ClientContext context_;
+  std::shared_ptr<Session> self_;  // gRPC's share, until OnDone
+  SessionEvents in_;               // the read in flight
+  std::vector<std::pair<std::shared_ptr<MuxStream>, TokenEvent*>> batch_;  // the reading thread's
+
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::unordered_map<uint64_t, std::shared_ptr<MuxStream>> streams_;  // requests not ended upstream
+  SessionRequests pending_;  // queued, not yet written
+  SessionRequests out_;      // the write in flight
+  bool writing_ = false;
+  bool hold_ = true;    // Begin's hold is still on
+  bool ended_ = false;  // reading failed: nothing more is sent
+  bool done_ = false;   // OnDone returned its streams' ends
+};
+
+std::atomic<uint64_t> next_stream_id{1};
+
+void MuxStream::Start() {
+  id_ = next_stream_id.fetch_add(1);
+  waiting_ = true;  // Start reads the first event
+  int64_t timeout_ms = 0;
+  if (deadline_ != std::chrono::system_clock::time_point::max()) {
+    const auto left = deadline_ - std::chrono::system_clock::now();
+    // At least 1 ms: a deadline already past ends the request at once, there and here.
+    timeout_ms = std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(left).count());
+    std::weak_ptr<MuxStream> weak = self_;
+    timer_key_ = DeadlineTimer::Key{SteadyClock::now() + std::chrono::milliseconds(timeout_ms), id_};
+    timer_.Add(*timer_key_, [weak] {
+      if (auto stream = weak.lock()) {
+        stream->Abandon(Status(StatusCode::kDeadlineExceeded, "deadline exceeded waiting for the scheduler"), true);
+      }
+    });
+  }
+  if (!session_->Open(self_, submit_, timeout_ms)) {
+    OnSessionEnd(Status(StatusCode::kUnavailable, "the scheduler session ended"));
+  }
+}
+
+void MuxStream::CancelUpstream() { session_->Cancel(id_); }
+
+void MuxStream::Done() {
+  std::shared_ptr<StreamReader> reader;
+  Status status;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    done_ = true;
+    reader = std::move(reader_);
+    status = status_;
+  }
+  if (timer_key_) timer_.Remove(*timer_key_);
+  session_->Forget(id_);
+  std::shared_ptr<MuxStream> last = std::move(self_);  // freed when this returns, unless a session still holds it
+  reader->OnStreamDone(status);
+}
 
 class GrpcSchedulerClient final : public SchedulerClient {
  public:
-  GrpcSchedulerClient(std::vector<std::shared_ptr<grpc::Channel>> channels, const std::vector<std::string>& addresses)
-      : router_(addresses, [this](size_t i) { return Probe(i); }) {
-    for (const auto& channel : channels) stubs_.push_back(ferry::v1::Scheduler::NewStub(channel));
+  GrpcSchedulerClient(std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels,
+                      const std::vector<std::string>& addresses)
+      : replicas_(channels.size()), router_(addresses, [this](size_t i) { return Probe(i); }) {
+    for (size_t i = 0; i < channels.size(); ++i) {
+      for (const auto& channel : channels[i]) replicas_[i].stubs.push_back(ferry::v1::Scheduler::NewStub(channel));
+      replicas_[i].sessions.resize(replicas_[i].stubs.size());
+    }
+  }
+  ~GrpcSchedulerClient() override {
+    for (Replica& replica : replicas_) {
+      std::vector<std::shared_ptr<Session>> sessions;
+      {
+        std::lock_guard lock(replica.mu);
+        sessions = replica.sessions;
+      }
+      for (const auto& session : sessions) {
+        if (session) session->Shutdown();
+      }
+    }
   }
 
   ReplicaRouter& router() override { return router_; }
   SchedulerStream* NewStream(size_t replica, const ferry::v1::SubmitRequest& submit,
                              std::chrono::system_clock::time_point deadline,
                              std::shared_ptr<StreamReader> reader) override {
-    return new GrpcStream(*stubs_[replica], submit, deadline, std::move(reader));
+    auto stream = std::make_shared<MuxStream>(SessionFor(replica), submit, deadline, std::move(reader), timer_);
+    stream->Own();
+    return stream.get();
   }
 
  private:
+  struct Replica {
+    std::vector<std::unique_ptr<ferry::v1::Scheduler::Stub>> stubs;  // one per connection
+    std::mutex mu;
+    std::vector<std::shared_ptr<Session>> sessions;  // one per connection; replaced once ended
+    size_t next = 0;                                 // round robin over them
+  };
+
+  // A live session to replica i, the connections taking turns; one that ended is replaced.
+  std::shared_ptr<Session> SessionFor(size_t i) {
+    Replica& replica = replicas_[i];
+    std::lock_guard lock(replica.mu);
+    const size_t k = replica.next++ % replica.sessions.size();
+    std::shared_ptr<Session>& session = replica.sessions[k];
+    if (!session || session->ended()) {
+      session = std::make_shared<Session>(*replica.stubs[k]);
+      session->Begin();
+    }
+    return session;
+  }
+
   // Whether replica i answers GetState within the health check's timeout.
   bool Probe(size_t i) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kHealthCheckTimeout);
     ferry::v1::SchedulerState state;
-    return stubs_[i]->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
+    return replicas_[i].stubs.front()->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
   }
 
-  std::vector<std::unique_ptr<ferry::v1::Scheduler::Stub>> stubs_;
-  ReplicaRouter router_;  // after stubs_: its health thread probes them until it is destroyed
+  DeadlineTimer timer_;
+  std::vector<Replica> replicas_;
+  ReplicaRouter router_;  // after replicas_: its health thread probes them until it is destroyed
 };
 
 }  // namespace
 
-std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
+std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels,
                                                          const std::vector<std::string>& addresses) {
   return std::make_shared<GrpcSchedulerClient>(std::move(channels), addresses);
+}
+
+std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                                         const std::vector<std::string>& addresses) {
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> one_each;
+  for (auto& channel : channels) one_each.push_back({std::move(channel)});
+  return MakeGrpcSchedulerClient(std::move(one_each), addresses);
 }
 
 }  // namespace ferry::gateway

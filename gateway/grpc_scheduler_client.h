@@ -1,7 +1,8 @@
 // The gateway's gRPC client of its scheduler replicas: scheduler_client.h over ferry.v1.Scheduler
-// stubs. Each Submit stream is a callback reactor (a thread per stream on both sides spent about
-// half of the gateway's CPU switching threads, docs/benchmarks/bench.md 2e); the router's health
-// checks ask each replica's GetState.
+// stubs. Requests travel multiplexed on long-lived Session streams, one per connection to a
+// replica: each scheduler step reaches the gateway as one message for all of a session's requests,
+// not one message per request (docs/benchmarks/bench.md 2k). Sessions and requests are callback
+// reactors: no thread waits on either. The router's health checks ask each replica's GetState.
 #pragma once
 
 #include <memory>
@@ -14,7 +15,11 @@
 
 namespace ferry::gateway {
 
-// channels[i] reaches replica i, at addresses[i] (for logs).
+// channels[i] are the connections to replica i, at addresses[i] (for logs): one session each,
+// taking new requests in turn, so that several threads read the replica's steps.
+std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels,
+                                                         const std::vector<std::string>& addresses);
+// One connection per replica: channels[i] reaches replica i.
 std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                                                          const std::vector<std::string>& addresses);
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -26,6 +27,7 @@ struct Flags {
   std::vector<std::string> schedulers;
   std::string tokenizer;
   int scheduler_timeout_s = 600;
+  int scheduler_connections = 0;  // per replica; 0: one per 4 cores, 1 to 4
   std::string lanes_file;
   std::string api_keys_file;   // empty: authentication off
   int job_store_size = 1000;   // async jobs kept at most
@@ -43,6 +45,10 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->required();
   app.add_option("--tokenizer", f.tokenizer, "tokenizer.json, or the model directory holding it")->required();
   app.add_option("--scheduler-timeout-s", f.scheduler_timeout_s, "How long to wait for the scheduler at start");
+  app.add_option("--scheduler-connections", f.scheduler_connections,
+                 "Connections to each scheduler replica, one multiplexed session each: each is read by one "
+                 "thread at a time (0: one per 4 cores, 1 to 4)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--lanes-file", f.lanes_file, "Lanes as JSON (default: interactive and batch; see gateway/lanes.h)");
   app.add_option("--api-keys-file", f.api_keys_file, "Tenants and hashed API keys (YAML); absent: auth off");
   app.add_option("--job-store-size", f.job_store_size, "Async jobs kept at most")->check(CLI::PositiveNumber);
@@ -133,14 +139,23 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (const std::string& address : flags.schedulers) {
-    channels.push_back(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // Each connection its own TCP connection (a local subchannel pool), so that their reads run
+  // on separate threads.
+  const int connections = flags.scheduler_connections > 0
+                              ? flags.scheduler_connections
+                              : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels(flags.schedulers.size());
+  for (size_t i = 0; i < flags.schedulers.size(); ++i) {
+    for (int k = 0; k < connections; ++k) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      channels[i].push_back(grpc::CreateCustomChannel(flags.schedulers[i], grpc::InsecureChannelCredentials(), args));
+    }
   }
   ferry::gateway::GatewayOptions options;
   try {
     if (!flags.lanes_file.empty()) options.lanes = ferry::gateway::LaneTable::FromFile(flags.lanes_file);
-    options.limits = ModelLimitsFrom(channels.front(), flags.scheduler_timeout_s);
+    options.limits = ModelLimitsFrom(channels.front().front(), flags.scheduler_timeout_s);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 1;
@@ -159,6 +174,7 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", e.what());
     return 1;
   }
+  spdlog::info("{} connection(s) to each scheduler replica", connections);
   spdlog::info("authentication {}", flags.api_keys_file.empty() ? "off" : "on: " + flags.api_keys_file);
   ferry::gateway::GenerationService service(generator, *auth);
   ferry::gateway::JobStore job_store(

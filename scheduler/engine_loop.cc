@@ -57,17 +57,16 @@ void EngineLoop::Push(Command command) {
   inbox_cv_.notify_one();
 }
 
-std::pair<uint64_t, std::shared_ptr<RequestChannel>> EngineLoop::Submit(RequestSpec spec) {
+uint64_t EngineLoop::Submit(RequestSpec spec, std::shared_ptr<EventSink> sink, uint64_t tag) {
   // The core's own check, here on the caller's thread so that the call is refused at once.
   if (const std::string error = SchedulerCore::LengthError(spec, config_); !error.empty()) {
     throw std::invalid_argument(error);
   }
   spec.seq_id = next_seq_id_.fetch_add(1);
   const uint64_t id = spec.seq_id;
-  auto channel = std::make_shared<RequestChannel>();
   num_live_.fetch_add(1);
-  Push(AddCommand{std::move(spec), channel});
-  return {id, channel};
+  Push(AddCommand{std::move(spec), std::move(sink), tag});
+  return id;
 }
 
 void EngineLoop::Cancel(uint64_t seq_id) { Push(CancelCommand{seq_id}); }
@@ -130,18 +129,19 @@ void EngineLoop::Apply(Command& command) {
     }
     try {
       core_.Add(std::move(add->spec));
-      streams_.emplace(id, Stream{add->channel, std::nullopt});
+      streams_.emplace(id, Stream{std::move(add->sink), add->tag, std::nullopt});
       ++arrivals_since_step_;
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
       num_live_.fetch_sub(1);
       metrics_->Finished(FinishKind::kAborted);
-      add->channel->Push(SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
+      add->sink->Deliver(add->tag, SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
+      add->sink->Flush();
     }
   } else if (auto* cancel = std::get_if<CancelCommand>(&command)) {
     if (!streams_.count(cancel->seq_id)) return;  // already ended
     core_.Cancel(cancel->seq_id);
-    End(SeqEvent{.seq_id = cancel->seq_id, .finish = FinishKind::kCancelled}, now);
+    Dispatch({SeqEvent{.seq_id = cancel->seq_id, .finish = FinishKind::kCancelled}}, now);
   } else {
     auto& set = std::get<SetCapCommand>(command);
     controller_.Set(set.max_num_seqs, Seconds(now));
@@ -262,10 +262,17 @@ void EngineLoop::Dispatch(const std::vector<SeqEvent>& events, TimePoint now) {
     auto it = streams_.find(event.seq_id);
     if (it == streams_.end()) continue;
     if (!event.new_tokens.empty() && !it->second.first_token) it->second.first_token = now;
-    auto channel = it->second.channel;
+    // A few sessions carry every request: a linear look for the sink beats a set.
+    if (std::find(touched_.begin(), touched_.end(), it->second.sink) == touched_.end()) {
+      touched_.push_back(it->second.sink);
+    }
+    EventSink& sink = *it->second.sink;  // touched_ keeps it alive past End
+    const uint64_t tag = it->second.tag;
     if (event.finish != FinishKind::kNone) End(event, now);
-    channel->Push(event);
+    sink.Deliver(tag, event);
   }
+  for (const auto& sink : touched_) sink->Flush();
+  touched_.clear();
 }
 
 // Bookkeeping of a request's end, before its final event is visible to anyone:
@@ -289,7 +296,6 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
     done.num_tokens = last.num_prompt_tokens + last.num_generated;
     controller_.OnCompletion(done);
   }
-  if (kind == FinishKind::kCancelled) stream.channel->Push(last);
   streams_.erase(it);
   num_live_.fetch_sub(1);
   metrics_->Finished(kind);

@@ -1,7 +1,8 @@
 // The scheduler's engine loop: one thread owns the planner state and the cap
 // controller and drives the workers step by step. Other threads talk to it only
-// through Submit, Cancel and SetMaxNumSeqs (messages into its inbox), read
-// results from RequestChannels, and read State() (a snapshot the loop publishes).
+// through Submit, Cancel and SetMaxNumSeqs (messages into its inbox), receive
+// each request's events through the EventSink it was submitted with, and read
+// State() (a snapshot the loop publishes).
 #pragma once
 
 #include <atomic>
@@ -20,7 +21,6 @@
 
 #include "scheduler/core/controller.h"
 #include "scheduler/core/scheduler_core.h"
-#include "scheduler/request_channel.h"
 
 namespace ferry::scheduler {
 
@@ -40,6 +40,17 @@ class WorkerGroup {
 };
 
 struct LoopMetrics;
+
+// Where the loop delivers requests' events: the gRPC session a request came on (scheduler_service.cc).
+// Both calls come on the loop thread and must not block: a sink buffers and sends on its own time.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // One event of the request submitted with `tag`, in order; its last carries a finish.
+  virtual void Deliver(uint64_t tag, const SeqEvent& event) = 0;
+  // The end of a batch of deliveries (a step's): what the sink holds may go out now, together.
+  virtual void Flush() = 0;
+};
 
 // The batching picture, published by the loop after every step.
 struct LoopState {
@@ -66,10 +77,10 @@ class EngineLoop {
   EngineLoop(const SchedulerConfig& config, WorkerGroup& workers, prometheus::Registry& registry);
   ~EngineLoop();
 
-  // Queues a request; returns its sequence id and the channel its events
-  // arrive on. Throws std::invalid_argument (SchedulerCore::LengthError) if it
-  // cannot fit max_model_len; any other refusal of the core ends it kAborted.
-  std::pair<uint64_t, std::shared_ptr<RequestChannel>> Submit(RequestSpec spec);
+  // Queues a request whose events go to `sink` under `tag`; returns its sequence id. Throws
+  // std::invalid_argument (SchedulerCore::LengthError) if it cannot fit max_model_len; any other
+  // refusal of the core ends it kAborted.
+  uint64_t Submit(RequestSpec spec, std::shared_ptr<EventSink> sink, uint64_t tag);
   // The sequence leaves the batch at the next step and its blocks are freed.
   void Cancel(uint64_t seq_id);
   // Admin: sets the cap (clamped to the controller's bounds); returns once applied.
@@ -83,7 +94,8 @@ class EngineLoop {
  private:
   struct AddCommand {
     RequestSpec spec;
-    std::shared_ptr<RequestChannel> channel;
+    std::shared_ptr<EventSink> sink;
+    uint64_t tag;
   };
   struct CancelCommand {
     uint64_t seq_id;
@@ -97,7 +109,8 @@ class EngineLoop {
   // What the loop alone knows of a request it has not ended: where its events go, and when
   // it delivered the first token (for the controller's TTFT). The rest is the core's.
   struct Stream {
-    std::shared_ptr<RequestChannel> channel;
+    std::shared_ptr<EventSink> sink;
+    uint64_t tag;
     std::optional<TimePoint> first_token;
   };
 
@@ -116,6 +129,7 @@ class EngineLoop {
   void CompleteStep();
   void AbortAll(const std::exception& error, uint64_t step_id);
   int32_t NextCap(TimePoint now);
+  // Delivers events to their sinks (ending the requests they finish), then flushes each sink once.
   void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);
   void End(const SeqEvent& last, TimePoint now);
   void Publish();
@@ -135,6 +149,7 @@ class EngineLoop {
   SchedulerCore core_;
   Controller controller_;
   std::unordered_map<uint64_t, Stream> streams_;  // the live sequences of core_
+  std::vector<std::shared_ptr<EventSink>> touched_;  // Dispatch's sinks to flush (kept for its capacity)
   int32_t arrivals_since_step_ = 0;
   uint64_t preemptions_seen_ = 0;     // for the metric (all preemptions)
   uint64_t kv_preemptions_seen_ = 0;  // for the controller (KV pressure only)

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -85,19 +87,51 @@ SchedulerConfig Config(int32_t max_steps_in_flight = 1) {
   return c;
 }
 
-// The channel's next (merged) event, polled with the non-blocking TryPop the gRPC reactor uses;
-// nullopt if none comes within `timeout`.
-std::optional<SeqEvent> Next(RequestChannel& ch, std::chrono::milliseconds timeout) {
-  const TimePoint give_up = Clock::now() + timeout;
-  while (true) {
-    if (auto ev = ch.TryPop()) return ev;
-    if (Clock::now() >= give_up) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+// One request's events as the loop hands them over: a delivery is seen only once the loop has
+// flushed it, as a session writes only on a flush.
+class QueueSink final : public EventSink {
+ public:
+  void Deliver(uint64_t, const SeqEvent& event) override {
+    std::lock_guard lock(mu_);
+    staged_.push_back(event);
   }
+  void Flush() override {
+    std::lock_guard lock(mu_);
+    for (SeqEvent& event : staged_) flushed_.push_back(std::move(event));
+    staged_.clear();
+    cv_.notify_all();
+  }
+  // The next flushed event; nullopt if none comes within `timeout`.
+  std::optional<SeqEvent> Next(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !flushed_.empty(); })) return std::nullopt;
+    SeqEvent event = std::move(flushed_.front());
+    flushed_.pop_front();
+    return event;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<SeqEvent> staged_;
+  std::deque<SeqEvent> flushed_;
+};
+
+struct Sub {
+  uint64_t id;
+  std::shared_ptr<QueueSink> sink;
+};
+
+Sub Submit(EngineLoop& loop, RequestSpec spec) {
+  auto sink = std::make_shared<QueueSink>();
+  const uint64_t id = loop.Submit(std::move(spec), sink, 7);
+  return {id, sink};
 }
 
+std::optional<SeqEvent> Next(QueueSink& ch, std::chrono::milliseconds timeout) { return ch.Next(timeout); }
+
 // Pops until the terminal event; returns (tokens, finish).
-std::pair<std::vector<int32_t>, FinishKind> Drain(RequestChannel& ch) {
+std::pair<std::vector<int32_t>, FinishKind> Drain(QueueSink& ch) {
   std::vector<int32_t> tokens;
   while (true) {
     auto ev = Next(ch, std::chrono::milliseconds(5000));
@@ -116,13 +150,13 @@ TEST_P(EngineLoopTest, ConcurrentEqualsAloneAndAllEndOnce) {
   auto loop = std::make_unique<EngineLoop>(Config(GetParam()), workers, registry);
   std::vector<std::vector<int32_t>> alone;
   for (int i = 0; i < 12; ++i) {
-    auto [id, ch] = loop->Submit(Request(3 + 9 * i, 10));
+    auto [id, ch] = Submit(*loop, Request(3 + 9 * i, 10));
     auto [tokens, finish] = Drain(*ch);
     ASSERT_EQ(finish, FinishKind::kLength);
     alone.push_back(tokens);
   }
-  std::vector<std::shared_ptr<RequestChannel>> channels;
-  for (int i = 0; i < 12; ++i) channels.push_back(loop->Submit(Request(3 + 9 * i, 10)).second);
+  std::vector<std::shared_ptr<QueueSink>> channels;
+  for (int i = 0; i < 12; ++i) channels.push_back(Submit(*loop, Request(3 + 9 * i, 10)).sink);
   for (int i = 0; i < 12; ++i) {
     auto [tokens, finish] = Drain(*channels[i]);
     EXPECT_EQ(finish, FinishKind::kLength);
@@ -141,16 +175,16 @@ TEST_P(EngineLoopTest, CancelStormLeavesNothingLive) {
   std::mt19937 rng(5);
   std::promise<void> open;
   workers.gate = open.get_future().share();
-  std::vector<std::pair<uint64_t, std::shared_ptr<RequestChannel>>> subs;
-  for (int i = 0; i < 200; ++i) subs.push_back(loop.Submit(Request(1 + rng() % 40, 2 + rng() % 30)));
+  std::vector<Sub> subs;
+  for (int i = 0; i < 200; ++i) subs.push_back(Submit(loop, Request(1 + rng() % 40, 2 + rng() % 30)));
   // The first cancel lands before any step completes (at least one request
   // is cancelled, however a loaded machine stretches the sleeps below); the
   // rest race the loop.
-  loop.Cancel(subs[0].first);
+  loop.Cancel(subs[0].id);
   open.set_value();
   for (int i = 2; i < 200; i += 2) {
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
-    loop.Cancel(subs[i].first);
+    loop.Cancel(subs[i].id);
   }
   int cancelled = 0;
   for (auto& [id, ch] : subs) {
@@ -172,19 +206,19 @@ TEST_P(EngineLoopTest, AFailedStepAbortsAllAndTheNextRequestIsServed) {
   {
     FakeWorkers workers;
     EngineLoop loop(Config(GetParam()), workers, registry);
-    alone = Drain(*loop.Submit(Request(5, 6)).second).first;
+    alone = Drain(*Submit(loop, Request(5, 6)).sink).first;
   }
   FakeWorkers workers;
   workers.fail_step = 3;
   prometheus::Registry registry2;
   EngineLoop loop(Config(GetParam()), workers, registry2);
-  std::vector<std::shared_ptr<RequestChannel>> channels;
+  std::vector<std::shared_ptr<QueueSink>> channels;
   std::promise<void> open;
   workers.gate = open.get_future().share();  // all four start in the first step
-  for (int i = 0; i < 4; ++i) channels.push_back(loop.Submit(Request(3 + i, 20)).second);
+  for (int i = 0; i < 4; ++i) channels.push_back(Submit(loop, Request(3 + i, 20)).sink);
   open.set_value();
   for (auto& ch : channels) EXPECT_EQ(Drain(*ch).second, FinishKind::kAborted);
-  auto [tokens, finish] = Drain(*loop.Submit(Request(5, 6)).second);
+  auto [tokens, finish] = Drain(*Submit(loop, Request(5, 6)).sink);
   EXPECT_EQ(finish, FinishKind::kLength);
   EXPECT_EQ(tokens, alone);
   EXPECT_EQ(loop.num_live(), 0);
@@ -199,14 +233,14 @@ TEST(EngineLoop, TheFirstEventSaysWhenItStartedAndAQueueDeadlineEndsAWaitingRequ
   FakeWorkers workers;
   EngineLoop loop(Config(), workers, registry);
   const RequestSpec spec = Request(5, 6);
-  auto [id, ch] = loop.Submit(spec);
+  auto [id, ch] = Submit(loop, spec);
   auto first = Next(*ch, std::chrono::milliseconds(5000));
   ASSERT_TRUE(first.has_value());
   ASSERT_TRUE(first->first_scheduled.has_value());
   EXPECT_GE(*first->first_scheduled, spec.arrival);
   RequestSpec late = Request(5, 6);
   late.queue_deadline = Clock::now();
-  auto [tokens, finish] = Drain(*loop.Submit(late).second);
+  auto [tokens, finish] = Drain(*Submit(loop, late).sink);
   EXPECT_EQ(finish, FinishKind::kDeadlineExceeded);
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(Drain(*ch).second, FinishKind::kLength);
@@ -217,7 +251,7 @@ TEST(EngineLoop, TooLongIsRejectedAtSubmit) {
   FakeWorkers workers;
   EngineLoop loop(Config(), workers, registry);
   try {
-    loop.Submit(Request(200, 100));
+    Submit(loop, Request(200, 100));
     FAIL() << "expected invalid_argument";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("max_model_len = 256"), std::string::npos) << e.what();

@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
@@ -42,14 +43,6 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   spec.priority = r.priority();
   spec.lane = r.lane();
   return spec;
-}
-
-// The client's gRPC deadline (propagated by the gateway) as a steady-clock time.
-TimePoint SteadyDeadline(const grpc::ServerContextBase& context) {
-  const auto deadline = context.deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) return TimePoint::max();
-  const auto left = deadline - std::chrono::system_clock::now();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
 void ToProto(const LoopState& s, ferry::v1::SchedulerState* out) {
@@ -149,18 +142,17 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
   }
 }
 
-ferry::v1::TokenEvent ToTokenEvent(const SeqEvent& event) {
-  ferry::v1::TokenEvent out;
-  out.mutable_token_ids()->Add(event.new_tokens.begin(), event.new_tokens.end());
+// Fills `out` (a reused message: cleared, its storage kept) with the event's tokens and finish.
+void ToTokenEvent(const SeqEvent& event, ferry::v1::TokenEvent* out) {
+  out->mutable_token_ids()->Add(event.new_tokens.begin(), event.new_tokens.end());
   for (size_t i = 0; i < event.logprobs.size() && i < event.new_tokens.size(); ++i) {
-    ToProto(event.logprobs[i], event.new_tokens[i], out.add_logprobs());
+    ToProto(event.logprobs[i], event.new_tokens[i], out->add_logprobs());
   }
-  for (const TokenLogprob& lp : event.prompt_logprobs) ToProto(lp, lp.token_id, out.add_prompt_logprobs());
-  out.set_finish(ToProto(event.finish));
-  return out;
+  for (const TokenLogprob& lp : event.prompt_logprobs) ToProto(lp, lp.token_id, out->add_prompt_logprobs());
+  out->set_finish(ToProto(event.finish));
 }
 
-// The status that ends a call for an event the loop ends it with, if it carries no tokens to send.
+// The status that ends a request for an event the loop ends it with, if it carries no tokens to send.
 std::optional<grpc::Status> EndStatus(FinishKind finish) {
   switch (finish) {
     case FinishKind::kCancelled: return grpc::Status::CANCELLED;
@@ -172,139 +164,222 @@ std::optional<grpc::Status> EndStatus(FinishKind finish) {
   }
 }
 
-// One Submit call as a gRPC callback reactor: no thread waits on it. The engine loop's push
-// to the request's channel starts a write when none is in flight; each finished write starts
-// the next with whatever queued meanwhile (merged). A cancelled call cancels the sequence.
+using ferry::v1::SessionEvents;
+using ferry::v1::SessionRequests;
+
+// One gateway session (Scheduler.Session) as a callback reactor: it reads submits and cancels,
+// hands each request to the loop with itself as the request's EventSink, and writes what the
+// loop delivered as one message per flush, with whatever queued while a write was in flight.
+// The loop never waits on it: Deliver appends under a short lock; Flush starts a write only
+// when none is in flight (OnWriteDone starts the next).
 //
-// Lifetime: gRPC deletes nothing; OnDone deletes the reactor. The loop reaches it only through
-// `link_`, whose lock OnDone takes to cut the link, so OnDone waits for a push in progress. A
-// reaction may run inline on the pushing thread (inside StartWrite), hence a recursive lock;
-// nothing here touches the reactor after calling Finish or StartWriteAndFinish.
-class SubmitReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEvent> {
+// Lifetime: shared. gRPC's share (self_) lasts from the call until OnDone, the loop's while it
+// holds live requests of the session. Nothing starts a gRPC operation once Finish was called.
+class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, SessionEvents>,
+                             public EventSink,
+                             public std::enable_shared_from_this<SessionReactor> {
  public:
-  SubmitReactor(EngineLoop& loop, std::shared_ptr<RequestChannel> channel, uint64_t seq_id, TimePoint arrival)
-      : loop_(loop), channel_(std::move(channel)), seq_id_(seq_id), arrival_(arrival),
-        link_(std::make_shared<Link>()) {
-    link_->reactor = this;
-    channel_->SetListener([link = link_] {
-      std::lock_guard lock(link->mu);
-      if (link->reactor != nullptr) link->reactor->WriteNext();
-    });
+  SessionReactor(EngineLoop& loop, const ferry::v1::SchedulerInfo& info)
+      : loop_(loop), info_(info), eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {}
+
+  void Begin() {
+    self_ = shared_from_this();
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the gateway closed its side (or went away: OnCancel ends the session then)
+      {
+        std::lock_guard lock(mu_);
+        closing_ = true;
+      }
+      return Flush();
+    }
+    const TimePoint arrival = Clock::now();
+    for (const ferry::v1::SessionSubmit& submit : in_.submits()) {
+      if (!Admit(submit, arrival)) return;  // the session is over
+    }
+    for (const uint64_t id : in_.cancels()) {
+      std::optional<uint64_t> seq_id;
+      {
+        std::lock_guard lock(mu_);
+        if (auto it = live_.find(id); it != live_.end()) {
+          seq_id = it->second.seq_id;
+          live_.erase(it);  // its later events are not sent
+        }
+      }
+      if (seq_id) loop_.Cancel(*seq_id);
+    }
+    Flush();  // refusals
+    StartRead(&in_);
   }
 
   void OnWriteDone(bool ok) override {
-    bool went_away = false, cancelled = false;
+    std::optional<grpc::Status> finish;
     {
       std::lock_guard lock(mu_);
       writing_ = false;
-      // Only OnCancel sets done_ while a StartWrite is out (a last write uses
-      // StartWriteAndFinish, which has no OnWriteDone): it left the Finish to us.
-      cancelled = done_;
-      went_away = !ok && !done_;  // the client went away mid-write
-      done_ = done_ || went_away;
+      if (finishing_ && !finished_) {
+        finished_ = true;
+        finish = finish_status_;
+      }
     }
-    if (went_away) loop_.Cancel(seq_id_);
-    if (went_away || cancelled) return Finish(grpc::Status::CANCELLED);
-    WriteNext();
+    if (finish) return Finish(*finish);
+    if (!ok) return End(grpc::Status::CANCELLED);  // the gateway went away mid-write
+    Flush();
   }
 
-  void OnCancel() override {
-    loop_.Cancel(seq_id_);
+  void OnCancel() override { End(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    std::shared_ptr<SessionReactor> last = std::move(self_);  // may be the last share
+  }
+
+  void Deliver(uint64_t tag, const SeqEvent& event) override {
+    std::lock_guard lock(mu_);
+    auto it = live_.find(tag);
+    if (it == live_.end()) return;  // cancelled by the gateway, or the session ended
+    ferry::v1::TokenEvent* out = pending_.add_events();
+    out->set_stream_id(tag);
+    if (const auto end = EndStatus(event.finish)) {
+      out->set_status_code(end->error_code());
+      out->set_status_message(end->error_message());
+    } else {
+      ToTokenEvent(event, out);
+    }
+    if (!it->second.started) {
+      it->second.started = true;
+      const auto started = event.first_scheduled.value_or(Clock::now());
+      // Clamped: `started` is read on the engine thread, `arrival` on another, and on this VM one
+      // core's clock can lag another's by a few ms.
+      out->set_queue_s(std::max(0.0, std::chrono::duration<double>(started - it->second.arrival).count()));
+      out->set_num_cached_tokens(event.num_cached_tokens);
+    }
+    if (event.finish != FinishKind::kNone) live_.erase(it);
+  }
+
+  // Starts a write of everything pending unless one is in flight. A session the gateway closed
+  // finishes once its last request's events are out.
+  void Flush() override {
     bool finish = false;
     {
       std::lock_guard lock(mu_);
-      if (done_) return;
-      done_ = true;
-      finish = !writing_;  // else OnWriteDone follows and finishes
-    }
-    if (finish) Finish(grpc::Status::CANCELLED);
-  }
-
-  void OnDone() override {
-    {
-      std::lock_guard lock(link_->mu);
-      link_->reactor = nullptr;
-    }
-    delete this;
-  }
-
-  // Starts the next write if none is in flight and events are queued.
-  void WriteNext() {
-    std::optional<grpc::Status> end;
-    bool last = false;
-    {
-      std::lock_guard lock(mu_);
-      if (writing_ || done_) return;
-      auto event = channel_->TryPop();
-      if (!event) return;
-      end = EndStatus(event->finish);
-      last = end.has_value() || event->finish != FinishKind::kNone;
-      done_ = last;
-      if (!end) {
-        out_ = ToTokenEvent(*event);
-        if (first_) {
-          const auto started = event->first_scheduled.value_or(Clock::now());
-          // Clamped: `started` is read on the engine thread, `arrival` on another, and on this
-          // VM one core's clock can lag another's by a few ms.
-          out_.set_queue_s(std::max(0.0, std::chrono::duration<double>(started - arrival_).count()));
-          out_.set_num_cached_tokens(event->num_cached_tokens);
-          first_ = false;
-        }
+      if (writing_ || finishing_) return;
+      if (pending_.events_size() == 0) {
+        if (!closing_ || !live_.empty()) return;
+        finishing_ = finished_ = finish = true;
+      } else {
+        out_.Swap(&pending_);
+        pending_.Clear();  // keeps its events' storage for the next deliveries
         writing_ = true;
       }
     }
-    if (end) return Finish(*end);
-    if (last) return StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+    if (finish) return Finish(grpc::Status::OK);
     StartWrite(&out_);
   }
 
  private:
-  struct Link {
-    std::recursive_mutex mu;
-    SubmitReactor* reactor = nullptr;
+  struct Live {
+    uint64_t seq_id = 0;
+    TimePoint arrival;
+    bool started = false;  // its first event (queue_s) was sent
   };
 
-  EngineLoop& loop_;
-  const std::shared_ptr<RequestChannel> channel_;
-  const uint64_t seq_id_;
-  const TimePoint arrival_;
-  const std::shared_ptr<Link> link_;
-  std::mutex mu_;
-  bool writing_ = false;         // a StartWrite awaits its OnWriteDone
-  bool done_ = false;            // Finish was called, or will be when the write in flight ends
-  bool first_ = true;
-  ferry::v1::TokenEvent out_;    // the message in flight (gRPC reads it until OnWriteDone)
-};
+  // Hands one submit to the loop, or queues its refusal. A stream id already live would make
+  // every later event of the two ambiguous: the gateway broke the protocol, and the session ends
+  // (false).
+  bool Admit(const ferry::v1::SessionSubmit& submit, TimePoint arrival) {
+    const uint64_t id = submit.stream_id();
+    const ferry::v1::SubmitRequest& request = submit.request();
+    bool duplicate = false;
+    {
+      std::lock_guard lock(mu_);
+      duplicate = live_.count(id) > 0;
+    }
+    if (duplicate) {
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       fmt::format("stream_id = {} is already live on this session", id)));
+      return false;
+    }
+    try {
+      CheckPromptLogprobs(request, info_);
+      CheckGuided(request, info_);
+      if (submit.timeout_ms() < 0) {
+        throw std::invalid_argument(fmt::format("timeout_ms = {} must be >= 0", submit.timeout_ms()));
+      }
+      RequestSpec spec = ToRequestSpec(request, eos_);
+      spec.arrival = arrival;  // one reading for the core (TTFT, aging, queue deadline) and queue_s
+      if (submit.timeout_ms() > 0) spec.deadline = arrival + std::chrono::milliseconds(submit.timeout_ms());
+      if (request.queue_timeout_ms() > 0) {
+        spec.queue_deadline = arrival + std::chrono::milliseconds(request.queue_timeout_ms());
+      }
+      {
+        std::lock_guard lock(mu_);
+        live_.emplace(id, Live{.arrival = arrival});
+      }
+      try {
+        const uint64_t seq_id = loop_.Submit(std::move(spec), shared_from_this(), id);
+        std::lock_guard lock(mu_);
+        // The loop may have ended it already (and the entry with it).
+        if (auto it = live_.find(id); it != live_.end()) it->second.seq_id = seq_id;
+        spdlog::debug("req={} seq={} queued ({} prompt tokens)", request.request_id(), seq_id,
+                      request.prompt_token_ids_size());
+      } catch (const std::invalid_argument&) {
+        std::lock_guard lock(mu_);
+        live_.erase(id);
+        throw;
+      }
+    } catch (const std::invalid_argument& e) {
+      std::lock_guard lock(mu_);
+      ferry::v1::TokenEvent* out = pending_.add_events();
+      out->set_stream_id(id);
+      out->set_status_code(grpc::StatusCode::INVALID_ARGUMENT);
+      out->set_status_message(e.what());
+    }
+    return true;
+  }
 
-// A call refused before it reached the loop.
-class RefusedReactor final : public grpc::ServerWriteReactor<ferry::v1::TokenEvent> {
- public:
-  explicit RefusedReactor(grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
+  // The session is over: every request on it is cancelled, and the call finishes once no write
+  // is in flight.
+  void End(const grpc::Status& status) {
+    std::vector<uint64_t> cancelled;
+    bool finish = false;
+    {
+      std::lock_guard lock(mu_);
+      if (finishing_) return;
+      finishing_ = true;
+      finish_status_ = status;
+      for (const auto& [id, live] : live_) cancelled.push_back(live.seq_id);
+      live_.clear();
+      finish = !writing_;
+      finished_ = finish;
+    }
+    for (const uint64_t seq_id : cancelled) loop_.Cancel(seq_id);
+    if (finish) Finish(status);
+  }
+
+  EngineLoop& loop_;
+  const ferry::v1::SchedulerInfo& info_;
+  const std::vector<int32_t> eos_;
+  std::shared_ptr<SessionReactor> self_;
+  SessionRequests in_;  // the read in flight (only gRPC's reactions touch it)
+
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Live> live_;  // stream id -> its request, until its last event
+  SessionEvents pending_;  // delivered, not yet written
+  SessionEvents out_;      // the write in flight (gRPC reads it until OnWriteDone)
+  bool writing_ = false;
+  bool closing_ = false;    // the gateway closed its side: no more submits
+  bool finishing_ = false;  // End was called: no more writes
+  bool finished_ = false;   // Finish was called
+  grpc::Status finish_status_;
 };
 
 }  // namespace
 
-grpc::ServerWriteReactor<ferry::v1::TokenEvent>* SchedulerService::Submit(grpc::CallbackServerContext* context,
-                                                                          const ferry::v1::SubmitRequest* request) {
-  const std::vector<int32_t> eos(info_.eos_token_ids().begin(), info_.eos_token_ids().end());
-  const auto arrival = Clock::now();
-  try {
-    CheckPromptLogprobs(*request, info_);
-    CheckGuided(*request, info_);
-    RequestSpec spec = ToRequestSpec(*request, eos);
-    spec.arrival = arrival;  // one reading for the core (TTFT, aging, queue deadline) and queue_s
-    spec.deadline = SteadyDeadline(*context);
-    if (request->queue_timeout_ms() > 0) {
-      spec.queue_deadline = arrival + std::chrono::milliseconds(request->queue_timeout_ms());
-    }
-    auto [seq_id, channel] = loop_.Submit(std::move(spec));
-    spdlog::debug("req={} seq={} queued ({} prompt tokens)", request->request_id(), seq_id,
-                  request->prompt_token_ids_size());
-    return new SubmitReactor(loop_, std::move(channel), seq_id, arrival);
-  } catch (const std::invalid_argument& e) {
-    return new RefusedReactor(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what()));
-  }
+grpc::ServerBidiReactor<SessionRequests, SessionEvents>* SchedulerService::Session(grpc::CallbackServerContext*) {
+  auto session = std::make_shared<SessionReactor>(loop_, info_);
+  session->Begin();
+  return session.get();
 }
 
 grpc::Status SchedulerService::GetState(grpc::ServerContext*, const ferry::v1::GetStateRequest*,

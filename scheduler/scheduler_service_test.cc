@@ -1,6 +1,7 @@
-// The Submit adapter over a real engine loop and a fake worker group, through a gRPC server on
-// loopback: guided decoding (structured output) reaches the worker's NewSequence, and a replica
-// whose workers cannot constrain refuses it before it is queued.
+// The Session adapter over a real engine loop and a fake worker group, through a gRPC server on
+// loopback: many requests share a session and its messages, a cancel or the session's end frees
+// their sequences, guided decoding (structured output) reaches the worker's NewSequence, and a
+// replica whose workers cannot constrain refuses it before it is queued.
 #include "scheduler/scheduler_service.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <thread>
 
 #include "scheduler/worker_client.h"
 
@@ -28,6 +31,7 @@ class RecordingWorkers : public WorkerGroup {
     sent_.push_back(plan);
   }
   StepOutput Receive() override {
+    if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
     const StepPlan plan = std::move(sent_.front());
     sent_.pop_front();
     for (uint64_t id : plan.finished_ids) seqs_.erase(id);
@@ -47,6 +51,7 @@ class RecordingWorkers : public WorkerGroup {
     std::lock_guard lock(mu_);
     return new_sequences_;
   }
+  std::chrono::milliseconds step_delay{0};  // set before the loop starts
 
  private:
   struct Seq {
@@ -90,15 +95,72 @@ class SchedulerServiceTest : public ::testing::Test {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + 1s);
   }
 
-  // Runs the request to its end; returns the call's status.
+  using Session = grpc::ClientReaderWriter<ferry::v1::SessionRequests, ferry::v1::SessionEvents>;
+
+  static void Send(Session& session, const std::vector<ferry::v1::SubmitRequest>& requests, uint64_t first_id = 1) {
+    ferry::v1::SessionRequests out;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto* submit = out.add_submits();
+      submit->set_stream_id(first_id + i);
+      *submit->mutable_request() = requests[i];
+    }
+    ASSERT_TRUE(session.Write(out));
+  }
+
+  // Reads until each of `ids` has ended; its status per id (from status_code, or OK with a
+  // finish), its tokens, and how many messages carried them.
+  struct Ends {
+    std::map<uint64_t, grpc::Status> status;
+    std::map<uint64_t, std::vector<int32_t>> tokens;
+    int messages = 0;
+    int shared_messages = 0;  // messages carrying events of two or more requests
+  };
+  static Ends ReadUntilEnded(Session& session, size_t count) {
+    Ends ends;
+    ferry::v1::SessionEvents in;
+    while (ends.status.size() < count && session.Read(&in)) {
+      ++ends.messages;
+      std::set<uint64_t> ids;
+      for (const ferry::v1::TokenEvent& e : in.events()) {
+        ids.insert(e.stream_id());
+        auto& tokens = ends.tokens[e.stream_id()];
+        tokens.insert(tokens.end(), e.token_ids().begin(), e.token_ids().end());
+        if (e.status_code() != 0) {
+          ends.status[e.stream_id()] = grpc::Status(static_cast<grpc::StatusCode>(e.status_code()), e.status_message());
+        } else if (e.finish() != ferry::v1::FINISH_KIND_NONE) {
+          ends.status[e.stream_id()] = grpc::Status::OK;
+        }
+      }
+      ends.shared_messages += ids.size() >= 2;
+    }
+    return ends;
+  }
+
+  // Runs the request to its end on a session of its own, closed (half) once sent; returns its status.
   grpc::Status Submit(const ferry::v1::SubmitRequest& request) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + 10s);
-    auto reader = stub_->Submit(&context, request);
-    ferry::v1::TokenEvent event;
-    while (reader->Read(&event)) {
+    auto session = stub_->Session(&context);
+    Send(*session, {request});
+    session->WritesDone();  // closed at once: the session still serves the request, then ends
+    const Ends ends = ReadUntilEnded(*session, 1);
+    ferry::v1::SessionEvents after;
+    EXPECT_FALSE(session->Read(&after));
+    EXPECT_TRUE(session->Finish().ok());
+    if (!ends.status.count(1)) return grpc::Status(grpc::StatusCode::UNKNOWN, "the session ended first");
+    return ends.status.at(1);
+  }
+
+  double Finished(const std::string& reason) {
+    for (const auto& family : registry_.Collect()) {
+      if (family.name != "ferry_scheduler_requests_finished_total") continue;
+      for (const auto& metric : family.metric) {
+        for (const auto& label : metric.label) {
+          if (label.name == "reason" && label.value == reason) return metric.counter.value;
+        }
+      }
     }
-    return reader->Finish();
+    return 0;
   }
 
   static ferry::v1::SubmitRequest Request() {
@@ -116,6 +178,135 @@ class SchedulerServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ferry::v1::Scheduler::Stub> stub_;
 };
+
+TEST_F(SchedulerServiceTest, ManyRequestsShareOneSessionAndItsMessages) {
+  Start(false);
+  grpc::ClientContext context;
+  auto session = stub_->Session(&context);
+  std::vector<ferry::v1::SubmitRequest> requests(4, Request());
+  for (auto& r : requests) r.mutable_sampling()->set_max_tokens(6);
+  Send(*session, requests);
+  const Ends ends = ReadUntilEnded(*session, 4);
+  ASSERT_EQ(ends.status.size(), 4u);
+  for (uint64_t id = 1; id <= 4; ++id) {
+    EXPECT_TRUE(ends.status.at(id).ok()) << id << ": " << ends.status.at(id).error_message();
+    EXPECT_EQ(ends.tokens.at(id), std::vector<int32_t>(6, 7)) << id;
+  }
+  // 24 tokens of four requests that run together: a message carries a step's events of all.
+  EXPECT_GT(ends.shared_messages, 0);
+  EXPECT_LT(ends.messages, 24);
+  // The session stays open for more.
+  Send(*session, {Request()}, 9);
+  EXPECT_TRUE(ReadUntilEnded(*session, 1).status.at(9).ok());
+  session->WritesDone();
+  EXPECT_TRUE(session->Finish().ok());
+  EXPECT_EQ(loop_->num_live(), 0);
+}
+
+TEST_F(SchedulerServiceTest, ACancelOrTheSessionsEndFreesTheSequence) {
+  workers_.step_delay = 2ms;  // 100 tokens take 200 ms or more: the cancels land first
+  Start(false);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_sampling()->set_max_tokens(100);
+  {
+    grpc::ClientContext context;
+    auto session = stub_->Session(&context);
+    Send(*session, {r, r});
+    ferry::v1::SessionEvents in;
+    ASSERT_TRUE(session->Read(&in));  // started
+    ferry::v1::SessionRequests cancel;
+    cancel.add_cancels(1);
+    cancel.add_cancels(77);  // unknown: ignored
+    ASSERT_TRUE(session->Write(cancel));
+    for (int i = 0; i < 500 && Finished("cancelled") < 1; ++i) std::this_thread::sleep_for(2ms);
+    EXPECT_EQ(Finished("cancelled"), 1);
+    // Stream 2 runs on; the session's end cancels it.
+    context.TryCancel();
+  }
+  for (int i = 0; i < 500 && loop_->num_live() > 0; ++i) std::this_thread::sleep_for(2ms);
+  EXPECT_EQ(loop_->num_live(), 0);
+  EXPECT_EQ(Finished("cancelled"), 2);
+  EXPECT_EQ(Finished("length"), 0);
+}
+
+TEST_F(SchedulerServiceTest, ABadSubmitIsRefusedAloneNamingTheField) {
+  Start(false);
+  grpc::ClientContext context;
+  auto session = stub_->Session(&context);
+  ferry::v1::SessionRequests out;
+  auto* negative = out.add_submits();
+  negative->set_stream_id(1);
+  *negative->mutable_request() = Request();
+  negative->set_timeout_ms(-5);
+  auto* too_long = out.add_submits();
+  too_long->set_stream_id(2);
+  *too_long->mutable_request() = Request();
+  too_long->mutable_request()->mutable_sampling()->set_max_tokens(1000);
+  auto* fine = out.add_submits();
+  fine->set_stream_id(3);
+  *fine->mutable_request() = Request();
+  ASSERT_TRUE(session->Write(out));
+  const Ends ends = ReadUntilEnded(*session, 3);
+  EXPECT_EQ(ends.status.at(1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ends.status.at(1).error_message(), "timeout_ms = -5 must be >= 0");
+  EXPECT_EQ(ends.status.at(2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(ends.status.at(2).error_message().find("max_model_len"), std::string::npos)
+      << ends.status.at(2).error_message();
+  EXPECT_TRUE(ends.status.at(3).ok()) << ends.status.at(3).error_message();
+  EXPECT_EQ(ends.tokens.at(3), std::vector<int32_t>(2, 7));
+  session->WritesDone();
+  EXPECT_TRUE(session->Finish().ok());
+}
+
+// Two live requests of one id would make every later event ambiguous: the session ends.
+TEST_F(SchedulerServiceTest, AStreamIdReusedWhileLiveEndsTheSession) {
+  workers_.step_delay = 2ms;
+  Start(false);
+  grpc::ClientContext context;
+  auto session = stub_->Session(&context);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_sampling()->set_max_tokens(100);
+  Send(*session, {r});
+  Send(*session, {r});  // id 1 again
+  ferry::v1::SessionEvents in;
+  while (session->Read(&in)) {
+  }
+  const grpc::Status status = session->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "stream_id = 1 is already live on this session");
+  for (int i = 0; i < 500 && loop_->num_live() > 0; ++i) std::this_thread::sleep_for(2ms);
+  EXPECT_EQ(loop_->num_live(), 0);
+}
+
+TEST_F(SchedulerServiceTest, ATimeoutEndsTheRequestWithTheTokensItHas) {
+  workers_.step_delay = 5ms;
+  Start(false);
+  grpc::ClientContext context;
+  auto session = stub_->Session(&context);
+  ferry::v1::SessionRequests out;
+  auto* submit = out.add_submits();
+  submit->set_stream_id(1);
+  *submit->mutable_request() = Request();
+  submit->mutable_request()->mutable_sampling()->set_max_tokens(100);
+  submit->set_timeout_ms(300);
+  ASSERT_TRUE(session->Write(out));
+  ferry::v1::SessionEvents in;
+  ferry::v1::FinishKind finish = ferry::v1::FINISH_KIND_NONE;
+  int tokens = 0, status_code = 0;
+  while (finish == ferry::v1::FINISH_KIND_NONE && status_code == 0 && session->Read(&in)) {
+    for (const auto& e : in.events()) {
+      tokens += e.token_ids_size();
+      finish = e.finish();
+      status_code = e.status_code();
+    }
+  }
+  EXPECT_EQ(status_code, 0);
+  EXPECT_EQ(finish, ferry::v1::FINISH_KIND_TIMEOUT);
+  EXPECT_GT(tokens, 0);
+  EXPECT_LT(tokens, 100);
+  session->WritesDone();
+  EXPECT_TRUE(session->Finish().ok());
+}
 
 TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   Start(true);

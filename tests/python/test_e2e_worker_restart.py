@@ -23,8 +23,15 @@ def start(cmd, ready_file, log, timeout_s=60):
 
 
 def submit(stub, pb, max_tokens):
+    """The request's events, alone on a session of its own (the gateway multiplexes many)."""
     sampling = pb.gen.SamplingParams(max_tokens=max_tokens, ignore_eos=True, repetition_penalty=1.0, top_p=1.0)
-    return stub.Submit(pb.sched.SubmitRequest(prompt_token_ids=[11, 12, 13, 14, 15], sampling=sampling), timeout=120)
+    request = pb.sched.SubmitRequest(prompt_token_ids=[11, 12, 13, 14, 15], sampling=sampling)
+    session = stub.Session(iter([pb.sched.SessionRequests(submits=[pb.sched.SessionSubmit(stream_id=1, request=request)])]),
+                           timeout=120)
+    for message in session:
+        for event in message.events:
+            assert event.stream_id == 1 and event.status_code == 0, event
+            yield event
 
 
 def generate(stub, pb, max_tokens):
