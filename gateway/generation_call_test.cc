@@ -286,6 +286,30 @@ TEST_F(GenerationCallTest, ConcurrentCallsShareTheReplicasSession) {
   EXPECT_EQ(scheduler.sessions, 1);
 }
 
+// A front cancels from its own thread while the call waits for the scheduler (a drain, a client
+// that went away): the call ends, even though CancelSource holds its lock while it cancels.
+TEST_F(GenerationCallTest, ACancelWhileTheCallWaitsEndsIt) {
+  ScriptedScheduler scheduler;
+  scheduler.events = {Event({Ids("one")[0]})};  // then silence
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  CancelSource cancel;
+  CallHooks hooks = front.Hooks();
+  hooks.cancel = &cancel;
+  auto call = generator->NewCall(std::move(hooks));
+  call->Start(Request(8));
+  ASSERT_TRUE(front.WaitChunks(1));
+  call->WriteDone(true);  // the call waits for the next event
+  std::this_thread::sleep_for(50ms);
+  cancel.Cancel();
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), StatusCode::kCancelled) << status->error_message();
+  for (int i = 0; i < 200 && !scheduler.saw_cancel; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(scheduler.saw_cancel);
+}
+
 // The scheduler ends a request by its timeout itself; one that does not answer is caught by the
 // gateway's own timer, and the client gets what it had with finish "timeout".
 TEST_F(GenerationCallTest, ADeadlineEndsTheCallWhenTheSchedulerDoesNot) {

@@ -26,9 +26,9 @@ constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
 
 class Session;
 
-// Ends streams whose deadline passed, on a thread of its own that sleeps until the earliest: the
-// scheduler ends a request in time by itself (timeout_ms), so this only catches a scheduler that
-// does not answer.
+// Runs what falls due on a thread of its own: a stream's deadline (the scheduler ends a request in
+// time by itself, from timeout_ms, so this only catches a scheduler that does not answer), and the
+// end of a cancelled stream whose reader waits (see MuxStream::Cancel).
 class DeadlineTimer {
  public:
   using Key = std::pair<SteadyClock::time_point, uint64_t>;  // (when, stream id)
@@ -111,7 +111,13 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
     if (cancel) CancelUpstream();
     Done();
   }
-  void Cancel() override { Abandon(Status(StatusCode::kCancelled, "cancelled"), true); }
+  // A waiting reader hears of the end on the timer's thread, never inside Cancel: the canceller
+  // may hold a lock that the reader's OnStreamDone takes (CancelSource's does).
+  void Cancel() override {
+    if (Abandon(Status(StatusCode::kCancelled, "cancelled"), true, false)) {
+      timer_.Add(DeadlineTimer::Key{SteadyClock::time_point::min(), id_}, [keep = shared_from_this()] { keep->Done(); });
+    }
+  }
 
   // The session's thread: one event of this request. Takes its contents (swaps).
   void OnEvent(TokenEvent& event) {
@@ -133,19 +139,21 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
   uint64_t id() const { return id_; }
 
  private:
-  // Ends the request here with `status`, once: a waiting reader hears of it now, another at its
-  // next ReadNext; `upstream` tells the scheduler to free the sequence.
-  void Abandon(const Status& status, bool upstream) {
+  // Ends the request here with `status`, once: a waiting reader hears of it now (or, unless
+  // `tell_now`, from the caller: true is returned), another at its next ReadNext; `upstream` tells
+  // the scheduler to free the sequence.
+  bool Abandon(const Status& status, bool upstream, bool tell_now = true) {
     std::unique_lock lock(mu_);
-    if (ended_) return;
+    if (ended_) return false;
     End(status);
     has_pending_ = false;  // as a cancelled gRPC call's reads fail, what was not taken is dropped
     pending_.Clear();
-    const bool now = waiting_;
+    const bool waiting = waiting_;
     waiting_ = false;
     lock.unlock();
     if (upstream) CancelUpstream();
-    if (now) Done();
+    if (waiting && tell_now) Done();
+    return waiting && !tell_now;
   }
 
   // mu_ held.
