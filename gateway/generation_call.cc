@@ -52,6 +52,18 @@ void AddDecoded(const ferry::v1::TokenLogprob& in, int32_t token, const tokenize
   }
 }
 
+// Puts `held` (a chunk not written yet) in front of `chunk`; `held` is left empty.
+void Prepend(ferry::v1::GenerateChunk& held, ferry::v1::GenerateChunk& chunk) {
+  if (held.token_ids_size() == 0 && held.text().empty() && held.prompt_logprobs_size() == 0) return;
+  held.mutable_text()->append(chunk.text());
+  held.mutable_token_ids()->Add(chunk.token_ids().begin(), chunk.token_ids().end());
+  for (auto& lp : *chunk.mutable_logprobs()) held.add_logprobs()->Swap(&lp);
+  for (auto& lp : *chunk.mutable_prompt_logprobs()) held.add_prompt_logprobs()->Swap(&lp);
+  held.set_request_id(chunk.request_id());
+  chunk.Swap(&held);
+  held.Clear();
+}
+
 // The call's status once the scheduler stream has ended.
 Status Outcome(bool client_cancelled, const Status& downstream, bool client_gone, StreamProgress& progress) {
   if (client_gone) return Status(StatusCode::kCancelled, "client went away");
@@ -211,12 +223,18 @@ void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
   }
   ferry::v1::GenerateChunk chunk = progress.Consume(event, context_.tokenizer);
   chunk.set_request_id(admitted_->v.submit.request_id());
+  Prepend(held_, chunk);
   if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) {
     progress.final_chunk = std::move(chunk);
     if (progress.text.stopped()) attempt_->Cancel();  // the scheduler frees the sequence
     return attempt_->StopReading();
   }
   if (chunk.token_ids_size() > 0 || !chunk.text().empty() || chunk.prompt_logprobs_size() > 0) {
+    if (wrote_tokens_ && chunk.token_ids_size() < context_.options.stream_interval) {
+      held_ = std::move(chunk);
+      return attempt_->ReadNext();
+    }
+    wrote_tokens_ = wrote_tokens_ || chunk.token_ids_size() > 0;
     return hooks_.write(std::move(chunk));
   }
   attempt_->ReadNext();
@@ -252,6 +270,7 @@ void GenerationCall::Conclude(const Status& downstream) {
   StreamProgress& progress = *progress_;
   const std::string& id = admitted_->v.submit.request_id();
   (progress.started ? lane_series_->running : lane_series_->waiting).Decrement();
+  Prepend(held_, progress.final_chunk);  // a deadline ends the call with what it has
   result_ = Outcome(hooks_.client_cancelled(), downstream, client_gone_, progress);
   context_.metrics.requests.Add({{"lane", admitted_->v.lane}, {"code", StatusCodeName(result_.error_code())}})
       .Increment();

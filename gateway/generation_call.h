@@ -44,6 +44,9 @@ inline constexpr size_t kMaxSchedulerAttempts = 4;
 struct GatewayOptions {
   ModelLimits limits;
   LaneTable lanes = LaneTable::Defaults();
+  // Tokens a streamed chunk waits for before it is written (--stream-interval): the first tokens go
+  // at once (time to first token), the last with the finish. 1: whatever each step brought.
+  int32_t stream_interval = 1;
 };
 
 // What the calls of one Generator share (it owns them).
@@ -148,6 +151,8 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   std::optional<size_t> replica_;      // of the current attempt
   SchedulerStream* attempt_ = nullptr;  // the current stream; valid until its OnStreamDone
   bool client_gone_ = false;
+  bool wrote_tokens_ = false;        // a chunk with tokens went to the front
+  ferry::v1::GenerateChunk held_;    // tokens waiting for --stream-interval; empty when none
   bool final_written_ = false;  // the next WriteDone answers the final chunk
   Status result_;
   // Of the latest attempt: the call's status when no further attempt may be made.

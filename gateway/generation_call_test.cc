@@ -154,8 +154,10 @@ class RecordingFront {
 
 class GenerationCallTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Generator> MakeGenerator(std::vector<std::shared_ptr<grpc::Channel>> channels) {
+  std::unique_ptr<Generator> MakeGenerator(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                                           int32_t stream_interval = 1) {
     GatewayOptions options;
+    options.stream_interval = stream_interval;
     options.limits.max_model_len = 128;
     options.limits.vocab_size = static_cast<int32_t>(TestTokenizer().vocab_size());
     client_ = std::make_shared<CountingClient>(std::move(channels));
@@ -258,6 +260,33 @@ TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt
   EXPECT_NE(status->error_message().find("max_tokens"), std::string::npos) << status->error_message();
   EXPECT_EQ(num_attempts(), 0u);
   EXPECT_EQ(scheduler.submits, 0);
+}
+
+// --stream-interval 3: the first token goes at once, then chunks of three or more; nothing is lost.
+TEST_F(GenerationCallTest, AStreamIntervalHoldsChunksUntilTheyHaveThatManyTokens) {
+  ScriptedScheduler scheduler;
+  const auto ids = Ids("one two three four five six seven eight");
+  ASSERT_GE(ids.size(), 8u);
+  for (size_t i = 0; i + 1 < 8; ++i) scheduler.events.push_back(Event({ids[i]}));
+  scheduler.events.push_back(Event({ids[7]}, ferry::v1::FINISH_KIND_LENGTH));
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()}, 3);
+  CallHooks hooks;
+  hooks.client_cancelled = [] { return false; };
+  std::vector<std::vector<int32_t>> chunks;
+  const Status status = generator->Run(Request(8), hooks, [&](const GenerateChunk& c) {
+    chunks.emplace_back(c.token_ids().begin(), c.token_ids().end());
+    return true;
+  });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_GE(chunks.size(), 2u);
+  EXPECT_EQ(chunks.front().size(), 1u);  // time to first token is not held back
+  std::vector<int32_t> all;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (i > 0 && i + 1 < chunks.size()) EXPECT_GE(chunks[i].size(), 3u) << "chunk " << i;
+    all.insert(all.end(), chunks[i].begin(), chunks[i].end());
+  }
+  EXPECT_EQ(all, std::vector<int32_t>(ids.begin(), ids.begin() + 8));
 }
 
 TEST_F(GenerationCallTest, ConcurrentCallsShareTheReplicasSession) {

@@ -28,6 +28,7 @@ struct Flags {
   std::string tokenizer;
   int scheduler_timeout_s = 600;
   int scheduler_connections = 0;  // per replica; 0: one per 4 cores, 1 to 4
+  int stream_interval = 1;
   std::string lanes_file;
   std::string api_keys_file;   // empty: authentication off
   int job_store_size = 1000;   // async jobs kept at most
@@ -49,6 +50,10 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "Connections to each scheduler replica, one multiplexed session each: each is read by one "
                  "thread at a time (0: one per 4 cores, 1 to 4)")
       ->check(CLI::Range(0, 64));
+  app.add_option("--stream-interval", f.stream_interval,
+                 "Tokens a streamed chunk waits for before it is written (the first tokens go at once, the last "
+                 "with the finish): larger values trade smoothness for CPU in the gateway and its clients")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--lanes-file", f.lanes_file, "Lanes as JSON (default: interactive and batch; see gateway/lanes.h)");
   app.add_option("--api-keys-file", f.api_keys_file, "Tenants and hashed API keys (YAML); absent: auth off");
   app.add_option("--job-store-size", f.job_store_size, "Async jobs kept at most")->check(CLI::PositiveNumber);
@@ -155,6 +160,7 @@ int main(int argc, char** argv) {
   ferry::gateway::GatewayOptions options;
   try {
     if (!flags.lanes_file.empty()) options.lanes = ferry::gateway::LaneTable::FromFile(flags.lanes_file);
+    options.stream_interval = flags.stream_interval;
     options.limits = ModelLimitsFrom(channels.front().front(), flags.scheduler_timeout_s);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
