@@ -321,7 +321,10 @@ StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
   seq.num_computed = num_cached;
   seq.num_published_blocks = static_cast<int32_t>(cached.size());
   seq.last_published = cached.empty() ? kNoBlock : cached.back();
-  std::vector<BlockId> new_blocks = std::move(cached);
+  // From the spares, not `cached` itself: the plan's vectors are only ever taken from the spares
+  // (or made when none is left), which bounds how many circulate between plans and spares.
+  std::vector<BlockId> new_blocks = buffers_.TakeBlockIds();
+  new_blocks.assign(cached.begin(), cached.end());
   if (!seq.lease.Cover(num_cached + fit, &new_blocks)) {
     throw std::logic_error("TryAdmit: Cover failed after fit check");
   }

@@ -69,7 +69,9 @@ struct PlanBuffers {
   std::vector<Sequence*> admitted;    // AdmitPass
   std::vector<Sequence*> candidates;  // PreemptFor
   LaneUsage lanes;
-  // Emptied new_block_ids vectors of reused plans, handed to the sequences scheduled next.
+  // Emptied new_block_ids vectors of reused plans, handed to the sequences scheduled next. A
+  // plan's vectors come only from here (made when none is left), so no more circulate than the
+  // plans in use hold at once.
   std::vector<std::vector<BlockId>> spare_block_ids;
 
   std::vector<BlockId> TakeBlockIds() {

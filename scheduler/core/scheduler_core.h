@@ -50,8 +50,8 @@ class SchedulerCore {
   // end first; their events wait in TakeEvents), aging, and the time of first
   // schedulings. Throws std::invalid_argument on a budget with a non-positive limit.
   // The plan goes into `plan`, whose contents are discarded and whose storage (the vectors, the
-  // block id vectors of its entries) is reused: with the plans of earlier steps passed back in,
-  // a steady decode step allocates nothing.
+  // block id vectors of its entries) is reused: with the plans of earlier, committed steps passed
+  // back in (never one still awaiting its Commit), a steady decode step allocates nothing.
   void Plan(const Budget& budget, TimePoint now, StepPlan& plan);
   StepPlan Plan(const Budget& budget, TimePoint now) {
     StepPlan plan;
