@@ -193,9 +193,15 @@ int32_t EngineLoop::NextCap(TimePoint now) {
 bool EngineLoop::LaunchStep() {
   const TimePoint start = Clock::now();
   const int32_t cap = NextCap(start);
-  StepPlan plan = core_.Plan(Budget{cap, config_.max_num_batched_tokens}, start);
+  StepPlan plan;
+  if (!spare_plans_.empty()) {
+    plan = std::move(spare_plans_.back());
+    spare_plans_.pop_back();
+  }
+  core_.Plan(Budget{cap, config_.max_num_batched_tokens}, start, plan);
   Dispatch(core_.TakeEvents(), start);  // deadline ends, and the first event of those it starts
   if (plan.empty()) {
+    spare_plans_.push_back(std::move(plan));
     Publish();
     return false;
   }
@@ -216,13 +222,17 @@ bool EngineLoop::LaunchStep() {
   return true;
 }
 
-void EngineLoop::CompleteStep() {
+EngineLoop::InFlight EngineLoop::PopOldest() {
   InFlight step = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  std::vector<SeqEvent> events;
+  in_flight_.erase(in_flight_.begin());
+  return step;
+}
+
+void EngineLoop::CompleteStep() {
+  InFlight step = PopOldest();
   try {
-    StepOutput output = workers_.Receive();
-    events = core_.Commit(step.plan, output.sampled, output.prompt_logprobs);
+    workers_.Receive(output_);
+    core_.Commit(step.plan, output_.sampled, output_.prompt_logprobs, events_);
   } catch (const std::exception& e) {
     AbortAll(e, step.plan.step_id);
     return;
@@ -237,7 +247,8 @@ void EngineLoop::CompleteStep() {
   last_step_tokens_ = step.plan.num_scheduled_tokens();
   last_step_seqs_ = static_cast<int32_t>(step.plan.scheduled.size());
   metrics_->step_seconds.Observe(last_step_s_);
-  Dispatch(events, end);
+  Dispatch(events_, end);
+  spare_plans_.push_back(std::move(step.plan));
   Publish();
 }
 
@@ -246,11 +257,12 @@ void EngineLoop::CompleteStep() {
 // result is the next step's (a closed stream fails those reads at once).
 void EngineLoop::AbortAll(const std::exception& error, uint64_t step_id) {
   spdlog::error("step {} failed, aborting all sequences: {}", step_id, error.what());
-  for (; !in_flight_.empty(); in_flight_.pop_front()) {
+  while (!in_flight_.empty()) {
+    const InFlight step = PopOldest();
     try {
-      workers_.Receive();
+      workers_.Receive(output_);
     } catch (const std::exception& e) {
-      spdlog::warn("step {} dropped: {}", in_flight_.front().plan.step_id, e.what());
+      spdlog::warn("step {} dropped: {}", step.plan.step_id, e.what());
     }
   }
   Dispatch(core_.AbortAll(), Clock::now());

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -33,10 +32,11 @@ class WorkerGroup {
   // Sends one step to every worker. Throws std::runtime_error when a worker
   // cannot be reached.
   virtual void Send(uint64_t step_id, const StepPlan& plan) = 0;
-  // Waits for the oldest step sent and not yet received; returns its samples and
-  // prompt logprobs (rank 0's). Throws std::runtime_error when a worker failed the step or
-  // cannot be reached; the steps sent after it are then lost too.
-  virtual StepOutput Receive() = 0;
+  // Waits for the oldest step sent and not yet received; puts its samples and prompt logprobs
+  // (rank 0's) into `output`, whose contents are replaced (a reused one keeps its capacity). Throws
+  // std::runtime_error when a worker failed the step or cannot be reached; the steps sent after
+  // it are then lost too.
+  virtual void Receive(StepOutput& output) = 0;
 };
 
 struct LoopMetrics;
@@ -119,6 +119,7 @@ class EngineLoop {
     StepPlan plan;
     TimePoint sent;
   };
+  InFlight PopOldest();
 
   void Push(Command command);
   void Run();
@@ -159,8 +160,14 @@ class EngineLoop {
   Clock::duration deadline_margin_ = std::chrono::milliseconds(20);
   int32_t last_step_tokens_ = 0;
   int32_t last_step_seqs_ = 0;
-  std::deque<InFlight> in_flight_;  // oldest first
-  TimePoint last_received_{};       // when the previous step's samples came
+  // Oldest first. A vector, not a deque: pops and pushes allocate nothing once it has grown.
+  std::vector<InFlight> in_flight_;
+  TimePoint last_received_{};  // when the previous step's samples came
+  // Kept from step to step for their storage, so that a steady step allocates nothing (#26):
+  // plans of committed steps (Plan reuses them), the workers' output, Commit's events.
+  std::vector<StepPlan> spare_plans_;
+  StepOutput output_;
+  std::vector<SeqEvent> events_;
 
   mutable std::mutex state_mu_;
   LoopState state_;  // guarded by state_mu_

@@ -26,7 +26,7 @@ class FakeWorkers : public WorkerGroup {
     max_outstanding = std::max(max_outstanding, sent_.size());
   }
   // Runs the oldest step sent (a worker runs them in order).
-  StepOutput Receive() override {
+  void Receive(StepOutput& output) override {
     if (gate.valid()) gate.wait();
     const StepPlan plan = std::move(sent_.front());
     sent_.pop_front();
@@ -48,7 +48,7 @@ class FakeWorkers : public WorkerGroup {
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-    return StepOutput{std::move(out), {}};
+    output = StepOutput{std::move(out), {}};
   }
   size_t live() const { return seqs_.size(); }
   // Most steps sent and not yet received at once (written by the loop thread;

@@ -30,7 +30,7 @@ class RecordingWorkers : public WorkerGroup {
     new_sequences_.insert(new_sequences_.end(), request.new_sequences().begin(), request.new_sequences().end());
     sent_.push_back(plan);
   }
-  StepOutput Receive() override {
+  void Receive(StepOutput& output) override {
     if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
     const StepPlan plan = std::move(sent_.front());
     sent_.pop_front();
@@ -45,7 +45,7 @@ class RecordingWorkers : public WorkerGroup {
       ++seq.known;
       out.sampled.push_back({s.seq_id, 7});
     }
-    return out;
+    output = std::move(out);
   }
   std::vector<ferry::v1::NewSequence> new_sequences() {
     std::lock_guard lock(mu_);

@@ -14,6 +14,7 @@ struct GrpcWorkerGroup::Rank {
   std::unique_ptr<ferry::v1::Worker::Stub> stub;
   std::unique_ptr<grpc::ClientContext> context;
   std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StepRequest, ferry::v1::StepResult>> stream;
+  ferry::v1::StepResult result;  // Receive's, reused: parsing clears it and keeps its elements
 };
 
 GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
@@ -90,6 +91,12 @@ void GrpcWorkerGroup::CloseStreams() {
 
 ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
   ferry::v1::StepRequest request;
+  ToStepRequest(step_id, plan, request);
+  return request;
+}
+
+void ToStepRequest(uint64_t step_id, const StepPlan& plan, ferry::v1::StepRequest& request) {
+  request.Clear();
   request.set_step_id(step_id);
   for (const auto& seq : plan.new_sequences) {
     auto* out = request.add_new_sequences();
@@ -112,15 +119,14 @@ ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
   }
   request.mutable_finished_ids()->Add(plan.finished_ids.begin(), plan.finished_ids.end());
   request.mutable_preempted_ids()->Add(plan.preempted_ids.begin(), plan.preempted_ids.end());
-  return request;
 }
 
 void GrpcWorkerGroup::Send(uint64_t step_id, const StepPlan& plan) {
   OpenStreams();
-  const ferry::v1::StepRequest request = ToStepRequest(step_id, plan);
+  ToStepRequest(step_id, plan, request_);
   // Every rank gets the same plan; writes first so ranks run concurrently.
   for (auto& rank : ranks_) {
-    if (!rank->stream->Write(request)) {
+    if (!rank->stream->Write(request_)) {
       CloseStreams();
       throw std::runtime_error(fmt::format("worker {} stream closed", rank->address));
     }
@@ -138,32 +144,34 @@ TokenLogprob FromProto(const ferry::v1::TokenLogprob& in) {
 
 }  // namespace
 
-StepOutput GrpcWorkerGroup::Receive() {
+void FromStepResult(const ferry::v1::StepResult& result, StepOutput& output) {
+  output.sampled.clear();
+  output.prompt_logprobs.clear();
+  for (const auto& s : result.sampled()) {
+    SampledToken& token = output.sampled.emplace_back(SampledToken{s.seq_id(), s.token_id(), std::nullopt});
+    if (s.has_logprob()) token.logprob = FromProto(s.logprob());
+  }
+  for (const auto& p : result.prompt_logprobs()) {
+    PromptLogprobs& out = output.prompt_logprobs.emplace_back();
+    out.seq_id = p.seq_id();
+    out.first_index = p.first_index();
+    for (const auto& lp : p.logprobs()) out.logprobs.push_back(FromProto(lp));
+  }
+}
+
+void GrpcWorkerGroup::Receive(StepOutput& output) {
   if (!ranks_.front()->stream) throw std::runtime_error("no step in flight: the worker streams are closed");
-  StepOutput output;
   std::string error;
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    ferry::v1::StepResult result;
+    ferry::v1::StepResult& result = ranks_[r]->result;
     if (!ranks_[r]->stream->Read(&result)) {
       CloseStreams();
       throw std::runtime_error(fmt::format("worker {} stream closed", ranks_[r]->address));
     }
     if (!result.error().empty() && error.empty()) error = result.error();
-    if (r != 0) continue;
-    for (const auto& s : result.sampled()) {
-      SampledToken token{s.seq_id(), s.token_id(), std::nullopt};
-      if (s.has_logprob()) token.logprob = FromProto(s.logprob());
-      output.sampled.push_back(std::move(token));
-    }
-    for (const auto& p : result.prompt_logprobs()) {
-      PromptLogprobs& out = output.prompt_logprobs.emplace_back();
-      out.seq_id = p.seq_id();
-      out.first_index = p.first_index();
-      for (const auto& lp : p.logprobs()) out.logprobs.push_back(FromProto(lp));
-    }
+    if (r == 0) FromStepResult(result, output);
   }
   if (!error.empty()) throw std::runtime_error("worker failed step: " + error);
-  return output;
 }
 
 }  // namespace ferry::scheduler

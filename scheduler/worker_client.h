@@ -30,7 +30,7 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // Reads one result from every rank, in rank order; on a failure the streams
   // close (the next Send opens new ones, and a worker forgets every sequence
   // when a new stream opens).
-  StepOutput Receive() override;
+  void Receive(StepOutput& output) override;
   // Whether each rank answers Health within timeout, rank 0 first (every rank is asked, even
   // after one fails). Thread-safe: only uses the stubs.
   std::vector<bool> HealthyRanks(std::chrono::milliseconds timeout) const;
@@ -41,9 +41,15 @@ class GrpcWorkerGroup final : public WorkerGroup {
   void CloseStreams();
 
   std::vector<std::unique_ptr<Rank>> ranks_;
+  ferry::v1::StepRequest request_;  // Send's, reused: a cleared message keeps its elements
 };
 
-// Domain -> proto translation, exposed for tests.
+// Domain -> proto translation, exposed for tests. The second form fills `request` (cleared
+// first; its repeated fields' elements and storage are reused, so a steady step allocates nothing).
 ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan);
+void ToStepRequest(uint64_t step_id, const StepPlan& plan, ferry::v1::StepRequest& request);
+// Proto -> domain: `output` (contents replaced, capacity kept) gets the samples and prompt
+// logprobs of `result`.
+void FromStepResult(const ferry::v1::StepResult& result, StepOutput& output);
 
 }  // namespace ferry::scheduler

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <bit>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -18,10 +19,49 @@ uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> tokens) {
   return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent_hash);
 }
 
+size_t BlockHashIndex::Probe(uint64_t hash) const {
+  size_t i = Home(hash);
+  while (slots_[i].id != kNoBlock && slots_[i].hash != hash) i = (i + 1) & (slots_.size() - 1);
+  return i;
+}
+
+BlockId BlockHashIndex::Find(uint64_t hash) const {
+  return slots_.empty() ? kNoBlock : slots_[Probe(hash)].id;
+}
+
+void BlockHashIndex::Insert(uint64_t hash, BlockId id) {
+  if (slots_.empty()) slots_.resize(std::bit_ceil(2 * std::max<size_t>(num_blocks_, 1)));
+  if (size_ >= num_blocks_) throw std::logic_error("BlockHashIndex: more entries than blocks");
+  Slot& slot = slots_[Probe(hash)];
+  if (slot.id != kNoBlock) throw std::logic_error("BlockHashIndex: hash inserted twice");
+  slot = Slot{hash, id};
+  ++size_;
+}
+
+void BlockHashIndex::Erase(uint64_t hash) {
+  if (slots_.empty()) return;
+  const size_t mask = slots_.size() - 1;
+  size_t hole = Probe(hash);
+  if (slots_[hole].id == kNoBlock) return;
+  slots_[hole].id = kNoBlock;
+  --size_;
+  // Backward shift: an entry after the hole moves into it unless its home lies cyclically in
+  // (hole, j], so that every entry stays reachable from its home without tombstones.
+  for (size_t j = (hole + 1) & mask; slots_[j].id != kNoBlock; j = (j + 1) & mask) {
+    const size_t home = Home(slots_[j].hash);
+    const bool stays = hole < j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (stays) continue;
+    slots_[hole] = slots_[j];
+    slots_[j].id = kNoBlock;
+    hole = j;
+  }
+}
+
 BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
     : block_size_(block_size),
       ref_counts_(num_blocks < 0 ? 0 : num_blocks, 0),
-      meta_(num_blocks < 0 ? 0 : num_blocks) {
+      meta_(num_blocks < 0 ? 0 : num_blocks),
+      by_hash_(num_blocks < 0 ? 0 : num_blocks) {
   if (num_blocks <= 0) {
     throw std::invalid_argument("num_kv_blocks = " + Num(num_blocks) + ", must be > 0");
   }
@@ -76,9 +116,8 @@ void BlockManager::Release(BlockId id) {
 void BlockManager::Unpublish(BlockId id) {
   BlockMeta& meta = meta_[static_cast<size_t>(id)];
   if (!meta.is_published) return;
-  by_hash_.erase(meta.hash);
+  by_hash_.Erase(meta.hash);
   meta.is_published = false;
-  meta.tokens.clear();
   meta.parent = kNoBlock;
   ++meta.generation;  // children published on top of it can no longer match
   if (ref_counts_[static_cast<size_t>(id)] == 0) {
@@ -94,7 +133,8 @@ bool BlockManager::Matches(BlockId id, std::span<const int32_t> tokens, BlockId 
       meta.parent_generation != meta_[static_cast<size_t>(parent)].generation) {
     return false;
   }
-  return std::equal(meta.tokens.begin(), meta.tokens.end(), tokens.begin(), tokens.end());
+  const auto cached = cached_tokens(id);
+  return std::equal(cached.begin(), cached.end(), tokens.begin(), tokens.end());
 }
 
 std::vector<BlockId> BlockManager::FindCachedPrefix(std::span<const int32_t> tokens,
@@ -103,12 +143,12 @@ std::vector<BlockId> BlockManager::FindCachedPrefix(std::span<const int32_t> tok
   std::vector<BlockId> found;
   BlockId parent = kNoBlock;
   for (int32_t i = 0; i < max_blocks; ++i) {
-    auto it = by_hash_.find(hashes[static_cast<size_t>(i)]);
-    if (it == by_hash_.end()) break;
+    const BlockId hit = by_hash_.Find(hashes[static_cast<size_t>(i)]);
+    if (hit == kNoBlock) break;
     auto block_tokens = tokens.subspan(static_cast<size_t>(i) * block_size_,
                                        static_cast<size_t>(block_size_));
-    if (!Matches(it->second, block_tokens, parent)) break;  // a hash collision
-    parent = it->second;
+    if (!Matches(hit, block_tokens, parent)) break;  // a hash collision
+    parent = hit;
     found.push_back(parent);
   }
   return found;
@@ -121,20 +161,24 @@ BlockId BlockManager::Publish(BlockId id, uint64_t hash, std::span<const int32_t
     throw std::logic_error("Publish of unheld block " + Num(id));
   }
   if (meta.is_published) return id;  // shared from the cache: already canonical
-  auto it = by_hash_.find(hash);
-  if (it != by_hash_.end()) {
-    if (Matches(it->second, tokens, parent)) return it->second;
+  if (tokens.size() != static_cast<size_t>(block_size_)) {
+    throw std::logic_error("Publish of block " + Num(id) + " with " + Num(static_cast<int64_t>(tokens.size())) +
+                           " tokens, not a full block");
+  }
+  if (const BlockId other = by_hash_.Find(hash); other != kNoBlock) {
+    if (Matches(other, tokens, parent)) return other;
     // A different content under this hash. An unreferenced one (stale: its
     // parent was evicted) gives way; a held one wins and `id` stays private.
-    if (ref_counts_[static_cast<size_t>(it->second)] > 0) return kNoBlock;
-    Unpublish(it->second);
+    if (ref_counts_[static_cast<size_t>(other)] > 0) return kNoBlock;
+    Unpublish(other);
   }
+  if (cached_tokens_.empty()) cached_tokens_.resize(meta_.size() * static_cast<size_t>(block_size_));
   meta.is_published = true;
   meta.hash = hash;
-  meta.tokens.assign(tokens.begin(), tokens.end());
+  std::copy(tokens.begin(), tokens.end(), cached_tokens_.begin() + static_cast<ptrdiff_t>(id) * block_size_);
   meta.parent = parent;
   meta.parent_generation = parent == kNoBlock ? 0 : meta_[static_cast<size_t>(parent)].generation;
-  by_hash_.emplace(hash, id);
+  by_hash_.Insert(hash, id);
   return id;
 }
 
@@ -156,9 +200,7 @@ void BlockManager::CheckConsistency() const {
     if (ref_count(b) == 0 && !listed[static_cast<size_t>(b)]) fail("unheld block " + Num(b) + " unlisted");
     if (!meta.is_published) continue;
     ++num_published;
-    auto it = by_hash_.find(meta.hash);
-    if (it == by_hash_.end() || it->second != b) fail("cached block " + Num(b) + " not in map");
-    if (static_cast<int32_t>(meta.tokens.size()) != block_size_) fail("cached block " + Num(b) + " not full");
+    if (by_hash_.Find(meta.hash) != b) fail("cached block " + Num(b) + " not in map");
   }
   if (num_published != by_hash_.size()) fail("hash map and cached blocks differ");
 }

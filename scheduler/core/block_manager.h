@@ -19,7 +19,6 @@
 #include <deque>
 #include <list>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "scheduler/core/types.h"
@@ -34,6 +33,32 @@ inline constexpr uint64_t kRootBlockHash = 0x9e3779b97f4a7c15ull;
 // Chained hash of one full block: xxh3 of its token ids seeded with the hash of
 // the block before it (kRootBlockHash for the first block).
 uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> tokens);
+
+// The prefix cache's hash -> block map: open addressing with linear probing, in a table sized
+// once (at the first insert) for every block of the pool, so that publishing and evicting
+// allocate nothing (#26).
+class BlockHashIndex {
+ public:
+  explicit BlockHashIndex(int32_t num_blocks) : num_blocks_(static_cast<size_t>(num_blocks)) {}
+  size_t size() const { return size_; }
+  BlockId Find(uint64_t hash) const;  // kNoBlock if absent
+  // Preconditions: `hash` is absent, fewer than num_blocks entries.
+  void Insert(uint64_t hash, BlockId id);
+  void Erase(uint64_t hash);  // absent: nothing happens
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    BlockId id = kNoBlock;  // kNoBlock: empty
+  };
+  size_t Home(uint64_t hash) const { return static_cast<size_t>(hash) & (slots_.size() - 1); }
+  // The slot holding `hash`, or the empty slot ending its probe run.
+  size_t Probe(uint64_t hash) const;
+
+  size_t num_blocks_;
+  std::vector<Slot> slots_;  // a power of two >= 2 * num_blocks_, or empty before any insert
+  size_t size_ = 0;
+};
 
 class BlockManager {
  public:
@@ -54,7 +79,9 @@ class BlockManager {
   uint64_t cached_hash(BlockId id) const { return meta_.at(static_cast<size_t>(id)).hash; }
   // The token ids a cached block holds (empty if not cached).
   std::span<const int32_t> cached_tokens(BlockId id) const {
-    return meta_.at(static_cast<size_t>(id)).tokens;
+    if (!is_cached(id)) return {};
+    return std::span<const int32_t>(cached_tokens_).subspan(static_cast<size_t>(id) * block_size_,
+                                                            static_cast<size_t>(block_size_));
   }
   // Blocks needed to hold positions [0, num_tokens).
   int32_t BlocksFor(int32_t num_tokens) const {
@@ -89,7 +116,6 @@ class BlockManager {
     uint64_t generation = 0;  // bumped on every allocation: content may change
     BlockId parent = kNoBlock;
     uint64_t parent_generation = 0;
-    std::vector<int32_t> tokens;  // the block's token ids while published
     std::list<BlockId>::iterator lru_pos;
   };
 
@@ -106,7 +132,10 @@ class BlockManager {
   std::vector<BlockMeta> meta_;      // indexed by block id
   std::deque<BlockId> free_list_;    // FIFO: least recently freed first
   std::list<BlockId> lru_;           // cached, ref 0: least recently released first
-  std::unordered_map<uint64_t, BlockId> by_hash_;
+  BlockHashIndex by_hash_;
+  // The token ids of each published block, at id * block_size: one allocation at the first
+  // publish, none per block.
+  std::vector<int32_t> cached_tokens_;
 };
 
 // One sequence's block table. Move-only; returns its blocks when destroyed.
@@ -127,6 +156,8 @@ class KvLease {
   // block ids to *new_block_ids. All or nothing: false (and no change) when the
   // pool has too few free blocks. Never shrinks.
   bool Cover(int32_t num_tokens, std::vector<BlockId>* new_block_ids);
+  // Room for a table of `num_blocks` without growing it again.
+  void Reserve(int32_t num_blocks) { block_ids_.reserve(static_cast<size_t>(num_blocks)); }
   // Takes a reference on each cached block (from FindCachedPrefix) as the
   // start of the table. Precondition: the table is empty.
   void ShareCached(std::span<const BlockId> blocks);

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
+#include <random>
 #include <span>
 #include <stdexcept>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -245,6 +249,47 @@ TEST(BlockManagerCacheTest, DuplicateContentKeepsTheFirstCachedBlock) {
   EXPECT_EQ(m.Publish(b.block_ids()[0], hashes[0], tokens, kNoBlock), a.block_ids()[0]);
   EXPECT_FALSE(m.is_cached(b.block_ids()[0]));
   m.CheckConsistency();
+}
+
+}  // namespace
+}  // namespace ferry::scheduler
+
+namespace ferry::scheduler {
+namespace {
+
+// The prefix cache's hash index against a std::unordered_map, over random inserts and erases
+// whose hashes share their low bits (long probe runs that wrap around the table's end, and
+// erases that must shift entries back into the hole).
+TEST(BlockHashIndexTest, MatchesAMapUnderCollisions) {
+  constexpr int32_t kNumBlocks = 24;  // a table of 64 slots
+  BlockHashIndex index(kNumBlocks);
+  std::unordered_map<uint64_t, BlockId> expected;
+  std::mt19937_64 rng(7);
+  // Few distinct low bits: homes cluster at a handful of slots, near the end among them.
+  const auto random_hash = [&] { return (rng() << 6) | std::array<uint64_t, 4>{0, 1, 62, 63}[rng() % 4]; };
+  std::vector<uint64_t> live;
+  for (int i = 0; i < 20000; ++i) {
+    const bool insert = live.empty() || (live.size() < kNumBlocks && rng() % 2 == 0);
+    if (insert) {
+      const uint64_t hash = random_hash();
+      if (expected.count(hash)) continue;
+      const auto id = static_cast<BlockId>(rng() % kNumBlocks);
+      index.Insert(hash, id);
+      expected.emplace(hash, id);
+      live.push_back(hash);
+    } else {
+      const size_t at = rng() % live.size();
+      index.Erase(live[at]);
+      expected.erase(live[at]);
+      live[at] = live.back();
+      live.pop_back();
+    }
+    ASSERT_EQ(index.size(), expected.size()) << "operation " << i;
+    for (const auto& [hash, id] : expected) ASSERT_EQ(index.Find(hash), id) << "operation " << i;
+    ASSERT_EQ(index.Find(random_hash()), kNoBlock) << "operation " << i;  // almost surely absent
+  }
+  index.Erase(12345);  // absent: nothing happens
+  EXPECT_EQ(index.size(), expected.size());
 }
 
 }  // namespace

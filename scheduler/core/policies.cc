@@ -10,11 +10,12 @@ namespace {
 
 size_t Lane(const Sequence& seq) { return static_cast<size_t>(seq.lane_index); }
 
-LaneUsage CountLaneUsage(const SchedulerState& state, const Budget& budget) {
-  LaneUsage usage;
+// Fills `usage` (reused: its vectors keep their capacity).
+void CountLaneUsage(const SchedulerState& state, const Budget& budget, LaneUsage& usage) {
   const auto& reservations = state.config.lane_reservations;
   const size_t n = reservations.size();
-  if (n == 0) return usage;
+  usage.reserved_seats.clear();
+  usage.reserved_blocks.clear();
   for (const LaneReservation& r : reservations) {
     usage.reserved_seats.push_back(static_cast<int32_t>(std::floor(r.min_seqs_fraction * budget.max_num_seqs)));
     usage.reserved_blocks.push_back(
@@ -23,12 +24,12 @@ LaneUsage CountLaneUsage(const SchedulerState& state, const Budget& budget) {
   usage.num_seats.assign(n, 0);
   usage.num_blocks.assign(n, 0);
   usage.num_admitted.assign(n, 0);
+  if (n == 0) return;
   for (const Sequence* seq : state.running) {
     if (seq->lane_index < 0) continue;
     ++usage.num_seats[Lane(*seq)];
     usage.num_blocks[Lane(*seq)] += seq->lease.num_blocks();
   }
-  return usage;
 }
 
 }  // namespace
@@ -66,10 +67,12 @@ void PublishComputedBlocks(BlockManager& blocks, Sequence& seq, int32_t computed
   }
 }
 
-StepPlanner::StepPlanner(SchedulerState& state, const Budget& budget, StepPlan& plan,
+StepPlanner::StepPlanner(SchedulerState& state, PlanBuffers& buffers, const Budget& budget, StepPlan& plan,
                          TimePoint now)
-    : state_(state), budget_(budget), plan_(plan), now_(now),
-      lanes_(CountLaneUsage(state, budget)), tokens_left_(budget.max_num_batched_tokens) {}
+    : state_(state), buffers_(buffers), budget_(budget), plan_(plan), now_(now), lanes_(buffers.lanes),
+      tokens_left_(budget.max_num_batched_tokens) {
+  CountLaneUsage(state, budget, lanes_);
+}
 
 void StepPlanner::ScheduleRunning() {
   for (Sequence* seq : state_.running) {
@@ -77,13 +80,14 @@ void StepPlanner::ScheduleRunning() {
   }
   // A sequence whose pending tokens end it by length waits for the commit
   // that retires it (async scheduling; never the case with one step in flight).
-  std::vector<Sequence*> order;
-  order.reserve(state_.running.size());
+  std::vector<Sequence*>& order = buffers_.order;
+  order.clear();
   for (Sequence* seq : state_.running) {
     if (!seq->is_finishing(state_.config.max_model_len)) order.push_back(seq);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [](const Sequence* a, const Sequence* b) { return ServesBefore(*a, *b); });
+  // ServesBefore is a total order (start_order is unique), so std::sort gives the one order
+  // without std::stable_sort's temporary buffer, allocated per call.
+  std::sort(order.begin(), order.end(), [](const Sequence* a, const Sequence* b) { return ServesBefore(*a, *b); });
   // Tokens kept back for the decodes that will be served this step, so a long
   // prefill chunk never starves them.
   size_t num_seats = std::min(order.size(), static_cast<size_t>(budget_.max_num_seqs));
@@ -97,9 +101,13 @@ void StepPlanner::ScheduleRunning() {
     if (decode) --decodes_reserved;
     int32_t want = decode ? 1 : std::min(seq.num_uncomputed(), tokens_left_ - decodes_reserved);
     if (want <= 0 || want > tokens_left_) continue;
-    std::vector<BlockId> new_blocks;
+    std::vector<BlockId> new_blocks = buffers_.TakeBlockIds();
     int32_t granted = GrowOrPreempt(seq, want, order, i, &end, &new_blocks);
-    if (granted > 0) Schedule(seq, granted, std::move(new_blocks));
+    if (granted > 0) {
+      Schedule(seq, granted, std::move(new_blocks));
+    } else if (new_blocks.capacity() > 0) {
+      buffers_.spare_block_ids.push_back(std::move(new_blocks));
+    }
   }
 }
 
@@ -170,7 +178,8 @@ Sequence* StepPlanner::AdmitPass() {
   if (state_.waiting.empty()) return nullptr;
   const auto max_seqs = static_cast<size_t>(budget_.max_num_seqs);
   const int32_t aging = state_.config.aging_interval_ms;
-  std::vector<Sequence*> admitted;
+  std::vector<Sequence*>& admitted = buffers_.admitted;
+  admitted.clear();
   Sequence* blocked = nullptr;
   state_.waiting.VisitInOrder(now_, aging, [&](Sequence& seq) {
     if (tokens_left_ <= 0) return false;
@@ -196,7 +205,8 @@ Sequence* StepPlanner::AdmitPass() {
 
 bool StepPlanner::PreemptFor(const Sequence& seq) {
   const int64_t priority = EffectivePriority(seq, now_, state_.config.aging_interval_ms);
-  std::vector<Sequence*> candidates;
+  std::vector<Sequence*>& candidates = buffers_.candidates;
+  candidates.clear();
   for (Sequence* r : state_.running) {
     if (r->effective_priority < priority && !IsProtected(*r, seq)) candidates.push_back(r);
   }
@@ -311,7 +321,10 @@ StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
   seq.num_computed = num_cached;
   seq.num_published_blocks = static_cast<int32_t>(cached.size());
   seq.last_published = cached.empty() ? kNoBlock : cached.back();
-  std::vector<BlockId> new_blocks = std::move(cached);
+  // From the spares, not `cached` itself: the plan's vectors are only ever taken from the spares
+  // (or made when none is left), which bounds how many circulate between plans and spares.
+  std::vector<BlockId> new_blocks = buffers_.TakeBlockIds();
+  new_blocks.assign(cached.begin(), cached.end());
   if (!seq.lease.Cover(num_cached + fit, &new_blocks)) {
     throw std::logic_error("TryAdmit: Cover failed after fit check");
   }

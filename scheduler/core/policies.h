@@ -62,10 +62,30 @@ struct LaneUsage {
   bool is_active() const { return !reserved_seats.empty(); }
 };
 
-// Builds one StepPlan, tracking what is left of the step's budget.
+// The planner's working storage, kept by the core from step to step for its capacity: a steady
+// decode step allocates nothing (#26).
+struct PlanBuffers {
+  std::vector<Sequence*> order;       // ScheduleRunning's service order
+  std::vector<Sequence*> admitted;    // AdmitPass
+  std::vector<Sequence*> candidates;  // PreemptFor
+  LaneUsage lanes;
+  // Emptied new_block_ids vectors of reused plans, handed to the sequences scheduled next. A
+  // plan's vectors come only from here (made when none is left), so no more circulate than the
+  // plans in use hold at once.
+  std::vector<std::vector<BlockId>> spare_block_ids;
+
+  std::vector<BlockId> TakeBlockIds() {
+    if (spare_block_ids.empty()) return {};
+    std::vector<BlockId> ids = std::move(spare_block_ids.back());
+    spare_block_ids.pop_back();
+    return ids;
+  }
+};
+
+// Builds one StepPlan, tracking what is left of the step's budget. `plan` comes empty.
 class StepPlanner {
  public:
-  StepPlanner(SchedulerState& state, const Budget& budget, StepPlan& plan, TimePoint now);
+  StepPlanner(SchedulerState& state, PlanBuffers& buffers, const Budget& budget, StepPlan& plan, TimePoint now);
 
   // Running sequences in service order: decodes get one token each, partial
   // prefills a chunk of what the decodes leave. Out of blocks, the least
@@ -107,10 +127,11 @@ class StepPlanner {
   void Preempt(Sequence& seq);
 
   SchedulerState& state_;
+  PlanBuffers& buffers_;
   Budget budget_;
   StepPlan& plan_;
   TimePoint now_;
-  LaneUsage lanes_;
+  LaneUsage& lanes_;  // buffers_.lanes
   int32_t tokens_left_;
   int32_t num_scheduled_ = 0;
   bool did_preempt_ = false;

@@ -115,6 +115,10 @@ void SchedulerCore::Add(RequestSpec request) {
   }
   const uint64_t seq_id = request.seq_id;
   auto seq = std::make_unique<Sequence>(std::move(request), state_.blocks.NewLease());
+  // Room for all its tokens and blocks now, so that its steps do not grow them.
+  seq->tokens.reserve(static_cast<size_t>(total));
+  seq->lease.Reserve(static_cast<int32_t>(blocks_needed));
+  if (cfg.enable_prefix_caching) seq->block_hashes.reserve(static_cast<size_t>(total / cfg.block_size));
   const auto& lanes = cfg.lane_reservations;
   for (size_t i = 0; i < lanes.size(); ++i) {
     if (lanes[i].lane == seq->spec.lane) seq->lane_index = static_cast<int32_t>(i);
@@ -135,19 +139,29 @@ void SchedulerCore::Cancel(uint64_t seq_id) {
   if (seq != nullptr) Retire(*seq);
 }
 
-StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
+void SchedulerCore::Plan(const Budget& budget, TimePoint now, StepPlan& plan) {
   if (num_steps_in_flight() >= state_.config.max_steps_in_flight) {
     throw std::logic_error("Plan called with " + Num(num_steps_in_flight()) +
                            " steps awaiting Commit (max_steps_in_flight = " +
                            Num(state_.config.max_steps_in_flight) + "), oldest step " +
-                           std::to_string(in_flight_.front().step_id));
+                           std::to_string(oldest_in_flight().step_id));
   }
   RequirePositive("budget.max_num_seqs", budget.max_num_seqs);
   RequirePositive("budget.max_num_batched_tokens", budget.max_num_batched_tokens);
+  // The old plan's block id vectors go to this plan's sequences (cleared, capacity kept).
+  for (ScheduledSequence& s : plan.scheduled) {
+    if (s.new_block_ids.capacity() == 0) continue;
+    s.new_block_ids.clear();
+    plan_buffers_.spare_block_ids.push_back(std::move(s.new_block_ids));
+  }
+  plan.step_id = 0;
+  plan.new_sequences.clear();
+  plan.scheduled.clear();
+  plan.preempted_ids.clear();
   ExpireDeadlines(now);  // first: their ids go into this plan's finished_ids
-  StepPlan plan;
-  plan.finished_ids = std::exchange(state_.pending_finished_ids, {});
-  StepPlanner planner(state_, budget, plan, now);
+  plan.finished_ids.assign(state_.pending_finished_ids.begin(), state_.pending_finished_ids.end());
+  state_.pending_finished_ids.clear();
+  StepPlanner planner(state_, plan_buffers_, budget, plan, now);
   planner.ScheduleRunning();
   planner.AdmitWaiting();
   if (!plan.empty()) {
@@ -155,7 +169,6 @@ StepPlan SchedulerCore::Plan(const Budget& budget, TimePoint now) {
     Launch(plan);
     MarkSent(plan, now);
   }
-  return plan;
 }
 
 void SchedulerCore::MarkSent(const StepPlan& plan, TimePoint now) {
@@ -176,8 +189,9 @@ void SchedulerCore::MarkSent(const StepPlan& plan, TimePoint now) {
 }
 
 void SchedulerCore::Launch(const StepPlan& plan) {
-  InFlightStep step{plan.step_id, {}};
-  step.entries.reserve(plan.scheduled.size());
+  InFlightStep& step = in_flight_[(in_flight_head_ + num_in_flight_) % kMaxStepsInFlight];
+  step.step_id = plan.step_id;
+  step.entries.clear();
   for (const ScheduledSequence& entry : plan.scheduled) {
     Sequence& seq = *Find(entry.seq_id);
     seq.num_computed += entry.num_tokens;
@@ -190,7 +204,7 @@ void SchedulerCore::Launch(const StepPlan& plan) {
     }
     step.entries.push_back(PlannedEntry{entry.seq_id, samples, seq.num_computed, seq.start_order});
   }
-  in_flight_.push_back(std::move(step));
+  ++num_in_flight_;
 }
 
 void SchedulerCore::ExpireDeadlines(TimePoint now) {
@@ -206,44 +220,61 @@ void SchedulerCore::ExpireDeadlines(TimePoint now) {
   }
 }
 
+void SchedulerCore::IndexSamples(const std::vector<SampledToken>& sampled) {
+  sample_index_.clear();
+  for (size_t i = 0; i < sampled.size(); ++i) sample_index_.emplace_back(sampled[i].seq_id, i);
+  std::sort(sample_index_.begin(), sample_index_.end());
+}
+
+std::pair<size_t, int32_t> SchedulerCore::FindSample(uint64_t seq_id) const {
+  const auto first = std::lower_bound(sample_index_.begin(), sample_index_.end(), std::pair{seq_id, size_t{0}});
+  auto last = first;
+  while (last != sample_index_.end() && last->first == seq_id) ++last;
+  return {first == last ? 0 : first->second, static_cast<int32_t>(last - first)};
+}
+
 void SchedulerCore::ValidateCommit(const StepPlan& plan,
                                    const std::vector<SampledToken>& sampled) const {
-  if (in_flight_.empty() || plan.step_id != in_flight_.front().step_id) {
+  if (num_in_flight_ == 0 || plan.step_id != oldest_in_flight().step_id) {
     throw std::invalid_argument("Commit: plan step_id = " + std::to_string(plan.step_id) +
                                 " is not the oldest step in flight (" +
-                                (in_flight_.empty() ? "none" : std::to_string(in_flight_.front().step_id)) +
+                                (num_in_flight_ == 0 ? "none" : std::to_string(oldest_in_flight().step_id)) +
                                 ")");
   }
-  std::unordered_map<uint64_t, int32_t> num_samples;
-  for (const auto& s : sampled) ++num_samples[s.seq_id];
-  for (const PlannedEntry& entry : in_flight_.front().entries) {
-    const int32_t got = num_samples[entry.seq_id];
-    num_samples.erase(entry.seq_id);
+  const auto& entries = oldest_in_flight().entries;
+  size_t num_matched = 0;  // samples of scheduled sequences
+  for (const PlannedEntry& entry : entries) {
+    const int32_t got = FindSample(entry.seq_id).second;
+    num_matched += static_cast<size_t>(got);
     if (Find(entry.seq_id) == nullptr) continue;  // ended since Plan: its sample is moot
     if (got != (entry.samples ? 1 : 0)) {
       throw std::invalid_argument("Commit: seq_id " + std::to_string(entry.seq_id) + " has " +
                                   Num(got) + " samples, expected " + (entry.samples ? "1" : "0"));
     }
   }
-  if (!num_samples.empty()) {
-    throw std::invalid_argument("Commit: sample for seq_id " +
-                                std::to_string(num_samples.begin()->first) +
-                                ", which was not scheduled in step " + std::to_string(plan.step_id));
+  if (num_matched == sampled.size()) return;
+  for (const auto& [seq_id, i] : sample_index_) {
+    if (std::none_of(entries.begin(), entries.end(), [&](const PlannedEntry& e) { return e.seq_id == seq_id; })) {
+      throw std::invalid_argument("Commit: sample for seq_id " + std::to_string(seq_id) +
+                                  ", which was not scheduled in step " + std::to_string(plan.step_id));
+    }
   }
 }
 
-std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled,
-                                            const std::vector<PromptLogprobs>& prompt_logprobs) {
+void SchedulerCore::Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled,
+                           const std::vector<PromptLogprobs>& prompt_logprobs, std::vector<SeqEvent>& events) {
+  IndexSamples(sampled);
   ValidateCommit(plan, sampled);
-  const InFlightStep step = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  std::unordered_map<uint64_t, const SampledToken*> token_of;
-  for (const auto& s : sampled) token_of.emplace(s.seq_id, &s);
+  // The slot stays valid below: nothing plans while this commits.
+  const InFlightStep& step = oldest_in_flight();
+  in_flight_head_ = (in_flight_head_ + 1) % kMaxStepsInFlight;
+  --num_in_flight_;
+  // Empty (allocating nothing) unless some sequence asked for prompt logprobs.
   std::unordered_map<uint64_t, std::vector<TokenLogprob>> prompt_of;
   for (const PromptLogprobs& p : prompt_logprobs) {
     if (Sequence* seq = Find(p.seq_id)) TakeNewPromptLogprobs(*seq, p, prompt_of[p.seq_id]);
   }
-  std::vector<SeqEvent> events;
+  events.clear();
   for (const PlannedEntry& entry : step.entries) {
     Sequence* seq = Find(entry.seq_id);
     if (seq == nullptr) continue;
@@ -254,17 +285,16 @@ std::vector<SeqEvent> SchedulerCore::Commit(const StepPlan& plan, const std::vec
       PublishComputedBlocks(state_.blocks, *seq, entry.computed_after);
     }
     auto prompt = prompt_of.find(entry.seq_id);
-    auto it = token_of.find(entry.seq_id);
-    if (it == token_of.end()) {  // a prefill chunk short of the end
+    const auto [sample, num_samples] = FindSample(entry.seq_id);
+    if (num_samples == 0) {  // a prefill chunk short of the end
       if (prompt != prompt_of.end() && !prompt->second.empty()) {
         events.push_back(SeqEvent{.seq_id = entry.seq_id, .prompt_logprobs = std::move(prompt->second)});
       }
       continue;
     }
-    events.push_back(ApplySample(*seq, *it->second));
+    events.push_back(ApplySample(*seq, sampled[sample]));
     if (prompt != prompt_of.end()) events.back().prompt_logprobs = std::move(prompt->second);
   }
-  return events;
 }
 
 void SchedulerCore::TakeNewPromptLogprobs(Sequence& seq, const PromptLogprobs& from, std::vector<TokenLogprob>& to) {
@@ -281,7 +311,7 @@ SeqEvent SchedulerCore::ApplySample(Sequence& seq, const SampledToken& sample) {
   seq.tokens[static_cast<size_t>(pos)] = sample.token_id;
   --seq.num_pending;
   SeqEvent event = EventOf(seq, FinishAfter(seq, sample.token_id, pos, state_.config.max_model_len));
-  event.new_tokens = {sample.token_id};
+  event.new_tokens.push_back(sample.token_id);
   if (sample.logprob) event.logprobs.push_back(*sample.logprob);
   // Ended: a step still in flight may have run it once more (on a token it
   // could not know was the last); that sample is dropped with the sequence.
@@ -301,7 +331,7 @@ std::vector<SeqEvent> SchedulerCore::AbortAll() {
     events.push_back(EventOf(seq, FinishKind::kAborted));
     Retire(seq);
   }
-  in_flight_.clear();
+  num_in_flight_ = 0;
   return events;
 }
 

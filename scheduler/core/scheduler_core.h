@@ -14,8 +14,8 @@
 // See scheduler/core/README.md for the contract and invariants.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,7 +49,15 @@ class SchedulerCore {
   // deadlines (sequences whose deadline or, never sent, queue deadline is <= now
   // end first; their events wait in TakeEvents), aging, and the time of first
   // schedulings. Throws std::invalid_argument on a budget with a non-positive limit.
-  StepPlan Plan(const Budget& budget, TimePoint now);
+  // The plan goes into `plan`, whose contents are discarded and whose storage (the vectors, the
+  // block id vectors of its entries) is reused: with the plans of earlier, committed steps passed
+  // back in (never one still awaiting its Commit), a steady decode step allocates nothing.
+  void Plan(const Budget& budget, TimePoint now, StepPlan& plan);
+  StepPlan Plan(const Budget& budget, TimePoint now) {
+    StepPlan plan;
+    Plan(budget, now, plan);
+    return plan;
+  }
   // Events produced outside Commit since the last call, in the order they happened:
   // from Plan, deadline ends (kDeadlineExceeded / kTimeout) and then an event for each
   // sequence sent for the first time (first_scheduled set); none has tokens.
@@ -58,10 +66,17 @@ class SchedulerCore {
   // scheduled, still-live sequence whose step reached the end of its known
   // tokens needs exactly one sample, and no other sequence may have one
   // (std::invalid_argument, state unchanged). Samples for sequences ended since
-  // Plan are ignored; a sequence preempted since keeps its sample. Returns one
-  // event per sequence that got a token, in plan order.
+  // Plan are ignored; a sequence preempted since keeps its sample. Puts into `events` (cleared
+  // first; a reused vector keeps its capacity) one event per sequence that got a token, in plan
+  // order.
+  void Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled,
+              const std::vector<PromptLogprobs>& prompt_logprobs, std::vector<SeqEvent>& events);
   std::vector<SeqEvent> Commit(const StepPlan& plan, const std::vector<SampledToken>& sampled,
-                               const std::vector<PromptLogprobs>& prompt_logprobs = {});
+                               const std::vector<PromptLogprobs>& prompt_logprobs = {}) {
+    std::vector<SeqEvent> events;
+    Commit(plan, sampled, prompt_logprobs, events);
+    return events;
+  }
   // Ends every live sequence with kAborted (ordered by seq_id) and frees all
   // blocks; any step in flight is forgotten. Ids the worker held go into the
   // next plan's finished_ids (a replacement worker should ignore unknown ids).
@@ -90,8 +105,8 @@ class SchedulerCore {
   bool is_live(uint64_t seq_id) const { return state_.sequences.contains(seq_id); }
   // Anything to plan: waiting or running sequences, or finished ids to send.
   bool has_work() const;
-  bool is_step_in_flight() const { return !in_flight_.empty(); }
-  int32_t num_steps_in_flight() const { return static_cast<int32_t>(in_flight_.size()); }
+  bool is_step_in_flight() const { return num_in_flight_ > 0; }
+  int32_t num_steps_in_flight() const { return static_cast<int32_t>(num_in_flight_); }
   // The sequence's block table (empty if not live or holding no blocks).
   std::span<const BlockId> block_ids(uint64_t seq_id) const;
   const SchedulerConfig& config() const { return state_.config; }
@@ -114,13 +129,21 @@ class SchedulerCore {
     uint64_t step_id = 0;
     std::vector<PlannedEntry> entries;
   };
+  static constexpr size_t kMaxStepsInFlight = 4;  // config.max_steps_in_flight's bound
 
+  InFlightStep& oldest_in_flight() { return in_flight_[in_flight_head_]; }
+  const InFlightStep& oldest_in_flight() const { return in_flight_[in_flight_head_]; }
   Sequence* Find(uint64_t seq_id) const;
   // Advances every scheduled sequence past its tokens in `plan` (a pending
   // token for each that samples) and records the step as in flight.
   void Launch(const StepPlan& plan);
   // Sequences of `plan` sent for the first time: their queue deadline lapses and their event is queued.
   void MarkSent(const StepPlan& plan, TimePoint now);
+  // Fills sample_index_ for `sampled`.
+  void IndexSamples(const std::vector<SampledToken>& sampled);
+  // The position in `sampled` of the sample for `seq_id`, and how many there are (0: none).
+  std::pair<size_t, int32_t> FindSample(uint64_t seq_id) const;
+  // Needs IndexSamples(sampled) first.
   void ValidateCommit(const StepPlan& plan, const std::vector<SampledToken>& sampled) const;
   // Writes a sampled token over the sequence's oldest pending one; returns the
   // event (and retires the sequence if the token ends it).
@@ -135,8 +158,16 @@ class SchedulerCore {
 
   SchedulerState state_;
   std::vector<SeqEvent> events_;
-  std::deque<InFlightStep> in_flight_;  // oldest first
+  // Steps planned and not committed, a ring from in_flight_head_, oldest first. Its slots keep
+  // their entries' capacity from step to step.
+  std::array<InFlightStep, kMaxStepsInFlight> in_flight_;
+  size_t in_flight_head_ = 0;
+  size_t num_in_flight_ = 0;
   uint64_t num_steps_ = 0;
+  PlanBuffers plan_buffers_;
+  // Commit's (seq_id, position in its samples), sorted: a sequence's sample is found without a
+  // hash map built per step.
+  std::vector<std::pair<uint64_t, size_t>> sample_index_;
 };
 
 }  // namespace ferry::scheduler

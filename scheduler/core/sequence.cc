@@ -92,36 +92,23 @@ TimePoint WaitingQueue::OldestUnstartedArrival(const std::function<bool(const Se
   return oldest;
 }
 
-void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms,
-                                const std::function<bool(Sequence&)>& fn) const {
-  // A merge of the per-priority deques by their heads' effective priority.
-  struct Cursor {
-    const std::deque<Sequence*>* queue;
-    size_t next;
-  };
-  std::vector<Cursor> cursors;
-  cursors.reserve(by_priority_.size());
-  for (const auto& [priority, queue] : by_priority_) cursors.push_back(Cursor{&queue, 0});
-  while (true) {
-    Cursor* best = nullptr;
-    int64_t best_priority = 0;
-    for (Cursor& c : cursors) {
-      if (c.next >= c.queue->size()) continue;
-      const Sequence& head = *(*c.queue)[c.next];
-      const int64_t p = EffectivePriority(head, now, aging_interval_ms);
-      const Sequence* best_head = best == nullptr ? nullptr : (*best->queue)[best->next];
-      // Deques are visited by base priority, highest first: a tie in effective
-      // priority goes to the earlier arrival, then to the higher base priority.
-      if (best == nullptr || p > best_priority ||
-          (p == best_priority && head.spec.arrival < best_head->spec.arrival)) {
-        best = &c;
-        best_priority = p;
-      }
+Sequence* WaitingQueue::NextInOrder(TimePoint now, int32_t aging_interval_ms) const {
+  Cursor* best = nullptr;
+  int64_t best_priority = 0;
+  for (Cursor& c : cursors_) {
+    if (c.next >= c.queue->size()) continue;
+    const Sequence& head = *(*c.queue)[c.next];
+    const int64_t p = EffectivePriority(head, now, aging_interval_ms);
+    const Sequence* best_head = best == nullptr ? nullptr : (*best->queue)[best->next];
+    // Deques are visited by base priority, highest first: a tie in effective
+    // priority goes to the earlier arrival, then to the higher base priority.
+    if (best == nullptr || p > best_priority ||
+        (p == best_priority && head.spec.arrival < best_head->spec.arrival)) {
+      best = &c;
+      best_priority = p;
     }
-    if (best == nullptr) return;
-    Sequence* seq = (*best->queue)[best->next++];
-    if (!fn(*seq)) return;
   }
+  return best == nullptr ? nullptr : (*best->queue)[best->next++];
 }
 
 }  // namespace ferry::scheduler

@@ -97,10 +97,11 @@ class WaitingQueue {
   // that `counts`; TimePoint::max() when there is none. Stops in each
   // priority at the first match never admitted (arrival order from there on).
   TimePoint OldestUnstartedArrival(const std::function<bool(const Sequence&)>& counts) const;
-  // Visits waiting sequences in queue order at `now` until `fn` returns false.
-  // `fn` must not change the queue.
-  void VisitInOrder(TimePoint now, int32_t aging_interval_ms,
-                    const std::function<bool(Sequence&)>& fn) const;
+  // Visits waiting sequences in queue order at `now` until `fn(Sequence&)` returns false.
+  // `fn` must not change the queue. (A template, not a std::function: the planner's
+  // closure would be allocated every step.)
+  template <typename Fn>
+  void VisitInOrder(TimePoint now, int32_t aging_interval_ms, Fn&& fn) const;
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (const auto& [priority, queue] : by_priority_) {
@@ -111,9 +112,27 @@ class WaitingQueue {
  private:
   void CountLane(const Sequence* seq, int32_t delta);
 
+  // VisitInOrder's position in each priority's deque.
+  struct Cursor {
+    const std::deque<Sequence*>* queue;
+    size_t next;
+  };
+  // The merge of the deques by their heads' effective priority; the visited one advances.
+  Sequence* NextInOrder(TimePoint now, int32_t aging_interval_ms) const;
+
   std::map<int32_t, std::deque<Sequence*>, std::greater<>> by_priority_;
   std::vector<int32_t> lane_counts_;
   size_t size_ = 0;
+  mutable std::vector<Cursor> cursors_;  // VisitInOrder's, kept for its capacity
 };
+
+template <typename Fn>
+void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms, Fn&& fn) const {
+  cursors_.clear();
+  for (const auto& [priority, queue] : by_priority_) cursors_.push_back(Cursor{&queue, 0});
+  while (Sequence* seq = NextInOrder(now, aging_interval_ms)) {
+    if (!fn(*seq)) return;
+  }
+}
 
 }  // namespace ferry::scheduler

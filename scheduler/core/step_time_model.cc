@@ -6,27 +6,39 @@
 namespace ferry::scheduler {
 
 void StepTimeModel::Add(double now_s, double duration_s, int32_t seqs, int32_t tokens) {
-  steps_.push_back({now_s, duration_s, static_cast<double>(seqs), static_cast<double>(tokens)});
+  if (size_ == ring_.size()) {  // full: twice the room, oldest first from slot 0
+    std::vector<Step> bigger(std::max<size_t>(16, 2 * ring_.size()));
+    for (size_t i = 0; i < size_; ++i) bigger[i] = at(i);
+    ring_.swap(bigger);
+    head_ = 0;
+  }
+  ring_[(head_ + size_) & (ring_.size() - 1)] =
+      Step{now_s, duration_s, static_cast<double>(seqs), static_cast<double>(tokens)};
+  ++size_;
 }
 
 void StepTimeModel::Expire(double from_s) {
-  while (!steps_.empty() && steps_.front().time_s < from_s) steps_.pop_front();
+  while (size_ > 0 && at(0).time_s < from_s) {
+    head_ = (head_ + 1) & (ring_.size() - 1);
+    --size_;
+  }
 }
 
 double StepTimeModel::RecentMean(size_t n) const {
-  n = std::min(n, steps_.size());
+  n = std::min(n, size_);
   if (n == 0) return 0.0;
   double sum = 0;
-  for (size_t i = steps_.size() - n; i < steps_.size(); ++i) sum += steps_[i].duration_s;
+  for (size_t i = size_ - n; i < size_; ++i) sum += at(i).duration_s;
   return sum / static_cast<double>(n);
 }
 
 std::optional<double> StepTimeModel::MarginalSeqCost(size_t min_steps) const {
-  if (steps_.size() < std::max<size_t>(min_steps, 3)) return std::nullopt;
+  if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
   // Centred normal equations of y = a + b x1 + c x2.
-  const double n = static_cast<double>(steps_.size());
+  const double n = static_cast<double>(size_);
   double m1 = 0, m2 = 0, my = 0;
-  for (const Step& s : steps_) {
+  for (size_t i = 0; i < size_; ++i) {
+    const Step& s = at(i);
     m1 += s.seqs;
     m2 += s.tokens;
     my += s.duration_s;
@@ -35,7 +47,8 @@ std::optional<double> StepTimeModel::MarginalSeqCost(size_t min_steps) const {
   m2 /= n;
   my /= n;
   double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0;
-  for (const Step& s : steps_) {
+  for (size_t i = 0; i < size_; ++i) {
+    const Step& s = at(i);
     const double d1 = s.seqs - m1, d2 = s.tokens - m2, dy = s.duration_s - my;
     s11 += d1 * d1;
     s22 += d2 * d2;

@@ -8,8 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <optional>
+#include <vector>
 
 namespace ferry::scheduler {
 
@@ -19,7 +19,7 @@ class StepTimeModel {
   void Add(double now_s, double duration_s, int32_t seqs, int32_t tokens);
   // Drops steps that ended before `from_s`.
   void Expire(double from_s);
-  size_t size() const { return steps_.size(); }
+  size_t size() const { return size_; }
 
   // Mean duration of the latest `n` steps (0 without steps).
   double RecentMean(size_t n) const;
@@ -36,7 +36,14 @@ class StepTimeModel {
     double seqs;
     double tokens;
   };
-  std::deque<Step> steps_;
+  // The i-th step of the window, oldest first.
+  const Step& at(size_t i) const { return ring_[(head_ + i) & (ring_.size() - 1)]; }
+
+  // The window, a ring (its size a power of two) that keeps its storage: a step added allocates
+  // nothing once the window has reached its length (#26; a deque allocated every 16 steps).
+  std::vector<Step> ring_;
+  size_t head_ = 0;
+  size_t size_ = 0;
 };
 
 }  // namespace ferry::scheduler

@@ -3,9 +3,14 @@
 // ferry.v1.SampledToken field by field.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -158,6 +163,46 @@ struct StepOutput {
   std::vector<PromptLogprobs> prompt_logprobs;
 };
 
+// The tokens of one event, read like a std::vector<int32_t>. A step samples at most one token per
+// sequence, so they are held in place: a step's events cost no allocation per sequence (#26).
+class EventTokens {
+ public:
+  using value_type = int32_t;
+  using const_iterator = const int32_t*;
+  using iterator = const_iterator;
+  static constexpr size_t kCapacity = 1;
+
+  EventTokens() = default;
+  EventTokens(std::initializer_list<int32_t> tokens) {
+    for (int32_t t : tokens) push_back(t);
+  }
+  // Throws std::length_error past kCapacity: an event never carries more than one step's sample.
+  void push_back(int32_t token) {
+    if (size_ == kCapacity) throw std::length_error("EventTokens: more than one token in an event");
+    tokens_[size_++] = token;
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const int32_t* data() const { return tokens_.data(); }
+  const_iterator begin() const { return tokens_.data(); }
+  const_iterator end() const { return tokens_.data() + size_; }
+  int32_t operator[](size_t i) const { return tokens_[i]; }
+  int32_t at(size_t i) const {
+    if (i >= size_) throw std::out_of_range("EventTokens::at");
+    return tokens_[i];
+  }
+  friend bool operator==(const EventTokens& a, const EventTokens& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator==(const EventTokens& a, const std::vector<int32_t>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  std::array<int32_t, kCapacity> tokens_{};
+  size_t size_ = 0;
+};
+
 // kDeadlineExceeded: dropped while waiting, before it ever started.
 // kTimeout: stopped at its deadline after it started (running or preempted).
 enum class FinishKind {
@@ -169,7 +214,7 @@ enum class FinishKind {
 // default are `{}` so that designated initializers may leave them out without a warning.)
 struct SeqEvent {
   uint64_t seq_id = 0;
-  std::vector<int32_t> new_tokens{};  // includes a final eos/stop token
+  EventTokens new_tokens{};  // includes a final eos/stop token
   std::vector<TokenLogprob> logprobs{};  // one per new token when requested, else empty
   FinishKind finish = FinishKind::kNone;
   // The next prompt tokens' logprobs (prompt_logprobs requests), in prompt order, each once;
