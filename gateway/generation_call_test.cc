@@ -339,6 +339,28 @@ TEST_F(GenerationCallTest, ACancelWhileTheCallWaitsEndsIt) {
   EXPECT_TRUE(scheduler.saw_cancel);
 }
 
+// A job cancelled while its lane was full runs its next call with a source already cancelled: the
+// call ends at once and nothing reaches the scheduler.
+TEST_F(GenerationCallTest, ACallWhoseSourceWasCancelledBeforeItStartedEndsAtOnce) {
+  ScriptedScheduler scheduler;
+  scheduler.events = {Event({Ids("one")[0]}, ferry::v1::FINISH_KIND_EOS)};
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  CancelSource cancel;
+  cancel.Cancel();
+  CallHooks hooks = front.Hooks();
+  hooks.cancel = &cancel;
+  auto call = generator->NewCall(std::move(hooks));
+  call->Start(Request(8));
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), StatusCode::kCancelled) << status->error_message();
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(scheduler.submits, 0);
+  EXPECT_EQ(front.num_chunks(), 0u);
+}
+
 // The scheduler ends a request by its timeout itself; one that does not answer is caught by the
 // gateway's own timer, and the client gets what it had with finish "timeout".
 TEST_F(GenerationCallTest, ADeadlineEndsTheCallWhenTheSchedulerDoesNot) {

@@ -361,7 +361,14 @@ std::atomic<uint64_t> next_stream_id{1};
 
 void MuxStream::Start() {
   id_ = next_stream_id.fetch_add(1);
-  waiting_ = true;  // Start reads the first event
+  {
+    std::unique_lock lock(mu_);
+    if (ended_) {  // cancelled before it started (a CancelSource already cancelled): nothing is sent
+      lock.unlock();
+      return Done();
+    }
+    waiting_ = true;  // Start reads the first event
+  }
   int64_t timeout_ms = 0;
   if (deadline_ != std::chrono::system_clock::time_point::max()) {
     const auto left = deadline_ - std::chrono::system_clock::now();
