@@ -178,5 +178,7 @@ int main(int argc, char** argv) {
     for (size_t rank = 0; rank < ranks.size(); ++rank) rank_up[rank]->Set(ranks[rank] ? 1 : 0);
     return std::all_of(ranks.begin(), ranks.end(), [](bool ok) { return ok; });
   };
+  // Sessions stay open while the gateway runs: drained, each ends once its requests have.
+  hooks.drain = [&service](std::chrono::system_clock::time_point) { service.Drain(); };
   return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(5), hooks);
 }

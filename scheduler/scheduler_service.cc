@@ -187,6 +187,17 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
     StartRead(&in_);
   }
 
+  // The scheduler drains: new requests are refused (UNAVAILABLE: the gateway tries another
+  // replica) and the session ends once the requests on it have.
+  void Drain() {
+    {
+      std::lock_guard lock(mu_);
+      draining_ = true;
+      closing_ = true;
+    }
+    Flush();
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) {  // the gateway closed its side (or went away: OnCancel ends the session then)
       {
@@ -290,10 +301,15 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
   bool Admit(const ferry::v1::SessionSubmit& submit, TimePoint arrival) {
     const uint64_t id = submit.stream_id();
     const ferry::v1::SubmitRequest& request = submit.request();
-    bool duplicate = false;
+    bool duplicate = false, draining = false;
     {
       std::lock_guard lock(mu_);
       duplicate = live_.count(id) > 0;
+      draining = draining_;
+    }
+    if (draining) {
+      Refuse(id, grpc::StatusCode::UNAVAILABLE, "the scheduler is draining; submit to another replica");
+      return true;
     }
     if (duplicate) {
       End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -329,13 +345,18 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
         throw;
       }
     } catch (const std::invalid_argument& e) {
-      std::lock_guard lock(mu_);
-      ferry::v1::TokenEvent* out = pending_.add_events();
-      out->set_stream_id(id);
-      out->set_status_code(grpc::StatusCode::INVALID_ARGUMENT);
-      out->set_status_message(e.what());
+      Refuse(id, grpc::StatusCode::INVALID_ARGUMENT, e.what());
     }
     return true;
+  }
+
+  // Queues the end of a request that never reached the loop.
+  void Refuse(uint64_t id, grpc::StatusCode code, const std::string& message) {
+    std::lock_guard lock(mu_);
+    ferry::v1::TokenEvent* out = pending_.add_events();
+    out->set_stream_id(id);
+    out->set_status_code(code);
+    out->set_status_message(message);
   }
 
   // The session is over: every request on it is cancelled, and the call finishes once no write
@@ -368,7 +389,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
   SessionEvents pending_;  // delivered, not yet written
   SessionEvents out_;      // the write in flight (gRPC reads it until OnWriteDone)
   bool writing_ = false;
-  bool closing_ = false;    // the gateway closed its side: no more submits
+  bool closing_ = false;    // the gateway closed its side, or the scheduler drains: end once empty
+  bool draining_ = false;   // the scheduler drains: submits are refused
   bool finishing_ = false;  // End was called: no more writes
   bool finished_ = false;   // Finish was called
   grpc::Status finish_status_;
@@ -376,10 +398,41 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
 
 }  // namespace
 
+// The open sessions, for Drain.
+struct SchedulerService::Sessions {
+  std::mutex mu;
+  std::vector<std::weak_ptr<SessionReactor>> open;  // ended ones are dropped at the next Session
+  bool draining = false;
+};
+
+SchedulerService::SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info)
+    : loop_(loop), info_(std::move(info)), sessions_(std::make_shared<Sessions>()) {}
+
 grpc::ServerBidiReactor<SessionRequests, SessionEvents>* SchedulerService::Session(grpc::CallbackServerContext*) {
   auto session = std::make_shared<SessionReactor>(loop_, info_);
   session->Begin();
+  bool draining = false;
+  {
+    std::lock_guard lock(sessions_->mu);
+    std::erase_if(sessions_->open, [](const auto& weak) { return weak.expired(); });
+    sessions_->open.push_back(session);
+    draining = sessions_->draining;
+  }
+  if (draining) session->Drain();
   return session.get();
+}
+
+void SchedulerService::Drain() {
+  std::vector<std::shared_ptr<SessionReactor>> open;
+  {
+    std::lock_guard lock(sessions_->mu);
+    sessions_->draining = true;
+    for (const auto& weak : sessions_->open) {
+      if (auto session = weak.lock()) open.push_back(std::move(session));
+    }
+  }
+  spdlog::info("draining {} gateway session(s): new requests refused, each ends once its requests have", open.size());
+  for (const auto& session : open) session->Drain();
 }
 
 grpc::Status SchedulerService::GetState(grpc::ServerContext*, const ferry::v1::GetStateRequest*,

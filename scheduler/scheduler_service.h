@@ -4,6 +4,8 @@
 // per session; the engine loop's flush starts the write. The admin calls are plain sync methods.
 #pragma once
 
+#include <memory>
+
 #include "ferry/v1/scheduler.grpc.pb.h"
 #include "scheduler/engine_loop.h"
 
@@ -11,7 +13,11 @@ namespace ferry::scheduler {
 
 class SchedulerService final : public ferry::v1::Scheduler::WithCallbackMethod_Session<ferry::v1::Scheduler::Service> {
  public:
-  SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info) : loop_(loop), info_(std::move(info)) {}
+  SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info);
+
+  // SIGTERM: every open session refuses new requests (UNAVAILABLE, so that the gateway tries
+  // another replica) and ends once the requests on it have ended.
+  void Drain();
 
   grpc::Status Info(grpc::ServerContext*, const ferry::v1::SchedulerInfoRequest*,
                     ferry::v1::SchedulerInfo* out) override;
@@ -23,8 +29,11 @@ class SchedulerService final : public ferry::v1::Scheduler::WithCallbackMethod_S
                              ferry::v1::SchedulerState* out) override;
 
  private:
+  struct Sessions;
+
   EngineLoop& loop_;
   const ferry::v1::SchedulerInfo info_;
+  const std::shared_ptr<Sessions> sessions_;
 };
 
 }  // namespace ferry::scheduler

@@ -308,6 +308,44 @@ TEST_F(SchedulerServiceTest, ATimeoutEndsTheRequestWithTheTokensItHas) {
   EXPECT_TRUE(session->Finish().ok());
 }
 
+// SIGTERM: a session serves what it has, refuses new requests so that the gateway tries another
+// replica, and ends once empty; an idle one ends at once.
+TEST_F(SchedulerServiceTest, ADrainFinishesTheSessionsRequestsAndRefusesNewOnes) {
+  workers_.step_delay = 2ms;
+  Start(false);
+  grpc::ClientContext idle_context, busy_context;
+  auto idle = stub_->Session(&idle_context);
+  auto busy = stub_->Session(&busy_context);
+  ferry::v1::SubmitRequest r = Request();
+  r.mutable_sampling()->set_max_tokens(20);
+  Send(*busy, {r});
+  ferry::v1::SessionEvents in;
+  ASSERT_TRUE(busy->Read(&in));  // started
+  int tokens = 0;
+  for (const auto& e : in.events()) tokens += e.token_ids_size();
+  service_->Drain();
+  EXPECT_FALSE(idle->Read(&in));
+  EXPECT_TRUE(idle->Finish().ok());
+  Send(*busy, {Request()}, 2);
+  std::map<uint64_t, grpc::Status> ends;
+  while (busy->Read(&in)) {
+    for (const auto& e : in.events()) {
+      if (e.stream_id() == 1) tokens += e.token_ids_size();
+      if (e.status_code() != 0) {
+        ends[e.stream_id()] = grpc::Status(static_cast<grpc::StatusCode>(e.status_code()), e.status_message());
+      } else if (e.finish() != ferry::v1::FINISH_KIND_NONE) {
+        ends[e.stream_id()] = grpc::Status::OK;
+      }
+    }
+  }
+  EXPECT_TRUE(busy->Finish().ok());
+  ASSERT_EQ(ends.size(), 2u);
+  EXPECT_TRUE(ends.at(1).ok());
+  EXPECT_EQ(tokens, 20);  // all of them
+  EXPECT_EQ(ends.at(2).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ends.at(2).error_message(), "the scheduler is draining; submit to another replica");
+}
+
 TEST_F(SchedulerServiceTest, GuidedDecodingReachesTheWorker) {
   Start(true);
   ferry::v1::SubmitRequest choice = Request();
