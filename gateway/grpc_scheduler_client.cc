@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <optional>
 #include <mutex>
@@ -217,11 +218,14 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
 };
 
 // One Scheduler.Session: the requests of one gateway connection to one replica, multiplexed.
-// Submits and cancels queued while a write is in flight go out together in the next message;
-// each message read (a step's events of every request on it) is handed out on the one thread
-// that read it. When the session ends every request still on it ends with its status
-// (UNAVAILABLE when the scheduler went away, so a request that had not started may try another
-// replica).
+// Submits and cancels queued while a write is in flight go out together in the next message.
+// Each message read (a step's events of every request on it) goes to the session's own thread,
+// which hands the events out: the per-token work (detokenising, the client's write, over HTTP a
+// send per event) stays off gRPC's callback threads, which then complete the session's writes
+// (the next submits) and reads without waiting behind it (an HTTP stream's first token waited
+// 5x longer under load when they did it, docs/benchmarks/bench.md 2k). When the session ends every
+// request still on it ends with its status, after the events read before (UNAVAILABLE when the
+// scheduler went away, so a request that had not started may try another replica).
 class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEvents>,
                       public std::enable_shared_from_this<Session> {
  public:
@@ -231,9 +235,11 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
   // starts outside it); it goes once reading failed and no write is in flight.
   void Begin() {
     self_ = shared_from_this();
+    std::thread([session = self_] { session->HandOut(); }).detach();  // ends after the session's end
     stub_.async()->Session(&context_, this);
     AddHold();
-    StartRead(&in_);
+    in_ = std::make_unique<SessionEvents>();
+    StartRead(in_.get());
     StartCall();
   }
 
@@ -267,7 +273,7 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
     std::lock_guard lock(mu_);
     return ended_;
   }
-  // Ends the session (the gateway is shutting down) and waits for gRPC to be done with it.
+  // Ends the session (the gateway is shutting down) and waits until its requests heard of it.
   void Shutdown() {
     context_.TryCancel();
     std::unique_lock lock(mu_);
@@ -286,19 +292,19 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
       if (release) RemoveHold();
       return;
     }
-    batch_.clear();
+    std::unique_ptr<SessionEvents> full = std::move(in_);
     {
       std::lock_guard lock(mu_);
-      for (TokenEvent& event : *in_.mutable_events()) {
-        auto it = streams_.find(event.stream_id());
-        if (it == streams_.end()) continue;  // cancelled or timed out here
-        batch_.emplace_back(it->second, &event);
-        if (event.status_code() != 0 || event.finish() != ferry::v1::FINISH_KIND_NONE) streams_.erase(it);
+      if (spare_.empty()) {
+        in_ = std::make_unique<SessionEvents>();
+      } else {
+        in_ = std::move(spare_.back());
+        spare_.pop_back();
       }
+      read_.push_back(std::move(full));
     }
-    for (auto& [stream, event] : batch_) stream->OnEvent(*event);
-    batch_.clear();
-    StartRead(&in_);
+    read_cv_.notify_one();
+    StartRead(in_.get());
   }
   void OnWriteDone(bool ok) override {
     bool release = false;
@@ -312,23 +318,50 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
     if (ok) WriteIfIdle();  // else the stream broke: the read fails too
   }
   void OnDone(const grpc::Status& status) override {
-    std::unordered_map<uint64_t, std::shared_ptr<MuxStream>> streams;
     {
       std::lock_guard lock(mu_);
       ended_ = true;
-      streams.swap(streams_);
+      end_ = status.ok() ? Status(StatusCode::kUnavailable, "the scheduler ended the session")
+                         : Status(static_cast<StatusCode>(status.error_code()),
+                                  "scheduler session: " + status.error_message());
     }
-    const Status end = status.ok() ? Status(StatusCode::kUnavailable, "the scheduler ended the session")
-                                   : Status(static_cast<StatusCode>(status.error_code()),
-                                            "scheduler session: " + status.error_message());
+    read_cv_.notify_one();
+    std::shared_ptr<Session> last = std::move(self_);  // the hand-out thread holds its own share
+  }
+
+ private:
+  // The session's own thread: hands out each message's events in order, then the session's end.
+  void HandOut() {
+    std::vector<std::pair<std::shared_ptr<MuxStream>, TokenEvent*>> batch;
+    std::unique_lock lock(mu_);
+    while (true) {
+      read_cv_.wait(lock, [&] { return !read_.empty() || end_.has_value(); });
+      if (read_.empty()) break;  // ended, and everything read before was handed out
+      std::unique_ptr<SessionEvents> message = std::move(read_.front());
+      read_.pop_front();
+      for (TokenEvent& event : *message->mutable_events()) {
+        auto it = streams_.find(event.stream_id());
+        if (it == streams_.end()) continue;  // cancelled or timed out here
+        batch.emplace_back(it->second, &event);
+        if (event.status_code() != 0 || event.finish() != ferry::v1::FINISH_KIND_NONE) streams_.erase(it);
+      }
+      lock.unlock();
+      for (auto& [stream, event] : batch) stream->OnEvent(*event);
+      batch.clear();
+      message->Clear();  // keeps its events' storage for a later read
+      lock.lock();
+      spare_.push_back(std::move(message));
+    }
+    std::unordered_map<uint64_t, std::shared_ptr<MuxStream>> streams;
+    streams.swap(streams_);
+    const Status end = *end_;
+    lock.unlock();
     for (auto& [id, stream] : streams) stream->OnSessionEnd(end);
-    std::shared_ptr<Session> last = std::move(self_);
-    std::lock_guard lock(mu_);
+    lock.lock();
     done_ = true;
     done_cv_.notify_all();
   }
 
- private:
   void WriteIfIdle() {
     {
       std::lock_guard lock(mu_);
@@ -342,19 +375,22 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
 
   ferry::v1::Scheduler::Stub& stub_;
   grpc::ClientContext context_;
-  std::shared_ptr<Session> self_;  // gRPC's share, until OnDone
-  SessionEvents in_;               // the read in flight
-  std::vector<std::pair<std::shared_ptr<MuxStream>, TokenEvent*>> batch_;  // the reading thread's
+  std::shared_ptr<Session> self_;        // gRPC's share, until OnDone
+  std::unique_ptr<SessionEvents> in_;    // the read in flight
 
   std::mutex mu_;
+  std::condition_variable read_cv_;  // a message read, or the end
   std::condition_variable done_cv_;
+  std::deque<std::unique_ptr<SessionEvents>> read_;   // read, not handed out yet
+  std::vector<std::unique_ptr<SessionEvents>> spare_;  // handed out, cleared, for the next reads
   std::unordered_map<uint64_t, std::shared_ptr<MuxStream>> streams_;  // requests not ended upstream
   SessionRequests pending_;  // queued, not yet written
   SessionRequests out_;      // the write in flight
   bool writing_ = false;
   bool hold_ = true;    // Begin's hold is still on
   bool ended_ = false;  // reading failed: nothing more is sent
-  bool done_ = false;   // OnDone returned its streams' ends
+  std::optional<Status> end_;  // OnDone's status, for the requests still on the session
+  bool done_ = false;          // the requests still on it heard of the end
 };
 
 std::atomic<uint64_t> next_stream_id{1};
