@@ -104,11 +104,20 @@ void EngineLoop::Run() {
     // thread commits that one and delivers its tokens.
     const bool launched = in_flight_.size() < depth && LaunchStep();
     if (!in_flight_.empty() && (!launched || in_flight_.size() >= depth)) CompleteStep();
+    // One flush a turn: a step's start events (from LaunchStep) go out with the tokens of the
+    // step completed after it, one message per session rather than two.
+    FlushSinks();
   }
   // Steps already sent finish (the workers run them anyway); what is left ends aborted.
   while (!in_flight_.empty()) CompleteStep();
   const TimePoint now = Clock::now();
   Dispatch(core_.AbortAll(), now);
+  FlushSinks();
+}
+
+void EngineLoop::FlushSinks() {
+  for (const auto& sink : touched_) sink->Flush();
+  touched_.clear();
 }
 
 void EngineLoop::Apply(Command& command) {
@@ -283,8 +292,6 @@ void EngineLoop::Dispatch(const std::vector<SeqEvent>& events, TimePoint now) {
     if (event.finish != FinishKind::kNone) End(event, now);
     sink.Deliver(tag, event);
   }
-  for (const auto& sink : touched_) sink->Flush();
-  touched_.clear();
 }
 
 // Bookkeeping of a request's end, before its final event is visible to anyone:

@@ -130,8 +130,10 @@ class EngineLoop {
   void CompleteStep();
   void AbortAll(const std::exception& error, uint64_t step_id);
   int32_t NextCap(TimePoint now);
-  // Delivers events to their sinks (ending the requests they finish), then flushes each sink once.
+  // Delivers events to their sinks (ending the requests they finish); FlushSinks, at the end of
+  // the loop's turn, flushes each sink that got any once.
   void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);
+  void FlushSinks();
   void End(const SeqEvent& last, TimePoint now);
   void Publish();
   double Seconds(TimePoint t) const { return std::chrono::duration<double>(t - start_).count(); }
@@ -150,7 +152,7 @@ class EngineLoop {
   SchedulerCore core_;
   Controller controller_;
   std::unordered_map<uint64_t, Stream> streams_;  // the live sequences of core_
-  std::vector<std::shared_ptr<EventSink>> touched_;  // Dispatch's sinks to flush (kept for its capacity)
+  std::vector<std::shared_ptr<EventSink>> touched_;  // sinks delivered to this turn, to flush (kept for its capacity)
   int32_t arrivals_since_step_ = 0;
   uint64_t preemptions_seen_ = 0;     // for the metric (all preemptions)
   uint64_t kv_preemptions_seen_ = 0;  // for the controller (KV pressure only)

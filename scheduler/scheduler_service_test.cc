@@ -180,21 +180,24 @@ class SchedulerServiceTest : public ::testing::Test {
 };
 
 TEST_F(SchedulerServiceTest, ManyRequestsShareOneSessionAndItsMessages) {
+  // Steps of 2 ms: the four run together for 40 ms however late a loaded machine lets the loop
+  // see the last of them.
+  workers_.step_delay = 2ms;
   Start(false);
   grpc::ClientContext context;
   auto session = stub_->Session(&context);
   std::vector<ferry::v1::SubmitRequest> requests(4, Request());
-  for (auto& r : requests) r.mutable_sampling()->set_max_tokens(6);
+  for (auto& r : requests) r.mutable_sampling()->set_max_tokens(20);
   Send(*session, requests);
   const Ends ends = ReadUntilEnded(*session, 4);
   ASSERT_EQ(ends.status.size(), 4u);
   for (uint64_t id = 1; id <= 4; ++id) {
     EXPECT_TRUE(ends.status.at(id).ok()) << id << ": " << ends.status.at(id).error_message();
-    EXPECT_EQ(ends.tokens.at(id), std::vector<int32_t>(6, 7)) << id;
+    EXPECT_EQ(ends.tokens.at(id), std::vector<int32_t>(20, 7)) << id;
   }
-  // 24 tokens of four requests that run together: a message carries a step's events of all.
+  // 80 tokens of four requests that run together: a message carries a step's events of all.
   EXPECT_GT(ends.shared_messages, 0);
-  EXPECT_LT(ends.messages, 24);
+  EXPECT_LT(ends.messages, 80);
   // The session stays open for more.
   Send(*session, {Request()}, 9);
   EXPECT_TRUE(ReadUntilEnded(*session, 1).status.at(9).ok());
@@ -204,10 +207,10 @@ TEST_F(SchedulerServiceTest, ManyRequestsShareOneSessionAndItsMessages) {
 }
 
 TEST_F(SchedulerServiceTest, ACancelOrTheSessionsEndFreesTheSequence) {
-  workers_.step_delay = 2ms;  // 100 tokens take 200 ms or more: the cancels land first
+  workers_.step_delay = 5ms;  // 120 tokens take 600 ms or more: the cancels land first
   Start(false);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_sampling()->set_max_tokens(100);
+  r.mutable_sampling()->set_max_tokens(120);
   {
     grpc::ClientContext context;
     auto session = stub_->Session(&context);
@@ -260,7 +263,7 @@ TEST_F(SchedulerServiceTest, ABadSubmitIsRefusedAloneNamingTheField) {
 
 // Two live requests of one id would make every later event ambiguous: the session ends.
 TEST_F(SchedulerServiceTest, AStreamIdReusedWhileLiveEndsTheSession) {
-  workers_.step_delay = 2ms;
+  workers_.step_delay = 5ms;  // the first of id 1 is live for 500 ms
   Start(false);
   grpc::ClientContext context;
   auto session = stub_->Session(&context);
@@ -311,13 +314,13 @@ TEST_F(SchedulerServiceTest, ATimeoutEndsTheRequestWithTheTokensItHas) {
 // SIGTERM: a session serves what it has, refuses new requests so that the gateway tries another
 // replica, and ends once empty; an idle one ends at once.
 TEST_F(SchedulerServiceTest, ADrainFinishesTheSessionsRequestsAndRefusesNewOnes) {
-  workers_.step_delay = 2ms;
+  workers_.step_delay = 5ms;  // the request is live for 300 ms: the drain and the late submit land first
   Start(false);
   grpc::ClientContext idle_context, busy_context;
   auto idle = stub_->Session(&idle_context);
   auto busy = stub_->Session(&busy_context);
   ferry::v1::SubmitRequest r = Request();
-  r.mutable_sampling()->set_max_tokens(20);
+  r.mutable_sampling()->set_max_tokens(60);
   Send(*busy, {r});
   ferry::v1::SessionEvents in;
   ASSERT_TRUE(busy->Read(&in));  // started
@@ -341,7 +344,7 @@ TEST_F(SchedulerServiceTest, ADrainFinishesTheSessionsRequestsAndRefusesNewOnes)
   EXPECT_TRUE(busy->Finish().ok());
   ASSERT_EQ(ends.size(), 2u);
   EXPECT_TRUE(ends.at(1).ok());
-  EXPECT_EQ(tokens, 20);  // all of them
+  EXPECT_EQ(tokens, 60);  // all of them
   EXPECT_EQ(ends.at(2).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ends.at(2).error_message(), "the scheduler is draining; submit to another replica");
 }
