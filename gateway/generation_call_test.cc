@@ -46,7 +46,9 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
       for (const auto& submit : in.submits()) {
         ++submits;
         if (!refusal.ok()) return refusal;
-        for (TokenEvent event : events) {
+        for (size_t i = 0; i < events.size(); ++i) {
+          if (i > 0) std::this_thread::sleep_for(gap);
+          TokenEvent event = events[i];
           event.set_stream_id(submit.stream_id());
           ferry::v1::SessionEvents out;
           *out.add_events() = std::move(event);
@@ -58,6 +60,9 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
   }
 
   std::vector<TokenEvent> events;
+  // Between two events: what arrives together is handed out together (one chunk), so a test of
+  // chunk boundaries spaces them.
+  std::chrono::milliseconds gap{0};
   grpc::Status refusal = grpc::Status::OK;
   std::atomic<int> sessions{0};
   std::atomic<int> submits{0};
@@ -184,6 +189,7 @@ TEST_F(GenerationCallTest, AChunkIsWrittenOnlyAfterTheFrontTookTheLastAndMergesW
   const auto ids = Ids("one two three");
   ASSERT_GE(ids.size(), 3u);
   scheduler.events = {Event({ids[0]}), Event({ids[1]}), Event({ids[2]}, ferry::v1::FINISH_KIND_LENGTH)};
+  scheduler.gap = 20ms;
   Server server(scheduler);
   auto generator = MakeGenerator({server.Channel()});
   RecordingFront front;
@@ -269,6 +275,7 @@ TEST_F(GenerationCallTest, AStreamIntervalHoldsChunksUntilTheyHaveThatManyTokens
   ASSERT_GE(ids.size(), 8u);
   for (size_t i = 0; i + 1 < 8; ++i) scheduler.events.push_back(Event({ids[i]}));
   scheduler.events.push_back(Event({ids[7]}, ferry::v1::FINISH_KIND_LENGTH));
+  scheduler.gap = 10ms;
   Server server(scheduler);
   auto generator = MakeGenerator({server.Channel()}, 3);
   CallHooks hooks;

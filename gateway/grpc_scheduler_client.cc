@@ -1,5 +1,6 @@
 #include "gateway/grpc_scheduler_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -120,9 +121,9 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
     }
   }
 
-  // The session's thread: one event of this request. Takes its contents (swaps).
-  void OnEvent(TokenEvent& event) {
-    std::unique_lock lock(mu_);
+  // The session's thread: one event of this request, kept (its contents swapped in) until Offer.
+  void Take(TokenEvent& event) {
+    std::lock_guard lock(mu_);
     if (ended_) return;  // cancelled or timed out here: the scheduler's late events are dropped
     if (event.status_code() != 0) {
       End(Status(static_cast<StatusCode>(event.status_code()), event.status_message()));
@@ -132,6 +133,10 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
         End(Status());
       }
     }
+  }
+  // The session's thread, after the Takes of a batch: a waiting reader gets what they brought.
+  void Offer() {
+    std::unique_lock lock(mu_);
     Deliver(lock);
   }
   // The session ended before the request did.
@@ -330,27 +335,40 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
   }
 
  private:
-  // The session's own thread: hands out each message's events in order, then the session's end.
+  // The session's own thread: hands out the events of every message read so far, then the
+  // session's end. A request's events of several messages (this thread fell behind) are merged
+  // and offered once: one chunk, one client write, for what arrived together.
   void HandOut() {
+    std::deque<std::unique_ptr<SessionEvents>> messages;
     std::vector<std::pair<std::shared_ptr<MuxStream>, TokenEvent*>> batch;
+    std::vector<MuxStream*> offers;
     std::unique_lock lock(mu_);
     while (true) {
       read_cv_.wait(lock, [&] { return !read_.empty() || end_.has_value(); });
       if (read_.empty()) break;  // ended, and everything read before was handed out
-      std::unique_ptr<SessionEvents> message = std::move(read_.front());
-      read_.pop_front();
-      for (TokenEvent& event : *message->mutable_events()) {
-        auto it = streams_.find(event.stream_id());
-        if (it == streams_.end()) continue;  // cancelled or timed out here
-        batch.emplace_back(it->second, &event);
-        if (event.status_code() != 0 || event.finish() != ferry::v1::FINISH_KIND_NONE) streams_.erase(it);
+      messages.swap(read_);
+      for (const auto& message : messages) {
+        for (TokenEvent& event : *message->mutable_events()) {
+          auto it = streams_.find(event.stream_id());
+          if (it == streams_.end()) continue;  // cancelled or timed out here
+          batch.emplace_back(it->second, &event);
+          if (event.status_code() != 0 || event.finish() != ferry::v1::FINISH_KIND_NONE) streams_.erase(it);
+        }
       }
       lock.unlock();
-      for (auto& [stream, event] : batch) stream->OnEvent(*event);
+      for (auto& [stream, event] : batch) {
+        stream->Take(*event);
+        offers.push_back(stream.get());
+      }
+      std::sort(offers.begin(), offers.end());  // batch holds each stream alive until it is cleared
+      offers.erase(std::unique(offers.begin(), offers.end()), offers.end());
+      for (MuxStream* stream : offers) stream->Offer();
+      offers.clear();
       batch.clear();
-      message->Clear();  // keeps its events' storage for a later read
+      for (auto& message : messages) message->Clear();  // keeps its events' storage for later reads
       lock.lock();
-      spare_.push_back(std::move(message));
+      for (auto& message : messages) spare_.push_back(std::move(message));
+      messages.clear();
     }
     std::unordered_map<uint64_t, std::shared_ptr<MuxStream>> streams;
     streams.swap(streams_);
