@@ -168,8 +168,8 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.num_waiting = core_.num_waiting();
   if (controller_.options().mode == ControllerMode::kSlo) {  // a scan of the queue only slo reads
     const auto oldest = core_.OldestWaitingArrival(controller_.options().slo.lanes);
-    // Clamped: arrival was read on the service thread.
-    obs.oldest_wait_s = oldest ? std::max(0.0, std::chrono::duration<double>(now - *oldest).count()) : 0.0;
+    // Arrival was read before the request entered the inbox, `now` after: never negative.
+    obs.oldest_wait_s = oldest ? std::chrono::duration<double>(now - *oldest).count() : 0.0;
   }
   const double total = core_.num_total_blocks();
   obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
@@ -248,10 +248,9 @@ void EngineLoop::CompleteStep() {
   }
   const TimePoint end = Clock::now();
   // The step's own time: from when the workers could start it (sent, or done
-  // with the step before) to its samples. Clamped: the two reads may come from
-  // different cores, whose clocks drift apart on this kind of VM.
+  // with the step before) to its samples. All three reads are this thread's, in order.
   const TimePoint began = std::max(step.sent, last_received_);
-  last_step_s_ = std::max(0.0, std::chrono::duration<double>(end - began).count());
+  last_step_s_ = std::chrono::duration<double>(end - began).count();
   last_received_ = end;
   last_step_tokens_ = step.plan.num_scheduled_tokens();
   last_step_seqs_ = static_cast<int32_t>(step.plan.scheduled.size());
@@ -306,8 +305,8 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
   if (served && stream.first_token) {
     RequestCompletion done;
     done.now_s = Seconds(now);
-    // Clamped: arrival was read on the service thread (see scheduler_service.cc's queue_s).
-    done.ttft_s = std::max(0.0, std::chrono::duration<double>(*stream.first_token - last.arrival).count());
+    // Arrival was read before the request entered the inbox, the first token after: never negative.
+    done.ttft_s = std::chrono::duration<double>(*stream.first_token - last.arrival).count();
     done.tpot_s = last.num_generated > 1
                       ? std::chrono::duration<double>(now - *stream.first_token).count() / (last.num_generated - 1)
                       : 0.0;

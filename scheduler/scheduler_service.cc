@@ -260,9 +260,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
     if (!it->second.started) {
       it->second.started = true;
       const auto started = event.first_scheduled.value_or(Clock::now());
-      // Clamped: `started` is read on the engine thread, `arrival` on another, and on this VM one
-      // core's clock can lag another's by a few ms.
-      out->set_queue_s(std::max(0.0, std::chrono::duration<double>(started - it->second.arrival).count()));
+      // Never negative: `arrival` was read before the request went into the loop's inbox, `started`
+      // by the loop after it took it out, and the steady clock is monotonic across cores
+      // (docs/benchmarks/bench.md 2k, "One clock").
+      out->set_queue_s(std::chrono::duration<double>(started - it->second.arrival).count());
       out->set_num_cached_tokens(event.num_cached_tokens);
     }
     if (event.finish != FinishKind::kNone) live_.erase(it);
