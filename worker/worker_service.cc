@@ -1,6 +1,8 @@
 #include "worker/worker_service.h"
 
 #include <chrono>
+#include <limits>
+#include <random>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
@@ -35,8 +37,19 @@ struct WorkerMetrics {
   prometheus::Histogram& batch_size;
 };
 
+namespace {
+
+uint64_t NewIncarnationId() {
+  std::random_device device;
+  std::uniform_int_distribution<uint64_t> draw(1, std::numeric_limits<uint64_t>::max());
+  return draw(device);
+}
+
+}  // namespace
+
 WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, DeviceMetrics* device)
-    : runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)), device_(device) {}
+    : incarnation_id_(NewIncarnationId()),
+      runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)), device_(device) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -54,6 +67,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   out->set_tp_size(info.tp_size);
   out->set_supports_prompt_logprobs(info.supports_prompt_logprobs);
   out->set_supports_guided_decoding(info.supports_guided_decoding);
+  out->set_incarnation_id(incarnation_id_);
   const GenerationDefaults& d = info.generation_defaults;
   auto* defaults = out->mutable_generation_defaults();
   if (d.temperature) defaults->set_temperature(*d.temperature);
@@ -67,6 +81,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
 grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
                                    ferry::v1::HealthResponse* out) {
   out->set_ok(runner_.healthy());
+  out->set_incarnation_id(incarnation_id_);
+  if (!out->ok()) out->set_reason("the engine reports a failure (see the worker's log)");
   return grpc::Status::OK;
 }
 

@@ -30,6 +30,10 @@ class WorkerService final : public ferry::v1::Worker::Service {
  private:
   ferry::v1::StepResult Execute(const ferry::v1::StepRequest& request);
 
+  // Drawn at construction (one per process start; never 0): Info and Health report it, so a
+  // scheduler tells a restarted rank, which holds nothing, from the one it lost.
+  const uint64_t incarnation_id_;
+
   ModelRunner& runner_;
   // The runner is single-threaded; a second Step stream (a reconnecting
   // scheduler) waits here rather than interleaving steps.
