@@ -126,6 +126,10 @@ void BlockManager::Unpublish(BlockId id) {
   }
 }
 
+void BlockManager::DropCache() {
+  for (BlockId id = 0; id < num_total_blocks(); ++id) Unpublish(id);
+}
+
 bool BlockManager::Matches(BlockId id, std::span<const int32_t> tokens, BlockId parent) const {
   const BlockMeta& meta = meta_[static_cast<size_t>(id)];
   if (!meta.is_published || meta.parent != parent) return false;

@@ -104,6 +104,10 @@ class BlockManager {
   // or kNoBlock when another content holds the hash (nothing published).
   BlockId Publish(BlockId id, uint64_t hash, std::span<const int32_t> tokens, BlockId parent);
 
+  // Forgets every cached block (their contents are gone: the worker that held them was lost).
+  // Unheld ones return to the free list; held ones stay held, unpublished.
+  void DropCache();
+
   // Throws std::logic_error naming the first inconsistency of the free list,
   // the LRU list or the hash map. O(blocks).
   void CheckConsistency() const;

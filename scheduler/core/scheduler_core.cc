@@ -319,7 +319,7 @@ SeqEvent SchedulerCore::ApplySample(Sequence& seq, const SampledToken& sample) {
   return event;
 }
 
-std::vector<SeqEvent> SchedulerCore::AbortAll() {
+std::vector<SeqEvent> SchedulerCore::AbortAll(FinishKind kind) {
   std::vector<uint64_t> ids;
   ids.reserve(state_.sequences.size());
   for (const auto& [id, seq] : state_.sequences) ids.push_back(id);
@@ -328,11 +328,38 @@ std::vector<SeqEvent> SchedulerCore::AbortAll() {
   events.reserve(ids.size());
   for (uint64_t id : ids) {
     Sequence& seq = *Find(id);
-    events.push_back(EventOf(seq, FinishKind::kAborted));
+    events.push_back(EventOf(seq, kind));
     Retire(seq);
   }
   num_in_flight_ = 0;
   return events;
+}
+
+int32_t SchedulerCore::RequeueAll() {
+  const int32_t block_size = state_.config.block_size;
+  for (auto& [id, seq] : state_.sequences) {  // waiting ones too: a preempted sample may be pending
+    seq->tokens.resize(seq->tokens.size() - static_cast<size_t>(seq->num_pending));
+    seq->num_pending = 0;
+    // Hashes of blocks that held pending tokens would be wrong once those are sampled again.
+    const auto full_blocks = static_cast<size_t>(seq->num_tokens() / block_size);
+    if (seq->block_hashes.size() > full_blocks) seq->block_hashes.resize(full_blocks);
+  }
+  // Back to front of service order, each pushed to the front: the first served resumes first.
+  std::vector<Sequence*> running = std::move(state_.running);
+  state_.running.clear();
+  std::stable_sort(running.begin(), running.end(),
+                   [](const Sequence* a, const Sequence* b) { return ServesBefore(*a, *b); });
+  for (auto it = running.rbegin(); it != running.rend(); ++it) {
+    Sequence& seq = **it;
+    seq.ResetProgress();
+    seq.is_on_worker = false;
+    state_.waiting.PushFront(&seq);
+  }
+  state_.blocks.DropCache();
+  state_.pending_finished_ids.clear();
+  num_in_flight_ = 0;
+  in_flight_head_ = 0;
+  return static_cast<int32_t>(state_.sequences.size());
 }
 
 std::optional<TimePoint> SchedulerCore::OldestWaitingArrival(const std::vector<std::string>& lanes) const {

@@ -5,7 +5,9 @@
 //   Add / Cancel            at any time
 //   plan = Plan(budget, now); deliver TakeEvents()   (first schedulings, deadline ends)
 //   if (!plan.empty()) { send plan; events = Commit(plan, result.sampled); }
-//   on a worker failure:    events = AbortAll()
+//   on a step error:        events = AbortAll()
+//   on a lost worker:       RequeueAll(); plan again once a worker is back
+//                           (ExpireDeadlines meanwhile)
 //
 // With config.max_steps_in_flight = 2 the caller may plan and send step N+1
 // before it commits step N (the worker runs steps in order); commits stay in
@@ -77,10 +79,22 @@ class SchedulerCore {
     Commit(plan, sampled, prompt_logprobs, events);
     return events;
   }
-  // Ends every live sequence with kAborted (ordered by seq_id) and frees all
+  // Ends every live sequence with `kind` (ordered by seq_id) and frees all
   // blocks; any step in flight is forgotten. Ids the worker held go into the
   // next plan's finished_ids (a replacement worker should ignore unknown ids).
-  std::vector<SeqEvent> AbortAll();
+  std::vector<SeqEvent> AbortAll(FinishKind kind = FinishKind::kAborted);
+  // The workers lost all state (one died or hung; its replacement holds nothing): every live
+  // sequence is kept and goes back to waiting, as a preemption by recompute would send it, in
+  // front of its priority and in service order. Tokens sampled by steps in flight are forgotten:
+  // they were never delivered, and the resumed sequence samples them again at the same positions
+  // of its random stream, so greedy and seeded outputs are unchanged. The KV pool and the prefix
+  // cache are emptied, and steps in flight and pending finished ids are forgotten (the new
+  // workers never saw them). Not counted as preemptions (no sign of KV pressure). Returns the
+  // number of sequences kept.
+  int32_t RequeueAll();
+  // Ends the sequences whose deadline (or queue deadline) is <= now, as Plan does first; their
+  // events wait in TakeEvents. For when no step can be planned (the workers are lost).
+  void ExpireDeadlines(TimePoint now);
 
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
@@ -153,7 +167,6 @@ class SchedulerCore {
   static void TakeNewPromptLogprobs(Sequence& seq, const PromptLogprobs& from, std::vector<TokenLogprob>& to);
   // Removes a live sequence (its lease frees the blocks); `seq` dangles after.
   void Retire(Sequence& seq);
-  void ExpireDeadlines(TimePoint now);
   void CheckSequence(const Sequence& seq) const;
 
   SchedulerState state_;

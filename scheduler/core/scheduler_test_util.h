@@ -234,7 +234,8 @@ class Harness {
  public:
   explicit Harness(const SchedulerConfig& cfg)
       : core(cfg), worker(cfg.num_kv_blocks, cfg.block_size), max_model_len_(cfg.max_model_len),
-        depth_(static_cast<size_t>(cfg.max_steps_in_flight)) {}
+        depth_(static_cast<size_t>(cfg.max_steps_in_flight)), num_kv_blocks_(cfg.num_kv_blocks),
+        block_size_(cfg.block_size) {}
 
   void Add(const RequestSpec& r) {
     requests[r.seq_id] = r;
@@ -269,6 +270,15 @@ class Harness {
     while (!in_flight_.empty()) CommitOldest();
   }
   size_t num_in_flight() const { return in_flight_.size(); }
+  // The worker dies: its state and the samples of the steps in flight are gone, a fresh one
+  // (every KV slot unwritten) takes its place, and the core requeues everything.
+  int32_t LoseWorker() {
+    in_flight_.clear();
+    worker = FakeWorker(num_kv_blocks_, block_size_);
+    const int32_t kept = core.RequeueAll();
+    core.CheckInvariants();
+    return kept;
+  }
   void Record(const SeqEvent& e) {
     Outcome& o = outcomes.at(e.seq_id);
     o.tokens.insert(o.tokens.end(), e.new_tokens.begin(), e.new_tokens.end());
@@ -332,6 +342,8 @@ class Harness {
   }
   int32_t max_model_len_;
   size_t depth_;
+  int32_t num_kv_blocks_;
+  int32_t block_size_;
   std::deque<std::pair<StepPlan, std::vector<SampledToken>>> in_flight_;
 };
 

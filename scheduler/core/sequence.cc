@@ -14,6 +14,7 @@ const char* FinishKindName(FinishKind kind) {
     case FinishKind::kCancelled: return "cancelled";
     case FinishKind::kDeadlineExceeded: return "deadline_exceeded";
     case FinishKind::kTimeout: return "timeout";
+    case FinishKind::kUnavailable: return "unavailable";
   }
   return "unknown";
 }

@@ -205,8 +205,10 @@ class EventTokens {
 
 // kDeadlineExceeded: dropped while waiting, before it ever started.
 // kTimeout: stopped at its deadline after it started (running or preempted).
+// kAborted: the engine failed it (a step error: a bug). kUnavailable: its workers were lost and
+// not back in time (the engine loop's recovery timeout); a retry may succeed.
 enum class FinishKind {
-  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout
+  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout, kUnavailable
 };
 
 // What a sequence produced in one Commit (or AbortAll, or Plan: its first scheduling, a deadline).
