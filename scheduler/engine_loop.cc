@@ -25,10 +25,11 @@ EngineLoop::EngineLoop(const SchedulerConfig& config, WorkerGroup& workers, prom
     : EngineLoop(config, StaticCap(config), workers, registry) {}
 
 EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& controller, WorkerGroup& workers,
-                       prometheus::Registry& registry)
+                       prometheus::Registry& registry, const RecoveryOptions& recovery)
     : config_(config),
+      recovery_(recovery),
       workers_(workers),
-      metrics_(std::make_unique<LoopMetrics>(registry)),
+      metrics_(std::make_unique<LoopMetrics>(registry, recovery.num_ranks)),
       start_(Clock::now()),
       core_(config),
       controller_(controller) {
@@ -90,8 +91,10 @@ void EngineLoop::Run() {
   while (true) {
     {
       std::unique_lock lock(inbox_mu_);
-      // Idle: sleep until a command arrives.
-      if (!core_.has_work() && in_flight_.empty()) {
+      // Lost workers: wake for commands and for the next probe. Idle: sleep until a command arrives.
+      if (lost_) {
+        inbox_cv_.wait_until(lock, next_probe_, [&] { return stopping_ || !inbox_.empty(); });
+      } else if (!core_.has_work() && in_flight_.empty()) {
         inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
       }
       if (stopping_) break;
@@ -99,6 +102,11 @@ void EngineLoop::Run() {
     }
     for (Command& command : commands) Apply(command);
     commands.clear();
+    if (lost_) {
+      Recover();
+      FlushSinks();
+      continue;
+    }
     // With room in the pipeline the next step is planned and sent first: the
     // workers start it the moment they finish the one before, while this
     // thread commits that one and delivers its tokens.
@@ -108,10 +116,11 @@ void EngineLoop::Run() {
     // step completed after it, one message per session rather than two.
     FlushSinks();
   }
-  // Steps already sent finish (the workers run them anyway); what is left ends aborted.
-  while (!in_flight_.empty()) CompleteStep();
+  // Steps already sent finish (the workers run them anyway); what is left ends aborted, or
+  // unavailable if the workers are gone.
+  while (!in_flight_.empty() && !lost_) CompleteStep();
   const TimePoint now = Clock::now();
-  Dispatch(core_.AbortAll(), now);
+  Dispatch(core_.AbortAll(lost_ ? FinishKind::kUnavailable : FinishKind::kAborted), now);
   FlushSinks();
 }
 
@@ -135,6 +144,13 @@ void EngineLoop::Apply(Command& command) {
                                     std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(2 * last_step_s_))});
       add->spec.deadline -= margin;
+    }
+    if (down_) {  // the workers are gone past the recovery timeout: another replica may serve it
+      num_live_.fetch_sub(1);
+      metrics_->Finished(FinishKind::kUnavailable);
+      add->sink->Deliver(add->tag, SeqEvent{.seq_id = id, .finish = FinishKind::kUnavailable});
+      add->sink->Flush();
+      return;
     }
     try {
       core_.Add(std::move(add->spec));
@@ -216,6 +232,10 @@ bool EngineLoop::LaunchStep() {
   }
   try {
     workers_.Send(plan.step_id, plan);
+  } catch (const WorkerLostError& e) {
+    in_flight_.push_back(InFlight{std::move(plan), start});  // lost with the others
+    OnWorkersLost(e);
+    return false;
   } catch (const std::exception& e) {
     AbortAll(e, plan.step_id);
     return false;
@@ -242,6 +262,10 @@ void EngineLoop::CompleteStep() {
   try {
     workers_.Receive(output_);
     core_.Commit(step.plan, output_.sampled, output_.prompt_logprobs, events_);
+  } catch (const WorkerLostError& e) {
+    spare_plans_.push_back(std::move(step.plan));
+    OnWorkersLost(e);
+    return;
   } catch (const std::exception& e) {
     AbortAll(e, step.plan.step_id);
     return;
@@ -274,6 +298,69 @@ void EngineLoop::AbortAll(const std::exception& error, uint64_t step_id) {
     }
   }
   Dispatch(core_.AbortAll(), Clock::now());
+  Publish();
+}
+
+void EngineLoop::OnWorkersLost(const WorkerLostError& error) {
+  const TimePoint now = Clock::now();
+  for (InFlight& step : in_flight_) spare_plans_.push_back(std::move(step.plan));
+  in_flight_.clear();
+  const int32_t kept = core_.RequeueAll();
+  kept_ids_.clear();
+  core_.ForEachLive([this](uint64_t id) { kept_ids_.push_back(id); });
+  spdlog::error("worker group lost ({}): {}; keeping {} requests for it, up to {:.0f} s", error.reason_name(),
+                error.what(), kept, std::chrono::duration<double>(recovery_.recovery_timeout).count());
+  metrics_->worker_losses.Add({{"reason", error.reason_name()}}).Increment();
+  metrics_->recovering.Set(1);
+  lost_ = true;
+  down_ = false;
+  lost_at_ = now;
+  next_probe_ = now;
+  next_waiting_log_ = now + std::chrono::seconds(5);
+  last_step_s_ = 0;
+  Publish();
+}
+
+void EngineLoop::Recover() {
+  TimePoint now = Clock::now();
+  core_.ExpireDeadlines(now);
+  Dispatch(core_.TakeEvents(), now);
+  if (!down_ && now - lost_at_ >= recovery_.recovery_timeout) {
+    const std::vector<SeqEvent> ended = core_.AbortAll(FinishKind::kUnavailable);
+    metrics_->requests_failed_by_loss.Increment(static_cast<double>(ended.size()));
+    spdlog::error("worker group not back within {:.0f} s: {} requests end UNAVAILABLE, new ones are refused "
+                  "until it is", std::chrono::duration<double>(recovery_.recovery_timeout).count(), ended.size());
+    Dispatch(ended, now);
+    down_ = true;
+    Publish();
+  }
+  if (now < next_probe_) return;
+  const Reconnection back = workers_.Reconnect(recovery_.probe_timeout);
+  now = Clock::now();
+  next_probe_ = now + recovery_.probe_interval;
+  if (back.back) return Resume(back, now);
+  if (now >= next_waiting_log_) {
+    spdlog::warn("waiting for the worker group ({:.0f} s): {}", std::chrono::duration<double>(now - lost_at_).count(),
+                 back.detail);
+    next_waiting_log_ = now + std::chrono::seconds(5);
+  }
+}
+
+void EngineLoop::Resume(const Reconnection& back, TimePoint now) {
+  int64_t resumed = 0;
+  for (uint64_t id : kept_ids_) resumed += core_.is_live(id) ? 1 : 0;
+  kept_ids_.clear();
+  for (int32_t rank : back.restarted_ranks) {
+    metrics_->worker_restarts.Add({{"rank", std::to_string(rank)}}).Increment();
+  }
+  const double took = std::chrono::duration<double>(now - lost_at_).count();
+  metrics_->recovery_seconds.Observe(took);
+  metrics_->requests_resumed.Increment(static_cast<double>(resumed));
+  metrics_->recovering.Set(0);
+  spdlog::info("worker group back after {:.2f} s ({}): resuming {} requests by recompute", took, back.detail, resumed);
+  lost_ = false;
+  down_ = false;
+  last_received_ = now;
   Publish();
 }
 
@@ -345,6 +432,7 @@ void EngineLoop::Publish() {
   state_.prefix_cache_queries = core_.num_prefix_cache_queries();
   state_.prefix_cache_hits = core_.num_prefix_cache_hits();
   state_.num_cap_changes = status.num_changes;
+  state_.workers_lost = lost_;
 }
 
 }  // namespace ferry::scheduler

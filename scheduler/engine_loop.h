@@ -6,6 +6,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
 #include <condition_variable>
 #include <future>
 #include <memory>
@@ -23,20 +26,60 @@
 
 namespace ferry::scheduler {
 
+// A worker rank is gone or hung: its stream broke (it died, restarted or the network failed) or
+// it did not finish a step within the step timeout. Every sequence's state on the group is lost
+// with it (the steps in flight too); nothing the engine did was wrong. The loop keeps every
+// request and waits for the group to come back (WorkerGroup::Reconnect).
+class WorkerLostError : public std::runtime_error {
+ public:
+  enum class Reason { kDisconnected, kStepTimeout };
+  WorkerLostError(Reason reason, const std::string& what) : std::runtime_error(what), reason_(reason) {}
+  Reason reason() const { return reason_; }
+  // The metric label: "disconnected" or "step_timeout".
+  const char* reason_name() const { return reason_ == Reason::kDisconnected ? "disconnected" : "step_timeout"; }
+
+ private:
+  Reason reason_;
+};
+
+// What a reconnection attempt found.
+struct Reconnection {
+  bool back = false;                     // every rank answers and the group may run steps again
+  std::vector<int32_t> restarted_ranks;  // ranks that answered with a new incarnation (hold nothing)
+  std::string detail;                    // what came back, or why the group is not back (for the log)
+};
+
 // What the loop needs of the workers; implemented over gRPC in worker_client.h.
 // Workers run steps in the order sent, so the loop may send step N+1 before it
 // receives step N's samples (async scheduling).
 class WorkerGroup {
  public:
   virtual ~WorkerGroup() = default;
-  // Sends one step to every worker. Throws std::runtime_error when a worker
-  // cannot be reached.
+  // Sends one step to every worker. Throws WorkerLostError when a worker cannot be reached.
   virtual void Send(uint64_t step_id, const StepPlan& plan) = 0;
   // Waits for the oldest step sent and not yet received; puts its samples and prompt logprobs
-  // (rank 0's) into `output`, whose contents are replaced (a reused one keeps its capacity). Throws
-  // std::runtime_error when a worker failed the step or cannot be reached; the steps sent after
-  // it are then lost too.
+  // (rank 0's) into `output`, whose contents are replaced (a reused one keeps its capacity).
+  // Throws WorkerLostError when a worker is lost (every step in flight is lost with it), and
+  // std::runtime_error when a worker failed the step (an engine error: the steps sent after it
+  // still come).
   virtual void Receive(StepOutput& output) = 0;
+  // After a WorkerLostError: asks every rank, within `timeout` each, whether it is back and fit
+  // to run steps. Once it says back, the next Send starts from nothing (new streams: the workers
+  // hold no sequence). A group that cannot reconnect says so in `detail`.
+  virtual Reconnection Reconnect(std::chrono::milliseconds /*timeout*/) {
+    return Reconnection{.detail = "this worker group cannot reconnect"};
+  }
+};
+
+// How the loop rides out a lost worker group.
+struct RecoveryOptions {
+  // How long requests are kept for a lost group; then every live request ends kUnavailable and new
+  // ones are refused so until it is back (--worker-recovery-timeout-s).
+  Clock::duration recovery_timeout = std::chrono::seconds(120);
+  // How often the group is asked whether it is back, and how long each rank may take to answer.
+  Clock::duration probe_interval = std::chrono::milliseconds(250);
+  std::chrono::milliseconds probe_timeout{250};
+  int32_t num_ranks = 1;  // ranks in the group: each gets its restart series from the start
 };
 
 struct LoopMetrics;
@@ -64,6 +107,8 @@ struct LoopState {
   uint64_t prefix_cache_queries = 0;
   uint64_t prefix_cache_hits = 0;
   uint64_t num_cap_changes = 0;
+  // The worker group was lost and is not back: steps wait (health says NOT_SERVING).
+  bool workers_lost = false;
 };
 
 class EngineLoop {
@@ -73,7 +118,7 @@ class EngineLoop {
   // config.max_steps_in_flight = 2 plans and sends step N+1 while the workers
   // run step N (async scheduling); 1 waits for each step's samples first.
   EngineLoop(const SchedulerConfig& config, const ControllerOptions& controller, WorkerGroup& workers,
-             prometheus::Registry& registry);
+             prometheus::Registry& registry, const RecoveryOptions& recovery = {});
   EngineLoop(const SchedulerConfig& config, WorkerGroup& workers, prometheus::Registry& registry);
   ~EngineLoop();
 
@@ -129,6 +174,11 @@ class EngineLoop {
   // Takes the oldest step's samples, commits them and delivers the events.
   void CompleteStep();
   void AbortAll(const std::exception& error, uint64_t step_id);
+  // The workers are gone: every request is kept for them (RequeueAll) until Recover finds them back.
+  void OnWorkersLost(const WorkerLostError& error);
+  // While lost: deadlines, the recovery timeout, and a probe of the workers every probe_interval.
+  void Recover();
+  void Resume(const Reconnection& back, TimePoint now);
   int32_t NextCap(TimePoint now);
   // Delivers events to their sinks (ending the requests they finish); FlushSinks, at the end of
   // the loop's turn, flushes each sink that got any once.
@@ -139,6 +189,7 @@ class EngineLoop {
   double Seconds(TimePoint t) const { return std::chrono::duration<double>(t - start_).count(); }
 
   const SchedulerConfig config_;
+  const RecoveryOptions recovery_;
   WorkerGroup& workers_;
   std::unique_ptr<LoopMetrics> metrics_;
   const TimePoint start_;
@@ -170,6 +221,15 @@ class EngineLoop {
   std::vector<StepPlan> spare_plans_;
   StepOutput output_;
   std::vector<SeqEvent> events_;
+
+  // A lost worker group (the loop thread's): since when, whether the recovery timeout has passed
+  // (live requests ended kUnavailable, new ones refused), the next probe, the requests kept.
+  bool lost_ = false;
+  bool down_ = false;
+  TimePoint lost_at_{};
+  TimePoint next_probe_{};
+  TimePoint next_waiting_log_{};
+  std::vector<uint64_t> kept_ids_;
 
   mutable std::mutex state_mu_;
   LoopState state_;  // guarded by state_mu_

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -32,6 +33,12 @@ class FakeWorkers : public WorkerGroup {
     sent_.pop_front();
     // As the real worker: a failed step changes nothing and the next one runs.
     if (plan.step_id == fail_step) throw std::runtime_error("worker failed step: injected");
+    // A lost worker takes every sequence and every step sent with it.
+    if (plan.step_id == lose_step) {
+      seqs_.clear();
+      sent_.clear();
+      throw WorkerLostError(WorkerLostError::Reason::kDisconnected, "injected: the worker died");
+    }
     for (uint64_t id : plan.finished_ids) seqs_.erase(id);
     for (uint64_t id : plan.preempted_ids) seqs_.erase(id);
     for (const auto& n : plan.new_sequences) seqs_[n.seq_id] = {n.token_ids, 0};
@@ -50,7 +57,15 @@ class FakeWorkers : public WorkerGroup {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     output = StepOutput{std::move(out), {}};
   }
+  Reconnection Reconnect(std::chrono::milliseconds) override {
+    ++reconnect_attempts;
+    if (!back.load()) return Reconnection{.detail = "injected: not back"};
+    return Reconnection{.back = true, .restarted_ranks = {0}, .detail = "injected: back"};
+  }
   size_t live() const { return seqs_.size(); }
+  uint64_t lose_step = 0;            // this step's Receive loses the worker (0: none)
+  std::atomic<bool> back{true};      // whether Reconnect finds it back
+  std::atomic<int> reconnect_attempts{0};
   // Most steps sent and not yet received at once (written by the loop thread;
   // read after the loop is gone).
   size_t max_outstanding = 0;
@@ -224,7 +239,67 @@ TEST_P(EngineLoopTest, AFailedStepAbortsAllAndTheNextRequestIsServed) {
   EXPECT_EQ(loop.num_live(), 0);
 }
 
+// A lost worker is a pause: every request waits for it and, once it is back, ends with exactly
+// the tokens it gets without the fault; nothing is delivered twice.
+TEST_P(EngineLoopTest, ALostWorkerIsAPauseAndEveryRequestEndsAsWithoutIt) {
+  std::vector<std::vector<int32_t>> alone;
+  {
+    prometheus::Registry registry;
+    FakeWorkers workers;
+    EngineLoop loop(Config(GetParam()), workers, registry);
+    for (int i = 0; i < 6; ++i) alone.push_back(Drain(*Submit(loop, Request(3 + 5 * i, 12)).sink).first);
+  }
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  workers.lose_step = 6;
+  workers.back = false;
+  EngineLoop loop(Config(GetParam()), workers, registry);
+  std::promise<void> open;
+  workers.gate = open.get_future().share();  // all six start before the loss
+  std::vector<std::shared_ptr<QueueSink>> channels;
+  for (int i = 0; i < 6; ++i) channels.push_back(Submit(loop, Request(3 + 5 * i, 12)).sink);
+  open.set_value();
+  for (int i = 0; i < 500 && !loop.State().workers_lost; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(loop.State().workers_lost);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_GT(workers.reconnect_attempts.load(), 0);
+  EXPECT_EQ(loop.num_live(), 6);  // every request waits
+  workers.back = true;
+  for (int i = 0; i < 6; ++i) {
+    auto [tokens, finish] = Drain(*channels[i]);
+    EXPECT_EQ(finish, FinishKind::kLength) << "request " << i;
+    EXPECT_EQ(tokens, alone[i]) << "request " << i;
+  }
+  EXPECT_FALSE(loop.State().workers_lost);
+  EXPECT_EQ(loop.num_live(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));
+
+// Not back within the recovery timeout: every live request ends kUnavailable, new ones are refused
+// so at once, and once the workers are back the replica serves again.
+TEST(EngineLoop, AWorkerNotBackInTimeEndsRequestsUnavailableAndTheReplicaServesOnceItIs) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  workers.lose_step = 3;
+  workers.back = false;
+  RecoveryOptions recovery;
+  recovery.recovery_timeout = std::chrono::milliseconds(300);
+  ControllerOptions cap;
+  cap.max_num_seqs = 8;
+  EngineLoop loop(Config(), cap, workers, registry, recovery);
+  std::vector<std::shared_ptr<QueueSink>> channels;
+  for (int i = 0; i < 3; ++i) channels.push_back(Submit(loop, Request(4 + i, 30)).sink);
+  const auto start = Clock::now();
+  for (auto& ch : channels) EXPECT_EQ(Drain(*ch).second, FinishKind::kUnavailable);
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(300));
+  EXPECT_EQ(Drain(*Submit(loop, Request(5, 6)).sink).second, FinishKind::kUnavailable);  // refused at once
+  workers.back = true;
+  for (int i = 0; i < 500 && loop.State().workers_lost; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_FALSE(loop.State().workers_lost);
+  EXPECT_EQ(Drain(*Submit(loop, Request(5, 6)).sink).second, FinishKind::kLength);
+  EXPECT_EQ(loop.num_live(), 0);
+}
 
 // The first event says when the sequence was first scheduled; a request still waiting at its
 // queue deadline ends DEADLINE_EXCEEDED.

@@ -8,7 +8,7 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-LoopMetrics::LoopMetrics(prometheus::Registry& r)
+LoopMetrics::LoopMetrics(prometheus::Registry& r, int32_t num_ranks)
     : requests(BuildGauge().Name("ferry_scheduler_requests").Help("Requests in the scheduler by state").Register(r)),
       running(requests.Add({{"state", "running"}})),
       waiting(requests.Add({{"state", "waiting"}})),
@@ -42,10 +42,29 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r)
       prefix_queries(BuildCounter().Name("ferry_scheduler_prefix_cache_queries_total")
                          .Help("Full KV blocks looked up in the prefix cache").Register(r).Add({})),
       prefix_hits(BuildCounter().Name("ferry_scheduler_prefix_cache_hits_total")
-                      .Help("Full KV blocks reused from the prefix cache").Register(r).Add({})) {
+                      .Help("Full KV blocks reused from the prefix cache").Register(r).Add({})),
+      worker_losses(BuildCounter().Name("ferry_scheduler_worker_losses_total")
+                        .Help("Worker groups lost (a rank disconnected or missed the step timeout), by reason")
+                        .Register(r)),
+      worker_restarts(BuildCounter().Name("ferry_scheduler_worker_restarts_total")
+                          .Help("Worker ranks that came back with a new incarnation id after a loss").Register(r)),
+      requests_resumed(BuildCounter().Name("ferry_scheduler_requests_resumed_total")
+                           .Help("Requests kept across a lost worker group and resumed by recompute").Register(r)
+                           .Add({})),
+      requests_failed_by_loss(BuildCounter().Name("ferry_scheduler_requests_failed_by_loss_total")
+                                  .Help("Requests ended UNAVAILABLE: their worker group was not back in time")
+                                  .Register(r).Add({})),
+      recovery_seconds(BuildHistogram().Name("ferry_scheduler_worker_recovery_seconds")
+                           .Help("Time from a worker group's loss until it serves again").Register(r)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300,
+                                                                            600})),
+      recovering(BuildGauge().Name("ferry_scheduler_worker_recovering")
+                     .Help("1 while the replica waits for a lost worker group, else 0").Register(r).Add({})) {
+  for (const char* reason : {"disconnected", "step_timeout"}) worker_losses.Add({{"reason", reason}});
+  for (int32_t rank = 0; rank < num_ranks; ++rank) worker_restarts.Add({{"rank", std::to_string(rank)}});
   // Every outcome exists (at 0) before the first one happens.
   for (auto kind : {FinishKind::kLength, FinishKind::kEos, FinishKind::kStopToken, FinishKind::kAborted,
-                    FinishKind::kCancelled}) {
+                    FinishKind::kCancelled, FinishKind::kUnavailable}) {
     finished.Add({{"reason", FinishKindName(kind)}});
   }
 }

@@ -13,7 +13,7 @@
 namespace ferry::scheduler {
 
 struct LoopMetrics {
-  explicit LoopMetrics(prometheus::Registry& r);
+  LoopMetrics(prometheus::Registry& r, int32_t num_ranks);
 
   void Finished(FinishKind kind) { finished.Add({{"reason", FinishKindName(kind)}}).Increment(); }
   // Exactly one level series is 1 at a time.
@@ -38,6 +38,14 @@ struct LoopMetrics {
   prometheus::Counter& preemptions;
   prometheus::Counter& prefix_queries;
   prometheus::Counter& prefix_hits;
+  // A lost worker group (#27): losses by reason, ranks back with a new incarnation, requests kept
+  // and resumed or ended kUnavailable, time from loss to serving, and whether it is lost now.
+  prometheus::Family<prometheus::Counter>& worker_losses;
+  prometheus::Family<prometheus::Counter>& worker_restarts;
+  prometheus::Counter& requests_resumed;
+  prometheus::Counter& requests_failed_by_loss;
+  prometheus::Histogram& recovery_seconds;
+  prometheus::Gauge& recovering;
 
  private:
   std::string current_level_;

@@ -32,6 +32,8 @@ struct Flags {
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;
   int worker_timeout_s = 600;
+  double step_timeout_s = 60;
+  double worker_recovery_timeout_s = 120;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -59,6 +61,13 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--max-model-len", f.max_model_len, "Longest sequence (0: the worker's)");
   app.add_option("--worker-timeout-s", f.worker_timeout_s, "How long to wait for workers at start");
+  app.add_option("--step-timeout-s", f.step_timeout_s,
+                 "A worker group that does not finish a step within this is lost: its requests wait for it to "
+                 "come back (the first steps of each connection get 5x)")
+      ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--worker-recovery-timeout-s", f.worker_recovery_timeout_s,
+                 "How long requests wait for a lost worker group before they end UNAVAILABLE")
+      ->check(CLI::Range(0.0, 86400.0));
 }
 
 std::vector<ferry::scheduler::LaneReservation> ParseReservations(const std::vector<std::string>& specs) {
@@ -143,7 +152,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   ferry::InitLogging("scheduler", flags.service.log_level);
 
-  ferry::scheduler::GrpcWorkerGroup workers(flags.workers);
+  const auto step_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.step_timeout_s * 1000));
+  ferry::scheduler::GrpcWorkerGroup workers(flags.workers, {.step = step_timeout, .first_steps = 5 * step_timeout});
   ferry::v1::WorkerInfo worker_info;
   try {
     worker_info = workers.WaitForInfo(std::chrono::seconds(flags.worker_timeout_s));
@@ -167,16 +177,20 @@ int main(int argc, char** argv) {
                config.enable_prefix_caching ? "on" : "off", flags.async_scheduling ? "on" : "off");
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
-  ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry());
+  ferry::scheduler::RecoveryOptions recovery;
+  recovery.recovery_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.worker_recovery_timeout_s * 1000));
+  recovery.num_ranks = static_cast<int32_t>(flags.workers.size());
+  ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry(), recovery);
   ferry::scheduler::SchedulerService service(loop, info);
   // SERVING only while every worker rank answers its health check; each rank's answer is
   // exported too (ferry_scheduler_worker_up), so an alert can name the replica and the rank.
   std::vector<prometheus::Gauge*> rank_up = WorkerUpGauges(metrics.registry(), flags.workers.size());
   ferry::ServeHooks hooks;
-  hooks.is_ready = [&workers, &rank_up] {
+  // A lost group is NOT_SERVING at once, whatever its ranks answer, until the loop resumes.
+  hooks.is_ready = [&workers, &rank_up, &loop] {
     const std::vector<bool> ranks = workers.HealthyRanks(std::chrono::milliseconds(300));
     for (size_t rank = 0; rank < ranks.size(); ++rank) rank_up[rank]->Set(ranks[rank] ? 1 : 0);
-    return std::all_of(ranks.begin(), ranks.end(), [](bool ok) { return ok; });
+    return !loop.State().workers_lost && std::all_of(ranks.begin(), ranks.end(), [](bool ok) { return ok; });
   };
   // Sessions stay open while the gateway runs: drained, each ends once its requests have.
   hooks.drain = [&service](std::chrono::system_clock::time_point) { service.Drain(); };

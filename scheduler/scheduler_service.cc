@@ -152,6 +152,10 @@ void ToTokenEvent(const SeqEvent& event, ferry::v1::TokenEvent* out) {
   out->set_finish(ToProto(event.finish));
 }
 
+// The retry hint of a request ended UNAVAILABLE. Another replica may serve it at once; this one
+// probes its workers every 250 ms, and a restarted worker takes seconds to load.
+constexpr int64_t kUnavailableRetryMs = 1000;
+
 // The status that ends a request for an event the loop ends it with, if it carries no tokens to send.
 std::optional<grpc::Status> EndStatus(FinishKind finish) {
   switch (finish) {
@@ -160,6 +164,10 @@ std::optional<grpc::Status> EndStatus(FinishKind finish) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           "the request was not started within its deadline or its lane's queue timeout");
     case FinishKind::kAborted: return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");
+    case FinishKind::kUnavailable:
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the replica's worker group was lost and is not back within --worker-recovery-timeout-s; "
+                          "retry (another replica may serve it)");
     default: return std::nullopt;
   }
 }
@@ -254,6 +262,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
     if (const auto end = EndStatus(event.finish)) {
       out->set_status_code(end->error_code());
       out->set_status_message(end->error_message());
+      if (end->error_code() == grpc::StatusCode::UNAVAILABLE) out->set_retry_after_ms(kUnavailableRetryMs);
     } else {
       ToTokenEvent(event, out);
     }

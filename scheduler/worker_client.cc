@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 namespace ferry::scheduler {
@@ -17,7 +18,7 @@ struct GrpcWorkerGroup::Rank {
   ferry::v1::StepResult result;  // Receive's, reused: parsing clears it and keeps its elements
 };
 
-GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
+GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses, StepTimeouts timeouts) : timeouts_(timeouts) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -28,9 +29,47 @@ GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses) {
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     ranks_.push_back(std::move(rank));
   }
+  incarnations_.assign(ranks_.size(), 0);
+  pending_.reserve(8);
+  watchdog_ = std::thread([this] { Watch(); });
 }
 
-GrpcWorkerGroup::~GrpcWorkerGroup() { CloseStreams(); }
+GrpcWorkerGroup::~GrpcWorkerGroup() {
+  {
+    std::lock_guard lock(watch_mu_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_one();
+  watchdog_.join();
+  CloseStreams();
+}
+
+// Sleeps until the oldest step in flight is due; past it, cancels every stream (Receive's read
+// then fails and names the rank it waited for). A step is due its timeout after it could begin:
+// when it was sent, or when the step before it was done, whichever is later.
+void GrpcWorkerGroup::Watch() {
+  std::unique_lock lock(watch_mu_);
+  while (!stopping_) {
+    if (pending_.empty() || timed_out_) {
+      watch_cv_.wait(lock);
+      continue;
+    }
+    const Pending& oldest = pending_.front();
+    const auto limit = oldest.first ? timeouts_.first_steps : timeouts_.step;
+    const auto due = std::max(oldest.sent, last_done_) + limit;
+    if (std::chrono::steady_clock::now() < due) {
+      watch_cv_.wait_until(lock, due);  // woken early by a new step, or spuriously: look again
+      continue;
+    }
+    timed_out_ = true;
+    timeout_what_ = fmt::format("rank {} ({}) did not finish step {} within {} s", reading_rank_,
+                                ranks_[reading_rank_]->address, oldest.step_id,
+                                std::chrono::duration<double>(limit).count());
+    for (auto& rank : ranks_) {
+      if (rank->context) rank->context->TryCancel();
+    }
+  }
+}
 
 std::vector<bool> GrpcWorkerGroup::HealthyRanks(std::chrono::milliseconds timeout) const {
   std::vector<bool> out;
@@ -44,6 +83,12 @@ std::vector<bool> GrpcWorkerGroup::HealthyRanks(std::chrono::milliseconds timeou
 }
 
 ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout) {
+  ferry::v1::WorkerInfo first = WaitForEveryRank(timeout);
+  planned_ = first;
+  return first;
+}
+
+ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForEveryRank(std::chrono::seconds timeout) {
   const auto deadline = std::chrono::system_clock::now() + timeout;
   ferry::v1::WorkerInfo first;
   for (size_t r = 0; r < ranks_.size(); ++r) {
@@ -60,6 +105,7 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout)
         first.set_num_kv_blocks(std::min(first.num_kv_blocks(), info.num_kv_blocks()));
         first.set_supports_prompt_logprobs(first.supports_prompt_logprobs() && info.supports_prompt_logprobs());
         first.set_supports_guided_decoding(first.supports_guided_decoding() && info.supports_guided_decoding());
+        incarnations_[r] = info.incarnation_id();
         break;
       }
       if (std::chrono::system_clock::now() >= deadline) {
@@ -72,21 +118,46 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout)
 }
 
 void GrpcWorkerGroup::OpenStreams() {
+  if (ranks_.front()->stream) return;
+  std::lock_guard lock(watch_mu_);  // the watchdog cancels through the contexts
   for (auto& rank : ranks_) {
-    if (rank->stream) continue;
     rank->context = std::make_unique<grpc::ClientContext>();
     rank->stream = rank->stub->Step(rank->context.get());
   }
+  steps_on_streams_ = 0;
 }
 
 void GrpcWorkerGroup::CloseStreams() {
+  {
+    std::lock_guard lock(watch_mu_);
+    for (auto& rank : ranks_) {
+      if (rank->context) rank->context->TryCancel();
+    }
+    pending_.clear();
+    timed_out_ = false;
+  }
   for (auto& rank : ranks_) {
-    if (!rank->stream) continue;
-    rank->stream->WritesDone();
-    rank->stream->Finish();
+    if (rank->stream) rank->stream->Finish();  // cancelled: returns at once
+  }
+  std::lock_guard lock(watch_mu_);
+  for (auto& rank : ranks_) {
     rank->stream.reset();
     rank->context.reset();
   }
+}
+
+void GrpcWorkerGroup::Lost(size_t rank, const char* what) {
+  bool timed_out;
+  std::string why;
+  {
+    std::lock_guard lock(watch_mu_);
+    timed_out = timed_out_;
+    why = timeout_what_;
+  }
+  CloseStreams();
+  if (timed_out) throw WorkerLostError(WorkerLostError::Reason::kStepTimeout, why);
+  throw WorkerLostError(WorkerLostError::Reason::kDisconnected,
+                        fmt::format("rank {} ({}): {}", rank, ranks_[rank]->address, what));
 }
 
 ferry::v1::StepRequest ToStepRequest(uint64_t step_id, const StepPlan& plan) {
@@ -124,12 +195,16 @@ void ToStepRequest(uint64_t step_id, const StepPlan& plan, ferry::v1::StepReques
 void GrpcWorkerGroup::Send(uint64_t step_id, const StepPlan& plan) {
   OpenStreams();
   ToStepRequest(step_id, plan, request_);
+  {
+    std::lock_guard lock(watch_mu_);
+    const bool was_idle = pending_.empty();
+    pending_.push_back(Pending{step_id, std::chrono::steady_clock::now(), steps_on_streams_ < timeouts_.num_first_steps});
+    ++steps_on_streams_;
+    if (was_idle) watch_cv_.notify_one();  // else the watchdog wakes at the older step's due time
+  }
   // Every rank gets the same plan; writes first so ranks run concurrently.
-  for (auto& rank : ranks_) {
-    if (!rank->stream->Write(request_)) {
-      CloseStreams();
-      throw std::runtime_error(fmt::format("worker {} stream closed", rank->address));
-    }
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (!ranks_[r]->stream->Write(request_)) Lost(r, "the step stream closed while sending");
   }
 }
 
@@ -160,18 +235,85 @@ void FromStepResult(const ferry::v1::StepResult& result, StepOutput& output) {
 }
 
 void GrpcWorkerGroup::Receive(StepOutput& output) {
-  if (!ranks_.front()->stream) throw std::runtime_error("no step in flight: the worker streams are closed");
+  if (!ranks_.front()->stream) {
+    throw WorkerLostError(WorkerLostError::Reason::kDisconnected, "no step in flight: the worker streams are closed");
+  }
   std::string error;
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    ferry::v1::StepResult& result = ranks_[r]->result;
-    if (!ranks_[r]->stream->Read(&result)) {
-      CloseStreams();
-      throw std::runtime_error(fmt::format("worker {} stream closed", ranks_[r]->address));
+    {
+      std::lock_guard lock(watch_mu_);
+      reading_rank_ = r;
     }
+    ferry::v1::StepResult& result = ranks_[r]->result;
+    if (!ranks_[r]->stream->Read(&result)) Lost(r, "the step stream closed (the worker died or restarted)");
     if (!result.error().empty() && error.empty()) error = result.error();
     if (r == 0) FromStepResult(result, output);
   }
+  {
+    std::lock_guard lock(watch_mu_);
+    pending_.erase(pending_.begin());
+    last_done_ = std::chrono::steady_clock::now();
+  }
   if (!error.empty()) throw std::runtime_error("worker failed step: " + error);
+}
+
+namespace {
+
+// Why `info` cannot take the place of the rank the replica was planned for; empty if it can.
+std::string Unfit(const ferry::v1::WorkerInfo& info, const ferry::v1::WorkerInfo& planned) {
+  if (info.model() != planned.model()) return fmt::format("serves model {}, not {}", info.model(), planned.model());
+  if (info.block_size() != planned.block_size()) {
+    return fmt::format("has block size {}, not {}", info.block_size(), planned.block_size());
+  }
+  if (info.vocab_size() != planned.vocab_size()) {
+    return fmt::format("has vocab size {}, not {}", info.vocab_size(), planned.vocab_size());
+  }
+  if (info.num_kv_blocks() < planned.num_kv_blocks()) {
+    return fmt::format("holds {} KV blocks, fewer than the {} the replica plans with", info.num_kv_blocks(),
+                       planned.num_kv_blocks());
+  }
+  if (info.max_model_len() < planned.max_model_len()) {
+    return fmt::format("has max_model_len {}, below {}", info.max_model_len(), planned.max_model_len());
+  }
+  return "";
+}
+
+}  // namespace
+
+Reconnection GrpcWorkerGroup::Reconnect(std::chrono::milliseconds timeout) {
+  CloseStreams();
+  std::vector<uint64_t> incarnations(ranks_.size());
+  std::vector<int32_t> restarted, kept;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const Rank& rank = *ranks_[r];
+    grpc::ClientContext info_context;
+    info_context.set_deadline(std::chrono::system_clock::now() + timeout);
+    ferry::v1::WorkerInfo info;
+    if (const grpc::Status status = rank.stub->Info(&info_context, {}, &info); !status.ok()) {
+      return Reconnection{.detail = fmt::format("rank {} ({}) does not answer: {}", r, rank.address,
+                                                status.error_message())};
+    }
+    if (const std::string why = Unfit(info, planned_); !why.empty()) {
+      return Reconnection{.detail = fmt::format("rank {} ({}) {}", r, rank.address, why)};
+    }
+    grpc::ClientContext health_context;
+    health_context.set_deadline(std::chrono::system_clock::now() + timeout);
+    ferry::v1::HealthResponse health;
+    if (!rank.stub->Health(&health_context, {}, &health).ok() || !health.ok()) {
+      return Reconnection{.detail = fmt::format("rank {} ({}) is not healthy: {}", r, rank.address, health.reason())};
+    }
+    incarnations[r] = info.incarnation_id();
+    (incarnations[r] == incarnations_[r] ? kept : restarted).push_back(static_cast<int32_t>(r));
+  }
+  if (!restarted.empty() && !kept.empty()) {
+    return Reconnection{.detail = fmt::format("ranks {} restarted and ranks {} did not: a tensor-parallel group "
+                                              "rejoins only whole (its supervisor restarts every rank)",
+                                              fmt::join(restarted, ","), fmt::join(kept, ","))};
+  }
+  incarnations_ = incarnations;
+  return Reconnection{.back = true, .restarted_ranks = restarted,
+                      .detail = restarted.empty() ? "the same incarnations answer"
+                                                  : fmt::format("ranks {} restarted", fmt::join(restarted, ","))};
 }
 
 }  // namespace ferry::scheduler

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -13,10 +16,18 @@
 
 namespace ferry::scheduler {
 
+// How long a step may take before its group is declared lost (--step-timeout-s). The first steps
+// of each connection get longer: a fresh worker may compile kernels or capture graphs in them.
+struct StepTimeouts {
+  std::chrono::milliseconds step{std::chrono::seconds(60)};
+  std::chrono::milliseconds first_steps{std::chrono::seconds(300)};
+  int32_t num_first_steps = 3;
+};
+
 class GrpcWorkerGroup final : public WorkerGroup {
  public:
   // addresses: "host:port" of each tensor-parallel rank, rank 0 first.
-  explicit GrpcWorkerGroup(std::vector<std::string> addresses);
+  explicit GrpcWorkerGroup(std::vector<std::string> addresses, StepTimeouts timeouts = {});
   ~GrpcWorkerGroup() override;
 
   // Waits until every worker answers Info (they may still be loading weights),
@@ -27,21 +38,54 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // Writes the step to every rank's stream (opened on first use and after a
   // failure); a rank reads it when done with the steps before.
   void Send(uint64_t step_id, const StepPlan& plan) override;
-  // Reads one result from every rank, in rank order; on a failure the streams
-  // close (the next Send opens new ones, and a worker forgets every sequence
-  // when a new stream opens).
+  // Reads one result from every rank, in rank order; when a stream breaks or the oldest step
+  // outlives its timeout (a watchdog cancels the streams), every stream closes and
+  // WorkerLostError says which rank and why (the next Send opens new streams, and a worker
+  // forgets every sequence when a new stream opens).
   void Receive(StepOutput& output) override;
+  // Every rank must answer Info and Health (ok) within `timeout`, serve what the replica was
+  // planned for (model, block size, vocabulary, at least its KV blocks and length), and, in a
+  // tensor-parallel group, all ranks or none must be new incarnations: a rank that restarted
+  // alone cannot rejoin a group whose collectives it never joined.
+  Reconnection Reconnect(std::chrono::milliseconds timeout) override;
   // Whether each rank answers Health within timeout, rank 0 first (every rank is asked, even
   // after one fails). Thread-safe: only uses the stubs.
   std::vector<bool> HealthyRanks(std::chrono::milliseconds timeout) const;
 
  private:
   struct Rank;
+  ferry::v1::WorkerInfo WaitForEveryRank(std::chrono::seconds timeout);
   void OpenStreams();
+  // Cancels every stream first: a stopped worker would never answer WritesDone or Finish.
   void CloseStreams();
+  // Closes the streams and says why the rank was lost (a stream broke, or the watchdog fired).
+  [[noreturn]] void Lost(size_t rank, const char* what);
+  void Watch();
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   ferry::v1::StepRequest request_;  // Send's, reused: a cleared message keeps its elements
+  const StepTimeouts timeouts_;
+  ferry::v1::WorkerInfo planned_;          // what WaitForInfo found: the replica is planned for it
+  std::vector<uint64_t> incarnations_;     // each rank's, as last connected
+
+  // The watchdog: steps sent and not received (their ids; when each may begin: sent, or the
+  // previous one done), the rank Receive waits for, and whether it fired. Guarded by watch_mu_,
+  // with the stream contexts it cancels.
+  struct Pending {
+    uint64_t step_id;
+    std::chrono::steady_clock::time_point sent;
+    bool first;  // among the first steps of its connection
+  };
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<Pending> pending_;  // oldest first; a vector: no allocation once grown
+  std::chrono::steady_clock::time_point last_done_{};
+  int32_t steps_on_streams_ = 0;
+  size_t reading_rank_ = 0;
+  bool timed_out_ = false;
+  std::string timeout_what_;
+  bool stopping_ = false;
+  std::thread watchdog_;
 };
 
 // Domain -> proto translation, exposed for tests. The second form fills `request` (cleared

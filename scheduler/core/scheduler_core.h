@@ -117,6 +117,11 @@ class SchedulerCore {
   // Blocks published in the prefix cache (held or evictable).
   int32_t num_cached_blocks() const { return state_.blocks.num_cached_blocks(); }
   bool is_live(uint64_t seq_id) const { return state_.sequences.contains(seq_id); }
+  // Calls fn(seq_id) for every live sequence, in no particular order.
+  template <typename Fn>
+  void ForEachLive(Fn&& fn) const {
+    for (const auto& entry : state_.sequences) fn(entry.first);
+  }
   // Anything to plan: waiting or running sequences, or finished ids to send.
   bool has_work() const;
   bool is_step_in_flight() const { return num_in_flight_ > 0; }
