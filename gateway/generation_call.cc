@@ -78,7 +78,7 @@ Status Outcome(bool client_cancelled, const Status& downstream, bool client_gone
   if (downstream.ok()) return Status(StatusCode::kInternal, "scheduler ended the stream without a finish");
   const auto code =
       downstream.error_code() == StatusCode::kAborted ? StatusCode::kInternal : downstream.error_code();
-  return Status(code, "scheduler: " + downstream.error_message());
+  return Status(code, "scheduler: " + downstream.error_message()).WithRetryAfter(downstream.retry_after_ms());
 }
 
 }  // namespace
@@ -157,7 +157,8 @@ std::variant<Status, AdmittedRequest> GenerationCall::Admit(ferry::v1::GenerateR
     spdlog::info("req={} lane {} full ({} queued)", id, v.lane, v.lane_rules.max_queued);
     return Status(StatusCode::kResourceExhausted,
                   fmt::format("lane \"{}\" is full ({} requests waiting); retry after {} ms", v.lane,
-                              v.lane_rules.max_queued, hint));
+                              v.lane_rules.max_queued, hint))
+        .WithRetryAfter(hint);
   }
   spdlog::debug("req={} lane={} prompt_tokens={} max_tokens={}", id, v.lane, v.submit.prompt_token_ids_size(),
                 v.submit.sampling().max_tokens());
@@ -188,7 +189,7 @@ void GenerationCall::StartAttempt() {
   if (tried_.size() >= hooks_.max_attempts) return Conclude(last_attempt_status_);
   ReplicaRouter& router = context_.scheduler.router();
   replica_ = router.Choose(prefix_key_, tried_);
-  if (!replica_) return Conclude(Status(StatusCode::kUnavailable, "no healthy scheduler replica"));
+  if (!replica_) return WaitForReplica();
   auto deadline = hooks_.deadline;
   if (const int64_t ms = admitted_->v.lane_rules.default_deadline_ms; ms > 0) {
     deadline = std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
@@ -197,6 +198,34 @@ void GenerationCall::StartAttempt() {
   attempt_ = context_.scheduler.NewStream(*replica_, admitted_->v.submit, deadline, shared_from_this());
   if (hooks_.cancel != nullptr) hooks_.cancel->SetStream(attempt_);
   attempt_->Start();
+}
+
+void GenerationCall::WaitForReplica() {
+  const auto delay = std::chrono::milliseconds(std::min<int64_t>(2000, int64_t{250} << std::min(replica_waits_, 3)));
+  const int64_t queue_ms = admitted_->v.lane_rules.queue_timeout_ms;
+  const auto wait_limit = queue_ms > 0 ? std::chrono::milliseconds(queue_ms)
+                                       : std::chrono::duration_cast<std::chrono::milliseconds>(kMaxReplicaWait);
+  const bool in_time = Clock::now() + delay < admitted_->arrival + wait_limit &&
+                       std::chrono::system_clock::now() + delay < hooks_.deadline;
+  // A job (one attempt) fails with its replica; a client that left is not waited for; and a replica
+  // that answered UNAVAILABLE itself (draining, or its workers lost past their recovery timeout) is
+  // up and has said its say: the request has waited there already.
+  const bool refused = !tried_.empty() && last_attempt_status_.from_replica();
+  if (hooks_.max_attempts <= 1 || !in_time || refused || hooks_.client_cancelled()) {
+    if (refused) return Conclude(last_attempt_status_);
+    Status status = tried_.empty() ? Status(StatusCode::kUnavailable, "no healthy scheduler replica")
+                                   : last_attempt_status_;
+    return Conclude(Status(StatusCode::kUnavailable,
+                           fmt::format("no scheduler replica took the request within {} ms: {}", wait_limit.count(),
+                                       status.error_message()))
+                        .WithRetryAfter(1000));
+  }
+  if (replica_waits_++ == 0) {
+    spdlog::info("req={} waits for a scheduler replica ({})", admitted_->v.submit.request_id(),
+                 tried_.empty() ? "none is healthy" : last_attempt_status_.error_message());
+  }
+  tried_.clear();
+  context_.scheduler.After(delay, [self = shared_from_this()] { self->StartAttempt(); });
 }
 
 void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
@@ -313,7 +342,9 @@ void GenerationCall::End() {
   // The hook may end the front, and with it this call: nothing of ours is touched after it.
   auto done = std::move(hooks_.done);
   Status status = std::move(result_);
-  done(std::move(status), retry_after_ms_);
+  if (status.retry_after_ms() == 0) status.WithRetryAfter(retry_after_ms_);
+  const int64_t retry_after_ms = status.retry_after_ms();
+  done(std::move(status), retry_after_ms);
 }
 
 }  // namespace ferry::gateway

@@ -40,6 +40,8 @@ struct LaneSeries;
 // Scheduler attempts one request may make: a replica that fails before the start is left for
 // another, up to this many in all.
 inline constexpr size_t kMaxSchedulerAttempts = 4;
+// The longest a request waits for a replica to take it when its lane sets no queue timeout.
+inline constexpr auto kMaxReplicaWait = std::chrono::seconds(30);
 
 struct GatewayOptions {
   ModelLimits limits;
@@ -129,8 +131,12 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   // Validates, tokenises and enters the request's lane; a status when it is refused (counted),
   // with a retry hint in retry_after_ms_ when the lane is full.
   std::variant<Status, AdmittedRequest> Admit(ferry::v1::GenerateRequest& request);
-  // Opens a stream on a healthy replica not tried yet, or concludes when none is left.
+  // Opens a stream on a healthy replica not tried yet; when none is left, waits for one.
   void StartAttempt();
+  // No replica may take the request now (each failed it before its start, or none is up: a
+  // scheduler restarting). It keeps its place in its lane and tries them all again after a backoff
+  // while its queue timeout, its deadline and kMaxReplicaWait allow; else it ends UNAVAILABLE.
+  void WaitForReplica();
   // StreamReader, for the current attempt. An event is counted, folded into a chunk and written,
   // or the stream reads on when there is nothing to show; at the stream's end the call retries
   // elsewhere or concludes.
@@ -148,6 +154,7 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   uint64_t prefix_key_ = 0;
   int64_t cost_ = 0;  // tokens the replica has outstanding for this request
   std::vector<size_t> tried_;
+  int32_t replica_waits_ = 0;  // backoffs so far (WaitForReplica)
   std::optional<size_t> replica_;      // of the current attempt
   SchedulerStream* attempt_ = nullptr;  // the current stream; valid until its OnStreamDone
   bool client_gone_ = false;

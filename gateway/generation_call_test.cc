@@ -103,6 +103,9 @@ class CountingClient final : public SchedulerClient {
     ++num_streams;
     return client_->NewStream(replica, submit, deadline, std::move(reader));
   }
+  void After(std::chrono::milliseconds delay, std::function<void()> fn) override {
+    client_->After(delay, std::move(fn));
+  }
   std::atomic<size_t> num_streams{0};
 
  private:

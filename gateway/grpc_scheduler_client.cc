@@ -25,6 +25,7 @@ using ferry::v1::TokenEvent;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
+constexpr int64_t kSchedulerGoneRetryMs = 1000;
 
 class Session;
 
@@ -126,7 +127,9 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
     std::lock_guard lock(mu_);
     if (ended_) return;  // cancelled or timed out here: the scheduler's late events are dropped
     if (event.status_code() != 0) {
-      End(Status(static_cast<StatusCode>(event.status_code()), event.status_message()));
+      End(Status(static_cast<StatusCode>(event.status_code()), event.status_message())
+              .WithRetryAfter(event.retry_after_ms())
+              .FromReplica());
     } else {
       Merge(event);
       if (event.finish() != ferry::v1::FINISH_KIND_NONE || pending_.finish() != ferry::v1::FINISH_KIND_NONE) {
@@ -329,6 +332,8 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
       end_ = status.ok() ? Status(StatusCode::kUnavailable, "the scheduler ended the session")
                          : Status(static_cast<StatusCode>(status.error_code()),
                                   "scheduler session: " + status.error_message());
+      // A scheduler that went away is restarted by its supervisor, or another replica serves.
+      if (end_->error_code() == StatusCode::kUnavailable) end_->WithRetryAfter(kSchedulerGoneRetryMs);
     }
     read_cv_.notify_one();
     std::shared_ptr<Session> last = std::move(self_);  // the hand-out thread holds its own share
@@ -490,6 +495,10 @@ class GrpcSchedulerClient final : public SchedulerClient {
     stream->Own();
     return stream.get();
   }
+  void After(std::chrono::milliseconds delay, std::function<void()> fn) override {
+    // Keys apart from the streams' ids (which count up from 1): the top bit is set.
+    timer_.Add(DeadlineTimer::Key{SteadyClock::now() + delay, (uint64_t{1} << 63) | next_timer_id_++}, std::move(fn));
+  }
 
  private:
   struct Replica {
@@ -521,6 +530,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
   }
 
   DeadlineTimer timer_;
+  std::atomic<uint64_t> next_timer_id_{0};
   std::vector<Replica> replicas_;
   ReplicaRouter router_;  // after replicas_: its health thread probes them until it is destroyed
 };

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "ferry/v1/scheduler.pb.h"
@@ -46,6 +47,8 @@ class SchedulerClient {
   virtual SchedulerStream* NewStream(size_t replica, const ferry::v1::SubmitRequest& submit,
                                      std::chrono::system_clock::time_point deadline,
                                      std::shared_ptr<StreamReader> reader) = 0;
+  // Runs `fn` once, on the client's timer thread, after `delay` (a request waiting for a replica).
+  virtual void After(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
 };
 
 }  // namespace ferry::gateway

@@ -3,6 +3,7 @@
 // grpc_scheduler_client.cc) and the HTTP front maps them to HTTP statuses (http/openai_format.h).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -21,10 +22,26 @@ class Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode error_code() const { return code_; }
   const std::string& error_message() const { return message_; }
+  // When a retry may succeed (RESOURCE_EXHAUSTED, UNAVAILABLE); 0: no hint. The fronts answer it as
+  // grpc-retry-pushback-ms and HTTP Retry-After.
+  int64_t retry_after_ms() const { return retry_after_ms_; }
+  Status& WithRetryAfter(int64_t ms) {
+    retry_after_ms_ = ms;
+    return *this;
+  }
+  // The scheduler replica itself ended the request with this status (it is up and said so), as
+  // opposed to a failed connection or session (it may be restarting).
+  bool from_replica() const { return from_replica_; }
+  Status& FromReplica() {
+    from_replica_ = true;
+    return *this;
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int64_t retry_after_ms_ = 0;
+  bool from_replica_ = false;
 };
 
 }  // namespace ferry::gateway

@@ -473,10 +473,16 @@ ApiError ErrorFromStatus(const Status& status) {
       e.retry_after_s = 1;
       break;
     case StatusCode::kDeadlineExceeded: e.http_status = 504; e.type = "timeout"; break;
-    case StatusCode::kUnavailable: e.http_status = 503; e.type = "service_unavailable"; break;
+    case StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      e.retry_after_s = 1;
+      break;
     case StatusCode::kCancelled: e.http_status = 499; e.type = "cancelled"; break;
     default: e.http_status = 500; e.type = "internal_error"; break;
   }
+  // Retry-After counts whole seconds: a hint is rounded up, never to 0.
+  if (e.retry_after_s > 0 && status.retry_after_ms() > 0) e.retry_after_s = (status.retry_after_ms() + 999) / 1000;
   e.code = std::to_string(e.http_status);
   return e;
 }

@@ -1,0 +1,125 @@
+"""Shared code of the fault tests: services started as real processes on loopback (a worker restarted
+on its own port as a supervisor would), many streams run at once through the gateway, and the
+scheduler's metrics read back. scripts/chaos.sh injects the same faults by hand."""
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+
+from conftest import binary
+
+
+class Proc:
+    """One service process started with --ready-file; restart() starts it again on the same ports."""
+
+    def __init__(self, name, argv, run_dir, log):
+        self.name, self.argv, self.run_dir, self.log = name, list(argv), run_dir, log
+        self.proc, self.ports, self.starts = None, None, 0
+        self.start()
+
+    def start(self, timeout_s=120):
+        self.starts += 1
+        ready = self.run_dir / f"{self.name}-{self.starts}.json"
+        argv = list(self.argv)
+        if self.ports:  # the same address as the first incarnation: its clients reconnect to it
+            argv[argv.index("--port") + 1] = str(self.ports["grpc_port"])
+        self.proc = subprocess.Popen([*argv, "--ready-file", str(ready)], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout_s
+        while not ready.exists():
+            assert self.proc.poll() is None, f"{self.name} exited {self.proc.returncode}"
+            assert time.time() < deadline, f"{self.name} not ready in {timeout_s} s"
+            time.sleep(0.05)
+        time.sleep(0.05)  # the file is written whole, but let the writer close it
+        ports = json.loads(ready.read_text())
+        assert self.ports is None or ports["grpc_port"] == self.ports["grpc_port"]
+        self.ports = self.ports or ports
+        self.metrics_port = ports["metrics_port"]
+        return self
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.ports['grpc_port']}"
+
+    def kill(self, sig=signal.SIGKILL):
+        self.proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.proc.wait(timeout=30)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def scrape(port):
+    """name{labels} -> value of one service's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def requests_mix(pb, n_greedy, n_seeded, max_tokens):
+    """Greedy and seeded-sampled requests of varied prompt lengths that run to max_tokens."""
+    out = []
+    for i in range(n_greedy + n_seeded):
+        seeded = i >= n_greedy
+        sampling = pb.gen.SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                         temperature=0.8 if seeded else 0.0, top_p=0.95 if seeded else 1.0,
+                                         seed=1000 + i if seeded else 0)
+        prompt = f"request {i}: " + " ".join(f"word{(i * 7 + k) % 50}" for k in range(3 + (i * 5) % 40))
+        out.append(pb.gen.GenerateRequest(request_id=f"r{i}", text=prompt.encode(), sampling=sampling))
+    return out
+
+
+def run_streams(gateway, pb, requests, timeout_s=300):
+    """Streams every request at once; returns {request_id: (token ids, finish reason, status code, status
+    details, trailing metadata)} once all have ended."""
+    channel = grpc.insecure_channel(gateway)
+    stub = pb.gen_grpc.GenerationStub(channel)
+    results, lock = {}, threading.Lock()
+
+    def one(request):
+        tokens, reason, code, details, trailers = [], 0, grpc.StatusCode.OK, "", ()
+        call = stub.GenerateStream(request, timeout=timeout_s)
+        try:
+            for chunk in call:
+                tokens += chunk.token_ids
+                reason = chunk.finish_reason or reason
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details()
+        trailers = dict(call.trailing_metadata() or ())
+        with lock:
+            results[request.request_id] = (tokens, reason, code, details, trailers)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in requests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 30)
+    channel.close()
+    assert len(results) == len(requests), "some streams never ended"
+    return results
+
+
+def wait_metric(port, name, predicate, timeout_s=60):
+    deadline = time.time() + timeout_s
+    while True:
+        value = scrape(port).get(name)
+        if value is not None and predicate(value):
+            return value
+        assert time.time() < deadline, f"{name} = {value} after {timeout_s} s"
+        time.sleep(0.1)

@@ -1,0 +1,178 @@
+"""A lost worker is a pause, not a loss (#27): the scheduler keeps every request, and once a worker
+is back on the same address (a new incarnation, restarted here as a supervisor would) it resumes
+them by recompute. 64 greedy and 64 seeded-sampled streams on the tiny model (the 0.5B shape takes
+minutes on 2 cores: docs/benchmarks/recovery.md has that run) with the worker killed at three random
+points end with their normal finish and exactly the tokens of a run without faults; no KV block is
+held afterwards and the stack serves on."""
+import random
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from conftest import binary
+from faults import Proc, requests_mix, run_streams, scrape, wait_metric
+
+STEP_TIMEOUT_S = 10
+RECOVERY_TIMEOUT_S = 60
+
+
+@pytest.fixture()
+def services(tiny_model, tmp_path):
+    log = open(tmp_path / "services.log", "wb")
+    procs = {}
+    try:
+        procs["worker"] = Proc("worker", [binary("ferry-worker"), "--model", tiny_model, "--port", "0",
+                                          "--num-kv-blocks", "512"], tmp_path, log)
+        procs["scheduler"] = Proc("scheduler", [binary("ferry-scheduler"), "--port", "0", "--worker",
+                                                procs["worker"].address, "--step-timeout-s", str(STEP_TIMEOUT_S),
+                                                "--worker-recovery-timeout-s", str(RECOVERY_TIMEOUT_S)], tmp_path, log)
+        procs["gateway"] = Proc("gateway", [binary("ferry-gateway"), "--port", "0", "--scheduler",
+                                            procs["scheduler"].address, "--tokenizer", tiny_model], tmp_path, log)
+        yield procs
+    finally:
+        for name in ("gateway", "scheduler", "worker"):
+            if name in procs:
+                procs[name].stop()
+        log.close()
+
+
+def kill_and_restart(worker, scheduler_metrics, at_s, losses_before):
+    time.sleep(at_s)
+    worker.kill(signal.SIGKILL)
+    worker.start()
+    # The scheduler notices (its stream broke), waits, and resumes on the new incarnation.
+    wait_metric(scheduler_metrics, 'ferry_scheduler_worker_losses_total{reason="disconnected"}',
+                lambda v: v >= losses_before + 1)
+    wait_metric(scheduler_metrics, "ferry_scheduler_worker_recovering", lambda v: v == 0)
+
+
+def test_worker_killed_three_times_every_stream_ends_as_without_faults(services, ferry_pb):
+    gateway, scheduler, worker = services["gateway"], services["scheduler"], services["worker"]
+    requests = requests_mix(ferry_pb, 64, 64, max_tokens=96)
+    start = time.time()
+    expected = run_streams(gateway.address, ferry_pb, requests)
+    fault_free_s = time.time() - start
+    for rid, (tokens, reason, code, details, _) in expected.items():
+        assert code == grpc.StatusCode.OK and reason == ferry_pb.gen.FINISH_REASON_LENGTH, (rid, code, details)
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    faults_done = []
+
+    def faults():
+        for i in range(3):  # each at a random point of what is left of the run
+            kill_and_restart(worker, scheduler.metrics_port, rng.uniform(0.05, 0.3) * fault_free_s, i)
+            faults_done.append(time.time())
+
+    injector = threading.Thread(target=faults)
+    injector.start()
+    got = run_streams(gateway.address, ferry_pb, requests)
+    injector.join(120)
+    assert len(faults_done) == 3, f"seed {seed}: the faults did not all land"
+    for rid, (tokens, reason, code, details, _) in got.items():
+        assert code == grpc.StatusCode.OK, f"seed {seed}: {rid} ended {code} {details}"
+        assert reason == expected[rid][1], f"seed {seed}: {rid}"
+        assert tokens == expected[rid][0], f"seed {seed}: {rid} tokens differ from the fault-free run"
+
+    m = scrape(scheduler.metrics_port)
+    print(f"seed {seed}: fault-free run {fault_free_s:.1f} s; resumed "
+          f"{m['ferry_scheduler_requests_resumed_total']:.0f} requests over 3 losses")
+    assert m['ferry_scheduler_worker_losses_total{reason="disconnected"}'] == 3
+    assert m['ferry_scheduler_worker_restarts_total{rank="0"}'] == 3
+    assert m["ferry_scheduler_requests_resumed_total"] > 0
+    assert m["ferry_scheduler_requests_failed_by_loss_total"] == 0
+    assert m['ferry_scheduler_kv_blocks{state="used"}'] == 0
+    assert m['ferry_scheduler_requests{state="running"}'] == 0
+    assert m['ferry_scheduler_requests{state="waiting"}'] == 0
+    # The stack serves on.
+    again = run_streams(gateway.address, ferry_pb, requests[:4])
+    assert {rid: r[0] for rid, r in again.items()} == {rid: expected[rid][0] for rid in again}
+
+
+def test_scheduler_killed_requests_not_started_are_retried_and_every_request_ends(services, ferry_pb, tmp_path):
+    """kill -9 of the scheduler with 8 requests running and 40 queued behind --max-num-seqs 8: the queued
+    ones never started, so the gateway retries them once the scheduler is back (restarted on its
+    address, as its supervisor would); the running ones end UNAVAILABLE with a retry hint. None hangs,
+    and the stack serves afterwards."""
+    gateway, scheduler = services["gateway"], services["scheduler"]
+    scheduler.stop()
+    scheduler.argv += ["--max-num-seqs", "8"]
+    scheduler.start()
+    requests = requests_mix(ferry_pb, 24, 24, max_tokens=200)
+    killed = threading.Event()
+
+    def fault():
+        wait_metric(scheduler.metrics_port, 'ferry_scheduler_requests{state="running"}', lambda v: v >= 8)
+        time.sleep(0.3)
+        scheduler.kill(signal.SIGKILL)
+        killed.set()
+        time.sleep(0.5)
+        scheduler.start()
+
+    injector = threading.Thread(target=fault)
+    injector.start()
+    got = run_streams(gateway.address, ferry_pb, requests, timeout_s=120)
+    injector.join(60)
+    assert killed.is_set()
+    codes = {}
+    for rid, (tokens, reason, code, details, trailers) in got.items():
+        codes[code] = codes.get(code, 0) + 1
+        if code == grpc.StatusCode.OK:
+            assert reason == ferry_pb.gen.FINISH_REASON_LENGTH and len(tokens) == 200, rid
+        else:
+            assert code == grpc.StatusCode.UNAVAILABLE, (rid, code, details)
+            assert int(trailers.get("grpc-retry-pushback-ms", 0)) > 0, (rid, trailers)
+            assert tokens, f"{rid} never started, yet was not retried: {details}"
+    assert codes.get(grpc.StatusCode.OK, 0) >= 40 - 8, codes  # every request queued at the kill was retried
+    assert 0 < codes.get(grpc.StatusCode.UNAVAILABLE, 0) <= 8, codes
+    again = run_streams(gateway.address, ferry_pb, requests[:2])
+    assert all(r[2] == grpc.StatusCode.OK for r in again.values())
+
+
+def test_worker_not_back_in_time_requests_end_unavailable_and_health_says_so(services, ferry_pb):
+    """The worker is killed and nobody restarts it: within the recovery timeout + 1 s every request in
+    flight ends UNAVAILABLE with a retry hint (gRPC pushback; HTTP 503 with Retry-After is
+    test_openai_http's), health is NOT_SERVING, and once a worker is back the replica serves again."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    gateway, scheduler, worker = services["gateway"], services["scheduler"], services["worker"]
+    scheduler.stop()
+    recovery_s = 3
+    scheduler.argv[scheduler.argv.index("--worker-recovery-timeout-s") + 1] = str(recovery_s)
+    scheduler.start()
+    requests = requests_mix(ferry_pb, 8, 8, max_tokens=1500)
+    ended_at = {}
+
+    def fault():
+        wait_metric(scheduler.metrics_port, 'ferry_scheduler_requests{state="running"}', lambda v: v >= 8)
+        time.sleep(0.3)
+        worker.kill(signal.SIGKILL)
+        ended_at["kill"] = time.time()
+
+    injector = threading.Thread(target=fault)
+    injector.start()
+    got = run_streams(gateway.address, ferry_pb, requests, timeout_s=120)
+    ended_at["all"] = time.time()
+    injector.join(60)
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(scheduler.address))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    for rid, (tokens, reason, code, details, trailers) in got.items():
+        assert code == grpc.StatusCode.UNAVAILABLE, (rid, code, details)
+        assert "worker-recovery-timeout-s" in details, details
+        assert int(trailers.get("grpc-retry-pushback-ms", 0)) > 0, (rid, trailers)
+    assert ended_at["all"] - ended_at["kill"] < recovery_s + 1, ended_at
+    m = scrape(scheduler.metrics_port)
+    assert m["ferry_scheduler_requests_failed_by_loss_total"] == 16
+    assert m["ferry_scheduler_worker_recovering"] == 1
+    # New requests are refused at once while the worker is away...
+    start = time.time()
+    refused = run_streams(gateway.address, ferry_pb, requests[:1])
+    assert next(iter(refused.values()))[2] == grpc.StatusCode.UNAVAILABLE and time.time() - start < 5
+    # ...and served once it is back.
+    worker.start()
+    wait_metric(scheduler.metrics_port, "ferry_scheduler_worker_recovering", lambda v: v == 0)
+    again = run_streams(gateway.address, ferry_pb, requests[:2])
+    assert all(r[2] == grpc.StatusCode.OK for r in again.values()), again
