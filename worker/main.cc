@@ -1,4 +1,6 @@
 // ferry-worker: loads a model shard and executes the steps a scheduler sends.
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -16,6 +18,10 @@
 
 namespace {
 
+// The exit code of a rank whose tensor-parallel group broke (a peer died, stopped or timed
+// out): its supervisor restarts the whole group (worker/README.md).
+constexpr int kExitGroupBroken = 3;
+
 struct Flags {
   ferry::ServiceFlags service;
   std::string model;
@@ -25,6 +31,8 @@ struct Flags {
   int tensor_parallel_size = 1;
   int tp_rank = 0;
   std::string dist_store_dir;
+  int dist_timeout_s = 30;
+  int step_timeout_s = 0;
   ferry::worker::RunnerOptions runner;
   // --device cuda
   std::string device = "cpu";
@@ -49,6 +57,12 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Ranks sharing the model")->check(CLI::Range(1, 64));
   app.add_option("--tp-rank", f.tp_rank, "This worker's rank in [0, --tensor-parallel-size)");
   app.add_option("--dist-store-dir", f.dist_store_dir, "Rendezvous directory shared by all ranks (Gloo FileStore)");
+  app.add_option("--dist-timeout-s", f.dist_timeout_s,
+                 "Longest wait for the other ranks: joining the group, and each collective (a dead or stopped "
+                 "peer); past it the worker exits with code 3")->check(CLI::Range(1, 86400));
+  app.add_option("--step-timeout-s", f.step_timeout_s,
+                 "Health fails (and grpc.health NOT_SERVING) while a step has run longer than this, so a "
+                 "supervisor restarts the worker (0: off)")->check(CLI::Range(0, 86400));
   app.add_option("--block-size", f.runner.block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
   app.add_option("--num-kv-blocks", f.runner.num_kv_blocks, "KV blocks to allocate (0: from --kv-cache-memory-bytes)");
   app.add_option("--kv-cache-memory-bytes", f.runner.kv_cache_bytes, "KV cache budget when --num-kv-blocks is 0");
@@ -80,6 +94,7 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeCudaRunner(const Flags& flags, p
   o.engine.tp_rank = flags.tp_rank;
   o.engine.tp_size = flags.tensor_parallel_size;
   o.dist_store_dir = flags.dist_store_dir;
+  o.engine.dist_timeout_s = flags.dist_timeout_s;
   return ferry::worker::LoadGpuRunner(flags.gpu_plugin, o, registry);
 }
 
@@ -123,8 +138,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     try {
-      comm = ferry::worker::CreateGlooCommunicator(
-          {.rank = flags.tp_rank, .size = flags.tensor_parallel_size, .store_dir = flags.dist_store_dir});
+      comm = ferry::worker::CreateGlooCommunicator({.rank = flags.tp_rank,
+                                                    .size = flags.tensor_parallel_size,
+                                                    .store_dir = flags.dist_store_dir,
+                                                    .timeout_s = flags.dist_timeout_s});
     } catch (const std::exception& e) {
       spdlog::critical("rank {} cannot join its group: {}", flags.tp_rank, e.what());
       return 1;
@@ -153,9 +170,18 @@ int main(int argc, char** argv) {
 
   ferry::worker::DeviceMetrics device(metrics.registry(),
                                       {.gpu_index = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank});
-  ferry::worker::WorkerService service(*runner, metrics.registry(), &device);
-  // A sticky device error or a hung step turns grpc.health NOT_SERVING (and the Health RPC false).
+  ferry::worker::WorkerServiceOptions options{.device = &device, .step_timeout_s = flags.step_timeout_s};
+  // Nothing to drain: the group is gone, and the scheduler keeps the step's requests for the
+  // restarted group. std::_Exit: the other threads may be blocked on the dead peer.
+  options.on_group_failure = [](const std::string&) {
+    spdlog::critical("exiting with code {} so that the supervisor restarts the group", kExitGroupBroken);
+    spdlog::shutdown();
+    std::_Exit(kExitGroupBroken);
+  };
+  ferry::worker::WorkerService service(*runner, metrics.registry(), options);
+  // A sticky device error, a broken group or a hung step turns grpc.health NOT_SERVING (and
+  // the Health RPC false, with the reason).
   ferry::ServeHooks hooks;
-  hooks.is_ready = [&runner] { return runner->healthy(); };
+  hooks.is_ready = [&service] { return service.HealthProblem().empty(); };
   return ferry::ServeUntilSignal(flags.service, {&service}, metrics, std::chrono::seconds(2), hooks);
 }

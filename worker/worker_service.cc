@@ -5,9 +5,11 @@
 #include <random>
 #include <stdexcept>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "common/metrics.h"
+#include "worker/comm/communicator.h"
 
 namespace ferry::worker {
 
@@ -47,9 +49,34 @@ uint64_t NewIncarnationId() {
 
 }  // namespace
 
-WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, DeviceMetrics* device)
+void StepWatch::Began(uint64_t step_id, Clock::time_point now) {
+  std::lock_guard lock(mutex_);
+  running_.emplace(step_id, now);
+}
+
+void StepWatch::Ended() {
+  std::lock_guard lock(mutex_);
+  running_.reset();
+}
+
+void StepWatch::Broke(const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  if (broken_.empty()) broken_ = reason;
+}
+
+std::string StepWatch::Problem(Clock::time_point now, int step_timeout_s) const {
+  std::lock_guard lock(mutex_);
+  if (!broken_.empty()) return broken_;
+  if (step_timeout_s <= 0 || !running_) return {};
+  const double running_s = std::chrono::duration<double>(now - running_->second).count();
+  if (running_s <= step_timeout_s) return {};
+  return fmt::format("step {} running for {:.1f} s, over --step-timeout-s {}", running_->first, running_s,
+                     step_timeout_s);
+}
+
+WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, WorkerServiceOptions options)
     : incarnation_id_(NewIncarnationId()),
-      runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)), device_(device) {}
+      runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)), options_(std::move(options)) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -78,11 +105,17 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   return grpc::Status::OK;
 }
 
+std::string WorkerService::HealthProblem() const {
+  if (!runner_.healthy()) return "the engine reports a failure (see the worker's log)";
+  return watch_.Problem(StepWatch::Clock::now(), options_.step_timeout_s);
+}
+
 grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
                                    ferry::v1::HealthResponse* out) {
-  out->set_ok(runner_.healthy());
+  const std::string problem = HealthProblem();
+  out->set_ok(problem.empty());
   out->set_incarnation_id(incarnation_id_);
-  if (!out->ok()) out->set_reason("the engine reports a failure (see the worker's log)");
+  if (!out->ok()) out->set_reason(problem);
   return grpc::Status::OK;
 }
 
@@ -162,7 +195,8 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
   ferry::v1::StepResult result;
   result.set_step_id(request.step_id());
   const auto start = std::chrono::steady_clock::now();
-  if (device_) device_->StepBegan();
+  watch_.Began(request.step_id(), start);
+  if (options_.device) options_.device->StepBegan();
   try {
     const StepSpec spec = ToStepSpec(request);
     for (const SampledTokenOut& s : runner_.Step(spec)) {
@@ -183,6 +217,9 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
     metrics_->tokens_sampled.Increment(result.sampled_size());
     if (!spec.scheduled.empty()) metrics_->batch_size.Observe(static_cast<double>(spec.scheduled.size()));
     metrics_->steps_ok.Increment();
+  } catch (const CommError& e) {
+    metrics_->steps_failed.Increment();
+    result.set_error(OnGroupFailure(request.step_id(), e));
   } catch (const std::exception& e) {
     // The runner leaves its state unchanged on a bad spec; the scheduler aborts
     // the step's sequences and carries on.
@@ -190,11 +227,24 @@ ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& reque
     result.set_error(e.what());
     metrics_->steps_failed.Increment();
   }
-  if (device_) device_->StepEnded();
+  if (options_.device) options_.device->StepEnded();
+  watch_.Ended();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.set_execute_s(seconds);
   metrics_->step_seconds.Observe(seconds);
   return result;
+}
+
+// A rank whose collective failed cannot take part in another: its peers' pairs and tags no
+// longer match (worker/comm/README.md). Limping on would fail every later step, so the worker
+// reports the broken group and hands over to the hook (ferry-worker exits, code 3).
+std::string WorkerService::OnGroupFailure(uint64_t step_id, const std::exception& e) {
+  const std::string reason = fmt::format("tensor-parallel rank {} of {} lost its group in step {}: {}",
+                                         runner_.info().tp_rank, runner_.info().tp_size, step_id, e.what());
+  spdlog::critical("{}", reason);
+  watch_.Broke(reason);
+  if (options_.on_group_failure) options_.on_group_failure(reason);
+  return reason;
 }
 
 grpc::Status WorkerService::Step(

@@ -2,7 +2,13 @@
 // domain types (worker/model/model_runner.h) and back. No decisions here.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include <prometheus/registry.h>
 
@@ -14,11 +20,43 @@ namespace ferry::worker {
 
 struct WorkerMetrics;
 
+struct WorkerServiceOptions {
+  DeviceMetrics* device = nullptr;  // optional: told when each step begins and ends (its busy ratio)
+  // --step-timeout-s: > 0, Health fails while a step has run longer than this (a supervisor's
+  // liveness probe then restarts the worker); 0: off.
+  int step_timeout_s = 0;
+  // Called on the step thread when a step fails with CommError (the tensor-parallel group is
+  // broken), after Health has started to report `reason`. ferry-worker exits the process there,
+  // before the step's answer is written: the scheduler sees the rank lost, not a failed step.
+  // Unset, or when it returns (tests), the step answers with the error.
+  std::function<void(const std::string& reason)> on_group_failure;
+};
+
+// What Health reads of the step thread: the running step and a broken group. Its own lock, as
+// Health runs on gRPC threads while a step runs.
+class StepWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  void Began(uint64_t step_id, Clock::time_point now);
+  void Ended();
+  void Broke(const std::string& reason);  // sticky
+  // Empty while nothing is wrong, else why the worker should be restarted.
+  std::string Problem(Clock::time_point now, int step_timeout_s) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<std::pair<uint64_t, Clock::time_point>> running_;  // step id, start
+  std::string broken_;
+};
+
 class WorkerService final : public ferry::v1::Worker::Service {
  public:
-  // device (optional): told when each step begins and ends (its busy ratio).
-  WorkerService(ModelRunner& runner, prometheus::Registry& registry, DeviceMetrics* device = nullptr);
+  WorkerService(ModelRunner& runner, prometheus::Registry& registry, WorkerServiceOptions options = {});
   ~WorkerService() override;
+
+  // Empty while the worker can serve; else the reason Health reports (the engine failed, the
+  // group broke, a step is over --step-timeout-s). Any thread.
+  std::string HealthProblem() const;
 
   grpc::Status Info(grpc::ServerContext*, const ferry::v1::WorkerInfoRequest*,
                     ferry::v1::WorkerInfo* out) override;
@@ -29,6 +67,7 @@ class WorkerService final : public ferry::v1::Worker::Service {
 
  private:
   ferry::v1::StepResult Execute(const ferry::v1::StepRequest& request);
+  std::string OnGroupFailure(uint64_t step_id, const std::exception& e);
 
   // Drawn at construction (one per process start; never 0): Info and Health report it, so a
   // scheduler tells a restarted rank, which holds nothing, from the one it lost.
@@ -39,7 +78,8 @@ class WorkerService final : public ferry::v1::Worker::Service {
   // scheduler) waits here rather than interleaving steps.
   std::mutex step_mutex_;
   std::unique_ptr<WorkerMetrics> metrics_;
-  DeviceMetrics* device_;
+  const WorkerServiceOptions options_;
+  StepWatch watch_;
 };
 
 // Proto -> domain translation, exposed for tests.

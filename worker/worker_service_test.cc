@@ -6,9 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 
+#include "worker/comm/communicator.h"
 #include "worker/model/step_validation.h"
 
 namespace ferry::worker {
@@ -139,6 +146,129 @@ TEST(ValidateStep, ARegexMustCompile) {
   EXPECT_EQ(Refusal(step, true), "sequence 5: guided regex: regex at byte 2: missing ')'");
   g.regex = "[a-z]+@[a-z]+\\.com";
   EXPECT_EQ(Refusal(step, true), "");
+}
+
+// A runner whose Step blocks until released, or throws what it is told to.
+class GateRunner final : public ModelRunner {
+ public:
+  GateRunner() {
+    info_.tp_rank = 1;
+    info_.tp_size = 2;
+  }
+  const ModelInfo& info() const override { return info_; }
+  std::vector<SampledTokenOut> Step(const StepSpec&) override {
+    if (!throw_comm_error_.empty()) throw CommError(throw_comm_error_);
+    std::unique_lock lock(mutex_);
+    released_.wait(lock, [&] { return is_released_; });
+    return {};
+  }
+  void ForgetAll() override {}
+  void Release() {
+    std::lock_guard lock(mutex_);
+    is_released_ = true;
+    released_.notify_all();
+  }
+  std::string throw_comm_error_;
+
+ private:
+  ModelInfo info_;
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool is_released_ = false;
+};
+
+// The service on a kernel-chosen loopback port, with a client.
+struct Served {
+  Served(GateRunner& runner, WorkerServiceOptions options) : service(runner, registry, std::move(options)) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    stub = ferry::v1::Worker::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                          grpc::InsecureChannelCredentials()));
+  }
+  ~Served() { server->Shutdown(); }
+
+  ferry::v1::HealthResponse Health() {
+    grpc::ClientContext context;
+    ferry::v1::HealthResponse out;
+    EXPECT_TRUE(stub->Health(&context, {}, &out).ok());
+    return out;
+  }
+
+  prometheus::Registry registry;
+  WorkerService service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ferry::v1::Worker::Stub> stub;
+};
+
+ferry::v1::StepRequest EmptyStep(uint64_t step_id) {
+  ferry::v1::StepRequest request;
+  request.set_step_id(step_id);
+  return request;
+}
+
+TEST(WorkerServiceHealth, FailsWhileAStepRunsPastTheStepTimeout) {
+  GateRunner runner;
+  Served served(runner, {.step_timeout_s = 1});
+  grpc::ClientContext context;
+  auto stream = served.stub->Step(&context);
+  ASSERT_TRUE(stream->Write(EmptyStep(7)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(served.Health().ok());  // running, within the timeout
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const ferry::v1::HealthResponse late = served.Health();
+  EXPECT_FALSE(late.ok());
+  EXPECT_NE(late.incarnation_id(), 0u);
+  EXPECT_TRUE(late.reason().starts_with("step 7 running for 1.")) << late.reason();
+  EXPECT_TRUE(late.reason().ends_with(" s, over --step-timeout-s 1")) << late.reason();
+  EXPECT_EQ(served.service.HealthProblem().substr(0, 20), late.reason().substr(0, 20));  // grpc.health's view
+
+  runner.Release();  // the step finishes: nothing is wrong any more
+  ferry::v1::StepResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  EXPECT_EQ(result.step_id(), 7u);
+  EXPECT_EQ(result.error(), "");
+  EXPECT_TRUE(served.Health().ok());
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(WorkerServiceHealth, NoStepTimeoutByDefault) {
+  GateRunner runner;
+  Served served(runner, {});
+  grpc::ClientContext context;
+  auto stream = served.stub->Step(&context);
+  ASSERT_TRUE(stream->Write(EmptyStep(1)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_TRUE(served.Health().ok());
+  runner.Release();
+  ferry::v1::StepResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(WorkerServiceHealth, ABrokenGroupFailsHealthAndCallsTheHook) {
+  GateRunner runner;
+  runner.throw_comm_error_ = "Gloo AllReduceSum (rank 1 of 2, timeout 3000 ms): Timed out";
+  std::vector<std::string> reasons;
+  Served served(runner, {.on_group_failure = [&](const std::string& reason) { reasons.push_back(reason); }});
+  EXPECT_TRUE(served.Health().ok());
+  grpc::ClientContext context;
+  auto stream = served.stub->Step(&context);
+  ASSERT_TRUE(stream->Write(EmptyStep(3)));
+  ferry::v1::StepResult result;
+  ASSERT_TRUE(stream->Read(&result));  // the hook returned (ferry-worker's exits instead)
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0], "tensor-parallel rank 1 of 2 lost its group in step 3: " + runner.throw_comm_error_);
+  EXPECT_EQ(result.error(), reasons[0]);
+  const ferry::v1::HealthResponse health = served.Health();
+  EXPECT_FALSE(health.ok());
+  EXPECT_EQ(health.reason(), reasons[0]);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace

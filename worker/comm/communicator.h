@@ -6,9 +6,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace ferry::worker {
+
+// The group is broken: a peer died, stopped, or did not join or answer within
+// the timeout, or the transport failed. A communicator that threw it is
+// unusable (every later call throws it again); only a new group, formed by
+// restarting every rank, can serve. Distinct from other errors (a bad
+// argument), which leave the group intact.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class Communicator {
  public:
@@ -33,10 +44,15 @@ struct GlooOptions {
   // Distinguishes several groups using one store directory.
   std::string prefix = "ferry";
   std::string interface_address = "127.0.0.1";
+  // Bounds the rendezvous (a rank that never joins) and every collective (a
+  // rank that dies, stops or never calls it).
   int timeout_s = 120;
 };
 
-// Blocks until all `size` ranks have joined. Throws std::runtime_error.
+// Blocks until all `size` ranks of one incarnation of the group have joined
+// (README.md, "Rendezvous": an earlier incarnation's keys in store_dir are
+// never used). Throws std::runtime_error on bad options, CommError when
+// the group cannot form within timeout_s; collectives throw CommError.
 std::unique_ptr<Communicator> CreateGlooCommunicator(const GlooOptions& options);
 
 }  // namespace ferry::worker

@@ -16,12 +16,16 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iomanip>
+#include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/rendezvous.h"
 
 namespace ferry::worker {
 namespace {
@@ -94,18 +98,20 @@ class GlooCommunicator final : public Communicator {
   // Every rank issues the same collectives in the same order, so a per-call
   // counter yields matching tags without any coordination. After a failure
   // the TCP pairs are in an undefined state; refuse further use rather than
-  // risk pairing mismatched messages.
+  // risk pairing mismatched messages. Gloo reports a lost peer (connection
+  // closed or reset) and a silent one (the timeout) alike as an exception
+  // from the collective: both mean the group is broken.
   template <typename Fn>
   void Run(const char* what, Fn&& fn) {
     if (!failure_.empty()) {
-      throw std::runtime_error(std::string("Gloo ") + what + " on a communicator that already failed: " + failure_);
+      throw CommError(std::string("Gloo ") + what + " on a communicator that already failed: " + failure_);
     }
     try {
       fn(next_tag_++);
     } catch (const std::exception& e) {
       failure_ = std::string(what) + " (rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
                  ", timeout " + std::to_string(timeout_.count()) + " ms): " + e.what();
-      throw std::runtime_error("Gloo " + failure_);
+      throw CommError("Gloo " + failure_);
     }
   }
 
@@ -174,17 +180,41 @@ void Validate(const GlooOptions& o) {
   }
 }
 
+std::string NewGeneration() {
+  std::random_device device;
+  std::ostringstream out;
+  out << std::hex << std::setfill('0') << std::setw(8) << device() << std::setw(8) << device();
+  return out.str();
+}
+
+// Rank 0 draws a generation and hands it out through a RendezvousHost, which
+// only it, alive, can serve; every rank keys the FileStore under
+// "<prefix>.<generation>", so keys left by an earlier incarnation of the group
+// are never read. Rank 0's host lives until the mesh is connected: by then
+// every other rank has fetched the generation.
 std::shared_ptr<gloo::Context> Connect(const GlooOptions& o, std::chrono::milliseconds timeout) {
-  std::filesystem::create_directories(o.store_dir);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::filesystem::path dir = o.store_dir;
+  std::filesystem::create_directories(dir);
+  std::unique_ptr<RendezvousHost> host;
+  std::string generation;
+  if (o.rank == 0) {
+    generation = NewGeneration();
+    host = std::make_unique<RendezvousHost>(dir, o.prefix + ".generation", o.interface_address, generation);
+  } else {
+    generation = FetchFromRendezvousHost(dir, o.prefix + ".generation", deadline);
+  }
   gloo::transport::tcp::attr attr;
   attr.hostname = o.interface_address;
   auto device = gloo::transport::tcp::CreateDevice(attr);
   // The store is only needed to swap listening addresses; once the mesh is
   // connected all traffic goes over the pairs.
   gloo::rendezvous::FileStore file_store(o.store_dir);
-  gloo::rendezvous::PrefixStore store(o.prefix, file_store);
+  gloo::rendezvous::PrefixStore store(o.prefix + "." + generation, file_store);
   auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
-  context->setTimeout(timeout);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) throw CommError("timed out before connecting (the generation came at the deadline)");
+  context->setTimeout(left);
   context->connectFullMesh(store, device);
   return context;
 }
@@ -198,7 +228,7 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(const GlooOptions& options)
   try {
     return std::make_unique<GlooCommunicator>(Connect(options, timeout), timeout);
   } catch (const std::exception& e) {
-    throw std::runtime_error("Gloo rendezvous failed for rank " + std::to_string(options.rank) + " of " +
+    throw CommError("Gloo rendezvous failed for rank " + std::to_string(options.rank) + " of " +
                              std::to_string(options.size) + " (store_dir '" + options.store_dir + "', prefix '" +
                              options.prefix + "', address " + options.interface_address + ", timeout " +
                              std::to_string(options.timeout_s) + " s): " + e.what());

@@ -43,6 +43,10 @@ struct Group {
   int size = 2;
   std::vector<int> ranks;  // which ranks to start; empty = all
   int timeout_s = 10;
+  // A rank whose body stops its own process (SIGSTOP): killed once every other rank has exited.
+  int stopped_rank = -1;
+  std::filesystem::path store_dir;  // empty: a fresh directory
+  int rank0_start_delay_ms = 0;     // rank 0 joins this much later than the others
 };
 
 template <typename T>
@@ -69,9 +73,11 @@ Bytes ReadFile(const std::filesystem::path& path) {
 }
 
 // Runs in the child; never returns, so the child never re-enters gtest.
-[[noreturn]] void RunChild(const GlooOptions& options, const std::filesystem::path& dir, const RankBody& body) {
+[[noreturn]] void RunChild(const GlooOptions& options, const std::filesystem::path& dir, const RankBody& body,
+                           int start_delay_ms) {
   const std::string stem = "rank" + std::to_string(options.rank);
   int code = 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(start_delay_ms));
   try {
     Bytes output;
     {
@@ -88,8 +94,9 @@ Bytes ReadFile(const std::filesystem::path& path) {
 }
 
 // Waits for every child, killing any still running at the deadline so a hung
-// collective fails the test instead of hanging it.
-std::vector<int> WaitAll(const std::vector<pid_t>& pids, Clock::duration deadline) {
+// collective fails the test instead of hanging it. `stopped` (an index, or -1)
+// is killed without a failure once it is the last one running.
+std::vector<int> WaitAll(const std::vector<pid_t>& pids, Clock::duration deadline, int stopped = -1) {
   std::vector<int> codes(pids.size(), -1);
   std::vector<bool> done(pids.size(), false);
   auto give_up = Clock::now() + deadline;
@@ -102,6 +109,7 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, Clock::duration deadlin
       codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     if (remaining == 0) break;
+    if (remaining == 1 && stopped >= 0 && !done[stopped]) kill(pids[stopped], SIGKILL);
     if (Clock::now() > give_up) {
       for (size_t i = 0; i < pids.size(); ++i) {
         if (!done[i]) kill(pids[i], SIGKILL);
@@ -119,6 +127,7 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, Clock::duration deadlin
 std::vector<RankResult> RunRanks(const Group& group, const RankBody& body) {
   std::string pattern = (std::filesystem::temp_directory_path() / "ferry_comm_XXXXXX").string();
   const std::filesystem::path dir = mkdtemp(pattern.data());
+  const std::filesystem::path store_dir = group.store_dir.empty() ? dir / "store" : group.store_dir;
   std::vector<int> ranks = group.ranks;
   if (ranks.empty()) {
     for (int r = 0; r < group.size; ++r) ranks.push_back(r);
@@ -128,15 +137,17 @@ std::vector<RankResult> RunRanks(const Group& group, const RankBody& body) {
     GlooOptions options;
     options.rank = rank;
     options.size = group.size;
-    options.store_dir = (dir / "store").string();
+    options.store_dir = store_dir.string();
     options.prefix = "test";
     options.timeout_s = group.timeout_s;
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) RunChild(options, dir, body);
+    if (pid == 0) RunChild(options, dir, body, rank == 0 ? group.rank0_start_delay_ms : 0);
     pids.push_back(pid);
   }
-  const std::vector<int> codes = WaitAll(pids, std::chrono::seconds(60));
+  const auto stopped = std::find(ranks.begin(), ranks.end(), group.stopped_rank);
+  const std::vector<int> codes =
+      WaitAll(pids, std::chrono::seconds(60), stopped == ranks.end() ? -1 : static_cast<int>(stopped - ranks.begin()));
   std::vector<RankResult> results(group.size);
   for (size_t i = 0; i < ranks.size(); ++i) {
     RankResult& result = results[ranks[i]];
@@ -338,6 +349,83 @@ TEST(GlooCommunicator, RankThatSkipsACollectiveMakesOthersTimeOut) {
   EXPECT_EQ(results[0].exit_code, 1);
   EXPECT_TRUE(MentionsTimeout(results[0].error)) << results[0].error;
   EXPECT_NE(results[0].error.find("AllReduceSum"), std::string::npos) << results[0].error;
+}
+
+// Rank 0 runs allreduces until one throws; rank 1 runs 10, then `fail_peer` (stop or kill
+// itself) before its 11th. Rank 0's output: "<exception type> <ms the failed call took>".
+Bytes LoseRankOneMidStream(Communicator& comm, int fail_peer) {
+  std::vector<float> x(896, 1.0f);
+  for (int i = 0;; ++i) {
+    if (comm.rank() == 1 && i == 10) raise(fail_peer);
+    const auto start = Clock::now();
+    try {
+      comm.AllReduceSum(x.data(), x.size());
+    } catch (const CommError& e) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      // The communicator is unusable from now on: the next call throws at once.
+      try {
+        comm.Barrier();
+      } catch (const CommError&) {
+        const std::string out = "CommError " + std::to_string(ms) + " " + e.what();
+        return Bytes(out.begin(), out.end());
+      }
+      return Bytes();
+    } catch (const std::exception& e) {
+      const std::string out = std::string("other ") + e.what();
+      return Bytes(out.begin(), out.end());
+    }
+  }
+}
+
+TEST(GlooCommunicator, StoppedPeerThrowsCommErrorWithinTheTimeout) {
+  const auto results = RunRanks({.size = 2, .timeout_s = 2, .stopped_rank = 1},
+                                [](Communicator& comm) { return LoseRankOneMidStream(comm, SIGSTOP); });
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  const std::string out(results[0].output.begin(), results[0].output.end());
+  ASSERT_EQ(out.rfind("CommError ", 0), 0u) << out;
+  const int ms = std::stoi(out.substr(10));
+  EXPECT_GE(ms, 1900) << out;  // it waited for the stopped peer ...
+  EXPECT_LT(ms, 4000) << out;  // ... no longer than the timeout (2 s) and some slack
+  EXPECT_TRUE(MentionsTimeout(out)) << out;
+}
+
+TEST(GlooCommunicator, KilledPeerThrowsCommErrorBeforeTheTimeout) {
+  const auto results = RunRanks({.size = 2, .timeout_s = 20},
+                                [](Communicator& comm) { return LoseRankOneMidStream(comm, SIGKILL); });
+  EXPECT_EQ(results[1].exit_code, 128 + SIGKILL);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  const std::string out(results[0].output.begin(), results[0].output.end());
+  ASSERT_EQ(out.rfind("CommError ", 0), 0u) << out;
+  EXPECT_LT(std::stoi(out.substr(10)), 20000) << out;
+}
+
+// A group restarted on the same store directory (and prefix) forms afresh: the keys and the
+// rendezvous address its dead predecessor left are not used. Gloo's FileStore alone would
+// refuse to overwrite the old keys, or hand a rank the dead incarnation's addresses.
+TEST(GlooCommunicator, RestartedGroupOnTheSameStoreDirFormsAfresh) {
+  std::string pattern = (std::filesystem::temp_directory_path() / "ferry_comm_store_XXXXXX").string();
+  const std::filesystem::path store = mkdtemp(pattern.data());
+  const RankBody sum = [](Communicator& comm) {
+    std::vector<float> x = {static_cast<float>(comm.rank() + 1)};
+    comm.AllReduceSum(x.data(), x.size());
+    return ToBytes(x);
+  };
+  // The first incarnation dies without closing anything (as a killed group would).
+  const auto first = RunRanks({.size = 2, .store_dir = store}, [](Communicator& comm) -> Bytes {
+    comm.Barrier();
+    raise(SIGKILL);
+    return {};
+  });
+  EXPECT_EQ(first[0].exit_code, 128 + SIGKILL);
+  // The next: rank 1 first, so it meets the dead rank 0's address file before the new one.
+  for (int delay_ms : {0, 1500}) {
+    const auto start = Clock::now();
+    const auto again = RunRanks({.size = 2, .timeout_s = 10, .store_dir = store, .rank0_start_delay_ms = delay_ms}, sum);
+    ExpectAllSucceeded(again);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(FromBytes<float>(again[r].output, 0, 1)[0], 3.0f) << "rank " << r;
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 8.0) << "delay " << delay_ms;
+  }
+  std::filesystem::remove_all(store);
 }
 
 TEST(GlooCommunicator, SizeOneNeedsNoStore) {

@@ -1,11 +1,10 @@
 // NCCL-backed communicator for GPU tensor parallelism: one rank per GPU.
 //
 // Unlike the Gloo communicator, every pointer passed to its collectives is a
-// DEVICE pointer, and each collective is only enqueued on the stream given at
-// creation: it returns before the data has moved. Work later enqueued on that
-// stream sees the result; the host must synchronize the stream before reading
-// it. Barrier() is the exception: it returns only after all ranks reached it
-// (and everything enqueued before it on the stream has finished).
+// DEVICE pointer, on the stream given at creation. Outside a CUDA graph
+// capture each collective returns once it (and everything enqueued before it
+// on the stream) has finished, within the timeout; inside a capture it is only
+// enqueued, and the graph's replay is waited for by its caller.
 //
 // Only built where CUDA is (FERRY_HAVE_CUDA); target ferry_comm_nccl, which
 // defines FERRY_HAVE_NCCL for its users.
@@ -25,12 +24,15 @@ namespace ferry::worker {
 // std::runtime_error.
 std::string GetNcclUniqueId();
 
-// Collective: blocks until all `size` ranks have called it with the same
-// unique id (NCCL has no join timeout: a rank that never comes blocks the
-// others). `device` is the CUDA ordinal this rank owns; it becomes the calling
-// thread's current device. `stream` must belong to that device and outlive the
-// communicator. Throws std::runtime_error naming the failed call.
+// Collective: returns once all `size` ranks have called it with the same
+// unique id, or throws CommError after `timeout_s` (a rank that never came).
+// `device` is the CUDA ordinal this rank owns; it becomes the calling thread's
+// current device. `stream` must belong to that device and outlive the
+// communicator. Each collective outside a CUDA graph capture then waits for
+// its completion with the same timeout, and throws CommError (the
+// communicator aborted) on a timeout or an asynchronous NCCL error. Throws
+// std::runtime_error on bad arguments.
 std::unique_ptr<Communicator> CreateNcclCommunicator(int rank, int size, const std::string& unique_id, int device,
-                                                     cudaStream_t stream);
+                                                     cudaStream_t stream, int timeout_s = 30);
 
 }  // namespace ferry::worker

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -113,9 +114,26 @@ TEST(NcclCommunicator, TwoGpus) {
   RunGroup(2);
 }
 
+// Rank 0 of a group of two whose rank 1 never comes: the non-blocking init gives up after the
+// timeout with CommError instead of blocking forever. One GPU is enough. (Not yet run on a
+// device: worker/comm/README.md.)
+TEST(NcclCommunicator, MissingRankTimesOutWithCommError) {
+  if (DeviceCount() < 1) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  Check(cudaSetDevice(0), "cudaSetDevice");
+  Check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(CreateNcclCommunicator(0, 2, GetNcclUniqueId(), 0, stream, 2), CommError);
+  const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(elapsed_s, 1.9);
+  EXPECT_LT(elapsed_s, 10.0);
+  cudaStreamDestroy(stream);
+}
+
 // Validation happens before any CUDA call, so this runs without a GPU too.
 TEST(NcclCommunicator, RejectsBadUniqueId) {
   EXPECT_THROW(CreateNcclCommunicator(0, 1, "short", 0, nullptr), std::runtime_error);
+  EXPECT_THROW(CreateNcclCommunicator(0, 1, std::string(128, 'x'), 0, nullptr, 0), std::runtime_error);
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
 #ifdef FERRY_GPU_NO_NCCL
     throw std::runtime_error("tensor parallelism needs NCCL, and this build has none");
 #else
-    comm_ = CreateNcclCommunicator(options.tp_rank, options.tp_size, options.nccl_unique_id, options.device, stream_);
+    comm_ = CreateNcclCommunicator(options.tp_rank, options.tp_size, options.nccl_unique_id, options.device, stream_,
+                                   options.dist_timeout_s);
 #endif
   }
   CudaModelOptions m;
@@ -165,6 +166,8 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Step(const StepSpec& step) {
     for (const ScheduledSpec& s : step.scheduled) seqs_.erase(s.seq_id);
     OnFailure(e);
     if (observer_) observer_(StepTiming{});  // lets metrics see the health change
+    // A broken tensor-parallel group stays recognisable: the worker exits for a restart.
+    if (dynamic_cast<const CommError*>(&e) != nullptr) throw CommError(std::string("GPU step failed: ") + e.what());
     throw std::runtime_error(std::string("GPU step failed: ") + e.what());
   }
   timing.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -285,6 +288,9 @@ void CudaQwen2Runner::WaitForDevice(cudaEvent_t event) {
     if (std::chrono::steady_clock::now() - start > timeout) {
       healthy_ = false;
       unhealthy_reason_ = "a GPU step did not finish within " + std::to_string(options_.step_timeout_s) + " s";
+      // With peers, a replayed graph stuck in a collective looks like this; either way the
+      // other ranks are mid-step and only a restarted group can serve.
+      if (comm_) throw CommError(unhealthy_reason_ + " (tensor-parallel rank " + std::to_string(options_.tp_rank) + ")");
       throw std::runtime_error(unhealthy_reason_);
     }
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));

@@ -24,6 +24,9 @@ struct CudaRunnerOptions {
   int32_t tp_rank = 0;
   int32_t tp_size = 1;
   std::string nccl_unique_id;
+  // Joining the NCCL group and each collective (--dist-timeout-s): past it the communicator is
+  // aborted and the step fails with CommError.
+  int32_t dist_timeout_s = 30;
 };
 
 }  // namespace ferry::worker::gpu

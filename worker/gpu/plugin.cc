@@ -1,13 +1,12 @@
 // libferry-gpu.so: the GPU engine behind worker/gpu_plugin.h (why a plugin: see there).
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <memory>
 #include <stdexcept>
-#include <thread>
 #include <type_traits>
 
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/rendezvous.h"
 #include "worker/gpu/cuda_runner.h"
 #include "worker/gpu/gpu_metrics.h"
 #include "worker/gpu_plugin.h"
@@ -15,26 +14,20 @@
 namespace ferry::worker::gpu {
 namespace {
 
-// Rank 0 creates the NCCL unique id and publishes it in the rendezvous directory (written to a
-// temporary name, then renamed, so a reader never sees half of it); the others wait for it.
-std::string ExchangeNcclId(const GpuPluginOptions& options) {
-  namespace fs = std::filesystem;
+// Rank 0 creates the NCCL unique id and serves it from a RendezvousHost (worker/comm/rendezvous.h)
+// until the group has formed; the others fetch it. A file alone would outlive rank 0, and a
+// restarted rank would join with a dead incarnation's id.
+std::string ExchangeNcclId(const GpuPluginOptions& options, std::unique_ptr<RendezvousHost>* host) {
   if (options.dist_store_dir.empty()) throw std::invalid_argument("--tensor-parallel-size > 1 needs --dist-store-dir");
-  const fs::path path = fs::path(options.dist_store_dir) / "nccl_unique_id";
+  const std::filesystem::path dir = options.dist_store_dir;
   if (options.engine.tp_rank == 0) {
     const std::string id = GetNcclUniqueId();
-    const fs::path tmp = path.string() + ".tmp";
-    std::ofstream(tmp, std::ios::binary).write(id.data(), static_cast<std::streamsize>(id.size()));
-    fs::rename(tmp, path);
+    // Loopback: the NCCL group is one machine's GPUs (one rank per device).
+    *host = std::make_unique<RendezvousHost>(dir, "nccl_unique_id", "127.0.0.1", id);
     return id;
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(path)) {
-    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("no NCCL unique id at " + path.string());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(options.engine.dist_timeout_s);
+  return FetchFromRendezvousHost(dir, "nccl_unique_id", deadline);
 }
 
 // The runner and its series, destroyed together (metrics first: they observe the runner).
@@ -59,7 +52,8 @@ extern "C" __attribute__((visibility("default"))) ferry::worker::ModelRunner* fe
     const ferry::worker::GpuPluginOptions& options, prometheus::Registry& registry, std::string* error) {
   try {
     ferry::worker::gpu::CudaRunnerOptions o = options.engine;
-    if (o.tp_size > 1) o.nccl_unique_id = ferry::worker::gpu::ExchangeNcclId(options);
+    std::unique_ptr<ferry::worker::RendezvousHost> host;  // rank 0: serves the id until NCCL init returns
+    if (o.tp_size > 1) o.nccl_unique_id = ferry::worker::gpu::ExchangeNcclId(options, &host);
     return new ferry::worker::gpu::GpuRunnerWithMetrics(o, registry);
   } catch (const std::exception& e) {
     if (error) *error = e.what();
