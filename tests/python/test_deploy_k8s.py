@@ -289,9 +289,11 @@ def test_pods_restart_their_containers():
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_a_hung_worker_is_restarted_within_the_recovery_timeout(overlay):
-    """The scheduler sets both failure timeouts explicitly; a worker failing its liveness probe is
-    killed without the preStop wait (its short kill grace), and killing and restarting it fits in
-    the scheduler's --worker-recovery-timeout-s with room left to load the model."""
+    """The scheduler sets both failure timeouts explicitly and every worker has the scheduler's step
+    timeout (past it the worker's health turns NOT_SERVING, so the kubelet restarts a worker the
+    scheduler declared lost); a worker failing its liveness probe is killed without the preStop
+    wait (its short kill grace), and killing and restarting it fits in the scheduler's
+    --worker-recovery-timeout-s with room left to load the model."""
     spec = one(overlay, "StatefulSet", "ferry-replica")["spec"]["template"]["spec"]
     sched = next(c for c in spec["containers"] if c["name"] == "scheduler")
     sched_args = expanded_args(overlay, sched)
@@ -300,6 +302,7 @@ def test_a_hung_worker_is_restarted_within_the_recovery_timeout(overlay):
     for c in spec["containers"]:
         if binary_name(c) != "ferry-worker":
             continue
+        assert flag(expanded_args(overlay, c), "--step-timeout-s") == step_timeout_s, f"{overlay} {c['name']}"
         probe = c["livenessProbe"]
         pre_stop_wait_s = int(re.search(r"seq (\d+)", c["lifecycle"]["preStop"]["exec"]["command"][-1]).group(1))
         grace_s = probe.get("terminationGracePeriodSeconds")
