@@ -61,11 +61,12 @@ def heatmap(title, metric, labels, description=""):
             "fieldConfig": {"defaults": {}, "overrides": []}}
 
 
-def state_timeline(title, target, description=""):
+def state_timeline(title, target, description="", on=("active", "green")):
+    """A 0/1 series over time: 1 drawn as `on` (text, colour), 0 left blank."""
     return {"type": "state-timeline", "title": title, "description": description, "targets": [target],
             "fieldConfig": {"defaults": {"mappings": [
                 {"type": "value", "options": {"0": {"text": "-", "color": "transparent"},
-                                              "1": {"text": "active", "color": "green"}}}]},
+                                              "1": {"text": on[0], "color": on[1]}}}]},
                 "overrides": []},
             "options": {"showValue": "never", "mergeValues": True}}
 
@@ -166,6 +167,34 @@ LAYOUT = [
                          "scrape it.", max_=1), 12),
     (timeseries("Worker step time", quantiles("ferry_worker_step_duration_seconds", SCHED, "container", (0.5, 0.95)),
                 "s", "Time to execute one step on each worker."), 12),
+
+    # Losses are rare: counts over fixed windows read as "in the last 5 minutes / hour" at any zoom.
+    (row("Worker failures and recovery"), 24),
+    (state_timeline("Recovering", q(f"max by (replica) (ferry_scheduler_worker_recovering{{{SCHED}}})", "{{replica}}"),
+                    "While a replica waits for a lost worker group: its requests are paused (resumed by "
+                    "recompute when the workers are back, UNAVAILABLE after --worker-recovery-timeout-s) and it "
+                    "takes no new work.", on=("recovering", "red")), 24),
+    (timeseries("Worker losses and restarts", [
+        q(f"sum by (replica, reason) (increase(ferry_scheduler_worker_losses_total{{{SCHED}}}[5m]))",
+          "{{replica}} lost: {{reason}}"),
+        q(f"max by (replica) (increase(ferry_scheduler_worker_restarts_total{{{SCHED}}}[5m]))",
+          "{{replica}} restarted")], "short",
+        "In the last 5 minutes: ranks declared lost (disconnected: the process died or was killed; step_timeout: "
+        "a step outlived --step-timeout-s) and worker groups back with a new incarnation (a tensor-parallel "
+        "group counts once)."), 8),
+    (timeseries("Requests across a loss", [
+        q(f"sum by (replica) (increase(ferry_scheduler_requests_resumed_total{{{SCHED}}}[5m]))",
+          "{{replica}} resumed"),
+        q(f"sum by (replica) (increase(ferry_scheduler_requests_failed_by_loss_total{{{SCHED}}}[5m]))",
+          "{{replica}} failed (UNAVAILABLE)")], "short",
+        "In the last 5 minutes: requests kept across a worker loss and resumed by recompute, and requests ended "
+        "UNAVAILABLE because the workers were not back in time."), 8),
+    (timeseries("Recovery time", [
+        q(f"histogram_quantile({p}, sum by (replica, le) (increase("
+          f"ferry_scheduler_worker_recovery_seconds_bucket{{{SCHED}}}[1h])))", f"p{int(p * 100)} {{{{replica}}}}")
+        for p in (0.5, 0.95)], "s",
+        "From a worker loss until the replica serves again, over the recoveries of the last hour (empty "
+        "without one)."), 8),
 ]
 
 
@@ -194,8 +223,8 @@ def dashboard():
     return {
         "title": "Ferry",
         "uid": "ferry-overview",
-        "description": "Ferry LLM serving: traffic, latency per lane, batching, KV cache, devices. Metrics: "
-                       "docs/metrics.md; reading it: docs/deploy.md.",
+        "description": "Ferry LLM serving: traffic, latency per lane, batching, KV cache, devices, worker "
+                       "failures. Metrics: docs/metrics.md; reading it: docs/deploy.md.",
         "tags": ["ferry", "llm-serving"],
         "timezone": "browser",
         "schemaVersion": 39,

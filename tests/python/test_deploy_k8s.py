@@ -184,7 +184,11 @@ def test_ports_and_probes_match_the_flags(overlay):
             if flag(args, flag_name) is not None:
                 assert int(flag(args, flag_name)) in ports.values(), f"{overlay} {c['name']}: {flag_name} has no port"
         assert flag(args, "--host") == "0.0.0.0", "the kubelet probes and Prometheus reach the pod IP"
-        for kind, service in (("startupProbe", "liveness"), ("livenessProbe", "liveness"), ("readinessProbe", "")):
+        # A worker's liveness asks for "": it turns NOT_SERVING on a failed engine or a hung step,
+        # which only a restart cures. The others' "" follows what is behind them (a scheduler
+        # waiting for a lost worker), so their liveness asks only whether the process serves.
+        liveness = "" if binary_name(c) == "ferry-worker" else "liveness"
+        for kind, service in (("startupProbe", "liveness"), ("livenessProbe", liveness), ("readinessProbe", "")):
             probe = c[kind]["grpc"]
             assert str(probe["port"]) == flag(args, "--port"), f"{overlay} {c['name']} {kind}"
             assert probe.get("service", "") == service, f"{overlay} {c['name']} {kind}"
@@ -273,6 +277,41 @@ def test_services_selectors_and_budgets_point_at_the_pods(overlay):
     pods_metric = next(m for m in hpa["spec"]["metrics"] if m["type"] == "Pods")["pods"]["metric"]
     adapter = yaml.safe_load((REPO / "deploy" / "prometheus" / "adapter-rules.yaml").read_text())
     assert pods_metric["name"] in {r["name"]["as"] for r in adapter["rules"]}
+
+
+def test_pods_restart_their_containers():
+    """The scheduler never kills a process: the kubelet restarts every container that exits (a
+    worker that lost a tensor-parallel peer exits 3 so that it is restarted)."""
+    for overlay in OVERLAYS:
+        for owner, spec in pod_specs(overlay):
+            assert spec["restartPolicy"] == "Always", f"{overlay}: {owner['metadata']['name']}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_hung_worker_is_restarted_within_the_recovery_timeout(overlay):
+    """The scheduler sets both failure timeouts explicitly and every worker has the scheduler's step
+    timeout (past it the worker's health turns NOT_SERVING, so the kubelet restarts a worker the
+    scheduler declared lost); a worker failing its liveness probe is killed without the preStop
+    wait (its short kill grace), and killing and restarting it fits in the scheduler's
+    --worker-recovery-timeout-s with room left to load the model."""
+    spec = one(overlay, "StatefulSet", "ferry-replica")["spec"]["template"]["spec"]
+    sched = next(c for c in spec["containers"] if c["name"] == "scheduler")
+    sched_args = expanded_args(overlay, sched)
+    step_timeout_s, recovery_s = flag(sched_args, "--step-timeout-s"), flag(sched_args, "--worker-recovery-timeout-s")
+    assert step_timeout_s and recovery_s, f"{overlay}: set --step-timeout-s and --worker-recovery-timeout-s"
+    for c in spec["containers"]:
+        if binary_name(c) != "ferry-worker":
+            continue
+        assert flag(expanded_args(overlay, c), "--step-timeout-s") == step_timeout_s, f"{overlay} {c['name']}"
+        probe = c["livenessProbe"]
+        pre_stop_wait_s = int(re.search(r"seq (\d+)", c["lifecycle"]["preStop"]["exec"]["command"][-1]).group(1))
+        grace_s = probe.get("terminationGracePeriodSeconds")
+        assert grace_s is not None and grace_s < pre_stop_wait_s, \
+            f"{overlay} {c['name']}: the liveness probe needs a kill grace shorter than the preStop wait ({pre_stop_wait_s} s)"
+        kill_s = probe["failureThreshold"] * probe["periodSeconds"] + probe["timeoutSeconds"] + grace_s
+        second_restart_backoff_s = 10  # the kubelet's, for a second restart within 10 minutes
+        assert kill_s + second_restart_backoff_s <= float(recovery_s) / 2, \
+            f"{overlay} {c['name']}: less than half of --worker-recovery-timeout-s={recovery_s} left to load the model"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

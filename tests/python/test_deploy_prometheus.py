@@ -38,7 +38,8 @@ def test_alert_unit_tests_cover_every_alert():
     tested = set(re.findall(r"alertname: (\w+)", (PROM / "tests" / "ferry-alerts.test.yml").read_text()))
     assert alerts - tested == set(), "alerts without a unit test"
     expected = {"FerryHighQueueTime", "FerrySustainedRejections", "FerryTTFTBudgetBurnFast", "FerryTPOTBudgetBurnFast",
-                "FerryKVCacheNearFull", "FerryWorkerDown", "FerrySchedulerNoHealthyWorker"}
+                "FerryKVCacheNearFull", "FerryWorkerDown", "FerrySchedulerNoHealthyWorker", "FerryWorkerCrashLoop",
+                "FerryWorkerRecoveryStuck"}
     assert expected <= alerts
 
 
