@@ -52,6 +52,8 @@ uint64_t NewIncarnationId() {
 void StepWatch::Began(uint64_t step_id, Clock::time_point now) {
   std::lock_guard lock(mutex_);
   running_.emplace(step_id, now);
+  running_first_ = num_began_ < kNumFirstSteps;
+  ++num_began_;
 }
 
 void StepWatch::Ended() {
@@ -69,9 +71,10 @@ std::string StepWatch::Problem(Clock::time_point now, int step_timeout_s) const 
   if (!broken_.empty()) return broken_;
   if (step_timeout_s <= 0 || !running_) return {};
   const double running_s = std::chrono::duration<double>(now - running_->second).count();
-  if (running_s <= step_timeout_s) return {};
-  return fmt::format("step {} running for {:.1f} s, over --step-timeout-s {}", running_->first, running_s,
-                     step_timeout_s);
+  const int limit_s = running_first_ ? kFirstStepsFactor * step_timeout_s : step_timeout_s;
+  if (running_s <= limit_s) return {};
+  return fmt::format("step {} running for {:.1f} s, over {} s (--step-timeout-s {}{})", running_->first, running_s,
+                     limit_s, step_timeout_s, running_first_ ? ", 5x for the first steps" : "");
 }
 
 WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, WorkerServiceOptions options)

@@ -44,8 +44,15 @@ class StepWatch {
   std::string Problem(Clock::time_point now, int step_timeout_s) const;
 
  private:
+  // The first steps of a process may compile kernels or capture graphs: they get 5x the timeout,
+  // as the scheduler gives them.
+  static constexpr int kNumFirstSteps = 3;
+  static constexpr int kFirstStepsFactor = 5;
+
   mutable std::mutex mutex_;
   std::optional<std::pair<uint64_t, Clock::time_point>> running_;  // step id, start
+  bool running_first_ = false;  // running_ is one of the first kNumFirstSteps
+  int num_began_ = 0;
   std::string broken_;
 };
 
