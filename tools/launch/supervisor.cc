@@ -216,13 +216,14 @@ bool Supervisor::OnFailure(Unit& unit, const Member& member, const std::string& 
     spdlog::error("{}; stopping the stack (--restart-policy never)", what);
     return false;
   }
-  KillUnit(unit);
   const auto now = Clock::now();
   std::erase_if(unit.restarts, [&](Clock::time_point t) { return now - t >= kRestartWindow; });
   if (static_cast<int>(unit.restarts.size()) >= options_.max_restarts_per_minute) {
-    spdlog::critical("{}; {} was restarted {} times within the last 60 s, the most --max-restarts-per-minute {} "
-                     "allows: stopping the stack",
-                     what, unit.Describe(), unit.restarts.size(), options_.max_restarts_per_minute);
+    const size_t n = unit.restarts.size();
+    spdlog::critical("{}; {} was restarted {} within the last 60 s, the most --max-restarts-per-minute {} allows: "
+                     "stopping the stack",
+                     what, unit.Describe(), n == 1 ? "once" : fmt::format("{} times", n),
+                     options_.max_restarts_per_minute);
     return false;
   }
   const bool ran_long = unit.state == Unit::State::kRunning && now - unit.spawned_at >= kRestartWindow;
@@ -230,11 +231,12 @@ bool Supervisor::OnFailure(Unit& unit, const Member& member, const std::string& 
   const auto delay = Backoff(unit.failures_in_a_row);
   unit.restarts.push_back(now);
   ++unit.num_restarts;
-  unit.state = Unit::State::kWaiting;
-  unit.restart_at = now + delay;
   spdlog::warn("{}; restarting {} in {:.1f} s (restart {}; {} within the last 60 s, at most {})", what,
                unit.Describe(), Seconds(delay), unit.num_restarts, unit.restarts.size(),
                options_.max_restarts_per_minute);
+  KillUnit(unit);
+  unit.state = Unit::State::kWaiting;
+  unit.restart_at = Clock::now() + delay;
   return true;
 }
 
