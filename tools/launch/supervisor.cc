@@ -86,7 +86,7 @@ void Supervisor::Spawn(Unit& unit) {
   std::string store;
   if (unit.has_store) {
     // Every rank of the earlier generation is gone (reaped), so its directory can go too.
-    fs::remove_all(fmt::format("{}/gloo-{}", options_.run_dir, unit.generation - 1));
+    if (unit.generation > 0) fs::remove_all(fmt::format("{}/gloo-{}", options_.run_dir, unit.generation - 1));
     store = fmt::format("{}/gloo-{}", options_.run_dir, unit.generation);
     fs::remove_all(store);
     fs::create_directories(store);
