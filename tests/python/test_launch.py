@@ -1,6 +1,7 @@
-"""ferry-launch restarts nothing silently: a child that dies is logged and
-fails the stack; SIGTERM stops every child and exits 0 (checked by the
-session stack fixture's teardown)."""
+"""ferry-launch restarts nothing silently: with --restart-policy never a child
+that dies is logged and fails the stack (restarts under the default policy:
+test_launch_supervision.py); SIGTERM stops every child and exits 0 (checked by
+the session stack fixture's teardown)."""
 import os
 import signal
 import time
@@ -16,8 +17,8 @@ def pid_alive(pid):
     return True
 
 
-def test_dead_worker_fails_the_stack(tiny_model, tmp_path):
-    s = Stack(tiny_model, tmp_path)
+def test_dead_worker_fails_the_stack_under_restart_policy_never(tiny_model, tmp_path):
+    s = Stack(tiny_model, tmp_path, ["--restart-policy", "never"])
     worker_pid = s.ports["workers"][0]["pid"]
     others = [s.ports["scheduler"]["pid"], s.ports["gateway"]["pid"]]
     os.kill(worker_pid, signal.SIGKILL)

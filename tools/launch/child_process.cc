@@ -61,6 +61,11 @@ std::string ChildProcess::Stop(std::chrono::milliseconds grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   spdlog::warn("{} (pid {}) did not stop within {} ms; killing it", name_, pid_, grace.count());
+  return Kill();
+}
+
+std::string ChildProcess::Kill() {
+  if (Exited()) return *exit_;
   kill(pid_, SIGKILL);
   int status = 0;
   waitpid(pid_, &status, 0);

@@ -27,6 +27,8 @@ class ChildProcess {
   std::optional<std::string> Exited();
   // SIGTERM, wait up to grace, then SIGKILL. Returns the exit description.
   std::string Stop(std::chrono::milliseconds grace);
+  // SIGKILL (which also ends a stopped process) and reap. Returns the exit description.
+  std::string Kill();
 
  private:
   std::string Describe(int status) const;

@@ -1,6 +1,12 @@
 #include "tools/launch/engine_flags.h"
 
+#include <stdio.h>
+
 #include <algorithm>
+#include <array>
+#include <cctype>
+
+#include <spdlog/spdlog.h>
 
 namespace ferry::launch {
 
@@ -35,6 +41,15 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
       ->check(CLI::IsMember({"static", "load-level", "slo"}))
       ->group(group);
   app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs (worker, --device cuda)")->group(group);
+  app.add_option("--step-timeout-s", f.step_timeout_s,
+                 "A step (or a worker's Health) slower than this loses the worker (scheduler, worker; the "
+                 "launcher kills and restarts a worker silent this long; default 60)")
+      ->check(CLI::Range(1, 86400))
+      ->group(group);
+  app.add_option("--worker-recovery-timeout-s", f.worker_recovery_timeout_s,
+                 "How long the scheduler keeps requests for a lost worker to come back (scheduler; default 120)")
+      ->check(CLI::Range(1, 86400))
+      ->group(group);
 }
 
 namespace {
@@ -72,6 +87,7 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
   if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
   if (!f.device.empty()) out.push_back("--device=" + f.device);
   if (f.enforce_eager) out.push_back("--enforce-eager");
+  if (f.step_timeout_s > 0) out.push_back("--step-timeout-s=" + std::to_string(f.step_timeout_s));
   return Without(std::move(out), passed);
 }
 
@@ -80,7 +96,52 @@ std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<s
   if (f.prefix_caching_on) out.push_back("--enable-prefix-caching");
   if (f.prefix_caching_off) out.push_back("--no-enable-prefix-caching");
   if (!f.controller_mode.empty()) out.push_back("--controller-mode=" + f.controller_mode);
+  if (f.step_timeout_s > 0) out.push_back("--step-timeout-s=" + std::to_string(f.step_timeout_s));
+  if (f.worker_recovery_timeout_s > 0) {
+    out.push_back("--worker-recovery-timeout-s=" + std::to_string(f.worker_recovery_timeout_s));
+  }
   return Without(std::move(out), passed);
+}
+
+namespace {
+
+constexpr std::array<const char*, 2> kFlagsNewIn27 = {"--step-timeout-s", "--worker-recovery-timeout-s"};
+
+bool IsNewIn27(const std::string& arg) {
+  return std::find(kFlagsNewIn27.begin(), kFlagsNewIn27.end(), FlagName(arg)) != kFlagsNewIn27.end();
+}
+
+// What `binary --help` prints (empty when it cannot run).
+std::string HelpText(const std::string& binary) {
+  std::string text;
+  FILE* pipe = popen(("'" + binary + "' --help 2>&1").c_str(), "r");
+  if (pipe == nullptr) return text;
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) text.append(buffer.data(), n);
+  pclose(pipe);
+  return text;
+}
+
+// Whether help lists flag itself (not only a longer flag it begins).
+bool Lists(const std::string& help, const std::string& flag) {
+  for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
+    const size_t end = at + flag.size();
+    if (end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) || help[end] == '-')) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> KnownTo(const std::string& binary, std::vector<std::string> args) {
+  if (std::none_of(args.begin(), args.end(), IsNewIn27)) return args;
+  const std::string help = HelpText(binary);
+  std::erase_if(args, [&](const std::string& arg) {
+    if (!IsNewIn27(arg) || Lists(help, FlagName(arg))) return false;
+    spdlog::warn("{} does not know {} yet: not passed to it", binary, FlagName(arg));
+    return true;
+  });
+  return args;
 }
 
 }  // namespace ferry::launch

@@ -3,6 +3,8 @@
 // owns prefix caching and the cap controller; the worker sizes its KV cache and buffers (block
 // size, max_model_len, memory share, dtype, device) and also takes the two batch limits, which
 // bound its GPU buffers. Without them, --scheduler-arg / --worker-arg still pass any flag.
+// The step and recovery timeouts (#27) go to the scheduler, the step timeout to the workers as
+// well; ferry-launch also keeps its own copy for its hung-worker check (supervisor.h).
 #pragma once
 
 #include <string>
@@ -24,6 +26,17 @@ struct EngineFlags {
   std::string device;
   std::string controller_mode;
   bool enforce_eager = false;
+  int step_timeout_s = 0;  // 0: not set (the services' default, kDefaultStepTimeoutS)
+  int worker_recovery_timeout_s = 0;  // 0: not set (kDefaultWorkerRecoveryTimeoutS)
+
+  // The values in force, set or not: what the launcher itself works with.
+  int step_timeout_or_default_s() const { return step_timeout_s > 0 ? step_timeout_s : kDefaultStepTimeoutS; }
+  int worker_recovery_timeout_or_default_s() const {
+    return worker_recovery_timeout_s > 0 ? worker_recovery_timeout_s : kDefaultWorkerRecoveryTimeoutS;
+  }
+  // The scheduler's and the worker's own defaults for the two flags.
+  static constexpr int kDefaultStepTimeoutS = 60;
+  static constexpr int kDefaultWorkerRecoveryTimeoutS = 120;
 };
 
 void AddEngineFlags(CLI::App& app, EngineFlags& f);
@@ -33,5 +46,11 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f);
 // where both would make the service refuse to start.
 std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std::string>& passed = {});
 std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<std::string>& passed = {});
+
+// args less the flags named in kFlagsNewIn27 that `binary --help` does not list, each dropped
+// with a warning. The scheduler and the worker learn --step-timeout-s and
+// --worker-recovery-timeout-s in #27 on other branches; until then a binary that does not know
+// them still starts. Only runs the binary when args hold one of those flags.
+std::vector<std::string> KnownTo(const std::string& binary, std::vector<std::string> args);
 
 }  // namespace ferry::launch

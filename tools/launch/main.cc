@@ -1,25 +1,30 @@
-// ferry-launch: starts a whole Ferry stack (workers, scheduler, gateway) as
-// child processes on loopback, waits until each is ready, and stops them all
-// on SIGTERM/SIGINT. A child that dies is logged and fails the stack: nothing
-// is restarted silently.
+// ferry-launch: starts a whole Ferry stack (workers, scheduler, gateway) as child processes on
+// loopback, waits until each is ready, supervises them, and stops them all on SIGTERM/SIGINT.
+// With --restart-policy always (the default) a child that dies, or a worker that stops answering
+// Health for longer than the step timeout, is logged and restarted on its old ports with backoff
+// (supervisor.h); more restarts than --max-restarts-per-minute stop the stack. With never, a
+// child that dies stops the stack (exit 1). Restarts are never silent: each is logged, and the
+// --ready-file is rewritten with the new pids.
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <memory>
 
 #include "common/logging.h"
 #include "common/process.h"
-#include "tools/launch/child_process.h"
 #include "tools/launch/engine_flags.h"
+#include "tools/launch/supervisor.h"
 
 namespace fs = std::filesystem;
-using ferry::launch::ChildProcess;
+using ferry::launch::Member;
+using ferry::launch::Supervisor;
+using ferry::launch::Unit;
 
 namespace {
 
@@ -35,6 +40,8 @@ struct Flags {
   int tensor_parallel_size = 1;
   int ready_timeout_s = 600;
   int http_port = -1;  // gateway's OpenAI-compatible HTTP port; -1: off
+  std::string restart_policy = "always";
+  int max_restarts_per_minute = 5;
   std::vector<std::string> worker_args;     // passed through
   std::vector<std::string> scheduler_args;  // passed through
   std::vector<std::string> gateway_args;    // passed through
@@ -54,119 +61,142 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(1, 64));
   app.add_option("--ready-timeout-s", f.ready_timeout_s, "How long each service may take to become ready");
   app.add_option("--http-port", f.http_port, "Gateway OpenAI-compatible HTTP port (-1: off; 0: kernel chooses)");
+  app.add_option("--restart-policy", f.restart_policy,
+                 "always: restart a child that dies or a worker that hangs (backoff 0.5-8 s, same ports); never: "
+                 "stop the stack")
+      ->check(CLI::IsMember({"always", "never"}));
+  app.add_option("--max-restarts-per-minute", f.max_restarts_per_minute,
+                 "More restarts of one process (a worker group counts as one) within 60 s stop the stack")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--worker-arg", f.worker_args, "Extra flag for every worker, e.g. --worker-arg=--num-kv-blocks=512");
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
   app.add_option("--gateway-arg", f.gateway_args, "Extra flag for the gateway, e.g. --gateway-arg=--api-keys-file=keys.yaml");
   ferry::launch::AddEngineFlags(app, f.engine);
 }
 
-std::string SelfDir() { return fs::read_symlink("/proc/self/exe").parent_path().string(); }
+constexpr int kGatewayDefaultDrainS = 30;  // ferry-gateway's own default --drain-grace-s
 
-struct Stack {
-  std::vector<std::unique_ptr<ChildProcess>> children;  // start order
-  nlohmann::json ports;
-};
+std::string SelfDir() { return fs::read_symlink("/proc/self/exe").parent_path().string(); }
 
 std::string Addr(const Flags& f, int port) { return f.host + ":" + std::to_string(port); }
 
-// Starts one child with its ready file; WaitReady then waits for it.
-ChildProcess& Spawn(const Flags& f, Stack& stack, const std::string& name, std::vector<std::string> argv) {
-  const std::string ready = f.run_dir + "/" + name + ".json";
-  fs::remove(ready);
-  argv.insert(argv.end(), {"--ready-file", ready, "--log-level", f.log_level});
-  stack.children.push_back(std::make_unique<ChildProcess>(name, std::move(argv)));
-  return *stack.children.back();
+// The --drain-grace-s passed through to the gateway; -1: none, or not a number (which the
+// gateway then refuses with its own message).
+int PassedDrainS(const Flags& f) {
+  const std::string flag = "--drain-grace-s";
+  for (size_t i = 0; i < f.gateway_args.size(); ++i) {
+    const std::string& arg = f.gateway_args[i];
+    std::string value;
+    if (arg.starts_with(flag + "=")) value = arg.substr(flag.size() + 1);
+    if (arg == flag && i + 1 < f.gateway_args.size()) value = f.gateway_args[i + 1];
+    if (value.empty()) continue;
+    try {
+      return std::stoi(value);
+    } catch (const std::exception&) {
+      return -1;
+    }
+  }
+  return -1;
 }
 
-nlohmann::json WaitReady(const Flags& f, ChildProcess& child) {
-  auto info = ferry::launch::WaitForReadyFile(child, f.run_dir + "/" + child.name() + ".json",
-                                              std::chrono::seconds(f.ready_timeout_s));
-  info["pid"] = child.pid();
-  spdlog::info("{} ready: {}", child.name(), info.dump());
-  return info;
+// The gateway's drain on SIGTERM. Under --restart-policy never a dead worker stops the stack
+// while the scheduler may still hold its requests, ending them UNAVAILABLE only after its worker
+// recovery timeout: the gateway, stopped first, must still be draining then to pass that on.
+// So it drains that long and 5 s more, unless --gateway-arg sets --drain-grace-s.
+int GatewayDrainS(const Flags& f) {
+  if (const int passed = PassedDrainS(f); passed >= 0) return passed;
+  if (f.restart_policy == "never") return f.engine.worker_recovery_timeout_or_default_s() + 5;
+  return kGatewayDefaultDrainS;
 }
 
-// Tensor-parallel ranks rendezvous while loading, so all start before any is
-// waited for.
-std::vector<std::string> StartWorkers(const Flags& f, Stack& stack) {
-  const std::string store = f.run_dir + "/gloo";
-  fs::remove_all(store);
-  fs::create_directories(store);
-  std::vector<ChildProcess*> workers;
+Member MakeMember(std::string name, std::vector<std::string> argv) {
+  Member m;
+  m.name = std::move(name);
+  m.argv = std::move(argv);
+  return m;
+}
+
+Unit Single(std::string key, Member m) {
+  Unit unit;
+  unit.key = std::move(key);
+  unit.members.push_back(std::move(m));
+  return unit;
+}
+
+// Every rank in one unit: the ranks rendezvous together, so they start and restart together.
+std::vector<std::string> StartWorkers(const Flags& f, Supervisor& supervisor) {
+  Unit unit;
+  unit.key = "workers";
+  unit.has_store = f.tensor_parallel_size > 1;
+  const std::string worker = f.bin_dir + "/ferry-worker";
+  const std::vector<std::string> engine =
+      ferry::launch::KnownTo(worker, ferry::launch::WorkerArgs(f.engine, f.worker_args));
   for (int rank = 0; rank < f.tensor_parallel_size; ++rank) {
-    std::vector<std::string> argv = {f.bin_dir + "/ferry-worker", "--model", f.model, "--host", "127.0.0.1",
-                                     "--port", "0", "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
-                                     "--tp-rank", std::to_string(rank), "--dist-store-dir", store};
-    const std::vector<std::string> engine = ferry::launch::WorkerArgs(f.engine, f.worker_args);
+    std::vector<std::string> argv = {worker, "--model", f.model, "--host", "127.0.0.1", "--port", "0",
+                                     "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
+                                     "--tp-rank", std::to_string(rank)};
     argv.insert(argv.end(), engine.begin(), engine.end());
     argv.insert(argv.end(), f.worker_args.begin(), f.worker_args.end());
-    workers.push_back(&Spawn(f, stack, "worker-" + std::to_string(rank), argv));
+    unit.members.push_back(MakeMember("worker-" + std::to_string(rank), std::move(argv)));
+    unit.members.back().is_worker = true;
   }
   std::vector<std::string> addresses;
-  for (ChildProcess* worker : workers) {
-    auto info = WaitReady(f, *worker);
-    stack.ports["workers"].push_back(info);
-    addresses.push_back("127.0.0.1:" + std::to_string(info["grpc_port"].get<int>()));
+  for (const Member& m : supervisor.StartAndWait(std::move(unit)).members) {
+    addresses.push_back("127.0.0.1:" + std::to_string(m.ready.at("grpc_port").get<int>()));
   }
   return addresses;
 }
 
-void StartAll(const Flags& f, Stack& stack) {
-  std::vector<std::string> scheduler_argv = {f.bin_dir + "/ferry-scheduler", "--host", "127.0.0.1", "--port", "0"};
-  for (const std::string& address : StartWorkers(f, stack)) {
+void StartAll(const Flags& f, Supervisor& supervisor) {
+  const std::string scheduler = f.bin_dir + "/ferry-scheduler";
+  std::vector<std::string> scheduler_argv = {scheduler, "--host", "127.0.0.1", "--port", "0"};
+  for (const std::string& address : StartWorkers(f, supervisor)) {
     scheduler_argv.insert(scheduler_argv.end(), {"--worker", address});
   }
-  const std::vector<std::string> engine = ferry::launch::SchedulerArgs(f.engine, f.scheduler_args);
+  const std::vector<std::string> engine =
+      ferry::launch::KnownTo(scheduler, ferry::launch::SchedulerArgs(f.engine, f.scheduler_args));
   scheduler_argv.insert(scheduler_argv.end(), engine.begin(), engine.end());
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
-  stack.ports["scheduler"] = WaitReady(f, Spawn(f, stack, "scheduler", scheduler_argv));
-  const int scheduler_port = stack.ports["scheduler"]["grpc_port"];
+  const Unit& started = supervisor.StartAndWait(Single("scheduler", MakeMember("scheduler", scheduler_argv)));
+  const int scheduler_port = started.members[0].ready.at("grpc_port");
+
   std::vector<std::string> gateway_argv = {
       f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port), "--tokenizer",
       f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port", std::to_string(f.metrics_port)};
-  // The gateway writes its HTTP port beside its ready file, before the ready file itself.
-  const std::string http_ready = f.run_dir + "/gateway.json.http.json";
-  fs::remove(http_ready);
   if (f.http_port >= 0) gateway_argv.insert(gateway_argv.end(), {"--http-port", std::to_string(f.http_port)});
+  if (PassedDrainS(f) < 0 && GatewayDrainS(f) != kGatewayDefaultDrainS) {
+    gateway_argv.push_back("--drain-grace-s=" + std::to_string(GatewayDrainS(f)));
+  }
   gateway_argv.insert(gateway_argv.end(), f.gateway_args.begin(), f.gateway_args.end());
-  stack.ports["gateway"] = WaitReady(f, Spawn(f, stack, "gateway", gateway_argv));
+  Member gateway = MakeMember("gateway", std::move(gateway_argv));
+  gateway.has_http = f.http_port >= 0;
+  supervisor.StartAndWait(Single("gateway", std::move(gateway)));
+}
+
+void PrintServing(const Flags& f, const nlohmann::json& state) {
+  const int port = state["gateway"]["grpc_port"];
+  std::cout << "Ferry is serving " << f.model << " on " << Addr(f, port) << " (gRPC ferry.v1.Generation)\n"
+            << "  metrics: gateway :" << state["gateway"]["metrics_port"] << ", scheduler :"
+            << state["scheduler"]["metrics_port"] << "\n"
+            << "  try: build/bin/ferry-client --target " << Addr(f, port) << " \"Hello\"" << std::endl;
   if (f.http_port >= 0) {
-    std::ifstream in(http_ready);
-    stack.ports["gateway"]["http_port"] = nlohmann::json::parse(in).at("http_port");
+    const int http = state["gateway"]["http_port"];
+    std::cout << "  OpenAI-compatible HTTP: http://" << Addr(f, http) << "/v1" << std::endl;
   }
 }
 
-// Stops children in reverse start order: the gateway stops taking requests
-// before the engine behind it goes away.
-void StopAll(Stack& stack) {
-  for (auto it = stack.children.rbegin(); it != stack.children.rend(); ++it) {
-    // The gateway drains in-flight generations (its --drain-grace-s, 30 s by default).
-    const auto grace = (*it)->name() == "gateway" ? std::chrono::seconds(40) : std::chrono::seconds(10);
-    const std::string how = (*it)->Stop(grace);
-    spdlog::info("{} (pid {}) {}", (*it)->name(), (*it)->pid(), how);
-  }
-}
-
-// Returns 0 after a shutdown signal, 1 when a child died on its own.
-int Supervise(Stack& stack) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  const timespec tick{0, 200'000'000};
-  while (true) {
-    const int sig = sigtimedwait(&set, nullptr, &tick);
-    if (sig > 0) {
-      spdlog::info("signal {}: stopping the stack", sig);
-      return 0;
-    }
-    for (auto& child : stack.children) {
-      if (auto exit = child->Exited()) {
-        spdlog::error("{} (pid {}) {}; stopping the stack", child->name(), child->pid(), *exit);
-        return 1;
-      }
-    }
-  }
+ferry::launch::SupervisorOptions SupervisorOptionsFrom(const Flags& f) {
+  const int recovery_s = f.engine.worker_recovery_timeout_or_default_s();
+  return {.run_dir = f.run_dir,
+          .ready_file = f.ready_file,
+          .log_level = f.log_level,
+          .restart = f.restart_policy == "always",
+          .max_restarts_per_minute = f.max_restarts_per_minute,
+          .step_timeout = std::chrono::seconds(f.engine.step_timeout_or_default_s()),
+          .ready_timeout = std::chrono::seconds(f.ready_timeout_s),
+          // The launcher's wait before SIGKILL: past the gateway's drain, and past the time the
+          // scheduler may take to end what it holds for a lost worker.
+          .gateway_stop_grace = std::chrono::seconds(std::max({40, GatewayDrainS(f) + 10, recovery_s + 10}))};
 }
 
 }  // namespace
@@ -185,25 +215,17 @@ int main(int argc, char** argv) {
   }
   fs::create_directories(flags.run_dir);
 
-  Stack stack;
+  Supervisor supervisor(SupervisorOptionsFrom(flags));
   int code = 0;
   try {
-    StartAll(flags, stack);
-    ferry::WriteReadyFile(flags.ready_file, stack.ports);
-    const int port = stack.ports["gateway"]["grpc_port"];
-    std::cout << "Ferry is serving " << flags.model << " on " << Addr(flags, port) << " (gRPC ferry.v1.Generation)\n"
-              << "  metrics: gateway :" << stack.ports["gateway"]["metrics_port"] << ", scheduler :"
-              << stack.ports["scheduler"]["metrics_port"] << "\n"
-              << "  try: build/bin/ferry-client --target " << Addr(flags, port) << " \"Hello\"" << std::endl;
-    if (flags.http_port >= 0) {
-      const int http = stack.ports["gateway"]["http_port"];
-      std::cout << "  OpenAI-compatible HTTP: http://" << Addr(flags, http) << "/v1" << std::endl;
-    }
-    code = Supervise(stack);
+    StartAll(flags, supervisor);
+    supervisor.WriteState();
+    PrintServing(flags, supervisor.State());
+    code = supervisor.Run();
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     code = 1;
   }
-  StopAll(stack);
+  supervisor.StopAll();
   return code;
 }
