@@ -80,22 +80,11 @@ def cmdline(pid):
     return open(f"/proc/{pid}/cmdline").read().split("\0")
 
 
-def knows(binary_name, flag):
-    help_text = subprocess.run([str(binary(binary_name)), "--help"], capture_output=True, text=True).stdout
-    return f"{flag} " in help_text
-
-
-def assert_forwarded_where_known(stack, flag, value, binaries=("ferry-worker", "ferry-scheduler")):
-    """An engine flag set on ferry-launch reaches each service whose binary knows it; one that does
-    not yet (#27 adds the flags to the scheduler and the worker on other branches) still starts,
-    with a warning naming the flag."""
+def assert_forwarded(stack, flag, value, binaries=("ferry-worker", "ferry-scheduler")):
+    """An engine flag set on ferry-launch reaches each service that owns it."""
     pids = {"ferry-worker": stack.ports["workers"][0]["pid"], "ferry-scheduler": stack.ports["scheduler"]["pid"]}
     for name in binaries:
-        pid = pids[name]
-        if knows(name, flag):
-            assert f"{flag}={value}" in cmdline(pid), (name, cmdline(pid))
-        else:
-            assert f"{name} does not know {flag} yet: not passed to it" in stack.log_text()
+        assert f"{flag}={value}" in cmdline(pids[name]), (name, cmdline(pids[name]))
 
 
 @pytest.fixture()
@@ -120,8 +109,10 @@ def test_killed_worker_restarts_on_its_port_and_the_stack_serves_again(tiny_mode
     assert (after["grpc_port"], after["metrics_port"]) == (before["grpc_port"], before["metrics_port"])
     assert after["restarts"] == 1 and pid_alive(after["pid"]) and not pid_alive(before["pid"])
     assert "--port" in cmdline(after["pid"]) and str(before["grpc_port"]) in cmdline(after["pid"])
-    # Not set: the services' own defaults, nothing forwarded.
-    assert not any(a.startswith("--step-timeout-s") for a in cmdline(after["pid"]))
+    # Not set: the worker still gets the default step timeout (its own default is off), so that its
+    # Health turns false past it; the scheduler keeps its own default.
+    assert "--step-timeout-s=60" in cmdline(after["pid"])
+    assert not any(a.startswith("--step-timeout-s") for a in cmdline(s.ports["scheduler"]["pid"]))
     assert f"worker-0 (pid {before['pid']}) killed by signal 9; restarting worker-0 in 0.5 s" in s.log_text()
     serves(s, ferry_pb)
 
@@ -150,7 +141,7 @@ def test_stopped_worker_is_killed_after_the_step_timeout_and_restarted(tiny_mode
     step_timeout_s = 3
     s = Stack(tiny_model, tmp_path, ["--step-timeout-s", str(step_timeout_s)])
     stacks.append(s)
-    assert_forwarded_where_known(s, "--step-timeout-s", step_timeout_s)
+    assert_forwarded(s, "--step-timeout-s", step_timeout_s)
     old = s.ports["workers"][0]["pid"]
     stop_s = step_timeout_s + 5  # SIGCONT after that, when the launcher has not killed it by then
     stop = subprocess.Popen(["bash", str(CHAOS), str(s.ready_file), "stop-worker", "0", str(stop_s)],
@@ -187,7 +178,7 @@ def test_restart_policy_never_stops_the_stack_when_a_worker_dies(tiny_model, tmp
     pids = [s.ports["workers"][0]["pid"], s.ports["scheduler"]["pid"], s.ports["gateway"]["pid"]]
     # The gateway, stopped first, drains until the scheduler has ended what it held for the worker.
     assert "--drain-grace-s=12" in cmdline(s.ports["gateway"]["pid"])
-    assert_forwarded_where_known(s, "--worker-recovery-timeout-s", 7, binaries=["ferry-scheduler"])
+    assert_forwarded(s, "--worker-recovery-timeout-s", 7, binaries=["ferry-scheduler"])
     chaos(s, "kill-worker")
     assert s.proc.wait(timeout=30) == 1, s.log_text()
     assert f"worker-0 (pid {pids[0]}) killed by signal 9; stopping the stack (--restart-policy never)" in s.log_text()

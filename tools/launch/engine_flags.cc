@@ -87,7 +87,9 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
   if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
   if (!f.device.empty()) out.push_back("--device=" + f.device);
   if (f.enforce_eager) out.push_back("--enforce-eager");
-  if (f.step_timeout_s > 0) out.push_back("--step-timeout-s=" + std::to_string(f.step_timeout_s));
+  // Always: a worker's own default is off, and under ferry-launch its Health should turn false
+  // past the step timeout, which the launcher's probe acts on (supervisor.h).
+  out.push_back("--step-timeout-s=" + std::to_string(f.step_timeout_or_default_s()));
   return Without(std::move(out), passed);
 }
 
@@ -101,47 +103,6 @@ std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<s
     out.push_back("--worker-recovery-timeout-s=" + std::to_string(f.worker_recovery_timeout_s));
   }
   return Without(std::move(out), passed);
-}
-
-namespace {
-
-constexpr std::array<const char*, 2> kFlagsNewIn27 = {"--step-timeout-s", "--worker-recovery-timeout-s"};
-
-bool IsNewIn27(const std::string& arg) {
-  return std::find(kFlagsNewIn27.begin(), kFlagsNewIn27.end(), FlagName(arg)) != kFlagsNewIn27.end();
-}
-
-// What `binary --help` prints (empty when it cannot run).
-std::string HelpText(const std::string& binary) {
-  std::string text;
-  FILE* pipe = popen(("'" + binary + "' --help 2>&1").c_str(), "r");
-  if (pipe == nullptr) return text;
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) text.append(buffer.data(), n);
-  pclose(pipe);
-  return text;
-}
-
-// Whether help lists flag itself (not only a longer flag it begins).
-bool Lists(const std::string& help, const std::string& flag) {
-  for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
-    const size_t end = at + flag.size();
-    if (end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) || help[end] == '-')) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-std::vector<std::string> KnownTo(const std::string& binary, std::vector<std::string> args) {
-  if (std::none_of(args.begin(), args.end(), IsNewIn27)) return args;
-  const std::string help = HelpText(binary);
-  std::erase_if(args, [&](const std::string& arg) {
-    if (!IsNewIn27(arg) || Lists(help, FlagName(arg))) return false;
-    spdlog::warn("{} does not know {} yet: not passed to it", binary, FlagName(arg));
-    return true;
-  });
-  return args;
 }
 
 }  // namespace ferry::launch

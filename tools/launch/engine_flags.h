@@ -47,10 +47,4 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f);
 std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std::string>& passed = {});
 std::vector<std::string> SchedulerArgs(const EngineFlags& f, const std::vector<std::string>& passed = {});
 
-// args less the flags named in kFlagsNewIn27 that `binary --help` does not list, each dropped
-// with a warning. The scheduler and the worker learn --step-timeout-s and
-// --worker-recovery-timeout-s in #27 on other branches; until then a binary that does not know
-// them still starts. Only runs the binary when args hold one of those flags.
-std::vector<std::string> KnownTo(const std::string& binary, std::vector<std::string> args);
-
 }  // namespace ferry::launch

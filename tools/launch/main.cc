@@ -130,7 +130,7 @@ std::vector<std::string> StartWorkers(const Flags& f, Supervisor& supervisor) {
   unit.has_store = f.tensor_parallel_size > 1;
   const std::string worker = f.bin_dir + "/ferry-worker";
   const std::vector<std::string> engine =
-      ferry::launch::KnownTo(worker, ferry::launch::WorkerArgs(f.engine, f.worker_args));
+      ferry::launch::WorkerArgs(f.engine, f.worker_args);
   for (int rank = 0; rank < f.tensor_parallel_size; ++rank) {
     std::vector<std::string> argv = {worker, "--model", f.model, "--host", "127.0.0.1", "--port", "0",
                                      "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
@@ -154,7 +154,7 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
     scheduler_argv.insert(scheduler_argv.end(), {"--worker", address});
   }
   const std::vector<std::string> engine =
-      ferry::launch::KnownTo(scheduler, ferry::launch::SchedulerArgs(f.engine, f.scheduler_args));
+      ferry::launch::SchedulerArgs(f.engine, f.scheduler_args);
   scheduler_argv.insert(scheduler_argv.end(), engine.begin(), engine.end());
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
   const Unit& started = supervisor.StartAndWait(Single("scheduler", MakeMember("scheduler", scheduler_argv)));
