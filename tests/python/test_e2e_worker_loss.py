@@ -19,7 +19,7 @@ from faults import Proc, requests_mix, run_streams, scrape, wait_metric
 STEP_TIMEOUT_S = 10
 RECOVERY_TIMEOUT_S = 60
 # FERRY_FAULT_MODEL=<checkpoint dir> FERRY_FAULT_STREAMS=N FERRY_FAULT_MAX_TOKENS=M run the first test on another
-# model (docs/benchmarks/recovery.md: the 0.5B shape); the suite runs the tiny one.
+# model (e.g. ferry-make-model --preset qwen2.5-0.5b); the suite runs the tiny one.
 STREAMS = int(os.environ.get("FERRY_FAULT_STREAMS", "64"))
 MAX_TOKENS = int(os.environ.get("FERRY_FAULT_MAX_TOKENS", "96"))
 
