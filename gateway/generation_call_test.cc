@@ -70,9 +70,10 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
 };
 
 struct Server {
-  explicit Server(ScriptedScheduler& service) {
+  // port 0: the kernel chooses.
+  explicit Server(ScriptedScheduler& service, int at_port = 0) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(at_port), grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
   }
@@ -254,6 +255,65 @@ TEST_F(GenerationCallTest, AReplicaUnavailableBeforeTheStartIsLeftForTheNext) {
   EXPECT_EQ(down.submits, 1);
   EXPECT_EQ(up.submits, 1);
   EXPECT_EQ(num_attempts(), 2u);  // a fresh stream (and context) per attempt
+}
+
+// Its only scheduler is away (restarting under its supervisor): the request waits in its lane and is
+// served once the scheduler listens again on its address.
+TEST_F(GenerationCallTest, ARequestNoReplicaTookWaitsForOneThatComesBack) {
+  ScriptedScheduler scheduler;
+  scheduler.events = {Event({Ids("one")[0]}, ferry::v1::FINISH_KIND_EOS)};
+  int port = 0;
+  {
+    Server away(scheduler);  // only to learn a free port
+    port = away.port;
+  }
+  auto generator = MakeGenerator({grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                      grpc::InsecureChannelCredentials())});
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(8));
+  std::this_thread::sleep_for(700ms);
+  EXPECT_FALSE(front.status_now().has_value());  // waiting, not failed
+  Server back(scheduler, port);
+  ASSERT_EQ(back.port, port);
+  ASSERT_TRUE(front.WaitChunks(1));
+  EXPECT_EQ(front.chunk(0).finish_reason(), ferry::v1::FINISH_REASON_EOS);
+  call->WriteDone(true);
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+  EXPECT_GE(num_attempts(), 2u);
+}
+
+// A replica that is up and refuses the request itself (its workers lost past their recovery
+// timeout) has said its say: the call ends at once, UNAVAILABLE with the replica's retry hint.
+TEST_F(GenerationCallTest, AReplicaThatRefusesItselfEndsTheCallAtOnceWithItsRetryHint) {
+  ScriptedScheduler scheduler;
+  TokenEvent refusal;
+  refusal.set_status_code(static_cast<int32_t>(grpc::StatusCode::UNAVAILABLE));
+  refusal.set_status_message("workers lost");
+  refusal.set_retry_after_ms(1500);
+  scheduler.events = {refusal};
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  int64_t retry_after_ms = 0;
+  CallHooks hooks = front.Hooks();
+  auto record = std::move(hooks.done);
+  hooks.done = [&, record](Status status, int64_t retry) {
+    retry_after_ms = retry;
+    record(std::move(status), retry);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto call = generator->NewCall(std::move(hooks));
+  call->Start(Request(8));
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(status->error_code(), StatusCode::kUnavailable) << status->error_message();
+  EXPECT_EQ(retry_after_ms, 1500);
+  EXPECT_EQ(status->retry_after_ms(), 1500);
+  EXPECT_EQ(num_attempts(), 1u);
 }
 
 TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt) {

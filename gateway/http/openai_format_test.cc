@@ -207,6 +207,9 @@ TEST(ErrorFromStatus, MapsCodesAndParam) {
   EXPECT_GT(full.retry_after_s, 0);
   EXPECT_EQ(ErrorFromStatus({StatusCode::kDeadlineExceeded, ""}).http_status, 504);
   EXPECT_EQ(ErrorFromStatus({StatusCode::kUnavailable, ""}).http_status, 503);
+  // A retry hint becomes Retry-After, in whole seconds rounded up.
+  EXPECT_EQ(ErrorFromStatus(Status(StatusCode::kUnavailable, "workers lost").WithRetryAfter(1500)).retry_after_s, 2);
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kUnavailable, ""}).retry_after_s, 1);
   EXPECT_EQ(ErrorFromStatus({StatusCode::kInternal, ""}).http_status, 500);
   const json j = ErrorJson(invalid);
   EXPECT_EQ(j["error"]["param"], "top_p");

@@ -39,6 +39,8 @@ class Proc:
         assert self.ports is None or ports["grpc_port"] == self.ports["grpc_port"]
         self.ports = self.ports or ports
         self.metrics_port = ports["metrics_port"]
+        http = ready.with_name(ready.name + ".http.json")  # the gateway's, with --http-port
+        self.http_port = json.loads(http.read_text())["http_port"] if http.exists() else None
         return self
 
     @property

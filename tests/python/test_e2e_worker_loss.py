@@ -4,11 +4,14 @@ them by recompute. 64 greedy and 64 seeded-sampled streams on the tiny model (th
 minutes on 2 cores: docs/benchmarks/recovery.md has that run) with the worker killed at three random
 points end with their normal finish and exactly the tokens of a run without faults; no KV block is
 held afterwards and the stack serves on."""
+import json
 import os
 import random
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
@@ -36,7 +39,8 @@ def services(tiny_model, tmp_path):
                                                 procs["worker"].address, "--step-timeout-s", str(STEP_TIMEOUT_S),
                                                 "--worker-recovery-timeout-s", str(RECOVERY_TIMEOUT_S)], tmp_path, log)
         procs["gateway"] = Proc("gateway", [binary("ferry-gateway"), "--port", "0", "--scheduler",
-                                            procs["scheduler"].address, "--tokenizer", model], tmp_path, log)
+                                            procs["scheduler"].address, "--tokenizer", model, "--http-port", "0"],
+                               tmp_path, log)
         yield procs
     finally:
         for name in ("gateway", "scheduler", "worker"):
@@ -173,10 +177,16 @@ def test_worker_not_back_in_time_requests_end_unavailable_and_health_says_so(ser
     m = scrape(scheduler.metrics_port)
     assert m["ferry_scheduler_requests_failed_by_loss_total"] == 16
     assert m["ferry_scheduler_worker_recovering"] == 1
-    # New requests are refused at once while the worker is away...
+    # New requests are refused at once while the worker is away, over HTTP with 503 and Retry-After...
     start = time.time()
     refused = run_streams(gateway.address, ferry_pb, requests[:1])
     assert next(iter(refused.values()))[2] == grpc.StatusCode.UNAVAILABLE and time.time() - start < 5
+    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 4}).encode()
+    http_request = urllib.request.Request(f"http://127.0.0.1:{gateway.http_port}/v1/completions", data=body,
+                                          headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(http_request, timeout=30)
+    assert answer.value.code == 503 and int(answer.value.headers["Retry-After"]) >= 1, answer.value.read()
     # ...and served once it is back.
     worker.start()
     wait_metric(scheduler.metrics_port, "ferry_scheduler_worker_recovering", lambda v: v == 0)
