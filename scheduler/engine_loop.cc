@@ -316,7 +316,7 @@ void EngineLoop::OnWorkersLost(const WorkerLostError& error) {
   down_ = false;
   lost_at_ = now;
   next_probe_ = now;
-  next_waiting_log_ = now + std::chrono::seconds(5);
+  next_waiting_log_ = now;  // the first answer says at once what the group is waiting for; then every 5 s
   last_step_s_ = 0;
   Publish();
 }

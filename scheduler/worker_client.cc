@@ -302,6 +302,12 @@ Reconnection GrpcWorkerGroup::Reconnect(std::chrono::milliseconds timeout) {
     if (!rank.stub->Health(&health_context, {}, &health).ok() || !health.ok()) {
       return Reconnection{.detail = fmt::format("rank {} ({}) is not healthy: {}", r, rank.address, health.reason())};
     }
+    // A step of the lost connection still runs (a step timeout on a slow, not hung, worker): the new
+    // stream's steps would wait behind it and time out in turn. Resume once it is done.
+    if (health.step_running_s() > 0) {
+      return Reconnection{.detail = fmt::format("rank {} ({}) still runs a step of the lost connection ({:.1f} s)",
+                                                r, rank.address, health.step_running_s())};
+    }
     incarnations[r] = info.incarnation_id();
     (incarnations[r] == incarnations_[r] ? kept : restarted).push_back(static_cast<int32_t>(r));
   }

@@ -45,8 +45,10 @@ class GrpcWorkerGroup final : public WorkerGroup {
   void Receive(StepOutput& output) override;
   // Every rank must answer Info and Health (ok) within `timeout`, serve what the replica was
   // planned for (model, block size, vocabulary, at least its KV blocks and length), and, in a
-  // tensor-parallel group, all ranks or none must be new incarnations: a rank that restarted
-  // alone cannot rejoin a group whose collectives it never joined.
+  // tensor-parallel group, all ranks or none must be new incarnations (a rank that restarted
+  // alone cannot rejoin a group whose collectives it never joined), and no rank may still run a
+  // step of the lost connection (a slow worker after a step timeout: new steps would wait behind
+  // it).
   Reconnection Reconnect(std::chrono::milliseconds timeout) override;
   // Whether each rank answers Health within timeout, rank 0 first (every rank is asked, even
   // after one fails). Thread-safe: only uses the stubs.

@@ -66,6 +66,11 @@ void StepWatch::Broke(const std::string& reason) {
   if (broken_.empty()) broken_ = reason;
 }
 
+double StepWatch::RunningSeconds(Clock::time_point now) const {
+  std::lock_guard lock(mutex_);
+  return running_ ? std::chrono::duration<double>(now - running_->second).count() : 0.0;
+}
+
 std::string StepWatch::Problem(Clock::time_point now, int step_timeout_s) const {
   std::lock_guard lock(mutex_);
   if (!broken_.empty()) return broken_;
@@ -119,6 +124,7 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::Health
   out->set_ok(problem.empty());
   out->set_incarnation_id(incarnation_id_);
   if (!out->ok()) out->set_reason(problem);
+  out->set_step_running_s(watch_.RunningSeconds(StepWatch::Clock::now()));
   return grpc::Status::OK;
 }
 

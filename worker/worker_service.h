@@ -42,6 +42,8 @@ class StepWatch {
   void Broke(const std::string& reason);  // sticky
   // Empty while nothing is wrong, else why the worker should be restarted.
   std::string Problem(Clock::time_point now, int step_timeout_s) const;
+  // Seconds the running step has run; 0 when none runs.
+  double RunningSeconds(Clock::time_point now) const;
 
  private:
   // The first steps of a process may compile kernels or capture graphs: they get 5x the timeout,

@@ -243,6 +243,7 @@ TEST(WorkerServiceHealth, FailsWhileAStepRunsPastTheStepTimeout) {
   ASSERT_TRUE(stream->Write(EmptyStep(7)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(served.Health().ok());  // running, within the timeout
+  EXPECT_GT(served.Health().step_running_s(), 0.2);  // a reconnecting scheduler waits for 0
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   const ferry::v1::HealthResponse late = served.Health();
   EXPECT_FALSE(late.ok());
@@ -257,6 +258,7 @@ TEST(WorkerServiceHealth, FailsWhileAStepRunsPastTheStepTimeout) {
   EXPECT_EQ(result.step_id(), 7u);
   EXPECT_EQ(result.error(), "");
   EXPECT_TRUE(served.Health().ok());
+  EXPECT_EQ(served.Health().step_running_s(), 0.0);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 }

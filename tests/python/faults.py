@@ -74,8 +74,8 @@ def scrape(port):
     return out
 
 
-def requests_mix(pb, n_greedy, n_seeded, max_tokens):
-    """Greedy and seeded-sampled requests of varied prompt lengths that run to max_tokens."""
+def requests_mix(pb, n_greedy, n_seeded, max_tokens, lane=""):
+    """Greedy and seeded-sampled requests of varied prompt lengths that run to max_tokens, in `lane`."""
     out = []
     for i in range(n_greedy + n_seeded):
         seeded = i >= n_greedy
@@ -83,7 +83,7 @@ def requests_mix(pb, n_greedy, n_seeded, max_tokens):
                                          temperature=0.8 if seeded else 0.0, top_p=0.95 if seeded else 1.0,
                                          seed=1000 + i if seeded else 0)
         prompt = f"request {i}: " + " ".join(f"word{(i * 7 + k) % 50}" for k in range(3 + (i * 5) % 40))
-        out.append(pb.gen.GenerateRequest(request_id=f"r{i}", text=prompt.encode(), sampling=sampling))
+        out.append(pb.gen.GenerateRequest(request_id=f"r{i}", text=prompt.encode(), sampling=sampling, lane=lane))
     return out
 
 

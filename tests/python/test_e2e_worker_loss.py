@@ -19,7 +19,8 @@ import pytest
 from conftest import binary
 from faults import Proc, requests_mix, run_streams, scrape, wait_metric
 
-STEP_TIMEOUT_S = 10
+# Above the longest step: the 0.5B shape's prefill of 8,192 batched tokens takes over 10 s on 2 cores.
+STEP_TIMEOUT_S = int(os.environ.get("FERRY_FAULT_STEP_TIMEOUT_S", "10"))
 RECOVERY_TIMEOUT_S = 60
 # FERRY_FAULT_MODEL=<checkpoint dir> FERRY_FAULT_STREAMS=N FERRY_FAULT_MAX_TOKENS=M run the first test on another
 # model (e.g. ferry-make-model --preset qwen2.5-0.5b); the suite runs the tiny one.
@@ -61,7 +62,8 @@ def kill_and_restart(worker, scheduler_metrics, at_s, losses_before):
 
 def test_worker_killed_three_times_every_stream_ends_as_without_faults(services, ferry_pb):
     gateway, scheduler, worker = services["gateway"], services["scheduler"], services["worker"]
-    requests = requests_mix(ferry_pb, STREAMS, STREAMS, max_tokens=MAX_TOKENS)
+    # The batch lane: its 1-hour deadline leaves the 0.5B shape's long runs on 2 cores alone.
+    requests = requests_mix(ferry_pb, STREAMS, STREAMS, max_tokens=MAX_TOKENS, lane="batch")
     start = time.time()
     expected = run_streams(gateway.address, ferry_pb, requests, timeout_s=1800)
     fault_free_s = time.time() - start
@@ -192,3 +194,46 @@ def test_worker_not_back_in_time_requests_end_unavailable_and_health_says_so(ser
     wait_metric(scheduler.metrics_port, "ferry_scheduler_worker_recovering", lambda v: v == 0)
     again = run_streams(gateway.address, ferry_pb, requests[:2])
     assert all(r[2] == grpc.StatusCode.OK for r in again.values()), again
+
+
+def test_a_slow_step_past_the_step_timeout_pauses_and_the_request_still_ends(tiny_model, tmp_path, ferry_pb):
+    """A worker that is slow, not hung (a sim step of 1.5 s against --step-timeout-s 1): each connection's
+    first 3 steps get 5x, the next times out and the group is lost; the same incarnation is taken back
+    only once the step of the lost connection has ended (a new stream's steps would wait behind it),
+    and the request ends with all its tokens."""
+    cost = tmp_path / "slow.json"
+    cost.write_text(json.dumps({"name": "slow", "fixed_s": 1.5, "weight_bytes": 0, "kv_bytes_per_token": 0,
+                                "bandwidth_bytes_per_s": 1e12, "flops_per_token": 0, "peak_flops": 1e15,
+                                "kv_capacity_tokens": 65536}))
+    log_path = tmp_path / "services.log"
+    log = open(log_path, "wb")
+    worker = scheduler = None
+    try:
+        worker = Proc("worker", [binary("ferry-worker"), "--model", tiny_model, "--port", "0", "--backend", "sim",
+                                 "--cost-model", cost], tmp_path, log)
+        scheduler = Proc("scheduler", [binary("ferry-scheduler"), "--port", "0", "--worker", worker.address,
+                                       "--step-timeout-s", "1", "--no-async-scheduling"], tmp_path, log)
+        channel = grpc.insecure_channel(scheduler.address)
+        stub = ferry_pb.sched_grpc.SchedulerStub(channel)
+        sampling = ferry_pb.gen.SamplingParams(max_tokens=6, ignore_eos=True)
+        submit = ferry_pb.sched.SessionSubmit(stream_id=1, request=ferry_pb.sched.SubmitRequest(
+            prompt_token_ids=[11, 12, 13], sampling=sampling))
+        tokens, finish = [], None
+        for message in stub.Session(iter([ferry_pb.sched.SessionRequests(submits=[submit])]), timeout=120):
+            for event in message.events:
+                assert event.status_code == 0, event
+                tokens += event.token_ids
+                finish = event.finish or finish
+            if finish:
+                break
+        assert finish == ferry_pb.sched.FINISH_KIND_LENGTH and len(tokens) == 6
+        m = scrape(scheduler.metrics_port)
+        assert m['ferry_scheduler_worker_losses_total{reason="step_timeout"}'] >= 1
+        assert m['ferry_scheduler_worker_restarts_total{rank="0"}'] == 0
+        channel.close()
+    finally:
+        for proc in (scheduler, worker):
+            if proc is not None:
+                proc.stop()
+        log.close()
+    assert "still runs a step of the lost connection" in log_path.read_text(errors="replace")
