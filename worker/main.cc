@@ -95,6 +95,10 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeCudaRunner(const Flags& flags, p
   o.engine.tp_size = flags.tensor_parallel_size;
   o.dist_store_dir = flags.dist_store_dir;
   o.engine.dist_timeout_s = flags.dist_timeout_s;
+  // Refused before the plugin and the weights load (the runner checks again).
+  if (const std::string error = ferry::worker::gpu::CudaRunnerOptionsError(o.engine); !error.empty()) {
+    throw std::invalid_argument(error);
+  }
   return ferry::worker::LoadGpuRunner(flags.gpu_plugin, o, registry);
 }
 

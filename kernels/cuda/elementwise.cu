@@ -1,26 +1,33 @@
 #include "kernels/cuda/elementwise.h"
 
 #include <cuda_bf16.h>
+
+#include <algorithm>
 #include <cuda_runtime.h>
 
 namespace ferry::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kMaxGridY = 65535;  // CUDA's limit on gridDim.y
 
 struct SiluAndMulParams {
   const float* __restrict__ gate_up;  // [num_tokens, 2 * intermediate]
   __nv_bfloat16* __restrict__ out;    // [num_tokens, intermediate]
   int intermediate;
+  int num_tokens;
 };
 
-// grid (column blocks, tokens).
+// grid (column blocks, min(tokens, kMaxGridY)): a block strides over the tokens, since grid.y
+// stops at 65,535 and a step may hold more tokens.
 __global__ void __launch_bounds__(kThreads) SiluAndMulKernel(SiluAndMulParams p) {
   const int i = blockIdx.x * kThreads + threadIdx.x;
   if (i >= p.intermediate) return;
-  const float* gate = p.gate_up + static_cast<int64_t>(blockIdx.y) * 2 * p.intermediate;
-  const float g = gate[i], u = gate[p.intermediate + i];
-  p.out[static_cast<int64_t>(blockIdx.y) * p.intermediate + i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
+  for (int64_t row = blockIdx.y; row < p.num_tokens; row += gridDim.y) {
+    const float* gate = p.gate_up + row * 2 * p.intermediate;
+    const float g = gate[i], u = gate[p.intermediate + i];
+    p.out[row * p.intermediate + i] = __float2bfloat16_rn(g / (1.f + expf(-g)) * u);
+  }
 }
 
 struct EmbeddingParams {
@@ -50,8 +57,10 @@ __global__ void __launch_bounds__(kThreads) GatherVocabKernel(GatherVocabParams 
   const int col = blockIdx.x * kThreads + threadIdx.x;
   if (col >= p.vocab) return;
   const int rank = col / p.slice, offset = col % p.slice;
-  const int64_t src = (static_cast<int64_t>(rank) * p.num_rows + blockIdx.y) * p.slice + offset;
-  p.out[static_cast<int64_t>(blockIdx.y) * p.vocab + col] = p.gathered[src];
+  for (int64_t row = blockIdx.y; row < p.num_rows; row += gridDim.y) {  // as SiluAndMul: grid.y is bounded
+    const int64_t src = (static_cast<int64_t>(rank) * p.num_rows + row) * p.slice + offset;
+    p.out[row * p.vocab + col] = p.gathered[src];
+  }
 }
 
 int Blocks(int n) { return (n + kThreads - 1) / kThreads; }
@@ -60,8 +69,8 @@ int Blocks(int n) { return (n + kThreads - 1) / kThreads; }
 
 int SiluAndMul(const SiluAndMulArgs& args) {
   if (args.num_tokens <= 0 || args.intermediate <= 0) return 0;
-  SiluAndMulParams p{args.gate_up, reinterpret_cast<__nv_bfloat16*>(args.out), args.intermediate};
-  const dim3 grid(Blocks(args.intermediate), args.num_tokens);
+  SiluAndMulParams p{args.gate_up, reinterpret_cast<__nv_bfloat16*>(args.out), args.intermediate, args.num_tokens};
+  const dim3 grid(Blocks(args.intermediate), std::min(args.num_tokens, kMaxGridY));
   SiluAndMulKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(args.stream)>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
@@ -77,7 +86,7 @@ int GatherVocabShards(const GatherVocabArgs& args) {
   if (args.num_rows <= 0) return 0;
   if (args.vocab > static_cast<int64_t>(args.num_ranks) * args.slice) return static_cast<int>(cudaErrorInvalidValue);
   GatherVocabParams p{args.gathered, args.out, args.num_rows, args.slice, args.vocab};
-  const dim3 grid(Blocks(args.vocab), args.num_rows);
+  const dim3 grid(Blocks(args.vocab), std::min(args.num_rows, kMaxGridY));
   GatherVocabKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(args.stream)>>>(p);
   return static_cast<int>(cudaGetLastError());
 }

@@ -19,3 +19,19 @@ def test_device_check_without_a_gpu_reports_no_gpu_cleanly(tmp_path):
     assert "nvidia-smi:" in summary and "nvcc:" in summary, summary
     assert "| build | PASS |" in summary, summary
     assert len(list(out.iterdir())) <= 8
+
+
+def test_worker_refuses_gpu_flags_it_cannot_honour_at_start(tiny_model):
+    """--device cuda flags the GPU engine cannot honour are refused before anything loads (on any
+    machine: the check runs before the GPU plugin), naming the flag, the value and the limit."""
+    import subprocess as sp
+
+    from conftest import binary
+
+    for flags, message in [(["--dtype", "float32"], "--dtype float32 is not supported with --device cuda"),
+                           (["--max-num-seqs", "512", "--max-num-batched-tokens", "256"],
+                            "--max-num-seqs 512 must be <= --max-num-batched-tokens 256")]:
+        done = sp.run([str(binary("ferry-worker")), "--model", str(tiny_model), "--device", "cuda", "--port", "0",
+                       *flags], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert message in done.stdout + done.stderr, done.stdout + done.stderr

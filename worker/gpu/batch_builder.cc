@@ -82,8 +82,13 @@ int32_t BatchBuilder::AddSequence(const int32_t* tokens, int32_t num_tokens, int
 
 void BatchBuilder::PadDecodeTo(int32_t graph_size) {
   const BatchLayout& l = layout_;
-  if (num_seqs_ != num_decode_ || num_logits_ != num_seqs_ || graph_size > l.max_seqs) {
+  if (num_seqs_ != num_decode_ || num_logits_ != num_seqs_) {
     throw std::logic_error("BatchBuilder: only a decode step whose rows all want logits can be padded");
+  }
+  // Padding writes graph_size rows of the per-token arrays too (one token per decode).
+  if (graph_size > l.max_seqs || graph_size > l.max_tokens) {
+    throw std::logic_error("BatchBuilder: graph size " + std::to_string(graph_size) + " exceeds the buffers (" +
+                           std::to_string(l.max_seqs) + " sequences, " + std::to_string(l.max_tokens) + " tokens)");
   }
   for (int32_t s = num_seqs_; s < graph_size; ++s) {
     host_[l.token_ids + s] = 0;

@@ -41,9 +41,7 @@ struct CudaQwen2Runner::Planned {
 CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(options) {
   const RunnerOptions& r = options.runner;
   if (r.comm != nullptr) throw std::runtime_error("the CUDA runner needs NCCL, not a host communicator");
-  if (!(options.gpu_memory_utilization > 0.f && options.gpu_memory_utilization <= 1.f)) {
-    throw std::runtime_error("--gpu-memory-utilization must be in (0, 1]");
-  }
+  if (const std::string error = CudaRunnerOptionsError(options); !error.empty()) throw std::runtime_error(error);
   FERRY_CUDA_CHECK(cudaSetDevice(options.device));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaEventCreate(&start_));

@@ -29,4 +29,34 @@ struct CudaRunnerOptions {
   int32_t dist_timeout_s = 30;
 };
 
+// Why the GPU engine cannot run with `o` (naming the flag, its value and the limit); empty if it
+// can. Checked before anything is allocated, so that a bad flag is refused at start rather than
+// writing past a buffer or being ignored: every sequence of a step computes at least one token, so
+// the token buffers (sized by --max-num-batched-tokens) must hold --max-num-seqs rows, and a CUDA
+// graph pads a decode step to its size in both.
+inline std::string CudaRunnerOptionsError(const CudaRunnerOptions& o) {
+  if (!(o.gpu_memory_utilization > 0.f && o.gpu_memory_utilization <= 1.f)) {
+    return "--gpu-memory-utilization " + std::to_string(o.gpu_memory_utilization) + " must be in (0, 1]";
+  }
+  if (o.max_num_seqs < 1 || o.max_num_batched_tokens < 1) {
+    return "--max-num-seqs " + std::to_string(o.max_num_seqs) + " and --max-num-batched-tokens " +
+           std::to_string(o.max_num_batched_tokens) + " must be >= 1";
+  }
+  if (o.max_num_seqs > o.max_num_batched_tokens) {
+    return "--max-num-seqs " + std::to_string(o.max_num_seqs) + " must be <= --max-num-batched-tokens " +
+           std::to_string(o.max_num_batched_tokens) + " (each sequence of a step computes at least one token)";
+  }
+  for (const int32_t size : o.cuda_graph_sizes) {
+    if (size < 1 || size > o.max_num_seqs) {
+      return "CUDA graph size " + std::to_string(size) + " must be in [1, --max-num-seqs " +
+             std::to_string(o.max_num_seqs) + "]";
+    }
+  }
+  // The GPU engine computes in bfloat16 only; float32 would be silently ignored.
+  if (o.runner.dtype != "auto" && o.runner.dtype != "bfloat16") {
+    return "--dtype " + o.runner.dtype + " is not supported with --device cuda (bfloat16 or auto)";
+  }
+  return "";
+}
+
 }  // namespace ferry::worker::gpu

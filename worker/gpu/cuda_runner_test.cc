@@ -59,6 +59,38 @@ TEST(CudaBatchBuilder, LaysOutDecodesThenTiles) {
   EXPECT_EQ(host[layout.seq_lens + 3], 0);
 }
 
+// Host-only: a buffer a CUDA graph pads into must hold its size in sequences and in tokens.
+TEST(CudaBatchBuilder, RefusesToPadPastTheTokenBuffers) {
+  const BatchLayout layout = BatchLayout::Make(/*max_tokens=*/4, /*max_seqs=*/8, 8);
+  std::vector<int32_t> host(layout.total, -7);
+  BatchBuilder b(layout, host.data(), 16);
+  b.Reset();
+  const std::vector<int32_t> tokens(4, 3);
+  b.AddSequence(tokens.data(), 1, 3, {4}, true);
+  EXPECT_THROW(b.PadDecodeTo(8), std::logic_error);  // 8 sequences fit, 8 tokens do not
+  b.PadDecodeTo(4);
+  EXPECT_EQ(b.shape(1).num_tokens, 4);
+}
+
+// Host-only: bad engine flags are refused at start, naming the flag, the value and the limit.
+TEST(CudaRunnerFlags, RefusesWhatTheEngineCannotHonour) {
+  CudaRunnerOptions o;
+  EXPECT_EQ(CudaRunnerOptionsError(o), "");
+  o.max_num_seqs = 512;
+  o.max_num_batched_tokens = 256;
+  EXPECT_EQ(CudaRunnerOptionsError(o), "--max-num-seqs 512 must be <= --max-num-batched-tokens 256 (each sequence "
+                                       "of a step computes at least one token)");
+  o.max_num_batched_tokens = 8192;
+  o.cuda_graph_sizes = {1, 1024};
+  EXPECT_EQ(CudaRunnerOptionsError(o), "CUDA graph size 1024 must be in [1, --max-num-seqs 512]");
+  o.cuda_graph_sizes.clear();
+  o.runner.dtype = "float32";
+  EXPECT_EQ(CudaRunnerOptionsError(o), "--dtype float32 is not supported with --device cuda (bfloat16 or auto)");
+  o.runner.dtype = "bfloat16";
+  o.gpu_memory_utilization = 1.5f;
+  EXPECT_NE(CudaRunnerOptionsError(o).find("--gpu-memory-utilization"), std::string::npos);
+}
+
 class CudaRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
