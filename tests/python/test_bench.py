@@ -72,6 +72,24 @@ def test_failed_requests_are_counted_by_status(tiny_stack, tmp_path):
     assert r["status_counts"]["INVALID_ARGUMENT"] == r["failed"]
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_sampling_flags_reach_the_server(tiny_stack, tmp_path, protocol):
+    # Qwen2.5-Instruct's generation defaults, as the GPU check's sampled run sends them: served, and recorded.
+    flags = ["--temperature", 0.7, "--top-p", 0.8, "--top-k", 20, "--repetition-penalty", 1.05]
+    r = run_json(tiny_stack, tmp_path, "--protocol", protocol, "--num-requests", 6, "--concurrency", 3,
+                 "--input-len", 8, "--output-len", 4, *flags)
+    assert r["status_counts"] == {"OK": 6}
+    c = r["config"]
+    assert (c["top_p"], c["top_k"], c["min_p"]) == (pytest.approx(0.8), 20, None)
+    assert c["repetition_penalty"] == pytest.approx(1.05) and c["temperature"] == pytest.approx(0.7)
+    # Each flag is sent: a value out of its range fails every request on the server's validation.
+    for flag, bad in [("--top-p", 1.5), ("--top-k", -3), ("--min-p", 2), ("--repetition-penalty", -1)]:
+        r = run_json(tiny_stack, tmp_path, "--protocol", protocol, "--num-requests", 2, "--concurrency", 2,
+                     "--input-len", 8, "--output-len", 2, flag, bad, expect_rc=2)
+        assert r["failed"] == 2, (flag, r["status_counts"])
+        assert set(r["status_counts"]) <= {"INVALID_ARGUMENT", "HTTP_400"}, (flag, r["status_counts"])
+
+
 def test_unreachable_gateway_fails_every_request_and_still_reports(tmp_path):
     out = tmp_path / "dead.json"
     bench("run", "--target", "127.0.0.1:1", "--no-progress", "--num-requests", 5, "--concurrency", 2,

@@ -28,6 +28,11 @@ namespace {
 
 using nlohmann::json;
 
+template <typename T>
+json OrNull(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
 // ferry-launch's ready file: every service's ports on loopback.
 void ApplyStackFile(BenchFlags& f) {
   if (f.stack_file.empty()) return;
@@ -80,10 +85,10 @@ ClientFactory MakeClientFactory(const BenchFlags& f) {
     if (IsChatEndpoint(f.endpoint) && f.prompts_file.empty()) {
       throw std::invalid_argument("a chat endpoint takes text: give --prompts-file");
     }
-    return MakeHttpClientFactory({f.base_url, f.endpoint, f.model, f.api_key, f.ignore_eos, f.temperature, 10});
+    return MakeHttpClientFactory({f.base_url, f.endpoint, f.model, f.api_key, f.ignore_eos, f.sampling, 10});
   }
   if (f.target.empty()) throw std::invalid_argument("give --target (gateway host:port) or --stack-file");
-  return MakeGrpcClientFactory({f.target, f.api_key, f.num_channels, f.ignore_eos, f.temperature, 10});
+  return MakeGrpcClientFactory({f.target, f.api_key, f.num_channels, f.ignore_eos, f.sampling, 10});
 }
 
 SloSpec MakeSlo(const BenchFlags& f) {
@@ -118,7 +123,11 @@ json ConfigJson(const BenchFlags& f, int32_t concurrency) {
           {"lanes", f.lanes},
           {"seed", f.seed},
           {"ignore_eos", f.ignore_eos},
-          {"temperature", f.temperature}};
+          {"temperature", f.sampling.temperature},
+          {"top_p", OrNull(f.sampling.top_p)},
+          {"top_k", OrNull(f.sampling.top_k)},
+          {"min_p", OrNull(f.sampling.min_p)},
+          {"repetition_penalty", OrNull(f.sampling.repetition_penalty)}};
 }
 
 int32_t ParseConcurrency(const std::string& text, int32_t cap) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/bench/sampling_options.h"
+
 namespace ferry::bench {
 
 struct BenchFlags {
@@ -39,7 +41,7 @@ struct BenchFlags {
   int32_t token_id_max = 1000;
   uint64_t seed = 0;
   bool ignore_eos = true;
-  float temperature = 0;
+  BenchSampling sampling;
   double request_timeout_s = 60;
   int32_t num_warmup = 0;
   std::vector<std::string> goodput;  // ttft:MS tpot:MS e2el:MS

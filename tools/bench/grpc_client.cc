@@ -33,7 +33,12 @@ ferry::v1::GenerateRequest ToProto(const BenchRequest& r, const GrpcClientOption
   req.set_lane(r.lane);
   auto* s = req.mutable_sampling();
   s->set_max_tokens(r.max_tokens);
-  s->set_temperature(options.temperature);
+  const BenchSampling& o = options.sampling;
+  s->set_temperature(o.temperature);
+  if (o.top_p) s->set_top_p(*o.top_p);
+  if (o.top_k) s->set_top_k(*o.top_k);
+  if (o.min_p) s->set_min_p(*o.min_p);
+  if (o.repetition_penalty) s->set_repetition_penalty(*o.repetition_penalty);
   s->set_seed(r.seed);
   s->set_ignore_eos(options.ignore_eos);
   return req;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tools/bench/runner.h"
+#include "tools/bench/sampling_options.h"
 
 namespace ferry::bench {
 
@@ -15,7 +16,7 @@ struct GrpcClientOptions {
   std::string api_key;           // sent as "authorization: Bearer <key>" when set
   int32_t num_channels = 4;      // TCP connections, shared round-robin by the runner's threads
   bool ignore_eos = true;        // generate exactly max_tokens (capacity runs need fixed lengths)
-  float temperature = 0;
+  BenchSampling sampling;
   double connect_timeout_s = 10;
 };
 

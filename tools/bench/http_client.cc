@@ -83,11 +83,16 @@ httplib::Headers BaseHeaders(const HttpClientOptions& options) {
 json RequestBody(const BenchRequest& r, const HttpClientOptions& options) {
   json body = {{"model", options.model},
                {"max_tokens", r.max_tokens},
-               {"temperature", options.temperature},
+               {"temperature", options.sampling.temperature},
                {"seed", r.seed},
                {"stream", true},
                {"stream_options", {{"include_usage", true}}}};
   if (options.ignore_eos) body["ignore_eos"] = true;
+  const BenchSampling& s = options.sampling;
+  if (s.top_p) body["top_p"] = *s.top_p;
+  if (s.top_k) body["top_k"] = *s.top_k;
+  if (s.min_p) body["min_p"] = *s.min_p;
+  if (s.repetition_penalty) body["repetition_penalty"] = *s.repetition_penalty;
   if (IsChatEndpoint(options.endpoint)) {
     body["messages"] = json::array({{{"role", "user"}, {"content", r.prompt_text}}});
   } else if (r.prompt_text.empty()) {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "tools/bench/runner.h"
+#include "tools/bench/sampling_options.h"
 
 namespace ferry::bench {
 
@@ -21,7 +22,7 @@ struct HttpClientOptions {
   std::string model;                      // empty: the first model GET /v1/models lists
   std::string api_key;                    // sent as "Authorization: Bearer <key>" when set
   bool ignore_eos = true;                 // vLLM's extra field; Ferry accepts it too
-  float temperature = 0;
+  BenchSampling sampling;
   double connect_timeout_s = 10;
 };
 

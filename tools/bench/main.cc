@@ -63,7 +63,11 @@ void AddLoadFlags(CLI::App& app, BenchFlags& f) {
   app.add_option("--token-id-max", f.token_id_max, "Random prompt ids are drawn from [min, max)");
   app.add_option("--seed", f.seed, "Workload seed: the same seed sends the same requests at the same times");
   app.add_flag("--ignore-eos,!--no-ignore-eos", f.ignore_eos, "Generate exactly max_tokens (default on)");
-  app.add_option("--temperature", f.temperature, "Sampling temperature (0: greedy)");
+  app.add_option("--temperature", f.sampling.temperature, "Sampling temperature (0: greedy)");
+  app.add_option("--top-p", f.sampling.top_p, "Nucleus mass (unset: the server's default)");
+  app.add_option("--top-k", f.sampling.top_k, "Most likely tokens kept (unset: the server's default)");
+  app.add_option("--min-p", f.sampling.min_p, "Minimum probability relative to the top one (unset: server's)");
+  app.add_option("--repetition-penalty", f.sampling.repetition_penalty, "Repetition penalty (unset: server's)");
   app.add_option("--request-timeout-s", f.request_timeout_s, "Per-request deadline; a late request fails")
       ->check(CLI::PositiveNumber);
   app.add_option("--num-warmup", f.num_warmup, "Requests sent one by one before measuring (not counted)");
