@@ -18,7 +18,8 @@
 # comparison, the three services end to end. Without a GPU it reports "no GPU" and stops cleanly
 # after the build (exit 3).
 # Env: DEADLINE_S (540), FERRY_GPU_ARCH (90), JOBS (nproc), FERRY_GPU_BUILD (build-gpu-check),
-# FERRY_GPU_DEPS (.gpu-deps, from tests/gpu/prepare.sh), SKIP_E2E=1, SKIP_BUILD=1 (use FERRY_GPU_BUILD as is).
+# FERRY_GPU_DEPS (.gpu-deps, from tests/gpu/prepare.sh), SKIP_E2E=1, SKIP_BUILD=1 (use FERRY_GPU_BUILD as is),
+# PREBUILT=0 (build here even when prepare.sh's prebuilt binaries are of this tree).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -71,12 +72,43 @@ step() {
   return 0
 }
 
-# Where libNAME.so is: the loader's cache, else the CUDA toolkit's folders, else "not found".
+# Where libNAME.so is: the loader's cache, else the CUDA toolkit's folders, else torch's pip wheels,
+# else "not found".
 library() {
   local found
-  found=$( (ldconfig -p 2>/dev/null; find /usr/local/cuda*/lib* -maxdepth 1 -name "lib$1.so*" 2>/dev/null) |
+  local pip_nvidia  # torch's wheels bring their own cuBLAS and NCCL (site-packages/nvidia/*/lib)
+  pip_nvidia=$(python3 -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null)
+  found=$( (ldconfig -p 2>/dev/null; find /usr/local/cuda*/lib* -maxdepth 1 -name "lib$1.so*" 2>/dev/null
+    [ -n "$pip_nvidia" ] && find $pip_nvidia -maxdepth 3 -name "lib$1.so*" 2>/dev/null) |
     grep -o "/[^ ]*lib$1\.so[^ ]*" | head -n 1)
   echo "${found:-not found}"
+}
+
+# LD_LIBRARY_PATH gains the folders of CUDA's runtime, cuBLAS and NCCL, wherever they are here, so
+# that binaries built elsewhere (prebuilt/, the stack bundle) find them.
+cuda_library_path() {
+  local lib path
+  for lib in cudart cublas cublasLt nccl; do
+    path=$(library $lib)
+    [ "$path" = "not found" ] || LD_LIBRARY_PATH="$(dirname "$path")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+  export LD_LIBRARY_PATH
+}
+
+# Whether prepare.sh's binaries (built on the development machine with the same nvcc) are of this
+# very tree and load here; then the build is skipped.
+use_prebuilt() {
+  local want got
+  [ "${PREBUILT:-1}" = 1 ] || { echo "PREBUILT=0: building here"; return 1; }
+  [ -f "$DEPS/prebuilt/stamp" ] || { echo "no prebuilt binaries in $DEPS: building here"; return 1; }
+  want=$(cat "$DEPS/prebuilt/stamp")
+  got=$(bash tests/gpu/source_stamp.sh)
+  [ "$want" = "$got" ] || { echo "prebuilt binaries are of another tree ($want, this one is $got): building here"; return 1; }
+  if ldd "$DEPS"/prebuilt/bin/* "$DEPS"/prebuilt/tests/* 2>&1 | grep "not found"; then
+    echo "prebuilt binaries miss libraries here: building here"
+    return 1
+  fi
+  echo "prebuilt binaries of this tree ($got): no build"
 }
 
 environment() {
@@ -156,7 +188,7 @@ parity() {
 bench() {
   ensure_model qwen2.5-0.5b || return 1
   "$BUILD/bin/ferry-gpu-bench" --model-dir "$QWEN" --context 512 --batch 1,8,64,256 --steps 20 \
-    --offline 2048 --output 128 --json "$JSON_DIR/bench.json"
+    --offline 2048 --output 128 --sampled --json "$JSON_DIR/bench.json"
 }
 
 hf() {
@@ -165,30 +197,58 @@ hf() {
   python3 tests/gpu/hf_compare.py --model "$QWEN" --tiny "$MODELS/tiny" --build "$BUILD" --json "$JSON_DIR/hf.json"
 }
 
-# The whole stack, only where the full build's packages are (gRPC, oneDNN, ...).
+# STACK_BIN: the stack's binaries. From the bundle prepare.sh packed on the development machine
+# (tests/gpu/bundle_stack.sh: the stack and its libraries, CUDA's excepted), else built here where
+# the full build's packages are (gRPC, oneDNN, ...). Returns 77 when neither can be had.
+stack() {
+  if [ -f "$DEPS/stack.tar.xz" ]; then
+    local dir=/tmp/ferry-stack missing
+    rm -rf "$dir" && mkdir -p "$dir" && xz -dc "$DEPS/stack.tar.xz" | tar -C "$dir" -xf - || return 1
+    export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    missing=$(ldd "$dir"/bin/* 2>&1 | grep "not found" | sort -u)
+    [ -z "$missing" ] || { echo "the stack bundle's libraries are incomplete here:"; echo "$missing"; return 1; }
+    STACK_BIN=$dir/bin
+    echo "stack: the bundle from $DEPS/stack.tar.xz; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    return 0
+  fi
+  cmake -S . -B build-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null 2>&1 ||
+    { echo "no stack bundle ($DEPS/stack.tar.xz) and the full build's packages are absent: skipped"; return 77; }
+  ninja -C build-full -j"$JOBS" ferry-launch ferry-worker ferry-scheduler ferry-gateway ferry-bench ferry_gpu_plugin ||
+    return 1
+  STACK_BIN=$ROOT/build-full/bin
+}
+
+# Gateway, scheduler and GPU worker, real processes: 2,048 requests of 512 prompt / 128 output
+# tokens, all at once, once greedy and once with Qwen2.5-Instruct's sampling defaults.
 e2e() {
   [ "${SKIP_E2E:-0}" = 1 ] && { echo "SKIP_E2E=1"; return 77; }
   ensure_model qwen2.5-0.5b || return 1
-  cmake -S . -B build-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null 2>&1 ||
-    { echo "the full build's packages are absent here: end to end skipped"; return 77; }
-  ninja -C build-full -j"$JOBS" ferry-launch ferry-worker ferry-scheduler ferry-gateway ferry-bench ferry_gpu_plugin || return 1
-  local run_dir ready launch rc
+  stack || return $?
+  local run_dir ready launch rc=0 mode
   run_dir=$(mktemp -d)
   ready=$run_dir/stack.json
-  build-full/bin/ferry-launch --model "$QWEN" --port 0 --run-dir "$run_dir" --ready-file "$ready" \
+  "$STACK_BIN/ferry-launch" --model "$QWEN" --port 0 --run-dir "$run_dir" --ready-file "$ready" \
     --log-level warn --worker-arg=--device=cuda --max-num-seqs 256 --max-num-batched-tokens 8192 &
   launch=$!
-  for _ in $(seq 600); do [ -f "$ready" ] && break; kill -0 $launch 2>/dev/null || return 1; sleep 0.2; done
-  build-full/bin/ferry-bench run --stack-file "$ready" --num-requests 2048 --concurrency 2048 \
-    --input-len 512 --output-len 128
-  rc=$?
+  for _ in $(seq 900); do [ -f "$ready" ] && break; kill -0 $launch 2>/dev/null || return 1; sleep 0.2; done
+  [ -f "$ready" ] || { echo "the stack was not ready within 180 s"; kill -TERM $launch; return 1; }
+  for mode in greedy sampled; do
+    local sampling=(--temperature 0)
+    [ $mode = sampled ] && sampling=(--temperature 0.7 --top-p 0.8 --top-k 20 --repetition-penalty 1.05)
+    "$STACK_BIN/ferry-bench" run --stack-file "$ready" --no-progress --num-requests 2048 --concurrency 2048 \
+      --input-len 512 --output-len 128 --token-id-min 10 --token-id-max 150000 --request-timeout-s 120 \
+      --label "e2e $mode" --json "$JSON_DIR/e2e_$mode.json" "${sampling[@]}" || rc=1
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print(f"e2e {sys.argv[2]}: {r[\"completed\"]} of 2048 completed, {r[\"output_throughput\"]:.0f} output tokens/s")' \
+      "$JSON_DIR/e2e_$mode.json" $mode || rc=1
+  done
   kill -TERM $launch
   wait $launch
   return $rc
 }
 
 export ROOT ARCH JOBS BUILD DEPS MODELS QWEN JSON_DIR
-export -f build gtest kernel_tests ensure_model parity bench hf e2e
+export -f library build gtest kernel_tests ensure_model parity bench hf stack e2e
 
 say "# Ferry device check, $(date -u +%FT%TZ)"
 say ""
@@ -198,7 +258,13 @@ nvidia-smi -L >/dev/null 2>&1 && have_gpu=1
 say ""
 say "| step | result | time |"
 say "|---|---|---|"
-step build build.log 360 build
+cuda_library_path
+if use_prebuilt >>"$R/build.log" 2>&1; then
+  BUILD=$DEPS/prebuilt
+  say "| build | prebuilt on the development machine ($(cat "$DEPS/prebuilt/stamp")) | 0 s |"
+else
+  step build build.log 360 build
+fi
 if [ $have_gpu = 0 ]; then
   say "| kernel tests and everything after | no GPU: nothing to run on a device | 0 s |"
   say "total $(($(date +%s) - T0)) s"
@@ -213,7 +279,8 @@ grep -h -A8 "^| batch" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
 grep -h "offline:\|prefill:" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
 step "HF comparison" hf.log 120 hf
 grep -h "^hf " "$R/hf.log" 2>/dev/null | tee -a "$SUMMARY"
-step "end to end" e2e.log 180 e2e
+step "end to end" e2e.log 240 e2e
+grep -h "^e2e " "$R/e2e.log" 2>/dev/null | tee -a "$SUMMARY"
 python3 - "$JSON_DIR" "$R/results.json" <<'PY'
 import json, pathlib, sys
 merged = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}

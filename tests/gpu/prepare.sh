@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with Ferry's full build, no GPU needed) before tests/gpu/run.sh goes to a
-# GPU machine that has CUDA but not Ferry's Debian packages. Fills .gpu-deps/ (git-ignored via
+# Run HERE (a machine with Ferry's full build, no GPU needed) before tests/gpu/device_check.sh goes
+# to a GPU machine that has CUDA but not Ferry's Debian packages. Fills .gpu-deps/ (git-ignored via
 # .git/info/exclude) with:
 #   include/nlohmann/       nlohmann_json headers (if the GPU machine lacks them)
 #   googletest/             GoogleTest sources (built there by tests/gpu/CMakeLists.txt)
 #   fixtures/<preset>.bin   the CPU engine's result for each engine parity case
-# Then send it along: device run with carry [".gpu-deps"] and command `bash tests/gpu/run.sh`.
+#   prebuilt/               tests/gpu/CMakeLists.txt built here for sm_90 with the same nvcc:
+#                           bin/, tests/ and stamp (tests/gpu/source_stamp.sh of the tree it was
+#                           built from); device_check.sh uses it when the stamp matches and every
+#                           library resolves there, and builds there otherwise (PREBUILT=0 skips it)
+#   stack.tar.xz            the gateway, scheduler, worker, launcher and bench with their libraries
+#                           (tests/gpu/bundle_stack.sh), for the end-to-end step
+# Then send it along: device run with carry [".gpu-deps"], command `bash tests/gpu/device_check.sh "$OUT"`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEPS=${FERRY_GPU_DEPS:-.gpu-deps}
-BUILD=${FERRY_BUILD_DIR:-build-gpu}
+BUILD=${FERRY_BUILD_DIR:-build}
 mkdir -p "$DEPS/include" "$DEPS/fixtures"
 exclude=$(git rev-parse --git-path info/exclude)
 grep -qx "/$DEPS/" "$exclude" 2>/dev/null || echo "/$DEPS/" >>"$exclude"
@@ -25,4 +31,23 @@ for preset in tiny qwen2.5-0.5b; do
   "$BUILD/bin/ferry-gpu-parity-fixture" --preset "$preset" --model-dir "$models/$preset" \
     --out "$DEPS/fixtures/$preset.bin"
 done
+bash tests/gpu/bundle_stack.sh "$BUILD" "$DEPS/stack.tar.xz"
+
+# The device check's own build, done here: minutes of device time saved, and a compile error
+# seen here rather than there.
+if [ "${PREBUILT:-1}" = 1 ]; then
+  here=${FERRY_GPU_BUILD_HERE:-build-gpu-check-here}
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  cmake -S tests/gpu -B "$here" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${FERRY_GPU_ARCH:-90}" \
+    -DFERRY_GPU_DEPS="$PWD/$DEPS" "${launcher[@]}" >/dev/null
+  ninja -C "$here" -j"${JOBS:-2}"
+  rm -rf "$DEPS/prebuilt" && mkdir -p "$DEPS/prebuilt/bin" "$DEPS/prebuilt/tests"
+  for dir in bin tests; do
+    for f in "$here/$dir"/*; do
+      [ -f "$f" ] && [ -x "$f" ] && strip -o "$DEPS/prebuilt/$dir/$(basename "$f")" "$f"
+    done
+  done
+  bash tests/gpu/source_stamp.sh >"$DEPS/prebuilt/stamp"
+fi
 du -sh "$DEPS"

@@ -2,6 +2,7 @@
 writes its summary into the folder it is given, says "no GPU" and stops with exit code 3 instead of
 crashing, and leaves at most 8 files there (what the device tool returns)."""
 import os
+import shutil
 import subprocess
 
 from conftest import REPO
@@ -10,6 +11,7 @@ from conftest import REPO
 def test_device_check_without_a_gpu_reports_no_gpu_cleanly(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, SKIP_BUILD="1", FERRY_GPU_BUILD=str(tmp_path / "no-build"), DEADLINE_S="60",
+               FERRY_GPU_DEPS=str(tmp_path / "no-deps"),  # not this checkout's .gpu-deps, if it has one
                PATH="/usr/bin:/bin")  # no nvidia-smi, whatever this machine has
     done = subprocess.run(["bash", str(REPO / "tests/gpu/device_check.sh"), str(out)], env=env, capture_output=True,
                           text=True, timeout=120)
@@ -19,6 +21,32 @@ def test_device_check_without_a_gpu_reports_no_gpu_cleanly(tmp_path):
     assert "nvidia-smi:" in summary and "nvcc:" in summary, summary
     assert "| build | PASS |" in summary, summary
     assert len(list(out.iterdir())) <= 8
+
+
+def run_check_with_prebuilt(tmp_path, stamp):
+    deps = tmp_path / "deps"
+    for d in ("bin", "tests"):
+        (deps / "prebuilt" / d).mkdir(parents=True)
+        shutil.copy("/bin/true", deps / "prebuilt" / d / "tool")  # loads anywhere
+    (deps / "prebuilt" / "stamp").write_text(stamp + "\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, SKIP_BUILD="1", FERRY_GPU_BUILD=str(tmp_path / "no-build"), DEADLINE_S="60",
+               FERRY_GPU_DEPS=str(deps), PATH="/usr/bin:/bin")
+    done = subprocess.run(["bash", str(REPO / "tests/gpu/device_check.sh"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 3, done.stdout + done.stderr
+    return (out / "summary.md").read_text(), (out / "build.log").read_text()
+
+
+def test_device_check_uses_binaries_prebuilt_from_this_very_tree_only(tmp_path):
+    stamp = subprocess.run(["bash", "tests/gpu/source_stamp.sh"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert len(stamp) == 16
+    summary, log = run_check_with_prebuilt(tmp_path / "same", stamp)
+    assert f"| build | prebuilt on the development machine ({stamp}) | 0 s |" in summary, summary
+    summary, log = run_check_with_prebuilt(tmp_path / "other", "0123456789abcdef")
+    assert "| build | PASS |" in summary and "prebuilt" not in summary, summary
+    assert f"prebuilt binaries are of another tree (0123456789abcdef, this one is {stamp})" in log, log
 
 
 def test_worker_refuses_gpu_flags_it_cannot_honour_at_start(tiny_model):

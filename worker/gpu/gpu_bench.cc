@@ -5,9 +5,12 @@
 //
 //   build/bin/ferry-gpu-bench [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20]
 //                             [--peak-gbs 4800] [--enforce-eager] [--json FILE]
-//                             [--offline 2048 [--output 128] [--max-num-seqs 256]]
+//                             [--offline 2048 [--output 128] [--max-num-seqs 256] [--sampled]]
 // --offline N also runs N requests of --context prompt / --output generated tokens, all sent
-// at once, through a scheduler-like loop (the engine's share of the e2e throughput goal).
+// at once, through a scheduler-like loop (the engine's share of the e2e throughput goal);
+// --sampled runs it a second time with Qwen2.5-Instruct's generation defaults (temperature 0.7,
+// top-p 0.8, top-k 20, repetition penalty 1.05: what every real request to that model samples
+// with) and prints the ratio, the "sampled within 10% of greedy".
 // Without --model-dir it writes a random qwen2.5-0.5b checkpoint to a temp directory first.
 #include <algorithm>
 #include <chrono>
@@ -38,7 +41,19 @@ struct BenchFlags {
   int32_t offline_requests = 0;  // > 0: also the offline throughput run
   int32_t output = 128;          // generated tokens per offline request
   int32_t max_num_seqs = 256;    // offline run's running-sequence cap
+  bool sampled = false;          // offline run again with Qwen2.5-Instruct's sampling defaults
 };
+
+// Qwen2.5-Instruct's generation_config.json, seeded per request.
+SamplingOptions QwenInstructSampling(uint64_t seed) {
+  SamplingOptions s;
+  s.temperature = 0.7f;
+  s.top_p = 0.8f;
+  s.top_k = 20;
+  s.repetition_penalty = 1.05f;
+  s.seed = seed;
+  return s;
+}
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -55,12 +70,14 @@ class Bench {
     o.runner.model_dir = f.model_dir;
     o.runner.block_size = kBlockSize;
     const int32_t per_seq = (f.context + f.steps * 8 + 64 + kBlockSize - 1) / kBlockSize;
-    o.runner.num_kv_blocks = max_batch_ * per_seq;
+    const int32_t spare = (f.context + kBlockSize - 1) / kBlockSize;  // PrefillLatencyMs's sequence
+    o.runner.num_kv_blocks = max_batch_ * per_seq + spare;
     o.max_num_seqs = max_batch_;
     o.max_num_batched_tokens = f.max_num_batched_tokens;
     o.enforce_eager = f.enforce_eager;
     runner_ = std::make_unique<CudaQwen2Runner>(o);
-    for (int32_t b = o.runner.num_kv_blocks - 1; b >= 0; --b) free_.push_back(b);
+    for (int32_t b = 0; b < spare; ++b) spare_.push_back(b);
+    for (int32_t b = o.runner.num_kv_blocks - 1; b >= spare; --b) free_.push_back(b);
     seqs_.resize(max_batch_);
   }
 
@@ -79,6 +96,30 @@ class Bench {
       runner_->Step(spec);
     }
     return double(max_batch_) * flags_.context / Seconds(start, Clock::now());
+  }
+
+  // Milliseconds of one sequence's prefill of --context tokens (a fresh sequence each time; the
+  // median of 5 after one warm-up): the time to first token of a lone request.
+  double PrefillLatencyMs() {
+    std::vector<double> ms;
+    for (int rep = 0; rep < 6; ++rep) {
+      const uint64_t id = 1'000'000 + rep;
+      std::vector<int32_t> prompt(flags_.context);
+      for (int32_t t = 0; t < flags_.context; ++t) prompt[t] = (t * 7919 + rep * 31 + 5) % 150000;
+      StepSpec spec;
+      spec.new_sequences.push_back({id, prompt, 0, {}, 0});
+      ScheduledSpec s{id, flags_.context, {}};
+      for (int32_t b = 0; b * kBlockSize < flags_.context; ++b) s.new_block_ids.push_back(spare_[b]);
+      spec.scheduled.push_back(s);
+      const auto start = Clock::now();
+      runner_->Step(spec);
+      if (rep > 0) ms.push_back(Seconds(start, Clock::now()) * 1e3);
+      StepSpec done;
+      done.finished_ids.push_back(id);
+      runner_->Step(done);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
   }
 
   DecodeResult Decode(int32_t batch) {
@@ -127,6 +168,7 @@ class Bench {
   int32_t max_batch_;
   std::unique_ptr<CudaQwen2Runner> runner_;
   std::vector<int32_t> free_;
+  std::vector<int32_t> spare_;  // blocks of PrefillLatencyMs's sequence
   std::vector<Seq> seqs_;
 };
 
@@ -135,7 +177,7 @@ class Bench {
 // generating exactly `output` tokens, scheduled like the real scheduler does (decodes first,
 // then chunked prefills under the token budget, at most max_num_seqs running, blocks freed as
 // sequences finish). Returns output tokens per second of wall time.
-double Offline(const BenchFlags& f) {
+double Offline(const BenchFlags& f, bool sampled) {
   constexpr int32_t kBs = 16;
   const int32_t per_seq = (f.context + f.output + kBs - 1) / kBs;
   CudaRunnerOptions o;
@@ -169,7 +211,8 @@ double Offline(const BenchFlags& f) {
       if (!r.sent) {
         std::vector<int32_t> prompt(f.context);
         for (int32_t t = 0; t < f.context; ++t) prompt[t] = (t * 7919 + i * 104729 + 11) % 150000;
-        spec.new_sequences.push_back({s.seq_id, prompt, 0, {}, 0});
+        spec.new_sequences.push_back(
+            {s.seq_id, prompt, 0, sampled ? QwenInstructSampling(s.seq_id) : SamplingOptions{}, 0});
         r.sent = true;
       }
       r.computed += n;
@@ -204,30 +247,46 @@ double Offline(const BenchFlags& f) {
     ++steps;
   }
   const double seconds = Seconds(start, Clock::now());
-  std::printf("offline: %d requests x (%d prompt, %d output) in %.2f s, %lld steps: %.0f output tokens/s\n",
-              f.offline_requests, f.context, f.output, seconds, static_cast<long long>(steps),
+  std::printf("offline (%s): %d requests x (%d prompt, %d output) in %.2f s, %lld steps: %.0f output tokens/s\n",
+              sampled ? "sampled, Qwen2.5-Instruct defaults" : "greedy", f.offline_requests, f.context, f.output,
+              seconds, static_cast<long long>(steps),
               double(f.offline_requests) * f.output / seconds);
   return double(f.offline_requests) * f.output / seconds;
 }
 
-void Report(const BenchFlags& f, double prefill_tps, const std::vector<DecodeResult>& results, double offline_tps) {
+struct Figures {
+  double prefill_tps = 0;         // batched prefill, tokens/s
+  double prefill_latency_ms = 0;  // one sequence's --context-token prefill
+  std::vector<DecodeResult> decode;
+  double offline_tps = 0;          // greedy
+  double offline_sampled_tps = 0;  // Qwen2.5-Instruct's sampling defaults
+};
+
+void Report(const BenchFlags& f, const Figures& g) {
   std::printf("\n| batch | decode step ms (wall) | device ms | memory floor ms | wall / floor | tokens/s |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|\n");
-  for (const DecodeResult& r : results) {
+  for (const DecodeResult& r : g.decode) {
     std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", r.batch, r.wall_ms, r.gpu_ms, r.floor_ms,
                 r.wall_ms / r.floor_ms, r.batch / (r.wall_ms / 1e3));
   }
-  std::printf("\nprefill: %.0f tokens/s (%d-token prompts)\n", prefill_tps, f.context);
-  if (offline_tps > 0) std::printf("offline: %.0f output tokens/s\n", offline_tps);
+  std::printf("\nprefill: %.0f tokens/s batched, %.3f ms for one %d-token prompt\n", g.prefill_tps,
+              g.prefill_latency_ms, f.context);
+  if (g.offline_tps > 0) std::printf("offline: %.0f output tokens/s greedy\n", g.offline_tps);
+  if (g.offline_sampled_tps > 0) {
+    std::printf("offline: %.0f output tokens/s sampled, %.3f of greedy\n", g.offline_sampled_tps,
+                g.offline_sampled_tps / g.offline_tps);
+  }
   if (f.json.empty()) return;
   std::ofstream out(f.json);
-  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << prefill_tps << ", \"decode\": [";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const DecodeResult& r = results[i];
+  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << g.prefill_tps
+      << ", \"prefill_latency_ms\": " << g.prefill_latency_ms << ", \"decode\": [";
+  for (size_t i = 0; i < g.decode.size(); ++i) {
+    const DecodeResult& r = g.decode[i];
     out << (i ? ", " : "") << "{\"batch\": " << r.batch << ", \"wall_ms\": " << r.wall_ms << ", \"device_ms\": "
         << r.gpu_ms << ", \"floor_ms\": " << r.floor_ms << "}";
   }
-  out << "], \"offline_output_tokens_per_s\": " << offline_tps << "}\n";
+  out << "], \"offline_output_tokens_per_s\": " << g.offline_tps
+      << ", \"offline_sampled_output_tokens_per_s\": " << g.offline_sampled_tps << "}\n";
 }
 
 }  // namespace
@@ -256,6 +315,8 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
       f->offline_requests = std::atoi(argv[++i]);
     } else if (arg == "--output" && has_value) {
       f->output = std::atoi(argv[++i]);
+    } else if (arg == "--sampled") {
+      f->sampled = true;
     } else if (arg == "--max-num-seqs" && has_value) {
       f->max_num_seqs = std::atoi(argv[++i]);
     } else if (arg == "--json" && has_value) {
@@ -268,7 +329,7 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
       std::fprintf(stderr,
                    "usage: %s [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20] [--peak-gbs 4800]\n"
                    "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE]\n"
-                   "          [--offline REQUESTS [--output 128] [--max-num-seqs 256]]\n", argv[0]);
+                   "          [--offline REQUESTS [--output 128] [--max-num-seqs 256] [--sampled]]\n", argv[0]);
       return false;
     }
   }
@@ -289,15 +350,16 @@ int main(int argc, char** argv) {
       WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
       f.model_dir = temp;
     }
-    double prefill = 0;
-    std::vector<gpu::DecodeResult> results;
+    gpu::Figures g;
     {
       gpu::Bench bench(f);
-      prefill = bench.Prefill();
-      for (int32_t b : f.batches) results.push_back(bench.Decode(b));
+      g.prefill_latency_ms = bench.PrefillLatencyMs();
+      g.prefill_tps = bench.Prefill();
+      for (int32_t b : f.batches) g.decode.push_back(bench.Decode(b));
     }
-    const double offline = f.offline_requests > 0 ? gpu::Offline(f) : 0;
-    gpu::Report(f, prefill, results, offline);
+    if (f.offline_requests > 0) g.offline_tps = gpu::Offline(f, false);
+    if (f.offline_requests > 0 && f.sampled) g.offline_sampled_tps = gpu::Offline(f, true);
+    gpu::Report(f, g);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry-gpu-bench: %s\n", e.what());
     if (!temp.empty()) std::filesystem::remove_all(temp);
