@@ -28,6 +28,7 @@ struct Flags {
   std::string backend = "cpu";
   std::string cost_model;
   int sim_live_tokens = 0;
+  bool sim_overlap = false;
   int tensor_parallel_size = 1;
   int tp_rank = 0;
   std::string dist_store_dir;
@@ -54,6 +55,9 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember({"cpu", "sim"}));
   app.add_option("--cost-model", f.cost_model, "Cost model JSON for --backend sim (e.g. scheduler/sim/presets/)");
   app.add_option("--sim-live-tokens", f.sim_live_tokens, "--backend sim samples ids below this (0: vocab size)");
+  app.add_flag("--sim-overlap", f.sim_overlap,
+               "--backend sim models a device that runs steps asynchronously: the host prepares the next step "
+               "while one runs, as the GPU engine does");
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size, "Ranks sharing the model")->check(CLI::Range(1, 64));
   app.add_option("--tp-rank", f.tp_rank, "This worker's rank in [0, --tensor-parallel-size)");
   app.add_option("--dist-store-dir", f.dist_store_dir, "Rendezvous directory shared by all ranks (Gloo FileStore)");
@@ -113,6 +117,7 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prome
   sim.num_kv_blocks = flags.runner.num_kv_blocks;
   sim.max_model_len = flags.runner.max_model_len;
   sim.num_live_tokens = flags.sim_live_tokens;
+  sim.overlap = flags.sim_overlap;
   return std::make_unique<ferry::worker::SimRunner>(sim);
 }
 

@@ -10,7 +10,7 @@
 
 namespace ferry::worker {
 
-SimRunner::SimRunner(const SimOptions& options) : cost_(options.cost) {
+SimRunner::SimRunner(const SimOptions& options) : cost_(options.cost), overlap_(options.overlap) {
   const Qwen2Config config = LoadQwen2Config(options.model_dir);
   info_.model = "sim:" + config.name;
   info_.dtype = "sim";
@@ -53,6 +53,41 @@ double SimRunner::ModelledSeconds(const StepSpec& step) const {
 std::vector<SampledTokenOut> SimRunner::Step(const StepSpec& step) {
   const auto start = std::chrono::steady_clock::now();
   const double seconds = ModelledSeconds(step);
+  std::vector<SampledTokenOut> out = Apply(step);
+  // Sleeps overshoot on coarse VM timers (~1 ms); the overshoot is paid back by shorter sleeps
+  // in the next steps so the mean step time is the model's. Capped so idle time never counts.
+  std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds - debt_s_));
+  const double actual = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  debt_s_ = std::clamp(debt_s_ + actual - seconds, 0.0, kMaxDebtSeconds);
+  return out;
+}
+
+// The modelled device runs submitted steps back to back: each ends its modelled time after the
+// later of its submission and the end of the step before it. Sleeping until those absolute
+// times cannot accumulate oversleeping, so no debt is kept.
+void SimRunner::Submit(const StepSpec& step) {
+  if (!overlap_) throw std::logic_error("SimRunner::Submit without --sim-overlap");
+  if (submitted_.size() >= static_cast<size_t>(kMaxSubmittedSteps)) {
+    throw std::logic_error("SimRunner::Submit: " + std::to_string(submitted_.size()) + " steps already submitted");
+  }
+  const double seconds = ModelledSeconds(step);
+  std::vector<SampledTokenOut> samples = Apply(step);
+  device_free_ = std::max(device_free_, Clock::now()) +
+                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  submitted_.push_back({device_free_, std::move(samples)});
+}
+
+bool SimRunner::Ready() const { return submitted_.empty() || Clock::now() >= submitted_.front().done; }
+
+std::vector<SampledTokenOut> SimRunner::Collect() {
+  if (submitted_.empty()) throw std::logic_error("SimRunner::Collect with no step submitted");
+  std::this_thread::sleep_until(submitted_.front().done);
+  std::vector<SampledTokenOut> out = std::move(submitted_.front().samples);
+  submitted_.pop_front();
+  return out;
+}
+
+std::vector<SampledTokenOut> SimRunner::Apply(const StepSpec& step) {
   for (uint64_t id : step.finished_ids) seqs_.erase(id);
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
   for (const NewSequenceSpec& n : step.new_sequences) seqs_[n.seq_id] = {n.token_ids, n.num_cached_tokens};
@@ -73,11 +108,6 @@ std::vector<SampledTokenOut> SimRunner::Step(const StepSpec& step) {
     sample.token_id = token;
     out.push_back(sample);
   }
-  // Sleeps overshoot on coarse VM timers (~1 ms); the overshoot is paid back by shorter sleeps
-  // in the next steps so the mean step time is the model's. Capped so idle time never counts.
-  std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds - debt_s_));
-  const double actual = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  debt_s_ = std::clamp(debt_s_ + actual - seconds, 0.0, kMaxDebtSeconds);
   return out;
 }
 

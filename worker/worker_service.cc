@@ -1,9 +1,12 @@
 #include "worker/worker_service.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -41,6 +44,45 @@ struct WorkerMetrics {
 
 namespace {
 
+// Step requests from the stream's reader thread to the step thread.
+class RequestQueue {
+ public:
+  void Push(ferry::v1::StepRequest request) {
+    std::lock_guard lock(mutex_);
+    requests_.push_back(std::move(request));
+    changed_.notify_one();
+  }
+  void Close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    changed_.notify_one();
+  }
+  // The next request; waits for one. Empty once closed and drained.
+  std::optional<ferry::v1::StepRequest> Pop() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return closed_ || !requests_.empty(); });
+    return TakeLocked();
+  }
+  // The next request if one is there, else waits at most `wait` for one.
+  std::optional<ferry::v1::StepRequest> PopWithin(std::chrono::microseconds wait) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, wait, [&] { return closed_ || !requests_.empty(); });
+    return TakeLocked();
+  }
+
+ private:
+  std::optional<ferry::v1::StepRequest> TakeLocked() {
+    if (requests_.empty()) return std::nullopt;
+    std::optional<ferry::v1::StepRequest> next(std::move(requests_.front()));
+    requests_.pop_front();
+    return next;
+  }
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<ferry::v1::StepRequest> requests_;
+  bool closed_ = false;
+};
+
 uint64_t NewIncarnationId() {
   std::random_device device;
   std::uniform_int_distribution<uint64_t> draw(1, std::numeric_limits<uint64_t>::max());
@@ -51,14 +93,13 @@ uint64_t NewIncarnationId() {
 
 void StepWatch::Began(uint64_t step_id, Clock::time_point now) {
   std::lock_guard lock(mutex_);
-  running_.emplace(step_id, now);
-  running_first_ = num_began_ < kNumFirstSteps;
+  running_.push_back({step_id, now, num_began_ < kNumFirstSteps});
   ++num_began_;
 }
 
 void StepWatch::Ended() {
   std::lock_guard lock(mutex_);
-  running_.reset();
+  if (!running_.empty()) running_.pop_front();
 }
 
 void StepWatch::Broke(const std::string& reason) {
@@ -68,18 +109,20 @@ void StepWatch::Broke(const std::string& reason) {
 
 double StepWatch::RunningSeconds(Clock::time_point now) const {
   std::lock_guard lock(mutex_);
-  return running_ ? std::chrono::duration<double>(now - running_->second).count() : 0.0;
+  return running_.empty() ? 0.0 : std::chrono::duration<double>(now - running_.front().start).count();
 }
 
 std::string StepWatch::Problem(Clock::time_point now, int step_timeout_s) const {
   std::lock_guard lock(mutex_);
   if (!broken_.empty()) return broken_;
-  if (step_timeout_s <= 0 || !running_) return {};
-  const double running_s = std::chrono::duration<double>(now - running_->second).count();
-  const int limit_s = running_first_ ? kFirstStepsFactor * step_timeout_s : step_timeout_s;
+  if (step_timeout_s <= 0 || running_.empty()) return {};
+  // The oldest step: one submitted behind it cannot start before it ends.
+  const Running& r = running_.front();
+  const double running_s = std::chrono::duration<double>(now - r.start).count();
+  const int limit_s = r.first ? kFirstStepsFactor * step_timeout_s : step_timeout_s;
   if (running_s <= limit_s) return {};
-  return fmt::format("step {} running for {:.1f} s, over {} s (--step-timeout-s {}{})", running_->first, running_s,
-                     limit_s, step_timeout_s, running_first_ ? ", 5x for the first steps" : "");
+  return fmt::format("step {} running for {:.1f} s, over {} s (--step-timeout-s {}{})", r.step_id, running_s,
+                     limit_s, step_timeout_s, r.first ? ", 5x for the first steps" : "");
 }
 
 WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, WorkerServiceOptions options)
@@ -200,48 +243,143 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
   return spec;
 }
 
+StepWatch::Clock::time_point WorkerService::Began(uint64_t step_id) {
+  const auto start = StepWatch::Clock::now();
+  watch_.Began(step_id, start);
+  if (options_.device && num_outstanding_++ == 0) options_.device->StepBegan();
+  return start;
+}
+
+void WorkerService::Ended(StepWatch::Clock::time_point start, ferry::v1::StepResult* result) {
+  if (options_.device && --num_outstanding_ == 0) options_.device->StepEnded();
+  watch_.Ended();
+  const double seconds = std::chrono::duration<double>(StepWatch::Clock::now() - start).count();
+  result->set_execute_s(seconds);
+  metrics_->step_seconds.Observe(seconds);
+}
+
+void WorkerService::Answer(const StepSpec& spec, const std::vector<SampledTokenOut>& samples,
+                           ferry::v1::StepResult* result) {
+  for (const SampledTokenOut& s : samples) {
+    auto* out = result->add_sampled();
+    out->set_seq_id(s.seq_id);
+    out->set_token_id(s.token_id);
+    if (s.has_logprobs) ToTokenLogprob(s, out->mutable_logprob());
+  }
+  for (const PromptLogprobsOut& p : runner_.TakePromptLogprobs()) {
+    auto* out = result->add_prompt_logprobs();
+    out->set_seq_id(p.seq_id);
+    out->set_first_index(p.first_index);
+    for (const SampledTokenOut& t : p.tokens) ToTokenLogprob(t, out->add_logprobs());
+  }
+  int64_t computed = 0;
+  for (const auto& s : spec.scheduled) computed += s.num_tokens;
+  metrics_->tokens_computed.Increment(static_cast<double>(computed));
+  metrics_->tokens_sampled.Increment(result->sampled_size());
+  if (!spec.scheduled.empty()) metrics_->batch_size.Observe(static_cast<double>(spec.scheduled.size()));
+  metrics_->steps_ok.Increment();
+}
+
+std::string WorkerService::Failed(uint64_t step_id, const std::exception& e) {
+  metrics_->steps_failed.Increment();
+  if (dynamic_cast<const CommError*>(&e) != nullptr) return OnGroupFailure(step_id, e);
+  // The runner leaves its state unchanged on a bad spec; the scheduler aborts the step's
+  // sequences and carries on.
+  spdlog::error("step {} failed: {}", step_id, e.what());
+  return e.what();
+}
+
 ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& request) {
   ferry::v1::StepResult result;
   result.set_step_id(request.step_id());
-  const auto start = std::chrono::steady_clock::now();
-  watch_.Began(request.step_id(), start);
-  if (options_.device) options_.device->StepBegan();
+  const auto start = Began(request.step_id());
   try {
     const StepSpec spec = ToStepSpec(request);
-    for (const SampledTokenOut& s : runner_.Step(spec)) {
-      auto* out = result.add_sampled();
-      out->set_seq_id(s.seq_id);
-      out->set_token_id(s.token_id);
-      if (s.has_logprobs) ToTokenLogprob(s, out->mutable_logprob());
-    }
-    for (const PromptLogprobsOut& p : runner_.TakePromptLogprobs()) {
-      auto* out = result.add_prompt_logprobs();
-      out->set_seq_id(p.seq_id);
-      out->set_first_index(p.first_index);
-      for (const SampledTokenOut& t : p.tokens) ToTokenLogprob(t, out->add_logprobs());
-    }
-    int64_t computed = 0;
-    for (const auto& s : spec.scheduled) computed += s.num_tokens;
-    metrics_->tokens_computed.Increment(static_cast<double>(computed));
-    metrics_->tokens_sampled.Increment(result.sampled_size());
-    if (!spec.scheduled.empty()) metrics_->batch_size.Observe(static_cast<double>(spec.scheduled.size()));
-    metrics_->steps_ok.Increment();
-  } catch (const CommError& e) {
-    metrics_->steps_failed.Increment();
-    result.set_error(OnGroupFailure(request.step_id(), e));
+    Answer(spec, runner_.Step(spec), &result);
   } catch (const std::exception& e) {
-    // The runner leaves its state unchanged on a bad spec; the scheduler aborts
-    // the step's sequences and carries on.
-    spdlog::error("step {} failed: {}", request.step_id(), e.what());
-    result.set_error(e.what());
-    metrics_->steps_failed.Increment();
+    result.set_error(Failed(request.step_id(), e));
   }
-  if (options_.device) options_.device->StepEnded();
-  watch_.Ended();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.set_execute_s(seconds);
-  metrics_->step_seconds.Observe(seconds);
+  Ended(start, &result);
   return result;
+}
+
+// A step submitted to an overlapping runner, answered once collected.
+struct WorkerService::Submitted {
+  uint64_t step_id = 0;
+  StepSpec spec;
+  StepWatch::Clock::time_point start;
+  std::optional<std::string> error;  // Submit failed: the answer, without Collect
+};
+
+WorkerService::Submitted WorkerService::Submit(const ferry::v1::StepRequest& request) {
+  Submitted s{request.step_id(), {}, Began(request.step_id()), std::nullopt};
+  try {
+    s.spec = ToStepSpec(request);
+    runner_.Submit(s.spec);
+  } catch (const std::exception& e) {
+    s.error = Failed(request.step_id(), e);
+  }
+  return s;
+}
+
+ferry::v1::StepResult WorkerService::Collect(Submitted& s) {
+  ferry::v1::StepResult result;
+  result.set_step_id(s.step_id);
+  if (s.error) {
+    result.set_error(*s.error);
+  } else {
+    try {
+      Answer(s.spec, runner_.Collect(), &result);
+    } catch (const std::exception& e) {
+      result.set_error(Failed(s.step_id, e));
+    }
+  }
+  Ended(s.start, &result);
+  return result;
+}
+
+// With an overlapping runner: a reader thread takes requests off the stream as they come, and
+// this thread submits each one as soon as it is there and the runner has room (the host work of
+// step N+1 then overlaps the device running step N: the scheduler's async scheduling sends N+1
+// before N's answer), and answers the oldest in order once it is done (polled, so a request that
+// arrives meanwhile is still submitted first). Every submitted step is collected, even after the
+// scheduler went away, so the runner never holds a step when the next stream starts.
+void WorkerService::RunOverlapped(
+    grpc::ServerContext* context, grpc::ServerReaderWriter<ferry::v1::StepResult, ferry::v1::StepRequest>* stream) {
+  constexpr auto kPoll = std::chrono::microseconds(20);
+  RequestQueue queue;
+  std::thread reader([&] {
+    ferry::v1::StepRequest request;
+    while (stream->Read(&request)) queue.Push(std::move(request));
+    queue.Close();
+  });
+  std::deque<Submitted> submitted;
+  bool answering = true;  // false once a write failed: the scheduler is gone
+  const auto room = [&] { return submitted.size() < static_cast<size_t>(ModelRunner::kMaxSubmittedSteps); };
+  for (;;) {
+    std::optional<ferry::v1::StepRequest> next;
+    bool oldest_done = false;
+    if (submitted.empty()) {
+      next = queue.Pop();
+      if (!next) break;  // the stream ended and every step is answered
+    } else {
+      oldest_done = submitted.front().error || runner_.Ready();
+      // Submitting comes first: the device gets step N+1 before the host answers step N.
+      if (room()) next = queue.PopWithin(oldest_done ? std::chrono::microseconds(0) : kPoll);
+    }
+    if (next) {
+      if (answering) submitted.push_back(Submit(*next));
+      continue;  // a request that came after the scheduler went away is dropped
+    }
+    if (!oldest_done && room()) continue;  // neither a new request nor a finished step yet
+    const ferry::v1::StepResult result = Collect(submitted.front());
+    submitted.pop_front();
+    if (answering && !stream->Write(result)) {
+      answering = false;
+      context->TryCancel();  // ends the reader's Read
+    }
+  }
+  reader.join();
 }
 
 // A rank whose collective failed cannot take part in another: its peers' pairs and tags no
@@ -264,9 +402,13 @@ grpc::Status WorkerService::Step(
   // sequence ids may collide with the old stream's. Start from nothing.
   runner_.ForgetAll();
   spdlog::info("scheduler connected from {}", context->peer());
-  ferry::v1::StepRequest request;
-  while (stream->Read(&request)) {
-    if (!stream->Write(Execute(request))) break;
+  if (runner_.supports_overlap()) {
+    RunOverlapped(context, stream);
+  } else {
+    ferry::v1::StepRequest request;
+    while (stream->Read(&request)) {
+      if (!stream->Write(Execute(request))) break;
+    }
   }
   spdlog::info("scheduler stream from {} closed", context->peer());
   return grpc::Status::OK;

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <prometheus/registry.h>
 
@@ -42,7 +44,7 @@ class StepWatch {
   void Broke(const std::string& reason);  // sticky
   // Empty while nothing is wrong, else why the worker should be restarted.
   std::string Problem(Clock::time_point now, int step_timeout_s) const;
-  // Seconds the running step has run; 0 when none runs.
+  // Seconds the oldest running step has run; 0 when none runs.
   double RunningSeconds(Clock::time_point now) const;
 
  private:
@@ -51,9 +53,13 @@ class StepWatch {
   static constexpr int kNumFirstSteps = 3;
   static constexpr int kFirstStepsFactor = 5;
 
+  struct Running {
+    uint64_t step_id = 0;
+    Clock::time_point start;
+    bool first = false;  // one of the first kNumFirstSteps
+  };
   mutable std::mutex mutex_;
-  std::optional<std::pair<uint64_t, Clock::time_point>> running_;  // step id, start
-  bool running_first_ = false;  // running_ is one of the first kNumFirstSteps
+  std::deque<Running> running_;  // begun and not ended, oldest first (two with an overlapping runner)
   int num_began_ = 0;
   std::string broken_;
 };
@@ -75,7 +81,17 @@ class WorkerService final : public ferry::v1::Worker::Service {
                       ferry::v1::HealthResponse* out) override;
 
  private:
+  struct Submitted;
   ferry::v1::StepResult Execute(const ferry::v1::StepRequest& request);
+  void RunOverlapped(grpc::ServerContext* context,
+                     grpc::ServerReaderWriter<ferry::v1::StepResult, ferry::v1::StepRequest>* stream);
+  Submitted Submit(const ferry::v1::StepRequest& request);
+  ferry::v1::StepResult Collect(Submitted& submitted);
+  StepWatch::Clock::time_point Began(uint64_t step_id);
+  void Ended(StepWatch::Clock::time_point start, ferry::v1::StepResult* result);
+  void Answer(const StepSpec& spec, const std::vector<SampledTokenOut>& samples, ferry::v1::StepResult* result);
+  // The step's error text; counts it, and hands a broken group to on_group_failure.
+  std::string Failed(uint64_t step_id, const std::exception& e);
   std::string OnGroupFailure(uint64_t step_id, const std::exception& e);
 
   // Drawn at construction (one per process start; never 0): Info and Health report it, so a
@@ -89,6 +105,7 @@ class WorkerService final : public ferry::v1::Worker::Service {
   std::unique_ptr<WorkerMetrics> metrics_;
   const WorkerServiceOptions options_;
   StepWatch watch_;
+  int num_outstanding_ = 0;  // steps begun and not ended (the step thread's only)
 };
 
 // Proto -> domain translation, exposed for tests.

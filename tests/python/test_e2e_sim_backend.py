@@ -38,3 +38,32 @@ def test_sim_backend_serves_and_sleeps_the_model(sim_stack, ferry_pb):
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         together = list(pool.map(ask, [f"sim prompt {i} " * (i + 1) for i in range(8)]))
     assert [list(r.token_ids) for r in together] == [list(r.token_ids) for r in alone]
+
+
+def test_overlapping_worker_serves_the_same_tokens(sim_stack, tiny_model, tmp_path, ferry_pb):
+    """--sim-overlap: the worker submits step N+1 (sent early by the scheduler's async scheduling)
+    while step N runs on the modelled device, as the GPU engine does. Same tokens, in order,
+    under concurrency."""
+    (tmp_path / "overlap").mkdir()
+    overlapped = Stack(tiny_model, tmp_path / "overlap",
+                       ["--worker-arg=--backend=sim", f"--worker-arg=--cost-model={PRESET}",
+                        "--worker-arg=--sim-live-tokens=1000", "--worker-arg=--sim-overlap"])
+    try:
+        prompts = [f"overlap prompt {i} " * (i % 5 + 1) for i in range(12)]
+
+        def ask_all(stack):
+            stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(stack.gateway))
+
+            def ask(prompt):
+                req = ferry_pb.gen.GenerateRequest(text=prompt.encode(), sampling=ferry_pb.gen.SamplingParams(
+                    max_tokens=30, ignore_eos=True))
+                return list(stub.Generate(req, timeout=60).token_ids)
+
+            with cf.ThreadPoolExecutor(max_workers=6) as pool:
+                return list(pool.map(ask, prompts))
+
+        got, want = ask_all(overlapped), ask_all(sim_stack)
+        assert all(len(t) == 30 for t in got)
+        assert got == want
+    finally:
+        assert overlapped.stop() == 0

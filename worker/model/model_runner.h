@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +174,21 @@ class ModelRunner {
   // Health RPC and grpc.health.v1 report it, so the scheduler stops sending work.
   // Safe to call from any thread.
   virtual bool healthy() const { return true; }
+
+  // Overlap, for a runner whose device runs a step while the host goes on (the GPU engine): the
+  // worker then hands it each step with Submit, in order, and takes each submitted step's samples
+  // with Collect, oldest first, with at most kMaxSubmittedSteps submitted and not collected; so
+  // the host prepares step N+1 while the device runs step N. Submit validates as Step does
+  // (std::invalid_argument, nothing changed) and applies the step as if step N's samples were
+  // already appended: a sequence may compute the token step N samples. Collect returns what Step
+  // would have returned, or throws what the step failed with; TakePromptLogprobs then reads the
+  // collected step's. Ready() says without blocking whether Collect would return at once.
+  // Runners without it keep the defaults: the worker calls Step.
+  static constexpr int kMaxSubmittedSteps = 2;
+  virtual bool supports_overlap() const { return false; }
+  virtual void Submit(const StepSpec&) { throw std::logic_error("this runner does not overlap steps: call Step"); }
+  virtual std::vector<SampledTokenOut> Collect() { throw std::logic_error("this runner does not overlap steps"); }
+  virtual bool Ready() const { return true; }
 
   // Drops every sequence (the KV blocks they used are the scheduler's to reuse). Called when a
   // scheduler opens a new Step stream: a restarted scheduler numbers its sequences from 1 again
