@@ -8,6 +8,11 @@
 //                             [--offline 2048 [--output 128] [--max-num-seqs 256]]
 // --offline N also runs N requests of --context prompt / --output generated tokens, all sent
 // at once, through a scheduler-like loop (the engine's share of the e2e throughput goal).
+// --attention VALUE, repeatable (FERRY_ATTENTION_IMPL values, worker/gpu/attention_impl.h; e.g.
+// --attention new --attention old --attention prefill=simt,decode=prefetch) repeats the
+// prefill and decode timings once per value, each with a fresh runner, and prints one table row
+// per (attention, batch): the device check compares the new attention kernels with the first
+// ones this way and keeps the faster. Without it, the environment's choice (default: new).
 // Without --model-dir it writes a random qwen2.5-0.5b checkpoint to a temp directory first.
 #include <algorithm>
 #include <chrono>
@@ -20,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/gpu/attention_impl.h"
 #include "worker/gpu/cuda_runner.h"
 #include "worker/model/random_checkpoint.h"
 
@@ -38,6 +44,7 @@ struct BenchFlags {
   int32_t offline_requests = 0;  // > 0: also the offline throughput run
   int32_t output = 128;          // generated tokens per offline request
   int32_t max_num_seqs = 256;    // offline run's running-sequence cap
+  std::vector<std::string> attention;  // FERRY_ATTENTION_IMPL values to time; empty: the environment's
 };
 
 using Clock = std::chrono::steady_clock;
@@ -46,6 +53,13 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 struct DecodeResult {
   int32_t batch;
   double wall_ms, gpu_ms, floor_ms;
+};
+
+// The prefill and decode timings of one attention choice.
+struct AttentionRun {
+  std::string attention;  // ToString(AttentionImpls)
+  double prefill_tps = 0;
+  std::vector<DecodeResult> decode;
 };
 
 class Bench {
@@ -210,22 +224,34 @@ double Offline(const BenchFlags& f) {
   return double(f.offline_requests) * f.output / seconds;
 }
 
-void Report(const BenchFlags& f, double prefill_tps, const std::vector<DecodeResult>& results, double offline_tps) {
-  std::printf("\n| batch | decode step ms (wall) | device ms | memory floor ms | wall / floor | tokens/s |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|\n");
-  for (const DecodeResult& r : results) {
-    std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", r.batch, r.wall_ms, r.gpu_ms, r.floor_ms,
-                r.wall_ms / r.floor_ms, r.batch / (r.wall_ms / 1e3));
+void Report(const BenchFlags& f, const std::vector<AttentionRun>& runs, double offline_tps) {
+  std::printf("\n| attention | batch | decode step ms (wall) | device ms | memory floor ms | wall / floor | tokens/s |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const AttentionRun& run : runs) {
+    for (const DecodeResult& r : run.decode) {
+      std::printf("| %s | %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", run.attention.c_str(), r.batch, r.wall_ms,
+                  r.gpu_ms, r.floor_ms, r.wall_ms / r.floor_ms, r.batch / (r.wall_ms / 1e3));
+    }
   }
-  std::printf("\nprefill: %.0f tokens/s (%d-token prompts)\n", prefill_tps, f.context);
+  for (const AttentionRun& run : runs) {
+    std::printf("\nprefill (%s): %.0f tokens/s (%d-token prompts)\n", run.attention.c_str(), run.prefill_tps, f.context);
+  }
   if (offline_tps > 0) std::printf("offline: %.0f output tokens/s\n", offline_tps);
   if (f.json.empty()) return;
   std::ofstream out(f.json);
-  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << prefill_tps << ", \"decode\": [";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const DecodeResult& r = results[i];
+  // The first run's figures keep their old keys; every run is under "attention".
+  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << runs[0].prefill_tps << ", \"decode\": [";
+  for (size_t i = 0; i < runs[0].decode.size(); ++i) {
+    const DecodeResult& r = runs[0].decode[i];
     out << (i ? ", " : "") << "{\"batch\": " << r.batch << ", \"wall_ms\": " << r.wall_ms << ", \"device_ms\": "
         << r.gpu_ms << ", \"floor_ms\": " << r.floor_ms << "}";
+  }
+  out << "], \"attention\": [";
+  for (size_t k = 0; k < runs.size(); ++k) {
+    out << (k ? ", " : "") << "{\"impl\": \"" << runs[k].attention << "\", \"prefill_tokens_per_s\": "
+        << runs[k].prefill_tps << ", \"decode_wall_ms\": [";
+    for (size_t i = 0; i < runs[k].decode.size(); ++i) out << (i ? ", " : "") << runs[k].decode[i].wall_ms;
+    out << "]}";
   }
   out << "], \"offline_output_tokens_per_s\": " << offline_tps << "}\n";
 }
@@ -260,6 +286,8 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
       f->max_num_seqs = std::atoi(argv[++i]);
     } else if (arg == "--json" && has_value) {
       f->json = argv[++i];
+    } else if (arg == "--attention" && has_value) {  // repeatable: a value may hold commas
+      f->attention.push_back(argv[++i]);
     } else if (arg == "--batch" && has_value) {
       f->batches.clear();
       std::stringstream list(argv[++i]);
@@ -267,7 +295,7 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20] [--peak-gbs 4800]\n"
-                   "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE]\n"
+                   "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE] [--attention new --attention old]\n"
                    "          [--offline REQUESTS [--output 128] [--max-num-seqs 256]]\n", argv[0]);
       return false;
     }
@@ -289,15 +317,22 @@ int main(int argc, char** argv) {
       WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
       f.model_dir = temp;
     }
-    double prefill = 0;
-    std::vector<gpu::DecodeResult> results;
-    {
+    // Each value checked before any timing; the offline run uses the first.
+    std::vector<std::string> choices = f.attention;
+    for (const std::string& value : choices) gpu::ParseAttentionImpls(value);
+    const char* env = std::getenv(gpu::kAttentionImplEnv);
+    if (choices.empty()) choices.push_back(env != nullptr ? env : "");
+    std::vector<gpu::AttentionRun> runs;
+    for (auto it = choices.rbegin(); it != choices.rend(); ++it) {  // the first last: it stays set
+      setenv(gpu::kAttentionImplEnv, it->c_str(), 1);
+      gpu::AttentionRun run{gpu::ToString(gpu::ParseAttentionImpls(*it)), 0, {}};
       gpu::Bench bench(f);
-      prefill = bench.Prefill();
-      for (int32_t b : f.batches) results.push_back(bench.Decode(b));
+      run.prefill_tps = bench.Prefill();
+      for (int32_t b : f.batches) run.decode.push_back(bench.Decode(b));
+      runs.insert(runs.begin(), run);
     }
     const double offline = f.offline_requests > 0 ? gpu::Offline(f) : 0;
-    gpu::Report(f, prefill, results, offline);
+    gpu::Report(f, runs, offline);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry-gpu-bench: %s\n", e.what());
     if (!temp.empty()) std::filesystem::remove_all(temp);
