@@ -309,6 +309,12 @@ int main(int argc, char** argv) {
   using namespace ferry::worker;
   gpu::BenchFlags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
+  try {  // every --attention value checked before any work
+    for (const std::string& value : f.attention) gpu::ParseAttentionImpls(value);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-gpu-bench: %s\n", e.what());
+    return 2;
+  }
   std::string temp;
   try {
     if (f.model_dir.empty()) {
@@ -317,9 +323,8 @@ int main(int argc, char** argv) {
       WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
       f.model_dir = temp;
     }
-    // Each value checked before any timing; the offline run uses the first.
+    // The offline run uses the first choice.
     std::vector<std::string> choices = f.attention;
-    for (const std::string& value : choices) gpu::ParseAttentionImpls(value);
     const char* env = std::getenv(gpu::kAttentionImplEnv);
     if (choices.empty()) choices.push_back(env != nullptr ? env : "");
     std::vector<gpu::AttentionRun> runs;
