@@ -1,4 +1,8 @@
-// DecodeAttention (paged_attention.h): flash-decoding over the paged bf16 cache.
+// DecodeAttention (paged_attention.h): flash-decoding over the paged bf16 cache, two kernels
+// with the same work split and math: DecodeKernel (DecodeImpl::kBaseline, loads straight from
+// global memory: a chunk's K, then after the softmax its V) and DecodePrefetchKernel
+// (kPrefetch, K and V of a chunk requested together by cp.async, the next chunk's before the
+// current one is computed; see below).
 //
 // Block (KV head, sequence, split) owns the keys [begin, end) of its split, in chunks of
 // kChunk. A key row of one KV head is head_dim bf16 = head_dim / 8 16-byte vectors; each lane
@@ -16,6 +20,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/mma_common.cuh"
 #include "kernels/cuda/paged_attention.h"
 
 namespace ferry::kernels::cuda {
@@ -130,6 +135,27 @@ __device__ void FinishDecode(const DecodeParams& p, float (&acc)[kMaxAttentionGr
   }
 }
 
+// (B) of a chunk: every warp computes the same new running max and sum per head of the group
+// from the chunk's scores, and rescales its lanes' accumulators.
+__device__ __forceinline__ void ChunkSoftmax(const float (*scores)[kChunk], int group, int lane,
+                                             float (&m)[kMaxAttentionGroup], float (&l)[kMaxAttentionGroup],
+                                             float (&acc)[kMaxAttentionGroup][8]) {
+#pragma unroll
+  for (int g = 0; g < kMaxAttentionGroup; ++g) {
+    if (g >= group) continue;
+    float chunk_max = -INFINITY;
+    for (int t = lane; t < kChunk; t += kWarpSize) chunk_max = fmaxf(chunk_max, scores[g][t]);
+    const float new_max = fmaxf(m[g], WarpMax(chunk_max));  // finite: the chunk has a key
+    float chunk_sum = 0.f;
+    for (int t = lane; t < kChunk; t += kWarpSize) chunk_sum += expf(scores[g][t] - new_max);
+    const float alpha = expf(m[g] - new_max);  // 0 on the first chunk
+    l[g] = l[g] * alpha + WarpSum(chunk_sum);
+    m[g] = new_max;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+  }
+}
+
 template <int kHeadDim>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
   using S = DecodeShape<kHeadDim>;
@@ -195,20 +221,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
     }
     __syncthreads();
     // (B) Online softmax: every warp computes the same new max and sum per head.
-#pragma unroll
-    for (int g = 0; g < kMaxAttentionGroup; ++g) {
-      if (g >= group) continue;
-      float chunk_max = -INFINITY;
-      for (int t = lane; t < kChunk; t += kWarpSize) chunk_max = fmaxf(chunk_max, scores[g][t]);
-      const float new_max = fmaxf(m[g], WarpMax(chunk_max));  // finite: the chunk has a key
-      float chunk_sum = 0.f;
-      for (int t = lane; t < kChunk; t += kWarpSize) chunk_sum += expf(scores[g][t] - new_max);
-      const float alpha = expf(m[g] - new_max);  // 0 on the first chunk
-      l[g] = l[g] * alpha + WarpSum(chunk_sum);
-      m[g] = new_max;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
-    }
+    ChunkSoftmax(scores, group, lane, m, l, acc);
     // (C) Probability-weighted values, for the same keys and dims as in (A).
 #pragma unroll
     for (int pass = 0; pass < S::kPasses; ++pass) {
@@ -226,6 +239,141 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
         for (int i = 0; i < 8; ++i) acc[g][i] += prob * v[i];
       }
     }
+    __syncthreads();  // scores is rewritten by the next chunk
+  }
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int g = 0; g < kMaxAttentionGroup; ++g) {
+      final_max[g] = m[g];
+      final_sum[g] = l[g];
+    }
+  }
+  __syncthreads();
+  FinishDecode<kHeadDim>(p, acc, final_max, final_sum, seq, kv_head, split);
+}
+
+// kPrefetch: a chunk's K and V rows go to shared memory by cp.async, both requested together and
+// one chunk ahead, so the memory system has two chunks in flight while the block computes.
+// Thread i copies exactly the 16-byte vectors it later reads (vector pass * kDecodeThreads + i
+// of the chunk, the (token, slice) of DecodeKernel's passes), so its own cp.async.wait_group
+// makes them visible to it; a warp reads 512 contiguous bytes (no bank conflicts).
+template <int kHeadDim>
+struct DecodeStage {
+  uint4 k[DecodeShape<kHeadDim>::kPasses][kDecodeThreads];  // bf16 x 8 each
+  uint4 v[DecodeShape<kHeadDim>::kPasses][kDecodeThreads];
+};
+
+// Requests the thread's K and V vectors of keys [chunk, chunk + kChunk) as one cp.async group;
+// keys at or past `end` are zero-filled without reading the block table or the cache.
+template <int kHeadDim>
+__device__ __forceinline__ void RequestChunk(const DecodeParams& p, const int32_t* table, int kv_head, int chunk,
+                                             int end, DecodeStage<kHeadDim>& stage) {
+  using S = DecodeShape<kHeadDim>;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int slice = lane % S::kLanesPerToken, token_in_warp = lane / S::kLanesPerToken;
+#pragma unroll
+  for (int pass = 0; pass < S::kPasses; ++pass) {
+    const int pos = chunk + pass * S::kTokensPerPass + warp * S::kTokensPerWarp + token_in_warp;
+    int64_t off = 0;
+    int bytes = 0;
+    if (pos < end) {
+      off = CacheOffset(table, pos, p.block_size, p.num_kv_heads, kv_head, kHeadDim) + slice * 8;
+      bytes = 16;
+    }
+    CpAsync16(&stage.k[pass][threadIdx.x], p.k_cache + off, bytes);
+    CpAsync16(&stage.v[pass][threadIdx.x], p.v_cache + off, bytes);
+  }
+  CpAsyncCommit();
+}
+
+__device__ __forceinline__ void SharedBf16x8ToFloat(const uint4& raw, float* out) {  // out [8]
+  Bf16x8 v;
+  memcpy(&v, &raw, sizeof(raw));
+  Bf16x8ToFloat(v, out);
+}
+
+// (A) and (C) of DecodeKernel, reading the chunk from its stage.
+template <int kHeadDim>
+__device__ __forceinline__ void AttendStagedChunk(const DecodeParams& p, const DecodeStage<kHeadDim>& stage,
+                                                  const float (&q)[kMaxAttentionGroup][8], int chunk, int end,
+                                                  float (*scores)[kChunk], float (&m)[kMaxAttentionGroup],
+                                                  float (&l)[kMaxAttentionGroup], float (&acc)[kMaxAttentionGroup][8]) {
+  using S = DecodeShape<kHeadDim>;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int slice = lane % S::kLanesPerToken, token_in_warp = lane / S::kLanesPerToken;
+#pragma unroll
+  for (int pass = 0; pass < S::kPasses; ++pass) {
+    const int t = pass * S::kTokensPerPass + warp * S::kTokensPerWarp + token_in_warp;
+    float k[8];
+    SharedBf16x8ToFloat(stage.k[pass][threadIdx.x], k);  // zeros past `end`
+#pragma unroll
+    for (int g = 0; g < kMaxAttentionGroup; ++g) {
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) dot += q[g][i] * k[i];
+#pragma unroll
+      for (int off = S::kLanesPerToken / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (slice == 0 && g < p.group) scores[g][t] = chunk + t < end ? dot * p.scale : -INFINITY;
+    }
+  }
+  __syncthreads();
+  ChunkSoftmax(scores, p.group, lane, m, l, acc);
+#pragma unroll
+  for (int pass = 0; pass < S::kPasses; ++pass) {
+    const int t = pass * S::kTokensPerPass + warp * S::kTokensPerWarp + token_in_warp;
+    if (chunk + t >= end) continue;
+    float v[8];
+    SharedBf16x8ToFloat(stage.v[pass][threadIdx.x], v);
+#pragma unroll
+    for (int g = 0; g < kMaxAttentionGroup; ++g) {
+      if (g >= p.group) continue;
+      const float prob = expf(scores[g][t] - m[g]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[g][i] += prob * v[i];
+    }
+  }
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kDecodeThreads) DecodePrefetchKernel(DecodeParams p) {
+  __shared__ float scores[kMaxAttentionGroup][kChunk];
+  __shared__ float final_max[kMaxAttentionGroup];
+  __shared__ float final_sum[kMaxAttentionGroup];
+  __shared__ DecodeStage<kHeadDim> stages[2];
+  const int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z;
+  const int seq_len = p.seq_lens[seq];
+  const int partition = PartitionSize(seq_len, p.num_splits);
+  const int begin = split * partition;
+  const int end = min(seq_len, begin + partition);
+  if (begin >= end) {
+    if (p.num_splits == 1) WriteZeros<kHeadDim>(p, seq, kv_head);  // seq_len == 0
+    return;  // an empty split: the merge counts only the valid ones
+  }
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  RequestChunk<kHeadDim>(p, table, kv_head, begin, end, stages[0]);  // in flight while q loads
+  const int slice = (threadIdx.x % kWarpSize) % DecodeShape<kHeadDim>::kLanesPerToken;
+  float q[kMaxAttentionGroup][8];
+  float acc[kMaxAttentionGroup][8];
+  float m[kMaxAttentionGroup], l[kMaxAttentionGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxAttentionGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[g][i] = acc[g][i] = 0.f;
+    if (g < p.group) {
+      Load8(p.q + seq * p.q_stride + static_cast<int64_t>(kv_head * p.group + g) * kHeadDim + slice * 8, q[g]);
+    }
+  }
+  for (int chunk = begin, i = 0; chunk < end; chunk += kChunk, ++i) {
+    if (chunk + kChunk < end) {
+      // The other stage was last read in iteration i - 1, by this thread only.
+      RequestChunk<kHeadDim>(p, table, kv_head, chunk + kChunk, end, stages[(i + 1) % 2]);
+      CpAsyncWait<1>();  // this chunk's group has landed
+    } else {
+      CpAsyncWait<0>();
+    }
+    AttendStagedChunk<kHeadDim>(p, stages[i % 2], q, chunk, end, scores, m, l, acc);
     __syncthreads();  // scores is rewritten by the next chunk
   }
   if (threadIdx.x == 0) {
@@ -263,9 +411,13 @@ __global__ void __launch_bounds__(kHeadDim < kWarpSize ? kWarpSize : kHeadDim) D
 }
 
 template <int kHeadDim>
-int LaunchDecode(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+int LaunchDecode(const DecodeParams& p, int num_seqs, DecodeImpl impl, cudaStream_t stream) {
   const dim3 grid(p.num_kv_heads, num_seqs, p.num_splits);
-  DecodeKernel<kHeadDim><<<grid, kDecodeThreads, 0, stream>>>(p);
+  if (impl == DecodeImpl::kPrefetch) {
+    DecodePrefetchKernel<kHeadDim><<<grid, kDecodeThreads, 0, stream>>>(p);
+  } else {
+    DecodeKernel<kHeadDim><<<grid, kDecodeThreads, 0, stream>>>(p);
+  }
   if (p.num_splits > 1) {
     const dim3 merge_grid(p.num_heads, num_seqs);
     DecodeMergeKernel<kHeadDim><<<merge_grid, kHeadDim < kWarpSize ? kWarpSize : kHeadDim, 0, stream>>>(p);
@@ -298,7 +450,8 @@ int DecodeAttention(const DecodeAttentionArgs& a) {
   if (a.num_seqs <= 0) return 0;
   if (!AttentionSupported(a.head_dim, a.num_heads, a.num_kv_heads) || a.num_splits < 1 ||
       a.num_splits > kMaxDecodeSplits || a.q_stride % 4 != 0 || !Aligned16(a.q) || !Aligned16(a.k_cache) ||
-      !Aligned16(a.v_cache) || (a.num_splits > 1 && a.workspace == nullptr)) {
+      !Aligned16(a.v_cache) || (a.num_splits > 1 && a.workspace == nullptr) ||
+      (a.impl != DecodeImpl::kPrefetch && a.impl != DecodeImpl::kBaseline)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   DecodeParams p;
@@ -322,7 +475,8 @@ int DecodeAttention(const DecodeAttentionArgs& a) {
   p.out_stride = a.out_stride;
   p.scale = a.scale;
   auto stream = static_cast<cudaStream_t>(a.stream);
-  return a.head_dim == 16 ? LaunchDecode<16>(p, a.num_seqs, stream) : LaunchDecode<64>(p, a.num_seqs, stream);
+  return a.head_dim == 16 ? LaunchDecode<16>(p, a.num_seqs, a.impl, stream)
+                          : LaunchDecode<64>(p, a.num_seqs, a.impl, stream);
 }
 
 }  // namespace ferry::kernels::cuda

@@ -1,4 +1,5 @@
-// PrefillAttention (paged_attention.h): causal attention for ragged query runs, every
+// PrefillAttention (paged_attention.h) with PrefillImpl::kSimt, and the launcher that checks the
+// arguments for both kernels (kTensorCore: prefill_attention_tc.cu). Causal attention for ragged query runs, every
 // sequence's earlier context read from the paged cache (chunked prefill and prefix caching).
 //
 // Block (tile, KV head) handles kPrefillQueryTile queries of one sequence for every query
@@ -9,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/paged_attention.h"
 
@@ -151,6 +153,14 @@ int PrefillAttention(const PrefillAttentionArgs& a) {
       !Aligned16(a.k_cache) || !Aligned16(a.v_cache)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
+  if (a.impl == PrefillImpl::kTensorCore) {
+    // bf16 pairs are stored as one 4-byte word.
+    if (a.out_stride % 2 != 0 || reinterpret_cast<uintptr_t>(a.out) % 4 != 0) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    return internal::PrefillAttentionTensorCore(a);
+  }
+  if (a.impl != PrefillImpl::kSimt) return static_cast<int>(cudaErrorInvalidValue);
   PrefillParams p;
   p.q = a.q;
   p.k_cache = reinterpret_cast<const __nv_bfloat16*>(a.k_cache);

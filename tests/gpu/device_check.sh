@@ -188,7 +188,7 @@ parity() {
 bench() {
   ensure_model qwen2.5-0.5b || return 1
   "$BUILD/bin/ferry-gpu-bench" --model-dir "$QWEN" --context 512 --batch 1,8,64,256 --steps 20 \
-    --offline 2048 --output 128 --sampled --json "$JSON_DIR/bench.json"
+    --attention new --attention old --offline 2048 --output 128 --sampled --json "$JSON_DIR/bench.json"
 }
 
 hf() {

@@ -154,14 +154,16 @@ void CudaQwen2Model::Attention(int32_t index, const ForwardShape& shape) {
     kcu::DecodeAttentionArgs a{q, k_cache, v_cache, Meta(layout_.block_tables), Meta(layout_.seq_lens),
                                attn_.as<uint16_t>(), decode_ws_.as<float>(), shape.num_decode, shard_.num_q_heads,
                                shard_.num_kv_heads, d, options_.block_size, layout_.table_width,
-                               shape.decode_splits, qkv_dim, q_dim, scale, stream_};
+                               shape.decode_splits, qkv_dim, q_dim, scale, stream_,
+                               options_.attention.decode};
     FERRY_CUDA_CHECK(kcu::DecodeAttention(a));
   }
   if (shape.num_tiles > 0) {
     kcu::PrefillAttentionArgs a{q, k_cache, v_cache, Meta(layout_.block_tables), Meta(layout_.query_start),
                                 Meta(layout_.context_lens), Meta(layout_.tile_seq), Meta(layout_.tile_query),
                                 attn_.as<uint16_t>(), shape.num_tiles, shard_.num_q_heads, shard_.num_kv_heads, d,
-                                options_.block_size, layout_.table_width, qkv_dim, q_dim, scale, stream_};
+                                options_.block_size, layout_.table_width, qkv_dim, q_dim, scale, stream_,
+                                options_.attention.prefill};
     FERRY_CUDA_CHECK(kcu::PrefillAttention(a));
   }
 }

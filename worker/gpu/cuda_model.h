@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/gpu/attention_impl.h"
 #include "worker/gpu/batch_layout.h"
 #include "worker/gpu/device_buffer.h"
 #include "worker/gpu/gemm.h"
@@ -32,6 +33,7 @@ struct CudaModelOptions {
   int32_t max_model_len = 0;  // 0: config.json max_position_embeddings
   int32_t block_size = 16;
   Communicator* comm = nullptr;  // device collectives (NCCL) on `stream`; null: unsharded
+  AttentionImpls attention;      // FERRY_ATTENTION_IMPL (attention_impl.h)
 };
 
 class CudaQwen2Model {

@@ -42,6 +42,7 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
   const RunnerOptions& r = options.runner;
   if (r.comm != nullptr) throw std::runtime_error("the CUDA runner needs NCCL, not a host communicator");
   if (const std::string error = CudaRunnerOptionsError(options); !error.empty()) throw std::runtime_error(error);
+  const AttentionImpls attention = AttentionImplsFromEnv();  // an unknown value refuses the start, before the GPU
   FERRY_CUDA_CHECK(cudaSetDevice(options.device));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaEventCreate(&start_));
@@ -60,6 +61,7 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
   m.max_model_len = r.max_model_len;
   m.block_size = r.block_size;
   m.comm = comm_.get();
+  m.attention = attention;
   model_ = std::make_unique<CudaQwen2Model>(r.model_dir, m, stream_);
   builder_ = std::make_unique<BatchBuilder>(model_->layout(), model_->host_meta(), r.block_size);
   FERRY_CUDA_CHECK(cudaDeviceSynchronize());

@@ -11,6 +11,11 @@
 // --sampled runs it a second time with Qwen2.5-Instruct's generation defaults (temperature 0.7,
 // top-p 0.8, top-k 20, repetition penalty 1.05: what every real request to that model samples
 // with) and prints the ratio, the "sampled within 10% of greedy".
+// --attention VALUE, repeatable (FERRY_ATTENTION_IMPL values, worker/gpu/attention_impl.h; e.g.
+// --attention new --attention old --attention prefill=simt,decode=prefetch) repeats the
+// prefill and decode timings once per value, each with a fresh runner, and prints one table row
+// per (attention, batch): the device check compares the new attention kernels with the first
+// ones this way and keeps the faster. Without it, the environment's choice (default: new).
 // Without --model-dir it writes a random qwen2.5-0.5b checkpoint to a temp directory first.
 #include <algorithm>
 #include <chrono>
@@ -23,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/gpu/attention_impl.h"
 #include "worker/gpu/cuda_runner.h"
 #include "worker/model/random_checkpoint.h"
 
@@ -42,6 +48,7 @@ struct BenchFlags {
   int32_t output = 128;          // generated tokens per offline request
   int32_t max_num_seqs = 256;    // offline run's running-sequence cap
   bool sampled = false;          // offline run again with Qwen2.5-Instruct's sampling defaults
+  std::vector<std::string> attention;  // FERRY_ATTENTION_IMPL values to time; empty: the environment's
 };
 
 // Qwen2.5-Instruct's generation_config.json, seeded per request.
@@ -61,6 +68,14 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 struct DecodeResult {
   int32_t batch;
   double wall_ms, gpu_ms, floor_ms;
+};
+
+// The prefill and decode timings of one attention choice.
+struct AttentionRun {
+  std::string attention;  // ToString(AttentionImpls)
+  double prefill_tps = 0;
+  double prefill_latency_ms = 0;  // one sequence's --context-token prefill
+  std::vector<DecodeResult> decode;
 };
 
 class Bench {
@@ -254,39 +269,43 @@ double Offline(const BenchFlags& f, bool sampled) {
   return double(f.offline_requests) * f.output / seconds;
 }
 
-struct Figures {
-  double prefill_tps = 0;         // batched prefill, tokens/s
-  double prefill_latency_ms = 0;  // one sequence's --context-token prefill
-  std::vector<DecodeResult> decode;
-  double offline_tps = 0;          // greedy
-  double offline_sampled_tps = 0;  // Qwen2.5-Instruct's sampling defaults
-};
-
-void Report(const BenchFlags& f, const Figures& g) {
-  std::printf("\n| batch | decode step ms (wall) | device ms | memory floor ms | wall / floor | tokens/s |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|\n");
-  for (const DecodeResult& r : g.decode) {
-    std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", r.batch, r.wall_ms, r.gpu_ms, r.floor_ms,
-                r.wall_ms / r.floor_ms, r.batch / (r.wall_ms / 1e3));
+void Report(const BenchFlags& f, const std::vector<AttentionRun>& runs, double offline_tps, double sampled_tps) {
+  std::printf("\n| attention | batch | decode step ms (wall) | device ms | memory floor ms | wall / floor | tokens/s |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const AttentionRun& run : runs) {
+    for (const DecodeResult& r : run.decode) {
+      std::printf("| %s | %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", run.attention.c_str(), r.batch, r.wall_ms,
+                  r.gpu_ms, r.floor_ms, r.wall_ms / r.floor_ms, r.batch / (r.wall_ms / 1e3));
+    }
   }
-  std::printf("\nprefill: %.0f tokens/s batched, %.3f ms for one %d-token prompt\n", g.prefill_tps,
-              g.prefill_latency_ms, f.context);
-  if (g.offline_tps > 0) std::printf("offline: %.0f output tokens/s greedy\n", g.offline_tps);
-  if (g.offline_sampled_tps > 0) {
-    std::printf("offline: %.0f output tokens/s sampled, %.3f of greedy\n", g.offline_sampled_tps,
-                g.offline_sampled_tps / g.offline_tps);
+  for (const AttentionRun& run : runs) {
+    std::printf("\nprefill (%s): %.0f tokens/s batched, %.3f ms for one %d-token prompt\n", run.attention.c_str(),
+                run.prefill_tps, run.prefill_latency_ms, f.context);
+  }
+  if (offline_tps > 0) std::printf("offline: %.0f output tokens/s greedy\n", offline_tps);
+  if (sampled_tps > 0) {
+    std::printf("offline: %.0f output tokens/s sampled, %.3f of greedy\n", sampled_tps, sampled_tps / offline_tps);
   }
   if (f.json.empty()) return;
   std::ofstream out(f.json);
-  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << g.prefill_tps
-      << ", \"prefill_latency_ms\": " << g.prefill_latency_ms << ", \"decode\": [";
-  for (size_t i = 0; i < g.decode.size(); ++i) {
-    const DecodeResult& r = g.decode[i];
+  // The first run's figures keep their old keys; every run is under "attention".
+  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << runs[0].prefill_tps
+      << ", \"prefill_latency_ms\": " << runs[0].prefill_latency_ms << ", \"decode\": [";
+  for (size_t i = 0; i < runs[0].decode.size(); ++i) {
+    const DecodeResult& r = runs[0].decode[i];
     out << (i ? ", " : "") << "{\"batch\": " << r.batch << ", \"wall_ms\": " << r.wall_ms << ", \"device_ms\": "
         << r.gpu_ms << ", \"floor_ms\": " << r.floor_ms << "}";
   }
-  out << "], \"offline_output_tokens_per_s\": " << g.offline_tps
-      << ", \"offline_sampled_output_tokens_per_s\": " << g.offline_sampled_tps << "}\n";
+  out << "], \"attention\": [";
+  for (size_t k = 0; k < runs.size(); ++k) {
+    out << (k ? ", " : "") << "{\"impl\": \"" << runs[k].attention << "\", \"prefill_tokens_per_s\": "
+        << runs[k].prefill_tps << ", \"prefill_latency_ms\": " << runs[k].prefill_latency_ms
+        << ", \"decode_wall_ms\": [";
+    for (size_t i = 0; i < runs[k].decode.size(); ++i) out << (i ? ", " : "") << runs[k].decode[i].wall_ms;
+    out << "]}";
+  }
+  out << "], \"offline_output_tokens_per_s\": " << offline_tps
+      << ", \"offline_sampled_output_tokens_per_s\": " << sampled_tps << "}\n";
 }
 
 }  // namespace
@@ -321,6 +340,8 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
       f->max_num_seqs = std::atoi(argv[++i]);
     } else if (arg == "--json" && has_value) {
       f->json = argv[++i];
+    } else if (arg == "--attention" && has_value) {  // repeatable: a value may hold commas
+      f->attention.push_back(argv[++i]);
     } else if (arg == "--batch" && has_value) {
       f->batches.clear();
       std::stringstream list(argv[++i]);
@@ -328,7 +349,7 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20] [--peak-gbs 4800]\n"
-                   "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE]\n"
+                   "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE] [--attention new --attention old]\n"
                    "          [--offline REQUESTS [--output 128] [--max-num-seqs 256] [--sampled]]\n", argv[0]);
       return false;
     }
@@ -342,6 +363,12 @@ int main(int argc, char** argv) {
   using namespace ferry::worker;
   gpu::BenchFlags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
+  try {  // every --attention value checked before any work
+    for (const std::string& value : f.attention) gpu::ParseAttentionImpls(value);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-gpu-bench: %s\n", e.what());
+    return 2;
+  }
   std::string temp;
   try {
     if (f.model_dir.empty()) {
@@ -350,16 +377,23 @@ int main(int argc, char** argv) {
       WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
       f.model_dir = temp;
     }
-    gpu::Figures g;
-    {
+    // The offline run uses the first choice.
+    std::vector<std::string> choices = f.attention;
+    const char* env = std::getenv(gpu::kAttentionImplEnv);
+    if (choices.empty()) choices.push_back(env != nullptr ? env : "");
+    std::vector<gpu::AttentionRun> runs;
+    for (auto it = choices.rbegin(); it != choices.rend(); ++it) {  // the first last: it stays set
+      setenv(gpu::kAttentionImplEnv, it->c_str(), 1);
+      gpu::AttentionRun run{gpu::ToString(gpu::ParseAttentionImpls(*it)), 0, 0, {}};
       gpu::Bench bench(f);
-      g.prefill_latency_ms = bench.PrefillLatencyMs();
-      g.prefill_tps = bench.Prefill();
-      for (int32_t b : f.batches) g.decode.push_back(bench.Decode(b));
+      run.prefill_latency_ms = bench.PrefillLatencyMs();
+      run.prefill_tps = bench.Prefill();
+      for (int32_t b : f.batches) run.decode.push_back(bench.Decode(b));
+      runs.insert(runs.begin(), run);
     }
-    if (f.offline_requests > 0) g.offline_tps = gpu::Offline(f, false);
-    if (f.offline_requests > 0 && f.sampled) g.offline_sampled_tps = gpu::Offline(f, true);
-    gpu::Report(f, g);
+    const double offline = f.offline_requests > 0 ? gpu::Offline(f, false) : 0;
+    const double sampled = f.offline_requests > 0 && f.sampled ? gpu::Offline(f, true) : 0;
+    gpu::Report(f, runs, offline, sampled);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry-gpu-bench: %s\n", e.what());
     if (!temp.empty()) std::filesystem::remove_all(temp);
