@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with Ferry's full build, no GPU needed) before tests/gpu/run.sh goes to a
+# Run HERE (a machine with Ferry's full build, no GPU needed) before tests/gpu/device_check.sh goes to a
 # GPU machine that has CUDA but not Ferry's Debian packages. Fills .gpu-deps/ (git-ignored via
 # .git/info/exclude) with:
 #   include/nlohmann/       nlohmann_json headers (if the GPU machine lacks them)
 #   googletest/             GoogleTest sources (built there by tests/gpu/CMakeLists.txt)
-#   fixtures/<preset>.bin   the CPU engine's result for each engine parity case
-# Then send it along: device run with carry [".gpu-deps"] and command `bash tests/gpu/run.sh`.
+#   fixtures/<preset>.bin   the CPU engine's result for each engine parity case (tokens the GPU engine
+#                           is teacher-forced with, every row's top logits, some whole rows)
+# Then send it along: device run with carry [".gpu-deps"] (tests/gpu/README.md gives the call).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEPS=${FERRY_GPU_DEPS:-.gpu-deps}

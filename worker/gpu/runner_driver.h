@@ -1,7 +1,8 @@
 // Test helper: drives any runner with last_logits() (Qwen2Runner, CudaQwen2Runner) through the
 // same steps, the way the scheduler would: chunked prefill mixed with decodes, block ids from a
 // scrambled pool, an optional prefix-cached sequence sharing another's first blocks. Two
-// runners driven with the same Script (and the same forced tokens) see the same StepSpecs.
+// runners driven with the same Script see the same steps (same sequences, tokens and blocks),
+// plus, under teacher forcing, the re-sends below where a runner's sample differed.
 //
 // Teacher forcing (Drive's `forced`: per sequence, the reference's samples): after its k-th
 // sample a sequence continues with forced[k] whatever the runner sampled, so the two engines
