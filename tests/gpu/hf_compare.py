@@ -97,7 +97,8 @@ def compare_logits(build, model, prompt_len, steps, tol):
     report = parity_rule(ours, theirs, tol, label=f"hf logits {Path(model).name}")
     del hf
     torch.cuda.empty_cache()
-    return report["ok"], report["max_abs_error"], float(np.abs(theirs).max())
+    report["scale"] = float(np.abs(theirs).max())
+    return report
 
 
 def hf_generate_throughput(model, batch, prompt_len, output_len, batches):
@@ -153,10 +154,12 @@ def main():
     results, ok = {}, True
     for name, model in (("tiny", args.tiny), ("qwen", args.model)):
         if model and (Path(model) / "model.safetensors").exists():
-            good, diff, scale = compare_logits(args.build, model, 37, 8, args.tol)
-            ok &= good
-            results[f"{name}_logits_max_diff"] = diff
-            results[f"{name}_logits_scale"] = scale
+            report = compare_logits(args.build, model, 37, 8, args.tol)
+            ok &= report["ok"]
+            results[f"{name}_logits_max_diff"] = report["max_abs_error"]
+            results[f"{name}_logits_scale"] = report["scale"]
+            results[f"{name}_argmax_flips_accepted"] = len(report["flips"])
+            results[f"{name}_parity_failures"] = len(report["failures"])
     results["hf_generate_tokens_per_s"] = hf_generate_throughput(args.model, 32, 512, 128, args.batches)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
