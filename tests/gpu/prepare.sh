@@ -4,7 +4,8 @@
 # .git/info/exclude) with:
 #   include/nlohmann/       nlohmann_json headers (if the GPU machine lacks them)
 #   googletest/             GoogleTest sources (built there by tests/gpu/CMakeLists.txt)
-#   fixtures/<preset>.bin   the CPU engine's result for each engine parity case
+#   fixtures/<preset>.bin   the CPU engine's result for each engine parity case (tokens the GPU engine
+#                           is teacher-forced with, every row's top logits, some whole rows)
 #   prebuilt/               tests/gpu/CMakeLists.txt built here for sm_90 with the same nvcc:
 #                           bin/, tests/ and stamp (tests/gpu/source_stamp.sh of the tree it was
 #                           built from); device_check.sh uses it when the stamp matches and every

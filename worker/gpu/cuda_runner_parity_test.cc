@@ -1,7 +1,11 @@
 // The GPU engine against the CPU engine (Qwen2Runner in bf16: the same bf16 weights and bf16 KV
 // cache) on the same random checkpoint and the same steps: chunked prefills mixed with decodes,
-// a prefix-cached sequence, decode steps through CUDA graphs and eagerly. Greedy tokens must be
-// identical for 32 steps and logits within bf16 tolerance. Runs only where a GPU is present.
+// a prefix-cached sequence, decode steps through CUDA graphs and eagerly. The GPU engine is
+// teacher-forced with the CPU engine's 32 tokens per sequence (runner_driver.h) and every
+// position's logits must pass parity_compare.h's rule: max error and top-5 within the bf16
+// tolerance, an argmax flip only at a near-tie of the CPU's (each logged). Identical greedy
+// tokens are not required: on random weights the top-2 gap is often below the two engines'
+// rounding difference. Runs only where a GPU is present.
 //
 // The expected side is the CPU engine run here, or, where it is not built (tests/gpu on the GPU
 // machine) or $FERRY_GPU_PARITY_FIXTURES is set, its recorded result
@@ -11,13 +15,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "worker/gpu/cuda_runner.h"
+#include "worker/gpu/parity_compare.h"
 #include "worker/gpu/parity_fixture.h"
 #ifdef FERRY_HAVE_CPU_ENGINE
 #include "worker/model/qwen2_runner.h"
@@ -48,7 +52,8 @@ RunnerOptions BaseOptions(const std::string& dir, const testing::Script& script)
   return o;
 }
 
-// The CPU engine's trace: run here, or read from its fixture. Empty optional: skip.
+// The CPU engine's trace (free-running: its own greedy tokens): run here, or read from its fixture.
+// False: skip, *why says why.
 bool ExpectedTrace(const testing::ParityCase& c, const std::string& dir, testing::Trace* out, std::string* why) {
   const std::string fixtures = Env("FERRY_GPU_PARITY_FIXTURES");
 #ifdef FERRY_HAVE_CPU_ENGINE
@@ -71,36 +76,6 @@ bool ExpectedTrace(const testing::ParityCase& c, const std::string& dir, testing
   return true;
 }
 
-void ExpectClose(const testing::Trace& got, const testing::Trace& want, const char* mode) {
-  ASSERT_EQ(got.tokens.size(), want.tokens.size());
-  double worst = 0, worst_scale = 0;
-  int rows = 0;
-  for (size_t s = 0; s < want.tokens.size(); ++s) {
-    EXPECT_EQ(got.tokens[s], want.tokens[s]) << "sequence " << s << ": greedy tokens differ (" << mode << ")";
-    for (size_t k = 0; k < want.logits[s].size() && k < got.logits[s].size(); ++k) {
-      const auto& a = got.logits[s][k];
-      const auto& b = want.logits[s][k];
-      if (b.empty()) continue;  // not kept in the fixture
-      ASSERT_EQ(a.size(), b.size());
-      double max_abs = 0, diff = 0;
-      for (size_t i = 0; i < b.size(); ++i) {
-        max_abs = std::max(max_abs, std::fabs(double(b[i])));
-        diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-      }
-      // bf16 tolerance: both engines round the same fp32 values to bf16 at every GEMM input and
-      // differ by accumulation order and the odd rounding flip it causes.
-      EXPECT_LE(diff, 0.02 * max_abs + 0.02) << "sequence " << s << " sample " << k << " (" << mode << ")";
-      ++rows;
-      if (diff > worst) {
-        worst = diff;
-        worst_scale = max_abs;
-      }
-    }
-  }
-  std::printf("parity (%s): %d logits rows, max |logit diff| %.4g (|logits| up to %.3g)\n", mode, rows, worst,
-              worst_scale);
-}
-
 void RunCase(const std::string& preset) {
   const testing::ParityCase c = testing::MakeParityCase(preset);
   const std::string models = Env("FERRY_GPU_PARITY_MODELS");
@@ -117,8 +92,12 @@ void RunCase(const std::string& preset) {
     o.max_num_batched_tokens = 1024;
     o.enforce_eager = eager;
     CudaQwen2Runner gpu(o);
-    const testing::Trace got = testing::Drive(gpu, c.script);
-    ExpectClose(got, want, eager ? "eager" : "cuda graphs");
+    const testing::Trace got = testing::Drive(gpu, c.script, &want.tokens);
+    const parity::ParityReport report = parity::CompareTraces(want, got);
+    parity::PrintReport(report, c.preset + ", " + (eager ? "eager" : "cuda graphs") + ", " +
+                                    std::to_string(got.num_forced) + " samples forced", stdout);
+    EXPECT_TRUE(report.ok()) << c.preset << (eager ? " eager" : " cuda graphs") << ": see the lines above";
+    EXPECT_EQ(report.num_rows, static_cast<int32_t>(c.script.prompts.size()) * c.script.num_new);
   }
   if (models.empty()) fs::remove_all(dir);
 }

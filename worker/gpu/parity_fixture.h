@@ -1,10 +1,12 @@
 // The engine parity check's shared pieces: the two cases (the ferry-make-model presets' shapes,
 // fixed seeds), the step script both engines run, and a file holding the CPU engine's result
-// (tokens and some logits rows) for machines that can build the GPU engine but not the CPU one
-// (tests/gpu/run.sh on the GPU machine). The file records a hash of the checkpoint it came
+// (its tokens, which the GPU engine is teacher-forced with, the top of every logits row and some
+// whole rows) for machines that can build the GPU engine but not the CPU one
+// (tests/gpu/device_check.sh on the GPU machine). The file records a hash of the checkpoint it came
 // from, so a different checkpoint cannot be compared by mistake.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -22,7 +24,8 @@ struct ParityCase {
   Qwen2Shape shape;
   uint64_t seed = 0;
   Script script;
-  // Samples whose full logits rows the fixture keeps (all when empty).
+  // Samples whose whole logits rows the fixture keeps (all when empty); of the others it keeps
+  // the top (parity_compare.h).
   std::vector<int32_t> kept_samples;
 };
 
@@ -79,9 +82,11 @@ inline uint64_t HashCheckpoint(const std::string& dir) {
   return h;
 }
 
-// Layout: magic, hash, num_seqs, then per sequence: tokens (count, ids), logits rows (count,
-// then per row: sample index, vocab, values). Rows not kept are absent.
-constexpr uint32_t kFixtureMagic = 0xfe771001;
+// Layout (version 2): magic, hash, num_seqs, then per sequence: tokens (count, ids), rows
+// (count, then per sample: scale, the kTopKept (id, value) pairs of its top, vocab, then vocab
+// values or, where the row was not kept, vocab 0). Every sample keeps its top, enough for the
+// argmax and top-5 rules of parity_compare.h; the error over the whole row is checked on kept rows.
+constexpr uint32_t kFixtureMagic = 0xfe771002;
 
 template <typename T>
 void Put(std::ofstream& out, const T& v) { out.write(reinterpret_cast<const char*>(&v), sizeof(T)); }
@@ -93,6 +98,7 @@ T Get(std::ifstream& in) {
   return v;
 }
 
+// kept: the sample indices whose whole rows are written (all when empty).
 inline void WriteFixture(const std::string& path, uint64_t hash, const Trace& t, const std::vector<int32_t>& kept) {
   std::ofstream out(path, std::ios::binary);
   Put(out, kFixtureMagic);
@@ -101,40 +107,50 @@ inline void WriteFixture(const std::string& path, uint64_t hash, const Trace& t,
   for (size_t s = 0; s < t.tokens.size(); ++s) {
     Put(out, static_cast<int32_t>(t.tokens[s].size()));
     for (int32_t id : t.tokens[s]) Put(out, id);
-    std::vector<int32_t> rows;
-    for (int32_t k = 0; k < static_cast<int32_t>(t.logits[s].size()); ++k) {
-      if (kept.empty() || std::find(kept.begin(), kept.end(), k) != kept.end()) rows.push_back(k);
-    }
-    Put(out, static_cast<int32_t>(rows.size()));
-    for (int32_t k : rows) {
-      Put(out, k);
-      Put(out, static_cast<int32_t>(t.logits[s][k].size()));
-      out.write(reinterpret_cast<const char*>(t.logits[s][k].data()),
-                static_cast<std::streamsize>(t.logits[s][k].size() * sizeof(float)));
+    Put(out, static_cast<int32_t>(t.rows[s].size()));
+    for (int32_t k = 0; k < static_cast<int32_t>(t.rows[s].size()); ++k) {
+      const parity::LogitsRow& row = t.rows[s][k];
+      if (row.top.size() != size_t{parity::kTopKept}) throw std::invalid_argument("row without its top");
+      Put(out, row.scale);
+      for (const auto& [id, v] : row.top) {
+        Put(out, id);
+        Put(out, v);
+      }
+      const bool keep = kept.empty() || std::find(kept.begin(), kept.end(), k) != kept.end();
+      const auto vocab = static_cast<int32_t>(keep ? row.values.size() : 0);
+      Put(out, vocab);
+      out.write(reinterpret_cast<const char*>(row.values.data()), static_cast<std::streamsize>(vocab * sizeof(float)));
     }
   }
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
-// The trace's logits rows that were not kept are left empty.
 inline Trace ReadFixture(const std::string& path, uint64_t* hash) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path);
-  if (Get<uint32_t>(in) != kFixtureMagic) throw std::runtime_error(path + " is not a parity fixture");
+  if (Get<uint32_t>(in) != kFixtureMagic) {
+    throw std::runtime_error(path + " is not a version-2 parity fixture (tests/gpu/prepare.sh writes one)");
+  }
   *hash = Get<uint64_t>(in);
   Trace t;
   const int32_t n = Get<int32_t>(in);
   t.tokens.resize(n);
-  t.logits.resize(n);
+  t.rows.resize(n);
   for (int32_t s = 0; s < n; ++s) {
     t.tokens[s].resize(Get<int32_t>(in));
     for (auto& id : t.tokens[s]) id = Get<int32_t>(in);
-    t.logits[s].resize(t.tokens[s].size());
-    const int32_t rows = Get<int32_t>(in);
-    for (int32_t r = 0; r < rows; ++r) {
-      const int32_t k = Get<int32_t>(in), vocab = Get<int32_t>(in);
-      t.logits[s].at(k).resize(vocab);
-      in.read(reinterpret_cast<char*>(t.logits[s][k].data()), static_cast<std::streamsize>(vocab * sizeof(float)));
+    t.rows[s].resize(Get<int32_t>(in));
+    for (parity::LogitsRow& row : t.rows[s]) {
+      row.scale = Get<float>(in);
+      row.top.resize(parity::kTopKept);
+      for (auto& [id, v] : row.top) {
+        id = Get<int32_t>(in);
+        v = Get<float>(in);
+      }
+      row.values.resize(Get<int32_t>(in));
+      in.read(reinterpret_cast<char*>(row.values.data()),
+              static_cast<std::streamsize>(row.values.size() * sizeof(float)));
+      if (!in) throw std::runtime_error("truncated parity fixture " + path);
     }
   }
   return t;

@@ -1,20 +1,33 @@
 // Test helper: drives any runner with last_logits() (Qwen2Runner, CudaQwen2Runner) through the
 // same steps, the way the scheduler would: chunked prefill mixed with decodes, block ids from a
 // scrambled pool, an optional prefix-cached sequence sharing another's first blocks. Two
-// runners driven with the same Script see identical StepSpecs.
+// runners driven with the same Script see the same steps (same sequences, tokens and blocks),
+// plus, under teacher forcing, the re-sends below where a runner's sample differed.
+//
+// Teacher forcing (Drive's `forced`: per sequence, the reference's samples): after its k-th
+// sample a sequence continues with forced[k] whatever the runner sampled, so the two engines
+// compute every position from the same tokens and one argmax flipped at a near-tie does not make
+// the rest diverge (parity_compare.h). The ModelRunner contract has no "replace the last sample"
+// message, so a sequence whose sample differs is finished and sent again as new in its next step,
+// on the same blocks: token_ids = the prompt and the forced tokens so far, num_generated = the
+// samples so far, num_cached_tokens = the positions already computed (their K/V are in its blocks,
+// as for a prefix-cache hit), and all its blocks again as the step's new_block_ids.
 #pragma once
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
-#include <map>
 #include <numeric>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "worker/gpu/parity_compare.h"
 #include "worker/model/model_runner.h"
 
 namespace ferry::worker::gpu::testing {
+
+using parity::Trace;
 
 struct Script {
   std::vector<std::vector<int32_t>> prompts;
@@ -30,81 +43,129 @@ struct Script {
   int32_t prefix_tokens = 0;
 };
 
-struct Trace {
-  std::vector<std::vector<int32_t>> tokens;               // generated, per sequence
-  std::vector<std::vector<std::vector<float>>> logits;    // per sequence, per sample
-  int32_t num_steps = 0;
+namespace driver_detail {
+
+struct Seq {
+  std::vector<int32_t> tokens;  // prompt, then the tokens it continues with
+  std::vector<int32_t> blocks;  // its block table
+  int32_t computed = 0;
+  bool sent = false;
+  bool resend = false;  // its last sample was replaced: finish it and send it again
 };
 
-template <typename Runner>
-Trace Drive(Runner& runner, const Script& script) {
-  const int32_t n = static_cast<int32_t>(script.prompts.size()), bs = script.block_size;
-  std::vector<int32_t> pool(script.num_blocks);
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), std::mt19937(script.seed));
-  struct Seq {
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> blocks;
-    int32_t computed = 0;
-    int32_t prompt_len = 0;
-    bool sent = false;
-  };
-  std::vector<Seq> seqs(n);
-  for (int32_t i = 0; i < n; ++i) {
-    seqs[i].tokens = script.prompts[i];
-    seqs[i].prompt_len = static_cast<int32_t>(script.prompts[i].size());
+class Planner {
+ public:
+  Planner(const Script& script, const std::vector<std::vector<int32_t>>* forced) : script_(script), forced_(forced) {
+    pool_.resize(script.num_blocks);
+    std::iota(pool_.begin(), pool_.end(), 0);
+    std::shuffle(pool_.begin(), pool_.end(), std::mt19937(script.seed));
+    for (const auto& p : script.prompts) seqs_.push_back({p, {}, 0, false, false});
+    const size_t n = seqs_.size();
+    if (forced != nullptr && forced->size() != n) {
+      throw std::invalid_argument("forced tokens for " + std::to_string(forced->size()) + " sequences, script has " +
+                                  std::to_string(n));
+    }
+    for (size_t i = 0; forced != nullptr && i < n; ++i) {
+      if ((*forced)[i].size() < static_cast<size_t>(script.num_new)) {
+        throw std::invalid_argument("forced tokens of sequence " + std::to_string(i) + ": " +
+                                    std::to_string((*forced)[i].size()) + " < num_new " +
+                                    std::to_string(script.num_new));
+      }
+    }
+    trace_.tokens.resize(n);
+    trace_.rows.resize(n);
   }
-  Trace trace;
-  trace.tokens.resize(n);
-  trace.logits.resize(n);
-  const int32_t vocab = runner.info().vocab_size;
-  for (;;) {
+
+  // The next step; empty `scheduled` once every sequence has its num_new samples.
+  StepSpec Next() {
     StepSpec spec;
-    std::vector<int32_t> order;
-    for (int32_t i = 0; i < n; ++i) {
-      Seq& s = seqs[i];
-      if (static_cast<int32_t>(trace.tokens[i].size()) >= script.num_new) continue;
-      if (i == script.prefix_seq && seqs[0].computed < seqs[0].prompt_len) continue;
-      NewSequenceSpec fresh;
-      if (!s.sent) {
-        fresh = {static_cast<uint64_t>(i + 1), s.tokens, 0, {}, 0};
-        if (i == script.prefix_seq) {
-          s.blocks.assign(seqs[0].blocks.begin(), seqs[0].blocks.begin() + script.prefix_tokens / bs);
-          s.computed = fresh.num_cached_tokens = script.prefix_tokens;
-        }
-        spec.new_sequences.push_back(fresh);
-        s.sent = true;
-      }
-      const int32_t num = std::min<int32_t>(script.chunk, static_cast<int32_t>(s.tokens.size()) - s.computed);
-      ScheduledSpec sched{static_cast<uint64_t>(i + 1), num, {}};
-      while (static_cast<int32_t>(s.blocks.size()) * bs < s.computed + num) {
-        s.blocks.push_back(pool.back());
-        sched.new_block_ids.push_back(pool.back());
-        pool.pop_back();
-      }
-      if (i == script.prefix_seq && !fresh.token_ids.empty()) {
-        sched.new_block_ids.insert(sched.new_block_ids.begin(), s.blocks.begin(),
-                                   s.blocks.begin() + script.prefix_tokens / bs);
-      }
-      s.computed += num;
-      spec.scheduled.push_back(sched);
-      order.push_back(i);
+    for (int32_t i = 0; i < static_cast<int32_t>(seqs_.size()); ++i) {
+      if (static_cast<int32_t>(trace_.tokens[i].size()) >= script_.num_new) continue;
+      if (i == script_.prefix_seq && seqs_[0].computed < static_cast<int32_t>(script_.prompts[0].size())) continue;
+      spec.scheduled.push_back(Schedule(i, &spec));
     }
-    if (spec.scheduled.empty()) break;
-    const auto out = runner.Step(spec);
-    ++trace.num_steps;
-    for (size_t k = 0; k < out.size(); ++k) {
-      const int32_t i = static_cast<int32_t>(out[k].seq_id) - 1;
-      seqs[i].tokens.push_back(out[k].token_id);
-      trace.tokens[i].push_back(out[k].token_id);
-      const float* row = runner.last_logits().data() + k * vocab;
-      trace.logits[i].emplace_back(row, row + vocab);
-    }
+    return spec;
   }
-  StepSpec done;
-  for (int32_t i = 0; i < n; ++i) done.finished_ids.push_back(static_cast<uint64_t>(i + 1));
-  runner.Step(done);
-  return trace;
+
+  // Records sample k of the step (row: [vocab]) and the token its sequence continues with.
+  void Record(const SampledTokenOut& out, const float* row, int32_t vocab) {
+    const auto i = static_cast<int32_t>(out.seq_id) - 1;
+    std::vector<int32_t>& sampled = trace_.tokens.at(i);
+    const int32_t next = forced_ != nullptr ? (*forced_)[i][sampled.size()] : out.token_id;
+    if (next != out.token_id) {
+      seqs_[i].resend = true;
+      ++trace_.num_forced;
+    }
+    seqs_[i].tokens.push_back(next);
+    sampled.push_back(out.token_id);
+    trace_.rows[i].push_back(parity::MakeRow(row, vocab, true));
+  }
+
+  StepSpec FinishAll() const {
+    StepSpec done;
+    for (size_t i = 0; i < seqs_.size(); ++i) done.finished_ids.push_back(i + 1);
+    return done;
+  }
+
+  Trace& trace() { return trace_; }
+
+ private:
+  ScheduledSpec Schedule(int32_t i, StepSpec* spec) {
+    Seq& s = seqs_[i];
+    const auto id = static_cast<uint64_t>(i + 1);
+    ScheduledSpec sched{id, 0, {}};
+    if (!s.sent || s.resend) {
+      if (!s.sent && i == script_.prefix_seq) {
+        const int32_t shared = script_.prefix_tokens / script_.block_size;
+        s.blocks.assign(seqs_[0].blocks.begin(), seqs_[0].blocks.begin() + shared);
+        s.computed = script_.prefix_tokens;
+      }
+      if (s.resend) spec->finished_ids.push_back(id);
+      const auto generated = static_cast<int32_t>(trace_.tokens[i].size());
+      spec->new_sequences.push_back({id, s.tokens, generated, {}, s.computed});
+      sched.new_block_ids = s.blocks;  // a (re)introduced sequence's table starts empty
+      s.sent = true;
+      s.resend = false;
+    }
+    sched.num_tokens = std::min<int32_t>(script_.chunk, static_cast<int32_t>(s.tokens.size()) - s.computed);
+    while (static_cast<int32_t>(s.blocks.size()) * script_.block_size < s.computed + sched.num_tokens) {
+      if (pool_.empty()) throw std::invalid_argument("script.num_blocks too small");
+      s.blocks.push_back(pool_.back());
+      sched.new_block_ids.push_back(pool_.back());
+      pool_.pop_back();
+    }
+    s.computed += sched.num_tokens;
+    return sched;
+  }
+
+  const Script& script_;
+  const std::vector<std::vector<int32_t>>* forced_;
+  std::vector<int32_t> pool_;
+  std::vector<Seq> seqs_;
+  Trace trace_;
+};
+
+}  // namespace driver_detail
+
+// Runs `script` to the end and returns every sample with the logits row it came from. forced:
+// nullptr (free-running: each sequence continues with its own samples) or, per sequence, at least
+// script.num_new tokens to continue with (teacher forcing, see above). The runner needs
+// keep_logits.
+template <typename Runner>
+Trace Drive(Runner& runner, const Script& script, const std::vector<std::vector<int32_t>>* forced = nullptr) {
+  driver_detail::Planner plan(script, forced);
+  const int32_t vocab = runner.info().vocab_size;
+  for (StepSpec spec = plan.Next(); !spec.scheduled.empty(); spec = plan.Next()) {
+    const std::vector<SampledTokenOut> out = runner.Step(spec);
+    ++plan.trace().num_steps;
+    if (runner.last_logits().size() != out.size() * static_cast<size_t>(vocab)) {
+      throw std::runtime_error("the runner kept " + std::to_string(runner.last_logits().size()) +
+                               " logits for " + std::to_string(out.size()) + " samples (keep_logits off?)");
+    }
+    for (size_t k = 0; k < out.size(); ++k) plan.Record(out[k], runner.last_logits().data() + k * vocab, vocab);
+  }
+  runner.Step(plan.FinishAll());
+  return std::move(plan.trace());
 }
 
 }  // namespace ferry::worker::gpu::testing
