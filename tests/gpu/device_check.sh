@@ -275,8 +275,8 @@ step "runner tests" tests.log 60 gtest "$BUILD/tests/gpu_runner_test"
 step parity tests.log 120 parity
 step benchmark bench.log 120 bench
 # The benchmark's table, as soon as it exists.
-grep -h -A8 "^| batch" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
-grep -h "offline:\|prefill:" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
+grep -h -A10 "^| attention | batch" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
+grep -h "^offline\|^prefill\|^mixed" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
 step "HF comparison" hf.log 120 hf
 grep -h "^hf " "$R/hf.log" 2>/dev/null | tee -a "$SUMMARY"
 step "end to end" e2e.log 240 e2e

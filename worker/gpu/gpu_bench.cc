@@ -75,6 +75,7 @@ struct AttentionRun {
   std::string attention;  // ToString(AttentionImpls)
   double prefill_tps = 0;
   double prefill_latency_ms = 0;  // one sequence's --context-token prefill
+  std::vector<DecodeResult> mixed;  // eager mixed steps: decodes + a 256-token chunk
   std::vector<DecodeResult> decode;
 };
 
@@ -135,6 +136,38 @@ class Bench {
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
+  }
+
+  // A mixed step, run eagerly (no graph covers it): `batch` decodes plus a 256-token prefill
+  // chunk. Wall against device time says whether its ~290 launches cost more than the device
+  // work, i.e. whether piecewise graphs would pay. The median of 5 after one warm-up.
+  DecodeResult Mixed(int32_t batch) {
+    constexpr int32_t kChunk = 256;
+    std::vector<double> wall, gpu;
+    for (int rep = 0; rep < 6; ++rep) {
+      const uint64_t id = 2'000'000 + rep;
+      std::vector<int32_t> prompt(kChunk);
+      for (int32_t t = 0; t < kChunk; ++t) prompt[t] = (t * 104729 + rep * 17 + 3) % 150000;
+      StepSpec spec;
+      spec.new_sequences.push_back({id, prompt, 0, {}, 0});
+      for (int32_t i = 0; i < batch; ++i) spec.scheduled.push_back(Schedule(i, 1));
+      ScheduledSpec chunk{id, kChunk, {}};
+      for (int32_t b = 0; b * kBlockSize < kChunk; ++b) chunk.new_block_ids.push_back(spare_[b]);
+      spec.scheduled.push_back(chunk);
+      const double busy0 = runner_->busy_seconds();
+      const auto start = Clock::now();
+      runner_->Step(spec);
+      if (rep > 0) {
+        wall.push_back(Seconds(start, Clock::now()) * 1e3);
+        gpu.push_back((runner_->busy_seconds() - busy0) * 1e3);
+      }
+      StepSpec done;
+      done.finished_ids.push_back(id);
+      runner_->Step(done);
+    }
+    std::sort(wall.begin(), wall.end());
+    std::sort(gpu.begin(), gpu.end());
+    return {batch, wall[wall.size() / 2], gpu[gpu.size() / 2], 0};
   }
 
   DecodeResult Decode(int32_t batch) {
@@ -282,6 +315,12 @@ void Report(const BenchFlags& f, const std::vector<AttentionRun>& runs, double o
     std::printf("\nprefill (%s): %.0f tokens/s batched, %.3f ms for one %d-token prompt\n", run.attention.c_str(),
                 run.prefill_tps, run.prefill_latency_ms, f.context);
   }
+  for (const AttentionRun& run : runs) {
+    for (const DecodeResult& r : run.mixed) {
+      std::printf("mixed (%s): %d decodes + a 256-token chunk, eager: %.3f ms wall, %.3f ms device (%.2fx)\n",
+                  run.attention.c_str(), r.batch, r.wall_ms, r.gpu_ms, r.wall_ms / r.gpu_ms);
+    }
+  }
   if (offline_tps > 0) std::printf("offline: %.0f output tokens/s greedy\n", offline_tps);
   if (sampled_tps > 0) {
     std::printf("offline: %.0f output tokens/s sampled, %.3f of greedy\n", sampled_tps, sampled_tps / offline_tps);
@@ -302,6 +341,10 @@ void Report(const BenchFlags& f, const std::vector<AttentionRun>& runs, double o
         << runs[k].prefill_tps << ", \"prefill_latency_ms\": " << runs[k].prefill_latency_ms
         << ", \"decode_wall_ms\": [";
     for (size_t i = 0; i < runs[k].decode.size(); ++i) out << (i ? ", " : "") << runs[k].decode[i].wall_ms;
+    out << "], \"mixed_wall_ms\": [";
+    for (size_t i = 0; i < runs[k].mixed.size(); ++i) out << (i ? ", " : "") << runs[k].mixed[i].wall_ms;
+    out << "], \"mixed_device_ms\": [";
+    for (size_t i = 0; i < runs[k].mixed.size(); ++i) out << (i ? ", " : "") << runs[k].mixed[i].gpu_ms;
     out << "]}";
   }
   out << "], \"offline_output_tokens_per_s\": " << offline_tps
@@ -384,11 +427,12 @@ int main(int argc, char** argv) {
     std::vector<gpu::AttentionRun> runs;
     for (auto it = choices.rbegin(); it != choices.rend(); ++it) {  // the first last: it stays set
       setenv(gpu::kAttentionImplEnv, it->c_str(), 1);
-      gpu::AttentionRun run{gpu::ToString(gpu::ParseAttentionImpls(*it)), 0, 0, {}};
+      gpu::AttentionRun run{gpu::ToString(gpu::ParseAttentionImpls(*it)), 0, 0, {}, {}};
       gpu::Bench bench(f);
       run.prefill_latency_ms = bench.PrefillLatencyMs();
       run.prefill_tps = bench.Prefill();
       for (int32_t b : f.batches) run.decode.push_back(bench.Decode(b));
+      for (int32_t b : f.batches) run.mixed.push_back(bench.Mixed(b));
       runs.insert(runs.begin(), run);
     }
     const double offline = f.offline_requests > 0 ? gpu::Offline(f, false) : 0;
