@@ -273,7 +273,7 @@ fi
 step "kernel tests" tests.log 60 kernel_tests
 step "runner tests" tests.log 60 gtest "$BUILD/tests/gpu_runner_test"
 step parity tests.log 120 parity
-step benchmark bench.log 120 bench
+step benchmark bench.log 180 bench
 # The benchmark's table, as soon as it exists.
 grep -h -A10 "^| attention | batch" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
 grep -h "^offline\|^prefill\|^mixed" "$R/bench.log" 2>/dev/null | tee -a "$SUMMARY"
