@@ -219,31 +219,50 @@ __device__ void RadixSelect(const Values& values, int vocab, uint64_t need, floa
   *before_out = before;
 }
 
+// The element of the row, in id order, whose interval [prefix, prefix + weight) holds the
+// offset target(total weight). Each thread sums its own contiguous chunk of ids, one block scan
+// orders the chunks, and the one thread whose chunk holds the offset walks it: one pass, exact
+// (integer weights), so the same element whatever the thread layout. Needs target < total.
+template <typename WeightFn, typename TargetFn>
+__device__ int32_t FindInIdOrder(const WeightFn& weight, const TargetFn& target, int vocab, Shared& s) {
+  const int chunk = (vocab + kThreads - 1) / kThreads;
+  const int begin = min(vocab, static_cast<int>(threadIdx.x) * chunk), end = min(vocab, begin + chunk);
+  uint64_t mine = 0;
+  for (int i = begin; i < end; ++i) mine += weight(i);
+  uint64_t inclusive = mine;
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const uint64_t t = __shfl_up_sync(kFull, inclusive, offset);
+    if (Lane() >= offset) inclusive += t;
+  }
+  if (Lane() == kWarpSize - 1) s.u64[WarpId()] = inclusive;
+  __syncthreads();
+  uint64_t low = inclusive - mine, total = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < WarpId()) low += s.u64[w];
+    total += s.u64[w];
+  }
+  const uint64_t u = target(total);
+  if (mine != 0 && low <= u && u < low + mine) {
+    for (int i = begin; i < end; ++i) {
+      low += weight(i);
+      if (u < low) {
+        s.sel_id = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const int32_t id = s.sel_id;
+  __syncthreads();
+  return id;
+}
+
 // The id of the rank-th (1-based) element with this key, in id order: equal values are ordered
 // by id, as the CPU's MoreLikely. Needs rank <= the number of such elements.
 template <typename Values>
 __device__ int32_t NthEqualId(const Values& values, int vocab, uint32_t key, uint64_t rank, Shared& s) {
-  uint64_t running = 0;
-  for (int base = 0; base < vocab; base += kThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const bool equal = i < vocab && OrderKey(values(i)) == key;
-    const int num_equal = __syncthreads_count(equal);
-    if (running + static_cast<uint64_t>(num_equal) < rank) {
-      running += static_cast<uint64_t>(num_equal);
-      continue;
-    }
-    const unsigned ballot = __ballot_sync(kFull, equal);
-    if (Lane() == 0) s.warp_count[WarpId()] = __popc(ballot);
-    __syncthreads();
-    uint64_t position = running + __popc(ballot & ((1u << Lane()) - 1u)) + 1;
-    for (int w = 0; w < WarpId(); ++w) position += s.warp_count[w];
-    if (equal && position == rank) s.sel_id = i;
-    __syncthreads();
-    const int32_t id = s.sel_id;
-    __syncthreads();
-    return id;
-  }
-  return vocab - 1;  // not reached when rank is within the equal elements
+  return FindInIdOrder([&](int i) -> uint64_t { return OrderKey(values(i)) == key ? 1 : 0; },
+                       [rank](uint64_t) { return rank - 1; }, vocab, s);
 }
 
 // Fixed-point mass of the kept set.
@@ -254,40 +273,6 @@ __device__ uint64_t KeptMass(const ScaledValues& values, int vocab, const KeptSe
     if (kept.Contains(x, i)) mass += FixedWeight(x, kept.max_value);
   }
   return BlockSumU64(mass, s);
-}
-
-// The kept element whose interval [prefix, prefix + weight) in id order holds u (< kept mass).
-__device__ int32_t DrawInIdOrder(const ScaledValues& values, int vocab, const KeptSet& kept, uint64_t u,
-                                 Shared& s) {
-  uint64_t running = 0;
-  for (int base = 0; base < vocab; base += kThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    uint64_t w = 0;
-    if (i < vocab) {
-      const float x = values(i);
-      if (kept.Contains(x, i)) w = FixedWeight(x, kept.max_value);
-    }
-    const uint64_t tile = BlockSumU64(w, s);
-    if (running + tile <= u) {
-      running += tile;
-      continue;
-    }
-    uint64_t inclusive = w;
-    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-      const uint64_t t = __shfl_up_sync(kFull, inclusive, offset);
-      if (Lane() >= offset) inclusive += t;
-    }
-    if (Lane() == kWarpSize - 1) s.u64[WarpId()] = inclusive;
-    __syncthreads();
-    uint64_t low = running + inclusive - w;
-    for (int warp = 0; warp < WarpId(); ++warp) low += s.u64[warp];
-    if (w != 0 && low <= u && u < low + w) s.sel_id = i;
-    __syncthreads();
-    const int32_t id = s.sel_id;
-    __syncthreads();
-    return id;
-  }
-  return vocab - 1;  // not reached when u < the kept mass
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -345,10 +330,19 @@ __device__ int32_t DrawToken(const ScaledValues& values, int vocab, const Sample
     kept = Shorter(kept, key, NthEqualId(values, vocab, key, (target - before + w - 1) / w, s));
   }
   kept.min_p_log = p.min_p_log;
-  const uint64_t total = KeptMass(values, vocab, kept, s);
-  uint64_t u = static_cast<uint64_t>(CounterUniform(p.seed, p.sample_index) * static_cast<double>(total));
-  if (u >= total) u = total - 1;  // the double product rounded up to the total
-  return DrawInIdOrder(values, vocab, kept, u, s);
+  // The draw: u in [0, kept mass), the kept tokens laid out in id order. The mass is >= 2^40
+  // (the most likely token is always kept).
+  const double uniform = CounterUniform(p.seed, p.sample_index);
+  return FindInIdOrder(
+      [&](int i) -> uint64_t {
+        const float x = values(i);
+        return kept.Contains(x, i) ? FixedWeight(x, max_value) : 0;
+      },
+      [uniform](uint64_t total) {
+        const uint64_t u = static_cast<uint64_t>(uniform * static_cast<double>(total));
+        return u < total ? u : total - 1;  // the double product rounded up to the total
+      },
+      vocab, s);
 }
 
 // Log-softmax of the raw logits: the token's and the top n (n <= 20), most likely first.
