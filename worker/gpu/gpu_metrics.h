@@ -6,7 +6,7 @@
 //                                           device-side busy ratio)
 //   ferry_worker_cuda_graph_steps_total     steps replayed from a captured CUDA graph
 //   ferry_worker_gpu_host_sampled_rows_total  rows sampled by the CPU Sampler because the device
-//                                           sampler's entry capacity was full (0 in normal runs)
+//                                           sampler's entry capacity (sampler_max_entries) was full
 //   ferry_worker_gpu_healthy                1 while the runner is healthy (read at scrape time)
 #pragma once
 
