@@ -22,7 +22,8 @@ constexpr float kMinTemperature = 1e-5f;
 
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 
-// Whether a row's sample needs the host sampler rather than the device argmax.
+// Whether a row needs the full sampler (on the device; on the host past the device sampler's
+// capacity) rather than the device argmax.
 bool NeedsHostSampler(const SamplingOptions& o) {
   return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty() ||
          o.min_tokens > 0 || o.guided.kind != GuidedSpec::Kind::kNone || !o.allowed_token_ids.empty();
