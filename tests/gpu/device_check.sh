@@ -272,6 +272,7 @@ if [ $have_gpu = 0 ]; then
 fi
 step "kernel tests" tests.log 60 kernel_tests
 step "runner tests" tests.log 60 gtest "$BUILD/tests/gpu_runner_test"
+step "device sampler tests" tests.log 60 gtest "$BUILD/tests/gpu_device_sampler_test"
 step parity tests.log 120 parity
 step benchmark bench.log 180 bench
 # The benchmark's table, as soon as it exists.

@@ -22,7 +22,8 @@ constexpr float kMinTemperature = 1e-5f;
 
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 
-// Whether a row's sample needs the host sampler rather than the device argmax.
+// Whether a row needs the full sampler (on the device; on the host past the device sampler's
+// capacity) rather than the device argmax.
 bool NeedsHostSampler(const SamplingOptions& o) {
   return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty() ||
          o.min_tokens > 0 || o.guided.kind != GuidedSpec::Kind::kNone || !o.allowed_token_ids.empty();
@@ -36,6 +37,7 @@ struct CudaQwen2Runner::Planned {
   int32_t num_tokens = 0;
   int32_t logits_row = -1;  // row of the device logits; -1: nothing sampled
   int32_t host_slot = -1;   // row of host_logits_; -1: the device argmax is used
+  int32_t device_slot = -1;  // row of the device sampler; -1: argmax or the host sampler
 };
 
 CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(options) {
@@ -64,6 +66,8 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
   m.attention = attention;
   model_ = std::make_unique<CudaQwen2Model>(r.model_dir, m, stream_);
   builder_ = std::make_unique<BatchBuilder>(model_->layout(), model_->host_meta(), r.block_size);
+  device_sampler_ = std::make_unique<DeviceSampler>(
+      DeviceSamplerOptions{options.max_num_seqs, model_->config().vocab_size, options.sampler_max_entries});
   FERRY_CUDA_CHECK(cudaDeviceSynchronize());
   const int32_t num_blocks = r.num_kv_blocks > 0 ? r.num_kv_blocks : KvBlocksFromUtilization();
   model_->AllocateKvCache(num_blocks);
@@ -200,6 +204,9 @@ std::vector<SampledTokenOut> CudaQwen2Runner::RunAndSample(const StepSpec& step,
   last_logits_.clear();
   if (step.scheduled.empty()) return {};
   const std::vector<Planned> plan = BuildBatch(step);
+  for (const Planned& p : plan) {
+    timing->host_sampled_rows += p.logits_row >= 0 && p.device_slot < 0 && NeedsHostSampler(p.seq->sampling);
+  }
   Launch(plan, timing);
   return Commit(step, plan);
 }
@@ -209,6 +216,7 @@ std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec
   std::vector<Planned> plan;
   plan.reserve(step.scheduled.size());
   builder_->Reset();
+  device_sampler_->Begin();
   int32_t num_logits = 0, num_host = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (const ScheduledSpec& s : step.scheduled) {
@@ -220,9 +228,13 @@ std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec
       Planned p{s.seq_id, &seq, s.num_tokens};
       if (samples) {
         p.logits_row = num_logits++;
+        if (NeedsHostSampler(seq.sampling)) {
+          const TokenMask* mask = seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get());
+          p.device_slot = device_sampler_->Add({&seq.sampling, &seq.counts, seq.num_generated, mask, p.logits_row});
+        }
         if (options_.runner.keep_logits) {
           p.host_slot = p.logits_row;
-        } else if (NeedsHostSampler(seq.sampling)) {
+        } else if (NeedsHostSampler(seq.sampling) && p.device_slot < 0) {
           p.host_slot = num_host++;
         }
       }
@@ -256,6 +268,7 @@ void CudaQwen2Runner::Launch(const std::vector<Planned>& plan, StepTiming* timin
     model_->Upload(real_seqs, table_cols);
     model_->Forward(b.shape(splits));
   }
+  device_sampler_->Enqueue(model_->logits(), stream_);
   const size_t row_bytes = size_t(info_.vocab_size) * sizeof(float);
   FERRY_CUDA_CHECK(cudaMemcpyAsync(host_ids_.as<void>(), model_->argmax(), size_t(num_logits) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, stream_));
@@ -308,7 +321,9 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
     seq.num_computed += p.num_tokens;
     if (p.logits_row < 0) continue;
     SampleResult r;
-    if (NeedsHostSampler(seq.sampling)) {
+    if (p.device_slot >= 0) {
+      r = ToSampleResult(device_sampler_->result(p.device_slot), seq.sampling, vocab);
+    } else if (NeedsHostSampler(seq.sampling)) {
       r = sampler_.Sample(host_logits_.as<float>() + size_t(p.host_slot) * vocab, vocab, seq.sampling, &seq.counts,
                           seq.num_generated, seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
     } else {

@@ -1,9 +1,10 @@
 // The GPU ModelRunner: the same engine contract as the CPU Qwen2Runner (worker/model/README.md:
 // StepSpec semantics, validation before any change, samples in scheduled order, seeded
 // sampling), running CudaQwen2Model on one device. Greedy rows are picked by a device argmax;
-// rows that need the full sampler (temperature, penalties, logprobs, guided decoding) copy their
-// logits to the host and use the CPU Sampler, under the CPU path's guided-decoding masks, so
-// their results follow the CPU path's rules exactly.
+// rows that need the full sampler (temperature, penalties, logprobs, guided decoding) are sampled
+// on the device (device_sampler.h: the CPU Sampler's rules and distribution, under the CPU path's
+// guided-decoding masks). Only a row whose penalty and bias entries overflow the device
+// sampler's capacity copies its logits to the host for the CPU Sampler (StepTiming counts them).
 //
 // Memory (vLLM's meaning of --gpu-memory-utilization): weights, then activation buffers for
 // max_num_batched_tokens / max_num_seqs, then the KV cache takes what is left of
@@ -30,6 +31,7 @@
 #include "worker/gpu/cuda_runner_options.h"
 #include "worker/gpu/cuda_model.h"
 #include "worker/gpu/decode_graphs.h"
+#include "worker/gpu/device_sampler.h"
 #include "worker/model/guided_decoding.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/sampler.h"
@@ -42,6 +44,7 @@ struct StepTiming {
   double gpu_seconds = 0;   // between events around the step's device work
   double wall_seconds = 0;  // Step() from entry to return
   bool graph = false;
+  int32_t host_sampled_rows = 0;  // rows the CPU Sampler took (device sampler capacity full)
 };
 
 class CudaQwen2Runner final : public ModelRunner {
@@ -96,7 +99,8 @@ class CudaQwen2Runner final : public ModelRunner {
   std::unique_ptr<BatchBuilder> builder_;
   DecodeGraphs graphs_;
   std::unordered_map<uint64_t, Sequence> seqs_;
-  Sampler sampler_;
+  Sampler sampler_;                                 // the fallback
+  std::unique_ptr<DeviceSampler> device_sampler_;   // every other row that is not plain greedy
   // The vocabulary's bytes for guided decoding (tokenizer.json); null: not supported.
   std::unique_ptr<GuidedVocab> guided_vocab_;
   PinnedBuffer host_ids_;     // [max_num_seqs] argmax ids

@@ -27,6 +27,9 @@ struct CudaRunnerOptions {
   // Joining the NCCL group and each collective (--dist-timeout-s): past it the communicator is
   // aborted and the step fails with CommError.
   int32_t dist_timeout_s = 30;
+  // Penalty and logit-bias entries the device sampler takes per step (one per distinct token of
+  // a penalised sequence); rows past it are sampled on the host. 0: 2,048 per sequence.
+  int32_t sampler_max_entries = 0;
 };
 
 // Why the GPU engine cannot run with `o` (naming the flag, its value and the limit); empty if it
@@ -51,6 +54,9 @@ inline std::string CudaRunnerOptionsError(const CudaRunnerOptions& o) {
       return "CUDA graph size " + std::to_string(size) + " must be in [1, --max-num-seqs " +
              std::to_string(o.max_num_seqs) + "]";
     }
+  }
+  if (o.sampler_max_entries < 0) {
+    return "sampler_max_entries " + std::to_string(o.sampler_max_entries) + " must be >= 0 (0: 2,048 per sequence)";
   }
   // The GPU engine computes in bfloat16 only; float32 would be silently ignored.
   if (o.runner.dtype != "auto" && o.runner.dtype != "bfloat16") {

@@ -87,6 +87,9 @@ TEST(CudaRunnerFlags, RefusesWhatTheEngineCannotHonour) {
   o.runner.dtype = "float32";
   EXPECT_EQ(CudaRunnerOptionsError(o), "--dtype float32 is not supported with --device cuda (bfloat16 or auto)");
   o.runner.dtype = "bfloat16";
+  o.sampler_max_entries = -1;
+  EXPECT_EQ(CudaRunnerOptionsError(o), "sampler_max_entries -1 must be >= 0 (0: 2,048 per sequence)");
+  o.sampler_max_entries = 0;
   o.gpu_memory_utilization = 1.5f;
   EXPECT_NE(CudaRunnerOptionsError(o).find("--gpu-memory-utilization"), std::string::npos);
 }
@@ -133,7 +136,7 @@ TEST_F(CudaRunnerTest, RejectsBadStepsAndKeepsWorking) {
   EXPECT_GT(runner_->busy_seconds(), 0);
 }
 
-// Seeded sampling goes through the host sampler: the same seed and history give the same token.
+// Seeded sampling goes through the device sampler: the same seed and history give the same token.
 TEST_F(CudaRunnerTest, SeededSamplingIsReproducible) {
   std::vector<int32_t> tokens[2];
   for (int run = 0; run < 2; ++run) {
@@ -155,7 +158,40 @@ TEST_F(CudaRunnerTest, SeededSamplingIsReproducible) {
   EXPECT_EQ(tokens[0], tokens[1]);
 }
 
-// Guided rows go through the host sampler under the CPU path's masks: a choice request's greedy
+// Greedy rows with penalties: the device sampler and, past its entry capacity, the host sampler
+// give the same tokens, and only the fallback rows are counted.
+TEST_F(CudaRunnerTest, HostFallbackPastTheSamplerCapacityAgreesAndIsCounted) {
+  std::vector<int32_t> tokens[2];
+  int32_t host_rows[2] = {0, 0};
+  for (int run = 0; run < 2; ++run) {
+    CudaRunnerOptions o;
+    o.runner.model_dir = dir_.string();
+    o.runner.num_kv_blocks = 64;
+    o.max_num_seqs = 4;
+    o.max_num_batched_tokens = 128;
+    o.sampler_max_entries = run == 0 ? 0 : 2;  // run 1: a 4-token history does not fit
+    runner_.reset();
+    runner_ = std::make_unique<CudaQwen2Runner>(o);
+    runner_->set_step_observer([&, run](const StepTiming& t) { host_rows[run] += t.host_sampled_rows; });
+    SamplingOptions sampling;
+    sampling.repetition_penalty = 1.3f;
+    sampling.frequency_penalty = 0.5f;
+    StepSpec step;
+    step.new_sequences.push_back({7, {1, 2, 3, 4}, 0, sampling, 0});
+    step.scheduled.push_back({7, 4, {0}});
+    tokens[run].push_back(runner_->Step(step).at(0).token_id);
+    for (int i = 0; i < 3; ++i) {
+      StepSpec decode;
+      decode.scheduled.push_back({7, 1, {}});
+      tokens[run].push_back(runner_->Step(decode).at(0).token_id);
+    }
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(host_rows[0], 0);
+  EXPECT_EQ(host_rows[1], 4);
+}
+
+// Guided rows go through the device sampler under the CPU path's masks: a choice request's greedy
 // and sampled texts are exactly one of its choices, and a preempted one resumes identically.
 TEST(CudaRunnerGuided, TextsKeepToTheirConstraint) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";

@@ -19,6 +19,9 @@ GpuMetrics::GpuMetrics(CudaQwen2Runner& runner, prometheus::Registry& registry) 
                        .Help("Device time spent executing engine steps").Register(registry).Add({});
   graph_steps_ = &prometheus::BuildCounter().Name("ferry_worker_cuda_graph_steps_total")
                       .Help("Engine steps replayed from a captured CUDA graph").Register(registry).Add({});
+  host_sampled_rows_ = &prometheus::BuildCounter().Name("ferry_worker_gpu_host_sampled_rows_total")
+                            .Help("Rows sampled on the host because the device sampler's entry capacity was full")
+                            .Register(registry).Add({});
   healthy_ = &prometheus::BuildGauge().Name("ferry_worker_gpu_healthy")
                   .Help("1 while the GPU runner is healthy; 0 after a sticky device error or a hung step")
                   .Register(registry).Add({});
@@ -38,6 +41,7 @@ void GpuMetrics::OnStep(const StepTiming& t) {
   h->Observe(t.gpu_seconds);
   busy_seconds_->Increment(t.gpu_seconds);
   if (t.graph) graph_steps_->Increment();
+  if (t.host_sampled_rows > 0) host_sampled_rows_->Increment(t.host_sampled_rows);
 }
 
 }  // namespace ferry::worker::gpu

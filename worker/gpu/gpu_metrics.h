@@ -5,6 +5,8 @@
 //   ferry_worker_gpu_busy_seconds_total     device time executing steps (rate() of it is the
 //                                           device-side busy ratio)
 //   ferry_worker_cuda_graph_steps_total     steps replayed from a captured CUDA graph
+//   ferry_worker_gpu_host_sampled_rows_total  rows sampled by the CPU Sampler because the device
+//                                           sampler's entry capacity (sampler_max_entries) was full
 //   ferry_worker_gpu_healthy                1 while the runner is healthy (read at scrape time)
 #pragma once
 
@@ -36,6 +38,7 @@ class GpuMetrics {
   prometheus::Histogram* step_mixed_;
   prometheus::Counter* busy_seconds_;
   prometheus::Counter* graph_steps_;
+  prometheus::Counter* host_sampled_rows_;
   prometheus::Gauge* healthy_;
 };
 
