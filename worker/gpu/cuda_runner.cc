@@ -156,28 +156,90 @@ void CudaQwen2Runner::Apply(const StepSpec& step) {
 // ---------------------------------------------------------------------------------------------
 // Running
 
+// Step is Submit then Collect. With overlap (the worker's Submit of step N+1 while step N runs),
+// Submit first finishes step N: its samples are step N+1's inputs (the decodes' tokens, the
+// penalties' counts, the guided matchers' states), and one set of host and device buffers then
+// serves every step. What overlaps the device running N+1 is everything the worker does
+// between steps: answering N over gRPC and taking in N+2, which the scheduler's async
+// scheduling sends before it has N's answer. One synchronisation per step, at its readback.
 std::vector<SampledTokenOut> CudaQwen2Runner::Step(const StepSpec& step) {
-  const auto wall_start = std::chrono::steady_clock::now();
+  Submit(step);
+  return Collect();
+}
+
+void CudaQwen2Runner::Submit(const StepSpec& step) {
+  if (in_flight_.size() >= static_cast<size_t>(kMaxSubmittedSteps)) {
+    throw std::logic_error("CudaQwen2Runner::Submit: " + std::to_string(in_flight_.size()) +
+                           " steps submitted and not collected");
+  }
+  if (!in_flight_.empty()) Finish(in_flight_.back());
+  InFlight f;
+  f.wall_start = std::chrono::steady_clock::now();
   Validate(step);
   if (!healthy_) throw std::runtime_error("GPU worker is unhealthy since an earlier failure: " + unhealthy_reason_);
   Apply(step);
-  StepTiming timing;
-  std::vector<SampledTokenOut> out;
+  f.step = step;
   try {
-    out = RunAndSample(step, &timing);
+    if (!step.scheduled.empty()) {
+      f.plan = BuildBatch(step);
+      for (const Planned& p : f.plan) {
+        f.timing.host_sampled_rows += p.logits_row >= 0 && p.device_slot < 0 && NeedsHostSampler(p.seq->sampling);
+      }
+      Launch(f.plan, &f.timing);
+    }
   } catch (const std::exception& e) {
-    // The step's sequences are aborted: forget them, so a re-send as new is accepted.
-    for (const ScheduledSpec& s : step.scheduled) seqs_.erase(s.seq_id);
-    OnFailure(e);
-    if (observer_) observer_(StepTiming{});  // lets metrics see the health change
-    // A broken tensor-parallel group stays recognisable: the worker exits for a restart.
-    if (dynamic_cast<const CommError*>(&e) != nullptr) throw CommError(std::string("GPU step failed: ") + e.what());
-    throw std::runtime_error(std::string("GPU step failed: ") + e.what());
+    std::rethrow_exception(Failed(step, e));
   }
-  timing.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
-  busy_seconds_ += timing.gpu_seconds;
-  if (observer_ && !step.scheduled.empty()) observer_(timing);
-  return out;
+  in_flight_.push_back(std::move(f));
+}
+
+bool CudaQwen2Runner::Ready() const {
+  if (in_flight_.empty()) return true;
+  const InFlight& f = in_flight_.front();
+  return f.finished || f.plan.empty() || cudaEventQuery(stop_) != cudaErrorNotReady;
+}
+
+std::vector<SampledTokenOut> CudaQwen2Runner::Collect() {
+  if (in_flight_.empty()) throw std::logic_error("CudaQwen2Runner::Collect with no step submitted");
+  Finish(in_flight_.front());
+  InFlight done = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (done.error) std::rethrow_exception(done.error);
+  return std::move(done.samples);
+}
+
+// Waits for the step's device work and commits its samples; a failure is kept for Collect.
+void CudaQwen2Runner::Finish(InFlight& f) {
+  if (f.finished) return;
+  f.finished = true;
+  last_logits_.clear();
+  if (f.plan.empty()) return;
+  try {
+    WaitForDevice(stop_);
+    float ms = 0.f;
+    FERRY_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    f.timing.gpu_seconds = ms / 1e3;
+    f.samples = Commit(f.step, f.plan);
+  } catch (const std::exception& e) {
+    f.error = Failed(f.step, e);
+    return;
+  }
+  f.timing.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.wall_start).count();
+  busy_seconds_ += f.timing.gpu_seconds;
+  if (observer_) observer_(f.timing);
+}
+
+// The step's sequences are aborted: forget them, so a re-send as new is accepted. Returns what
+// the step fails with.
+std::exception_ptr CudaQwen2Runner::Failed(const StepSpec& step, const std::exception& e) {
+  for (const ScheduledSpec& s : step.scheduled) seqs_.erase(s.seq_id);
+  OnFailure(e);
+  if (observer_) observer_(StepTiming{});  // lets metrics see the health change
+  // A broken tensor-parallel group stays recognisable: the worker exits for a restart.
+  if (dynamic_cast<const CommError*>(&e) != nullptr) {
+    return std::make_exception_ptr(CommError(std::string("GPU step failed: ") + e.what()));
+  }
+  return std::make_exception_ptr(std::runtime_error(std::string("GPU step failed: ") + e.what()));
 }
 
 void CudaQwen2Runner::OnFailure(const std::exception& e) {
@@ -198,17 +260,6 @@ void CudaQwen2Runner::OnFailure(const std::exception& e) {
       unhealthy_reason_ = wait_error.what();
     }
   }
-}
-
-std::vector<SampledTokenOut> CudaQwen2Runner::RunAndSample(const StepSpec& step, StepTiming* timing) {
-  last_logits_.clear();
-  if (step.scheduled.empty()) return {};
-  const std::vector<Planned> plan = BuildBatch(step);
-  for (const Planned& p : plan) {
-    timing->host_sampled_rows += p.logits_row >= 0 && p.device_slot < 0 && NeedsHostSampler(p.seq->sampling);
-  }
-  Launch(plan, timing);
-  return Commit(step, plan);
 }
 
 // Decodes (one token) first, then the rest, each group in scheduled order.
@@ -283,11 +334,7 @@ void CudaQwen2Runner::Launch(const std::vector<Planned>& plan, StepTiming* timin
                                        cudaMemcpyDeviceToHost, stream_));
     }
   }
-  FERRY_CUDA_CHECK(cudaEventRecord(stop_, stream_));
-  WaitForDevice(stop_);
-  float ms = 0.f;
-  FERRY_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-  timing->gpu_seconds = ms / 1e3;
+  FERRY_CUDA_CHECK(cudaEventRecord(stop_, stream_));  // Finish waits for it
 }
 
 // Polls rather than blocks, so a hung kernel turns into an error after step_timeout_s.

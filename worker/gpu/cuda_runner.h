@@ -20,6 +20,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,6 +56,12 @@ class CudaQwen2Runner final : public ModelRunner {
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
+  // Overlap (ModelRunner): Submit finishes the step before it (its samples are this one's
+  // inputs), then launches this one without waiting; Collect waits for the oldest.
+  bool supports_overlap() const override { return true; }
+  void Submit(const StepSpec& step) override;
+  std::vector<SampledTokenOut> Collect() override;
+  bool Ready() const override;
   void ForgetAll() override { seqs_.clear(); }
 
   // Safe to read from any thread (health checks, metrics).
@@ -79,11 +87,22 @@ class CudaQwen2Runner final : public ModelRunner {
     std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
   };
   struct Planned;  // one scheduled sequence's place in the device batch
+  // A submitted step; at most one is launched and not finished at a time.
+  struct InFlight {
+    StepSpec step;
+    std::vector<Planned> plan;
+    StepTiming timing;
+    std::chrono::steady_clock::time_point wall_start;
+    bool finished = false;                // waited for and committed (or failed)
+    std::vector<SampledTokenOut> samples;
+    std::exception_ptr error;             // what Collect throws
+  };
 
   int32_t KvBlocksFromUtilization() const;
   void Validate(const StepSpec& step) const;
   void Apply(const StepSpec& step);
-  std::vector<SampledTokenOut> RunAndSample(const StepSpec& step, StepTiming* timing);
+  void Finish(InFlight& f);
+  std::exception_ptr Failed(const StepSpec& step, const std::exception& e);
   std::vector<Planned> BuildBatch(const StepSpec& step);
   void Launch(const std::vector<Planned>& plan, StepTiming* timing);
   std::vector<SampledTokenOut> Commit(const StepSpec& step, const std::vector<Planned>& plan);
@@ -106,6 +125,7 @@ class CudaQwen2Runner final : public ModelRunner {
   PinnedBuffer host_ids_;     // [max_num_seqs] argmax ids
   PinnedBuffer host_logits_;  // [rows, vocab] rows the host samples from (grown on demand)
   std::vector<float> last_logits_;
+  std::deque<InFlight> in_flight_;  // submitted, not collected; oldest first
   std::atomic<bool> healthy_{true};
   std::string unhealthy_reason_;
   double busy_seconds_ = 0;

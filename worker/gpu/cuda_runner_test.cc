@@ -191,6 +191,49 @@ TEST_F(CudaRunnerTest, HostFallbackPastTheSamplerCapacityAgreesAndIsCounted) {
   EXPECT_EQ(host_rows[1], 4);
 }
 
+// Overlap as the worker drives it: step N+1 submitted before step N is collected (it decodes the
+// token step N samples) gives the tokens of step-by-step Step calls; a third submission is refused.
+TEST_F(CudaRunnerTest, OverlappedStepsGiveTheTokensOfStepByStep) {
+  ASSERT_TRUE(runner_->supports_overlap());
+  SamplingOptions seeded;
+  seeded.temperature = 0.8f;
+  seeded.top_k = 20;
+  seeded.repetition_penalty = 1.05f;
+  seeded.seed = 5;
+  auto first = [&](uint64_t base, int32_t block) {
+    StepSpec step;
+    step.new_sequences.push_back({base, {1, 2, 3, 4}, 0, {}, 0});
+    step.new_sequences.push_back({base + 1, {9, 8, 7}, 0, seeded, 0});
+    step.scheduled.push_back({base, 4, {block}});
+    step.scheduled.push_back({base + 1, 3, {block + 1}});
+    return step;
+  };
+  auto decode = [](uint64_t base) {
+    StepSpec step;
+    step.scheduled.push_back({base, 1, {}});
+    step.scheduled.push_back({base + 1, 1, {}});
+    return step;
+  };
+  auto tokens = [](const std::vector<SampledTokenOut>& out) {
+    std::vector<int32_t> t;
+    for (const SampledTokenOut& s : out) t.push_back(s.token_id);
+    return t;
+  };
+  std::vector<std::vector<int32_t>> want, got;
+  want.push_back(tokens(runner_->Step(first(1, 0))));
+  for (int i = 0; i < 6; ++i) want.push_back(tokens(runner_->Step(decode(1))));
+  runner_->Submit(first(11, 2));
+  for (int i = 0; i < 6; ++i) {
+    runner_->Submit(decode(11));
+    if (i == 0) EXPECT_THROW(runner_->Submit(decode(11)), std::logic_error);  // two outstanding already
+    got.push_back(tokens(runner_->Collect()));
+  }
+  got.push_back(tokens(runner_->Collect()));
+  EXPECT_TRUE(runner_->Ready());
+  EXPECT_EQ(got, want);
+  EXPECT_THROW(runner_->Collect(), std::logic_error);
+}
+
 // Guided rows go through the device sampler under the CPU path's masks: a choice request's greedy
 // and sampled texts are exactly one of its choices, and a preempted one resumes identically.
 TEST(CudaRunnerGuided, TextsKeepToTheirConstraint) {
