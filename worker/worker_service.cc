@@ -1,5 +1,6 @@
 #include "worker/worker_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -253,7 +254,13 @@ StepWatch::Clock::time_point WorkerService::Began(uint64_t step_id) {
 void WorkerService::Ended(StepWatch::Clock::time_point start, ferry::v1::StepResult* result) {
   if (options_.device && --num_outstanding_ == 0) options_.device->StepEnded();
   watch_.Ended();
-  const double seconds = std::chrono::duration<double>(StepWatch::Clock::now() - start).count();
+  // A step submitted behind another (overlap) starts running when that one ends: its execute
+  // time counts from then, so step times add up to the engine's busy time, not more, and the
+  // scheduler's step-time figures mean the same with and without overlap.
+  const auto now = StepWatch::Clock::now();
+  const auto began = std::max(start, last_step_end_);
+  last_step_end_ = now;
+  const double seconds = std::chrono::duration<double>(now - began).count();
   result->set_execute_s(seconds);
   metrics_->step_seconds.Observe(seconds);
 }

@@ -106,6 +106,7 @@ class WorkerService final : public ferry::v1::Worker::Service {
   const WorkerServiceOptions options_;
   StepWatch watch_;
   int num_outstanding_ = 0;  // steps begun and not ended (the step thread's only)
+  StepWatch::Clock::time_point last_step_end_;  // when the last step was answered (step thread)
 };
 
 // Proto -> domain translation, exposed for tests.

@@ -121,10 +121,18 @@ TEST(WorkerServiceOverlap, PipelinedStepsAnswerInOrderWithThePlainPathsTokens) {
   SimRunner plain_runner(model.Options(false, 0.002));
   Served plain(plain_runner);
   const auto want = Drive(plain, steps, 1);
-  SimRunner overlap_runner(model.Options(true, 0.002));
+  SimRunner overlap_runner(model.Options(true, 0.02));
   ASSERT_TRUE(overlap_runner.supports_overlap());
   Served overlapped(overlap_runner);
+  const auto start = std::chrono::steady_clock::now();
   const auto got = Drive(overlapped, steps, 2);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // A step's execute time starts when the one before it ended, not when it was submitted behind
+  // it: the steps' times are disjoint slices of the run, so they add up to no more than it.
+  double execute_s = 0;
+  for (const auto& r : got) execute_s += r.execute_s();
+  EXPECT_LE(execute_s, wall_s);
+  EXPECT_GE(execute_s, 0.02 * static_cast<double>(steps.size()));  // each ran its modelled time
   ASSERT_EQ(got.size(), steps.size());
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].step_id(), i + 1);
