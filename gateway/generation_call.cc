@@ -17,10 +17,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ferry::v1::FinishReason;
 
-// Clamped at 0: `from` and `to` may be read on different threads, and on this VM one core's clock
-// read can lag another's by a few ms (CI saw a negative time to first token).
+// `from` is always read first (the arrival, before anything is sent on), and the steady clock is
+// monotonic across this machine's cores and processes (docs/benchmarks/bench.md 2k, "One
+// clock"), so a negative interval would be a bug to find, not a value to clamp.
 double Seconds(Clock::time_point from, Clock::time_point to) {
-  return std::max(0.0, std::chrono::duration<double>(to - from).count());
+  return std::chrono::duration<double>(to - from).count();
 }
 
 uint64_t RandomU64() {
@@ -314,11 +315,11 @@ void GenerationCall::Conclude(const Status& downstream) {
   last.mutable_usage()->set_completion_tokens(progress.completion_tokens);
   last.mutable_usage()->set_cached_tokens(progress.num_cached_tokens);
   const double total_s = Seconds(admitted_->arrival, Clock::now());
-  // queue_s is the scheduler's own measure (its clock reads on two threads can disagree by a
-  // few ms on this VM); the queue is part of the wait for the first token, so never longer.
-  const double queue_s =
-      progress.completion_tokens > 0 ? std::min(progress.queue_s, progress.first_token_s) : progress.queue_s;
-  last.mutable_timings()->set_queue_s(queue_s);
+  // queue_s is the scheduler's own interval, inside this one: it starts when the scheduler took
+  // the request (after this gateway's arrival) and ends when it was first scheduled (before its
+  // first token left the scheduler), on the same machine-wide steady clock. So queue_s <=
+  // first_token_s <= total_s as read; the tests assert it.
+  last.mutable_timings()->set_queue_s(progress.queue_s);
   last.mutable_timings()->set_first_token_s(progress.first_token_s);
   last.mutable_timings()->set_total_s(total_s);
   LaneSeries& lane = *lane_series_;

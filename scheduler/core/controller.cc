@@ -302,8 +302,10 @@ void Controller::RaiseForBacklog(const StepObservation& obs, const Batch& batch)
     keep_up_rate_ = ArrivalRate(obs.now_s);
   }
   Change(obs.now_s, to, "raise",
-         Fmt("backlog: %.0f waiting, oldest waited %.0f ms, ttft p%.0f", obs.num_waiting,
-             1e3 * std::max(0.0, obs.oldest_wait_s), options_.slo.percentile) +
+         Fmt("backlog: %.0f waiting, ", obs.num_waiting) +
+             (obs.oldest_wait_s >= 0 ? Fmt("oldest waited %.0f ms", 1e3 * obs.oldest_wait_s)
+                                     : std::string("oldest wait not measured")) +
+             Fmt(", ttft p%.0f", options_.slo.percentile) +
              Fmt(" %.0f ms (target %.0f ms)", 1e3 * ttft_p_s_, 1e3 * options_.slo.ttft_target_s) +
              Fmt("; keeping up before tpot %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s)));
 }

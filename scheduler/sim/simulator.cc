@@ -148,7 +148,7 @@ class Simulation {
     obs.num_waiting = core_.num_waiting();
     if (options_.controller.mode == scheduler::ControllerMode::kSlo) {  // a scan only slo reads
       const auto oldest = core_.OldestWaitingArrival(options_.controller.slo.lanes);
-      obs.oldest_wait_s = oldest ? std::max(0.0, now_ - ToSeconds(*oldest)) : 0.0;
+      obs.oldest_wait_s = oldest ? now_ - ToSeconds(*oldest) : 0.0;  // a waiting request arrived by now
     }
     const int32_t total = core_.num_total_blocks();
     obs.kv_usage = total > 0 ? 1.0 - static_cast<double>(core_.num_free_blocks()) / total : 0.0;

@@ -54,7 +54,13 @@ def test_concurrent_greedy_equals_alone(stack, gen_stub, ferry_pb):
     sum0, count0 = worker_step_sequences(stack)
 
     with cf.ThreadPoolExecutor(max_workers=32) as pool:
-        together = list(pool.map(lambda p: generate(gen_stub, ferry_pb, p)[0], prompts))
+        responses = list(pool.map(lambda p: generate(gen_stub, ferry_pb, p), prompts))
+    together = [tokens for tokens, _ in responses]
+    # Raw timings, as read (no clamp anywhere): the scheduler's queue time lies inside the wait for the
+    # first token, which lies inside the whole request, also when 32 requests queue and batch together.
+    for _, resp in responses:
+        t = resp.timings
+        assert 0 <= t.queue_s <= t.first_token_s <= t.total_s, t
 
     sum1, count1 = worker_step_sequences(stack)
     # The concurrent run really batched: on average several sequences per step.
