@@ -14,6 +14,7 @@
 #include <grpcpp/support/client_callback.h>
 
 #include "ferry/v1/scheduler.grpc.pb.h"
+#include "gateway/session_writes.h"
 
 namespace ferry::gateway {
 
@@ -226,7 +227,8 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
 };
 
 // One Scheduler.Session: the requests of one gateway connection to one replica, multiplexed.
-// Submits and cancels queued while a write is in flight go out together in the next message.
+// Submits and cancels queued while a write is in flight go out together in the next message, up
+// to kMaxSessionWriteBytes (session_writes.h); the rest in the ones after.
 // Each message read (a step's events of every request on it) goes to the session's own thread,
 // which hands the events out: the per-token work (detokenising, the client's write, over HTTP a
 // send per event) stays off gRPC's callback threads, which then complete the session's writes
@@ -389,8 +391,7 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
     {
       std::lock_guard lock(mu_);
       if (writing_ || ended_ || (pending_.submits_size() == 0 && pending_.cancels_size() == 0)) return;
-      out_.Swap(&pending_);
-      pending_.Clear();
+      out_ = TakeSessionWrite(&pending_, kMaxSessionWriteBytes);  // the rest goes when this write is done
       writing_ = true;
     }
     StartWrite(&out_);
