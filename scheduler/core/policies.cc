@@ -70,7 +70,7 @@ void PublishComputedBlocks(BlockManager& blocks, Sequence& seq, int32_t computed
 StepPlanner::StepPlanner(SchedulerState& state, PlanBuffers& buffers, const Budget& budget, StepPlan& plan,
                          TimePoint now)
     : state_(state), buffers_(buffers), budget_(budget), plan_(plan), now_(now), lanes_(buffers.lanes),
-      tokens_left_(budget.max_num_batched_tokens) {
+      tokens_left_(budget.max_num_batched_tokens), sent_tokens_left_(state.config.max_step_sent_tokens) {
   CountLaneUsage(state, budget, lanes_);
 }
 
@@ -101,6 +101,7 @@ void StepPlanner::ScheduleRunning() {
     if (decode) --decodes_reserved;
     int32_t want = decode ? 1 : std::min(seq.num_uncomputed(), tokens_left_ - decodes_reserved);
     if (want <= 0 || want > tokens_left_) continue;
+    if (!seq.is_on_worker && seq.num_tokens() > sent_tokens_left_) continue;  // sent whole: the next step
     std::vector<BlockId> new_blocks = buffers_.TakeBlockIds();
     int32_t granted = GrowOrPreempt(seq, want, order, i, &end, &new_blocks);
     if (granted > 0) {
@@ -197,7 +198,7 @@ Sequence* StepPlanner::AdmitPass() {
     const Admission result = TryAdmit(seq);
     if (result == Admission::kAdmitted) admitted.push_back(&seq);
     if (result == Admission::kStop) blocked = &seq;
-    return result != Admission::kStop;
+    return result != Admission::kStop && result != Admission::kStepFull;
   });
   for (Sequence* seq : admitted) state_.waiting.Remove(seq);
   return blocked;
@@ -275,6 +276,7 @@ void StepPlanner::Unschedule(Sequence& seq) {
   auto n = std::find_if(fresh.begin(), fresh.end(),
                         [&](const NewSequence& s) { return s.seq_id == seq.spec.seq_id; });
   if (n != fresh.end()) {
+    sent_tokens_left_ += static_cast<int64_t>(n->token_ids.size());
     fresh.erase(n);
     seq.is_on_worker = false;
   }
@@ -293,6 +295,8 @@ std::vector<BlockId> StepPlanner::FindCachedPrefix(Sequence& seq) {
 }
 
 StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
+  // Sent whole in new_sequences; the first of a step always fits (max_model_len <= the limit).
+  if (!seq.is_on_worker && seq.num_tokens() > sent_tokens_left_) return Admission::kStepFull;
   BlockManager& blocks = state_.blocks;
   const int32_t bs = blocks.block_size();
   std::vector<BlockId> cached = FindCachedPrefix(seq);
@@ -341,6 +345,7 @@ StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
 
 void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks) {
   if (!seq.is_on_worker) {
+    sent_tokens_left_ -= seq.num_tokens();
     plan_.new_sequences.push_back(NewSequence{
         .seq_id = seq.spec.seq_id,
         .token_ids = seq.tokens,

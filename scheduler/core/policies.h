@@ -99,7 +99,9 @@ class StepPlanner {
   void AdmitWaiting();
 
  private:
-  enum class Admission { kAdmitted, kSkipped, kStop };
+  // kStepFull: this step cannot carry the sequence's tokens (max_step_sent_tokens); the next one
+  // will, and nothing is preempted for it.
+  enum class Admission { kAdmitted, kSkipped, kStop, kStepFull };
   // One pass over the waiting queue; returns the sequence that stopped it for
   // lack of a seat or blocks (nullptr if none).
   Sequence* AdmitPass();
@@ -133,6 +135,7 @@ class StepPlanner {
   TimePoint now_;
   LaneUsage& lanes_;  // buffers_.lanes
   int32_t tokens_left_;
+  int64_t sent_tokens_left_;  // of config.max_step_sent_tokens, for new_sequences
   int32_t num_scheduled_ = 0;
   bool did_preempt_ = false;
   // Highest effective priority preempted this step: only waiting sequences

@@ -83,6 +83,12 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
                                 ", must be in [1, 4]");
   }
   ValidateLanes(config.lane_reservations);
+  RequirePositive("max_step_sent_tokens", config.max_step_sent_tokens);
+  if (config.max_model_len > config.max_step_sent_tokens) {
+    throw std::invalid_argument("max_model_len = " + Num(config.max_model_len) +
+                                " exceeds max_step_sent_tokens = " + Num(config.max_step_sent_tokens) +
+                                ": a sequence could not be sent to the worker in one step");
+  }
   return config;
 }
 

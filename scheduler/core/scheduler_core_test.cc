@@ -63,6 +63,46 @@ TEST(SchedulerCoreTest, AddRejectsEmptyPromptBadMaxTokensAndDuplicates) {
   EXPECT_NE(AddError(core, MakeRequest(1)).find("already live"), std::string::npos);
 }
 
+TEST(SchedulerCoreTest, ASequenceThatCouldNotBeSentInOneStepIsRefusedAtStart) {
+  SchedulerConfig cfg = MakeConfig(/*num_kv_blocks=*/256, /*block_size=*/4, /*max_model_len=*/256);
+  cfg.max_step_sent_tokens = 100;
+  try {
+    SchedulerCore core(cfg);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "max_model_len = 256 exceeds max_step_sent_tokens = 100: a sequence could not be sent to the worker "
+                 "in one step");
+  }
+}
+
+// New sequences are sent whole (prompt and all) in the step that first runs them; a step sends at
+// most max_step_sent_tokens of them, whatever the batched-token budget, and the rest start in the
+// next steps, in order, with nothing preempted for them.
+TEST(SchedulerCoreTest, AStepSendsAtMostMaxStepSentTokensOfNewSequences) {
+  SchedulerConfig cfg = MakeConfig(/*num_kv_blocks=*/256, /*block_size=*/4, /*max_model_len=*/100);
+  cfg.max_step_sent_tokens = 100;
+  SchedulerCore core(cfg);
+  for (uint64_t id = 1; id <= 5; ++id) core.Add(MakeRequest(id, {.prompt_len = 40, .max_tokens = 4}));
+  std::vector<std::vector<uint64_t>> started;
+  for (int step = 0; step < 3; ++step) {
+    StepPlan plan = core.Plan(MakeBudget(/*max_num_seqs=*/256, /*max_num_batched_tokens=*/8192), TimePoint{});
+    int64_t sent = 0;
+    std::vector<uint64_t> ids;
+    for (const NewSequence& n : plan.new_sequences) {
+      sent += static_cast<int64_t>(n.token_ids.size());
+      ids.push_back(n.seq_id);
+    }
+    EXPECT_LE(sent, 100);
+    started.push_back(ids);
+    std::vector<SampledToken> samples;
+    for (const ScheduledSequence& s : plan.scheduled) samples.push_back({s.seq_id, 7});
+    core.Commit(plan, samples);
+  }
+  EXPECT_EQ(started, (std::vector<std::vector<uint64_t>>{{1, 2}, {3, 4}, {5}}));
+  EXPECT_EQ(core.num_preemptions(), 0u);
+}
+
 TEST(SchedulerCoreTest, EmptyWhenIdle) {
   SchedulerCore core(MakeConfig());
   StepPlan plan = core.Plan(MakeBudget(), TimePoint{});

@@ -49,6 +49,12 @@ struct SchedulerConfig {
   // counts on one token from every sequence that samples in N before knowing
   // it (contract in scheduler/core/README.md, "Steps in flight").
   int32_t max_steps_in_flight = 1;
+  // Tokens one step may send in new_sequences (each is sent whole, prompt and all, when it first
+  // runs or resumes): what keeps a StepRequest under the worker channel's message limit, whatever
+  // max_num_seqs and the prompt lengths. The default: 64 MiB at 8 bytes a token (an int32 varint
+  // is at most 5, plus the message's own fields). A sequence must fit in one step:
+  // max_model_len <= this.
+  int32_t max_step_sent_tokens = 8 << 20;
 };
 
 // Per-step limits; passed to every Plan so a controller can change them per step.
