@@ -60,7 +60,7 @@ void EngineLoop::Push(Command command) {
 
 uint64_t EngineLoop::Submit(RequestSpec spec, std::shared_ptr<EventSink> sink, uint64_t tag) {
   // The core's own check, here on the caller's thread so that the call is refused at once.
-  if (const std::string error = SchedulerCore::LengthError(spec, config_); !error.empty()) {
+  if (const std::string error = SchedulerCore::RequestError(spec, config_); !error.empty()) {
     throw std::invalid_argument(error);
   }
   spec.seq_id = next_seq_id_.fetch_add(1);

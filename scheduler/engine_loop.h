@@ -123,8 +123,8 @@ class EngineLoop {
   ~EngineLoop();
 
   // Queues a request whose events go to `sink` under `tag`; returns its sequence id. Throws
-  // std::invalid_argument (SchedulerCore::LengthError) if it cannot fit max_model_len; any other
-  // refusal of the core ends it kAborted.
+  // std::invalid_argument (SchedulerCore::RequestError: bad tokens, over max_model_len, more KV
+  // blocks than the pool); any other refusal of the core ends it kAborted.
   uint64_t Submit(RequestSpec spec, std::shared_ptr<EventSink> sink, uint64_t tag);
   // The sequence leaves the batch at the next step and its blocks are freed.
   void Cancel(uint64_t seq_id);

@@ -71,6 +71,11 @@ void ValidateLanes(const std::vector<LaneReservation>& lanes) {
   }
 }
 
+// The last sampled token is never computed, so total - 1 positions need KV.
+int64_t BlocksNeeded(int64_t total_tokens, int32_t block_size) {
+  return (total_tokens - 1 + block_size - 1) / block_size;
+}
+
 const SchedulerConfig& Validated(const SchedulerConfig& config) {
   RequirePositive("max_num_seqs", config.max_num_seqs);
   RequirePositive("max_num_batched_tokens", config.max_num_batched_tokens);
@@ -100,25 +105,9 @@ void SchedulerCore::Add(RequestSpec request) {
   const auto& cfg = state_.config;
   const std::string id = "seq_id " + std::to_string(request.seq_id) + ": ";
   if (is_live(request.seq_id)) throw std::invalid_argument(id + "seq_id is already live");
-  const auto num_prompt = static_cast<int64_t>(request.prompt.size());
-  if (num_prompt == 0) throw std::invalid_argument(id + "prompt is empty");
-  if (auto bad = std::find_if(request.prompt.begin(), request.prompt.end(), [](int32_t t) { return t < 0; });
-      bad != request.prompt.end()) {
-    throw std::invalid_argument(id + "prompt[" + Num(bad - request.prompt.begin()) + "] = " + Num(*bad) +
-                                ", must be >= 0");
-  }
-  if (request.max_tokens < 1) {
-    throw std::invalid_argument(id + "max_tokens = " + Num(request.max_tokens) + ", must be >= 1");
-  }
-  if (const std::string error = LengthError(request, cfg); !error.empty()) throw std::invalid_argument(id + error);
-  const int64_t total = num_prompt + request.max_tokens;
-  // The last sampled token is never computed, so total - 1 positions need KV.
-  const int64_t blocks_needed = (total - 1 + cfg.block_size - 1) / cfg.block_size;
-  if (blocks_needed > cfg.num_kv_blocks) {
-    throw std::invalid_argument(id + "prompt+max_tokens = " + Num(total) + " needs " +
-                                Num(blocks_needed) + " KV blocks, exceeds num_kv_blocks = " +
-                                Num(cfg.num_kv_blocks));
-  }
+  if (const std::string error = RequestError(request, cfg); !error.empty()) throw std::invalid_argument(id + error);
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  const int64_t blocks_needed = BlocksNeeded(total, cfg.block_size);
   const uint64_t seq_id = request.seq_id;
   auto seq = std::make_unique<Sequence>(std::move(request), state_.blocks.NewLease());
   // Room for all its tokens and blocks now, so that its steps do not grow them.
@@ -134,10 +123,24 @@ void SchedulerCore::Add(RequestSpec request) {
   state_.sequences.emplace(seq_id, std::move(seq));
 }
 
-std::string SchedulerCore::LengthError(const RequestSpec& request, const SchedulerConfig& config) {
+std::string SchedulerCore::RequestError(const RequestSpec& request, const SchedulerConfig& config) {
+  if (request.prompt.empty()) return "prompt is empty";
+  if (auto bad = std::find_if(request.prompt.begin(), request.prompt.end(), [](int32_t t) { return t < 0; });
+      bad != request.prompt.end()) {
+    return "prompt[" + Num(bad - request.prompt.begin()) + "] = " + Num(*bad) + ", must be >= 0";
+  }
+  if (request.max_tokens < 1) return "max_tokens = " + Num(request.max_tokens) + ", must be >= 1";
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
-  if (total <= config.max_model_len) return "";
-  return "prompt+max_tokens = " + Num(total) + " exceeds max_model_len = " + Num(config.max_model_len);
+  if (total > config.max_model_len) {
+    return "prompt+max_tokens = " + Num(total) + " exceeds max_model_len = " + Num(config.max_model_len);
+  }
+  // A sequence that could never hold all its blocks would wait forever: refused now.
+  const int64_t blocks_needed = BlocksNeeded(total, config.block_size);
+  if (blocks_needed > config.num_kv_blocks) {
+    return "prompt+max_tokens = " + Num(total) + " needs " + Num(blocks_needed) +
+           " KV blocks, exceeds num_kv_blocks = " + Num(config.num_kv_blocks);
+  }
+  return "";
 }
 
 void SchedulerCore::Cancel(uint64_t seq_id) {

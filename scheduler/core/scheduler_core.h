@@ -35,13 +35,13 @@ class SchedulerCore {
   explicit SchedulerCore(const SchedulerConfig& config);
 
   // Queues a request. Throws std::invalid_argument (naming field, value and
-  // limit) for a live duplicate seq_id, an empty prompt, a negative token id,
-  // max_tokens < 1, LengthError, or a sequence whose full length needs more
-  // KV blocks than the pool has.
+  // limit) for a live duplicate seq_id or what RequestError finds.
   void Add(RequestSpec request);
-  // Add's check of prompt + max_tokens against config.max_model_len: "" if it fits, else the error
-  // naming field, value and limit. Stateless, so a caller may refuse a request before it queues it.
-  static std::string LengthError(const RequestSpec& request, const SchedulerConfig& config);
+  // Add's checks that need no state: an empty prompt, a negative token id, max_tokens < 1,
+  // prompt + max_tokens over max_model_len, or a full length needing more KV blocks than the pool
+  // has. "" if none, else the error naming field, value and limit; so a caller may refuse a
+  // request before it queues it.
+  static std::string RequestError(const RequestSpec& request, const SchedulerConfig& config);
   // Removes the sequence and frees its blocks now. If the worker holds state
   // for it, its id goes into the next plan's finished_ids. Unknown ids are ignored.
   void Cancel(uint64_t seq_id);
