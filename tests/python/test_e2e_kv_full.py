@@ -46,3 +46,19 @@ def test_a_request_that_can_never_fit_is_refused_naming_the_limit(small_kv, ferr
     ok = ferry_pb.gen.GenerateRequest(token_ids=ferry_pb.gen.TokenIds(ids=[100, 101, 102]),
                                       sampling=ferry_pb.gen.SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(stub.Generate(ok, timeout=60).token_ids) == 4
+
+
+def test_an_oversized_message_is_refused_naming_the_limit(small_kv, ferry_pb):
+    """A client message over the gateway's 64 MiB receive limit: RESOURCE_EXHAUSTED naming the limit,
+    and the gateway serves the next request. (Internal hops stay under their limits by construction:
+    the gateway cuts session writes at 2 MB, the scheduler's steps send at most max_step_sent_tokens.)"""
+    channel = grpc.insecure_channel(small_kv.gateway, options=[("grpc.max_send_message_length", 128 << 20)])
+    stub = ferry_pb.gen_grpc.GenerationStub(channel)
+    huge = ferry_pb.gen.GenerateRequest(text=b"a" * (65 << 20), sampling=ferry_pb.gen.SamplingParams(max_tokens=1))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(huge, timeout=60)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+    assert str(64 << 20) in e.value.details(), e.value.details()
+    ok = ferry_pb.gen.GenerateRequest(token_ids=ferry_pb.gen.TokenIds(ids=[100, 101, 102]),
+                                      sampling=ferry_pb.gen.SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(stub.Generate(ok, timeout=60).token_ids) == 4
