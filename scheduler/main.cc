@@ -28,6 +28,7 @@ struct Flags {
   bool enable_prefix_caching = true;  // vLLM V1's default: a preempted sequence resumes from cache
   bool async_scheduling = true;       // plan step N+1 while the workers run step N
   int aging_interval_ms = 0;
+  int debug_leak_kv_every = 0;
   std::vector<std::string> lane_reservations;
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;
@@ -57,6 +58,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--aging-interval-ms", f.aging_interval_ms, "Each interval waited raises priority by one (0: off)");
   app.add_option("--lane-reservation", f.lane_reservations,
                  "LANE=SEQS_FRACTION:BLOCKS_FRACTION kept for a lane while it has waiting work (repeatable)");
+  app.add_option("--debug-leak-kv-every", f.debug_leak_kv_every,
+                 "Test only: every Nth finished request keeps its KV blocks for good (the soak test's leaky "
+                 "control, scripts/soak.sh; 0: off)")
+      ->group("Testing");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "Most tokens computed in one step")
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--max-model-len", f.max_model_len, "Longest sequence (0: the worker's)");
@@ -106,6 +111,7 @@ ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1
   config.enable_prefix_caching = flags.enable_prefix_caching;
   config.aging_interval_ms = flags.aging_interval_ms;
   config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
+  config.debug_leak_kv_every = flags.debug_leak_kv_every;
   config.lane_reservations = ParseReservations(flags.lane_reservations);
   return config;
 }

@@ -32,6 +32,8 @@ struct SchedulerState {
   uint64_t num_priority_preemptions = 0;  // of those, to admit a higher-priority request
   uint64_t num_prefix_cache_queries = 0;  // full blocks looked up at admission
   uint64_t num_prefix_cache_hits = 0;     // of those, blocks reused from the cache
+  uint64_t num_retired = 0;
+  std::vector<KvLease> debug_leaked;      // config.debug_leak_kv_every's leases (after `blocks`)
 };
 
 // Service order among running sequences: higher effective priority first, then

@@ -89,6 +89,7 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
   }
   ValidateLanes(config.lane_reservations);
   RequirePositive("max_step_sent_tokens", config.max_step_sent_tokens);
+  RequireNonNegative("debug_leak_kv_every", config.debug_leak_kv_every);
   if (config.max_model_len > config.max_step_sent_tokens) {
     throw std::invalid_argument("max_model_len = " + Num(config.max_model_len) +
                                 " exceeds max_step_sent_tokens = " + Num(config.max_step_sent_tokens) +
@@ -402,6 +403,11 @@ void SchedulerCore::Retire(Sequence& seq) {
   }
   if (seq.is_on_worker) state_.pending_finished_ids.push_back(seq.spec.seq_id);
   if (seq.deadline() != TimePoint::max()) state_.deadlines.erase(seq.deadline_pos);
+  const int32_t leak_every = state_.config.debug_leak_kv_every;
+  ++state_.num_retired;
+  if (leak_every > 0 && state_.num_retired % leak_every == 0 && seq.lease.num_blocks() > 0) {
+    state_.debug_leaked.push_back(std::move(seq.lease));
+  }
   state_.sequences.erase(seq.spec.seq_id);  // the lease returns its blocks here
 }
 
@@ -469,6 +475,9 @@ void SchedulerCore::CheckInvariants() const {
     for (BlockId b : seq->lease.block_ids()) ++owners.at(static_cast<size_t>(b));
     CheckSequence(*seq);
     if (seq->deadline() != TimePoint::max()) ++num_deadlines;
+  }
+  for (const KvLease& leaked : state_.debug_leaked) {
+    for (BlockId b : leaked.block_ids()) ++owners.at(static_cast<size_t>(b));
   }
   if (num_deadlines != state_.deadlines.size()) fail("deadline index and sequences differ");
   for (BlockId b = 0; b < blocks.num_total_blocks(); ++b) {

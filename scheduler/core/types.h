@@ -55,6 +55,9 @@ struct SchedulerConfig {
   // is at most 5, plus the message's own fields). A sequence must fit in one step:
   // max_model_len <= this.
   int32_t max_step_sent_tokens = 8 << 20;
+  // Test only (--debug-leak-kv-every): every Nth sequence retired keeps its KV blocks for good.
+  // The soak test's leaky control (scripts/soak.sh), which must make it fail. 0: off.
+  int32_t debug_leak_kv_every = 0;
 };
 
 // Per-step limits; passed to every Plan so a controller can change them per step.

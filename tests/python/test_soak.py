@@ -1,0 +1,36 @@
+"""scripts/soak.sh's checker on a short run (#29): the tiny model under open-loop load at 70% of
+its measured capacity with cancels and expiring deadlines passes; the same run with the leaky
+control (the scheduler keeps the KV blocks of every 50th finished request) fails it, on the KV
+cache not returning to idle. (The 30-minute run on the 0.5B shape is by hand: docs/testing.md.)"""
+import json
+import subprocess
+import sys
+
+from conftest import BUILD, REPO
+
+
+def soak(tmp_path, *extra):
+    report = tmp_path / "soak.json"
+    done = subprocess.run([sys.executable, str(REPO / "tools/soak/soak.py"), "--build-dir", str(BUILD),
+                           "--preset", "tiny", "--minutes", "0.25", "--probe-s", "4", "--sample-s", "3",
+                           "--idle-timeout-s", "5", "--json", str(report), *extra],
+                          capture_output=True, text=True, timeout=240)
+    return done, json.loads(report.read_text())
+
+
+def test_a_clean_run_passes(tmp_path):
+    done, r = soak(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert r["passed"] and not r["failures"]
+    kinds = {k.split(":")[0] for k in r["outcomes"]}
+    assert kinds == {"ok", "cancel", "deadline"}, r["outcomes"]  # the load had all three
+    assert r["outcomes"].get("cancel:CANCELLED", 0) > 0 and r["outcomes"].get("deadline:TIMEOUT", 0) + \
+        r["outcomes"].get("deadline:DEADLINE_EXCEEDED", 0) > 0, r["outcomes"]
+    assert len(r["samples"]) >= 4
+
+
+def test_the_leaky_control_fails_it(tmp_path):
+    done, r = soak(tmp_path, "--scheduler-arg=--debug-leak-kv-every=50")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert not r["passed"]
+    assert any(f.startswith("KV cache usage") for f in r["failures"]), r["failures"]
