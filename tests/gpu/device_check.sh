@@ -32,6 +32,7 @@ JOBS=${JOBS:-$(nproc)}
 BUILD=${FERRY_GPU_BUILD:-build-gpu-check}
 DEPS=${FERRY_GPU_DEPS:-$ROOT/.gpu-deps}
 MODELS=${FERRY_GPU_MODELS:-/tmp/ferry-gpu-models}
+PREBUILT_DIR=/tmp/ferry-gpu-prebuilt
 QWEN=$MODELS/qwen2.5-0.5b
 mkdir -p "$R" "$MODELS"
 SUMMARY=$R/summary.md
@@ -85,7 +86,7 @@ library() {
 }
 
 # LD_LIBRARY_PATH gains the folders of CUDA's runtime, cuBLAS and NCCL, wherever they are here, so
-# that binaries built elsewhere (prebuilt/, the stack bundle) find them.
+# that binaries built elsewhere (prebuilt.tar.xz, the stack bundle) find them.
 cuda_library_path() {
   local lib path
   for lib in cudart cublas cublasLt nccl; do
@@ -100,11 +101,14 @@ cuda_library_path() {
 use_prebuilt() {
   local want got
   [ "${PREBUILT:-1}" = 1 ] || { echo "PREBUILT=0: building here"; return 1; }
-  [ -f "$DEPS/prebuilt/stamp" ] || { echo "no prebuilt binaries in $DEPS: building here"; return 1; }
-  want=$(cat "$DEPS/prebuilt/stamp")
+  [ -f "$DEPS/prebuilt.stamp" ] && [ -f "$DEPS/prebuilt.tar.xz" ] ||
+    { echo "no prebuilt binaries in $DEPS: building here"; return 1; }
+  want=$(cat "$DEPS/prebuilt.stamp")
   got=$(bash tests/gpu/source_stamp.sh)
   [ "$want" = "$got" ] || { echo "prebuilt binaries are of another tree ($want, this one is $got): building here"; return 1; }
-  if ldd "$DEPS"/prebuilt/bin/* "$DEPS"/prebuilt/tests/* 2>&1 | grep "not found"; then
+  rm -rf "$PREBUILT_DIR" && mkdir -p "$PREBUILT_DIR" && xz -dc "$DEPS/prebuilt.tar.xz" | tar -C "$PREBUILT_DIR" -xf - ||
+    { echo "prebuilt.tar.xz does not unpack: building here"; return 1; }
+  if ldd "$PREBUILT_DIR"/bin/* "$PREBUILT_DIR"/tests/* 2>&1 | grep "not found"; then
     echo "prebuilt binaries miss libraries here: building here"
     return 1
   fi
@@ -260,8 +264,8 @@ say "| step | result | time |"
 say "|---|---|---|"
 cuda_library_path
 if use_prebuilt >>"$R/build.log" 2>&1; then
-  BUILD=$DEPS/prebuilt
-  say "| build | prebuilt on the development machine ($(cat "$DEPS/prebuilt/stamp")) | 0 s |"
+  BUILD=$PREBUILT_DIR
+  say "| build | prebuilt on the development machine ($(cat "$DEPS/prebuilt.stamp")) | 0 s |"
 else
   step build build.log 360 build
 fi

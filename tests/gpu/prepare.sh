@@ -6,10 +6,11 @@
 #   googletest/             GoogleTest sources (built there by tests/gpu/CMakeLists.txt)
 #   fixtures/<preset>.bin   the CPU engine's result for each engine parity case (tokens the GPU engine
 #                           is teacher-forced with, every row's top logits, some whole rows)
-#   prebuilt/               tests/gpu/CMakeLists.txt built here for sm_90 with the same nvcc:
-#                           bin/, tests/ and stamp (tests/gpu/source_stamp.sh of the tree it was
-#                           built from); device_check.sh uses it when the stamp matches and every
-#                           library resolves there, and builds there otherwise (PREBUILT=0 skips it)
+#   prebuilt.tar.xz         tests/gpu/CMakeLists.txt built here for sm_90 with the same nvcc:
+#                           bin/ and tests/, stripped; prebuilt.stamp (tests/gpu/source_stamp.sh of
+#                           the tree it was built from); device_check.sh uses it when the stamp
+#                           matches and every library resolves there, and builds there otherwise
+#                           (PREBUILT=0 skips it)
 #   stack.tar.xz            the gateway, scheduler, worker, launcher and bench with their libraries
 #                           (tests/gpu/bundle_stack.sh), for the end-to-end step
 # Then send it along: device run with carry [".gpu-deps"], command `bash tests/gpu/device_check.sh "$OUT"`.
@@ -43,12 +44,23 @@ if [ "${PREBUILT:-1}" = 1 ]; then
   cmake -S tests/gpu -B "$here" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${FERRY_GPU_ARCH:-90}" \
     -DFERRY_GPU_DEPS="$PWD/$DEPS" "${launcher[@]}" >/dev/null
   ninja -C "$here" -j"${JOBS:-2}"
-  rm -rf "$DEPS/prebuilt" && mkdir -p "$DEPS/prebuilt/bin" "$DEPS/prebuilt/tests"
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/tests"
   for dir in bin tests; do
     for f in "$here/$dir"/*; do
-      [ -f "$f" ] && [ -x "$f" ] && strip -o "$DEPS/prebuilt/$dir/$(basename "$f")" "$f"
+      [ -f "$f" ] && [ -x "$f" ] && strip -o "$stage/$dir/$(basename "$f")" "$f"
     done
   done
-  bash tests/gpu/source_stamp.sh >"$DEPS/prebuilt/stamp"
+  rm -rf "$DEPS/prebuilt"  # an older layout
+  tar -C "$stage" -cf - bin tests | xz -T2 -6 >"$DEPS/prebuilt.tar.xz"
+  rm -rf "$stage"
+  bash tests/gpu/source_stamp.sh >"$DEPS/prebuilt.stamp"
 fi
-du -sh "$DEPS"
+# The device tool carries the working tree and these together, 64 MiB at most.
+deps_kb=$(du -sk "$DEPS" | cut -f1)
+tree_kb=$(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -n 1 | cut -f1)
+echo "$DEPS: $((deps_kb / 1024)) MiB; with the tracked tree $(((deps_kb + tree_kb) / 1024)) MiB of the 64 MiB a device call carries"
+if [ $((deps_kb + tree_kb)) -gt $((60 * 1024)) ]; then
+  echo "prepare.sh: over 60 MiB: the device call would refuse it" >&2
+  exit 1
+fi

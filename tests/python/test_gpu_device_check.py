@@ -24,11 +24,13 @@ def test_device_check_without_a_gpu_reports_no_gpu_cleanly(tmp_path):
 
 
 def run_check_with_prebuilt(tmp_path, stamp):
-    deps = tmp_path / "deps"
+    deps, stage = tmp_path / "deps", tmp_path / "stage"
     for d in ("bin", "tests"):
-        (deps / "prebuilt" / d).mkdir(parents=True)
-        shutil.copy("/bin/true", deps / "prebuilt" / d / "tool")  # loads anywhere
-    (deps / "prebuilt" / "stamp").write_text(stamp + "\n")
+        (stage / d).mkdir(parents=True)
+        shutil.copy("/bin/true", stage / d / "tool")  # loads anywhere
+    deps.mkdir()
+    subprocess.run(f"tar -C {stage} -cf - bin tests | xz > {deps / 'prebuilt.tar.xz'}", shell=True, check=True)
+    (deps / "prebuilt.stamp").write_text(stamp + "\n")
     out = tmp_path / "out"
     env = dict(os.environ, SKIP_BUILD="1", FERRY_GPU_BUILD=str(tmp_path / "no-build"), DEADLINE_S="60",
                FERRY_GPU_DEPS=str(deps), PATH="/usr/bin:/bin")
