@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Ferry's coverage-guided fuzzers (tests/fuzz/, libFuzzer + ASan + UBSan, Debian's clang) into
 # build-fuzz and runs each for SECONDS (default 60) from its seed corpus and regression inputs.
-#   bash scripts/fuzz.sh [SECONDS] [TARGET...]
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]     (SECONDS 0: build only)
 # Exits nonzero when any target finds a crash, a hang (-timeout), or an allocation past the limits;
 # the input that did it is printed (build-fuzz/fuzz-artifacts/<target>/...). New coverage-increasing
 # inputs collect in build-fuzz/fuzz-corpus/<target> (not committed; see tests/fuzz/README.md).
@@ -25,6 +25,7 @@ fi
 build_start=$(date +%s)
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
 echo "fuzz: built ${#targets[@]} targets in $(($(date +%s) - build_start)) s"
+((seconds > 0)) || exit 0  # 0: build only (libFuzzer would read -max_total_time=0 as no limit)
 
 failed=()
 for t in "${targets[@]}"; do

@@ -137,7 +137,8 @@ TEST(LoadErrorsTest, TokenIdsPastTheLimitAreRefused) {
                     ::testing::HasSubstr("limit " + std::to_string(kMaxTokenId)))));
   };
   std::string vocab = SmallTokenizerJson("[]");
-  vocab.replace(vocab.find("\"e\": 10"), 8, "\"e\": " + big);
+  const std::string e10 = "\"e\": 10";
+  vocab.replace(vocab.find(e10), e10.size(), "\"e\": " + big);
   expect_refused(vocab, "model.vocab");
   expect_refused(SmallTokenizerJson("[]", false, R"([{"id": )" + big + R"(, "content": "<x>", "special": true}])"),
                  "added_tokens");
