@@ -126,8 +126,8 @@ TEST(AddedTokensTest, DemoSpecialsSplitText) {
   EXPECT_EQ(tokenizer.Decode(ids, /*skip_special=*/true), "user\nhi");
 }
 
-// Found by tests/fuzz/tokenizer_json_fuzz.cc: an id sized the id tables (2^31 - 1: 64 GB of
-// strings), and INT32_MAX + 1 overflowed. Refused naming the part, the id and the limit.
+// Found reading the parser for tests/fuzz/tokenizer_json_fuzz.cc (inputs kept in its regressions/):
+// an id sized the id tables (2^31 - 1: 64 GB of strings), and INT32_MAX + 1 overflowed. Refused naming the part, the id and the limit.
 TEST(LoadErrorsTest, TokenIdsPastTheLimitAreRefused) {
   const std::string big = std::to_string(kMaxTokenId + 1);
   auto expect_refused = [&](const std::string& json, const std::string& part) {

@@ -1,7 +1,7 @@
 // The safetensors header parser (worker/model/safetensors.h's ParseSafetensorsHeader) on raw file
 // bytes: the tensors or a std::runtime_error naming the file, never a crash. Every tensor it
-// accepts lies inside the data section with a shape whose element count fits kMaxTensorElements
-// and, for the readable dtypes, exactly the bytes its shape needs.
+// accepts lies inside the data section with no negative dimension, an element count within
+// kMaxTensorElements and, for the readable dtypes, exactly the bytes its shape needs.
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -20,6 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(info.begin <= info.end && info.end <= data_size, "tensor %s at [%llu, %llu) of %llu", name.c_str(),
                  static_cast<unsigned long long>(info.begin), static_cast<unsigned long long>(info.end),
                  static_cast<unsigned long long>(data_size));
+      for (int64_t d : info.shape) FUZZ_CHECK(d >= 0, "tensor %s has dimension %lld", name.c_str(), static_cast<long long>(d));
       const int64_t count = info.num_elements();
       FUZZ_CHECK(count >= 0 && count <= ferry::worker::kMaxTensorElements, "tensor %s has %lld elements",
                  name.c_str(), static_cast<long long>(count));

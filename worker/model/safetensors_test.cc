@@ -163,8 +163,9 @@ std::map<std::string, TensorInfo> ParseHeader(const std::string& bytes) {
                                 &data_offset);
 }
 
-// Found by tests/fuzz/safetensors_header_fuzz.cc: a negative dimension paired with another passed
-// the byte-count check ([-1, -4] has 4 elements), and huge ones overflowed the element count.
+// Found reading the parser for tests/fuzz/safetensors_header_fuzz.cc (inputs kept in its
+// regressions/): a negative dimension paired with another passed the byte-count check ([-1, -4]
+// has 4 elements), and huge ones overflowed the element count.
 TEST(SafetensorsTest, HeaderShapesMustHaveACountThatFits) {
   const auto parsed = ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})", 24));
   EXPECT_EQ(parsed.at("w").num_elements(), 6);
