@@ -5,6 +5,7 @@
 # Exits nonzero when any target finds a crash, a hang (-timeout), or an allocation past the limits;
 # the input that did it is printed (build-fuzz/fuzz-artifacts/<target>/...). New coverage-increasing
 # inputs collect in build-fuzz/fuzz-corpus/<target> (not committed; see tests/fuzz/README.md).
+# FERRY_FUZZ_FLAGS: more libFuzzer flags (later ones win), e.g. "-malloc_limit_mb=64".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +40,8 @@ for t in "${targets[@]}"; do
   # -rss_limit_mb: the whole process; -malloc_limit_mb: any one allocation (a hostile size field
   # must be refused before it sizes a buffer); -timeout: one input, in seconds.
   if "$BUILD_DIR/fuzz/${t}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=25 \
-      -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" "${inputs[@]}" >"$log" 2>&1; then
+      -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" ${FERRY_FUZZ_FLAGS:-} "${inputs[@]}" \
+      >"$log" 2>&1; then
     grep -E "^stat::number_of_executed_units|^#[0-9]+.*DONE" "$log" | tail -2 | sed "s/^/fuzz: $t: /"
   else
     failed+=("$t")
