@@ -25,12 +25,12 @@ inline constexpr int32_t kMaxGrammarDepth = 256;  // rule calls open at once
 // State visits that minimising the automaton may take (a round per state of the longest chain, each
 // visiting every state); past it the automaton is kept unminimised (grammar_pda.cc's Minimize).
 // Without the bound, a 100-byte grammar of long repetitions took minutes (tests/fuzz).
-inline constexpr int64_t kMaxGrammarMinimizeWork = int64_t{1} << 22;
+inline constexpr int64_t kMaxGrammarMinimizeWork = int64_t{1} << 20;
 // Removing epsilon edges is quadratic for optional parts in a row (`a{0,1000} b{0,1000} ...`: each
 // state gets an edge for every part it may skip to): past either bound the grammar is refused
 // (a 150-byte grammar took minutes and 2.5 GB before them; tests/fuzz).
 inline constexpr int64_t kMaxGrammarEdges = int64_t{1} << 20;
-inline constexpr int64_t kMaxGrammarClosureVisits = int64_t{1} << 24;
+inline constexpr int64_t kMaxGrammarClosureVisits = int64_t{1} << 22;
 
 struct GrammarPda {
   struct ByteEdge {
