@@ -265,6 +265,15 @@ class Compiler {
     return it->second;
   }
 
+  // Removing epsilon edges copies what a state's closure reads and calls into it: optional parts
+  // in a row (`a{0,1000} b{0,1000} ...`) make that quadratic, so both are bounded.
+  void CountWork(int64_t& counter, int64_t limit, const char* what) {
+    if (++counter > limit) {
+      g_.Fail(0, "the grammar's automaton needs more than " + std::to_string(limit) + " " + what +
+                     " (optional repetitions in a row multiply them; write long ones with * or +)");
+    }
+  }
+
   void Eliminate(size_t id) {
     std::vector<int32_t> closure{order_[id]};
     std::vector<bool> seen(b_.states_.size(), false);
@@ -274,6 +283,7 @@ class Compiler {
     std::vector<size_t> ats;
     for (size_t k = 0; k < closure.size(); ++k) {
       const BuilderState& s = b_.states_[static_cast<size_t>(closure[k])];
+      CountWork(closure_visits_, kMaxGrammarClosureVisits, "epsilon-closure steps");
       out.final = out.final || s.end;
       for (int32_t e : s.eps) {
         if (!seen[static_cast<size_t>(e)]) seen[static_cast<size_t>(e)] = true, closure.push_back(e);
@@ -283,11 +293,15 @@ class Compiler {
         for (int w = 0; w < 4; ++w) merged[w] |= set[w];
       }
       for (const BuilderState::Call& c : s.calls) {
+        CountWork(edges_, kMaxGrammarEdges, "edges");
         out.calls.push_back({c.rule, Id(c.target)});
         ats.push_back(c.at);
       }
     }
-    for (const auto& [target, set] : bytes) out.bytes.push_back({set, Id(target)});
+    for (const auto& [target, set] : bytes) {
+      CountWork(edges_, kMaxGrammarEdges, "edges");
+      out.bytes.push_back({set, Id(target)});
+    }
     pda_.states[id] = std::move(out);  // after the Id calls above, which may grow states
     call_at_[id] = std::move(ats);
   }
@@ -358,12 +372,16 @@ class Compiler {
   // automaton smaller, it turns a repetition's body into a loop on one state (after `"` and
   // after a character of a string are the same state), which the vocabulary walk exploits
   // (GrammarPda::State::loop).
+  // Each round visits every state, and a chain of states (`x{1000} x{1000} ...`) takes a round per
+  // state: past kMaxGrammarMinimizeWork visits the automaton stays as determinised (equivalent,
+  // only larger). Stopping between rounds would merge states that differ, so it is all or nothing.
   void Minimize() {
     const size_t n = pda_.states.size();
     std::vector<int32_t> cls(n, 0);
     size_t classes = 0;
     using Signature = std::tuple<bool, std::vector<std::pair<int32_t, ByteSet>>, std::vector<std::pair<int32_t, int32_t>>>;
-    for (;;) {
+    for (int64_t work = 0;; work += static_cast<int64_t>(n)) {
+      if (work > kMaxGrammarMinimizeWork) return;
       std::map<Signature, int32_t> ids;
       std::vector<int32_t> next(n);
       for (size_t i = 0; i < n; ++i) next[i] = Class(ids, SignatureOf(i, cls));
@@ -506,6 +524,8 @@ class Compiler {
   std::vector<int32_t> order_;                // state -> builder state
   std::vector<std::vector<size_t>> call_at_;  // state -> its calls' reference offsets
   std::vector<bool> nullable_;
+  int64_t closure_visits_ = 0;  // Eliminate's, against kMaxGrammarClosureVisits
+  int64_t edges_ = 0;           // Eliminate's output, against kMaxGrammarEdges
 };
 
 }  // namespace

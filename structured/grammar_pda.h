@@ -6,9 +6,10 @@
 // What is refused at compile time, so that every state the worker reaches can still end:
 // left recursion (a rule reached again before a byte is read: `expr ::= expr "+" term`; its
 // stacks would grow without reading anything), rules that can never end (`a ::= "x" a`),
-// and grammars past kMaxGrammarStates states. Texts nest at most kMaxGrammarDepth rule calls
-// deep; each state knows the fewest further calls it needs to end (State::need), and the worker
-// never takes a byte after which the text could not end within that depth.
+// and grammars past kMaxGrammarStates states, kMaxGrammarEdges edges or kMaxGrammarClosureVisits
+// steps of epsilon removal. Texts nest at most kMaxGrammarDepth rule calls deep; each state knows
+// the fewest further calls it needs to end (State::need), and the worker never takes a byte after
+// which the text could not end within that depth.
 #pragma once
 
 #include <array>
@@ -21,6 +22,15 @@ namespace ferry {
 
 inline constexpr size_t kMaxGrammarStates = 1 << 16;
 inline constexpr int32_t kMaxGrammarDepth = 256;  // rule calls open at once
+// State visits that minimising the automaton may take (a round per state of the longest chain, each
+// visiting every state); past it the automaton is kept unminimised (grammar_pda.cc's Minimize).
+// Without the bound, a 100-byte grammar of long repetitions took minutes (tests/fuzz).
+inline constexpr int64_t kMaxGrammarMinimizeWork = int64_t{1} << 20;
+// Removing epsilon edges is quadratic for optional parts in a row (`a{0,1000} b{0,1000} ...`: each
+// state gets an edge for every part it may skip to): past either bound the grammar is refused
+// (a 150-byte grammar took minutes and 2.5 GB before them; tests/fuzz).
+inline constexpr int64_t kMaxGrammarEdges = int64_t{1} << 20;
+inline constexpr int64_t kMaxGrammarClosureVisits = int64_t{1} << 22;
 
 struct GrammarPda {
   struct ByteEdge {

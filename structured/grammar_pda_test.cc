@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
+
 #include "structured/ebnf_grammar.h"
 
 namespace ferry {
@@ -55,6 +58,29 @@ TEST(GrammarPdaTest, StatesKnowTheNestingTheyNeedToEnd) {
   EXPECT_EQ(pda.state(pda.rule_start[0]).need, 0) << "\"x\" ends root without a call";
   EXPECT_EQ(pda.state(pda.rule_start[1]).need, 1) << "inner must call root once";
   EXPECT_FALSE(pda.state(pda.rule_start[0]).final);
+}
+
+// Found probing the ebnf_grammar fuzz target with hand-made inputs (kept in
+// tests/fuzz/regressions/ebnf_grammar/): long repetitions made minimisation take a round per state
+// (a 100-byte grammar: minutes), and optional repetitions in a row made epsilon removal quadratic
+// (a 150-byte grammar: minutes and 2.5 GB).
+TEST(GrammarPdaTest, LongRepetitionsCompileInBoundedTime) {
+  std::string chain = "root ::=";
+  for (int i = 0; i < 16; ++i) chain += " x{1000}";
+  chain += "\nx ::= \"a\"\n";
+  const auto start = std::chrono::steady_clock::now();
+  const GrammarPda pda = CompileGrammarPda(chain);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(pda.states.size(), 16000u);  // too long to minimise: kept as determinised
+  EXPECT_LT(seconds, 30.0);  // about 1 s; unbounded, it ran for minutes
+
+  std::string optional = "root ::=";
+  for (int i = 0; i < 16; ++i) optional += " r" + std::to_string(i) + "{0,1000}";
+  optional += "\n";
+  for (int i = 0; i < 16; ++i) optional += "r" + std::to_string(i) + " ::= \"a\" | r" + std::to_string(i + 1) + "\n";
+  optional += "r16 ::= \"b\"\n";
+  EXPECT_NE(Refusal(optional).find("needs more than " + std::to_string(kMaxGrammarEdges) + " edges"), std::string::npos)
+      << Refusal(optional);
 }
 
 TEST(CheckGrammarCachedTest, RegularGrammarsGoToTheDfaAndOthersToTheAutomaton) {

@@ -458,8 +458,16 @@ RegexDfa Determinize(const Nfa& nfa, Frag whole) {
     return it->second;
   };
   dfa.start = intern(Closure(nfa, {whole.start}, mark, ++stamp));
+  // Each DFA state reads every byte from each of its NFA states: sets of many states (optional
+  // repetitions in a row) make that the cost, so it is bounded, not only the state count.
+  int64_t work = 0;
   for (size_t d = 0; d < sets.size(); ++d) {
     dfa.next.resize(sets.size() * 256, -1);
+    work += 256 * static_cast<int64_t>(sets[d].size());
+    if (work > kMaxRegexCompileWork) {
+      throw RegexError("regex: its automaton needs more than " + std::to_string(kMaxRegexCompileWork) +
+                       " steps to build (optional repetitions in a row multiply them)");
+    }
     for (int b = 0; b < 256; ++b) {
       std::vector<int> moved;
       ++stamp;

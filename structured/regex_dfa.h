@@ -45,6 +45,9 @@ struct RegexDfa {
 inline constexpr size_t kMaxRegexBytes = 4096;       // of the pattern
 inline constexpr size_t kMaxRegexDfaStates = 4096;   // 4 MB of transitions at most
 inline constexpr int kMaxRegexRepeat = 1000;         // n and m of {n,m}
+// NFA states read while building the DFA (each DFA state reads 256 bytes from each of its NFA
+// states): `(a|ab|a){0,1000}(a{0,1000}){0,60}`, 53 bytes, took 11 s before this bound (tests/fuzz).
+inline constexpr int64_t kMaxRegexCompileWork = int64_t{1} << 27;
 
 // Every state of the result can still reach an accepting one: a text the DFA has not rejected
 // can always be completed. Throws RegexError naming the position and the construct.

@@ -24,6 +24,10 @@ struct TokenizerSpec {
   std::vector<AddedToken> added_tokens;
 };
 
+// The largest token id a tokenizer.json may use. The tokenizer keeps a table indexed by id, so a
+// hostile id would size it; the largest published vocabularies hold about 262k tokens.
+inline constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+
 // Parses tokenizer.json text. `source` (a path, or "<json>") names the input
 // in error messages. Throws std::runtime_error for malformed or unsupported parts.
 TokenizerSpec ParseTokenizerJson(std::string_view json_text, const std::string& source);

@@ -23,6 +23,14 @@ std::string TypeOf(const json& node, const std::string& source, const std::strin
   return node["type"].get<std::string>();
 }
 
+// Ids index the tokenizer's tables: one past kMaxTokenId would size them (and id + 1 overflow).
+void CheckTokenId(int64_t id, const std::string& source, const std::string& part, const std::string& token) {
+  if (id > kMaxTokenId) {
+    Fail(source, part, "id " + std::to_string(id) + " of '" + token + "' is past the limit " +
+                           std::to_string(kMaxTokenId));
+  }
+}
+
 bool IsFalseOrAbsent(const json& node, const char* key) {
   return !node.contains(key) || node[key].is_null() || (node[key].is_boolean() && !node[key].get<bool>());
 }
@@ -112,6 +120,7 @@ void ParseModel(const json& node, const std::string& source, BpeModelSpec* model
   if (!node.contains("vocab") || !node["vocab"].is_object()) Fail(source, "model.vocab", "expected an object");
   for (const auto& [token, id] : node["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0) Fail(source, "model.vocab", "bad id for '" + token + "'");
+    CheckTokenId(id.get<int64_t>(), source, "model.vocab", token);
     model->vocab.emplace_back(token, id.get<int32_t>());
   }
   if (!node.contains("merges")) Fail(source, "model.merges", "missing");
@@ -127,14 +136,16 @@ std::vector<AddedToken> ParseAddedTokens(const json& node, const std::string& so
       Fail(source, "added_tokens", "entry " + entry.dump() + " lacks id or content");
     }
     AddedToken token;
-    token.id = entry["id"].get<int32_t>();
     token.content = entry["content"].get<std::string>();
+    if (!entry["id"].is_number_integer()) Fail(source, "added_tokens", "bad id for '" + token.content + "'");
+    if (entry["id"].get<int64_t>() < 0) Fail(source, "added_tokens", "negative id for '" + token.content + "'");
+    CheckTokenId(entry["id"].get<int64_t>(), source, "added_tokens", token.content);
+    token.id = entry["id"].get<int32_t>();
     token.special = entry.value("special", false);
     token.single_word = entry.value("single_word", false);
     token.lstrip = entry.value("lstrip", false);
     token.rstrip = entry.value("rstrip", false);
     token.normalized = entry.value("normalized", !token.special);
-    if (token.id < 0) Fail(source, "added_tokens", "negative id for '" + token.content + "'");
     tokens.push_back(std::move(token));
   }
   return tokens;

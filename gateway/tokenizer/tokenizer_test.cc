@@ -1,5 +1,6 @@
 #include "gateway/tokenizer/tokenizer.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "gateway/tokenizer/bpe_tokenizer.h"
 #include "gateway/tokenizer/tokenizer_test_util.h"
 #include "gateway/tokenizer/unicode_util.h"
 
@@ -122,6 +124,26 @@ TEST(AddedTokensTest, DemoSpecialsSplitText) {
   EXPECT_EQ(ids.back(), im_end);
   EXPECT_EQ(tokenizer.Decode(ids), "<|im_start|>user\nhi<|im_end|>");
   EXPECT_EQ(tokenizer.Decode(ids, /*skip_special=*/true), "user\nhi");
+}
+
+// Found reading the parser for tests/fuzz/tokenizer_json_fuzz.cc (inputs kept in its regressions/):
+// an id sized the id tables (2^31 - 1: 64 GB of strings), and INT32_MAX + 1 overflowed. Refused naming the part, the id and the limit.
+TEST(LoadErrorsTest, TokenIdsPastTheLimitAreRefused) {
+  const std::string big = std::to_string(kMaxTokenId + 1);
+  auto expect_refused = [&](const std::string& json, const std::string& part) {
+    EXPECT_THAT([&] { Tokenizer::FromJson(json); },
+                ::testing::ThrowsMessage<std::runtime_error>(::testing::AllOf(
+                    ::testing::HasSubstr(part), ::testing::HasSubstr("id " + big),
+                    ::testing::HasSubstr("limit " + std::to_string(kMaxTokenId)))));
+  };
+  std::string vocab = SmallTokenizerJson("[]");
+  const std::string e10 = "\"e\": 10";
+  vocab.replace(vocab.find(e10), e10.size(), "\"e\": " + big);
+  expect_refused(vocab, "model.vocab");
+  expect_refused(SmallTokenizerJson("[]", false, R"([{"id": )" + big + R"(, "content": "<x>", "special": true}])"),
+                 "added_tokens");
+  EXPECT_NO_THROW(
+      Tokenizer::FromJson(SmallTokenizerJson("[]", false, R"([{"id": 13, "content": "<x>", "special": true}])")));
 }
 
 TEST(LoadErrorsTest, UnsupportedPartsAreNamed) {

@@ -155,6 +155,19 @@ TensorInfo ParseTensorInfo(const std::string& path, const std::string& name, con
   if (info.begin > info.end || info.end > data_size) {
     throw std::runtime_error(path + ": tensor " + name + " lies outside the file");
   }
+  // The element count must be a product that fits: a hostile shape would otherwise overflow it
+  // (undefined) or go negative, and readers size their buffers from it.
+  int64_t count = 1;
+  for (size_t i = 0; i < info.shape.size(); ++i) {
+    const int64_t d = info.shape[i];
+    if (d < 0 || (d != 0 && count > kMaxTensorElements / d)) {
+      throw std::runtime_error(path + ": tensor " + name + ": shape[" + std::to_string(i) + "] = " +
+                               std::to_string(d) + " makes " + ShapeString(info.shape) +
+                               " negative or more than " + std::to_string(kMaxTensorElements) +
+                               " elements");
+    }
+    count *= d;
+  }
   if (info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16") {
     const uint64_t want = static_cast<uint64_t>(info.num_elements()) * DtypeSize(info.dtype);
     if (info.end - info.begin != want) {
@@ -167,6 +180,33 @@ TensorInfo ParseTensorInfo(const std::string& path, const std::string& name, con
 }
 
 }  // namespace
+
+std::map<std::string, TensorInfo> ParseSafetensorsHeader(const uint8_t* bytes, size_t size,
+                                                         const std::string& source,
+                                                         uint64_t* data_offset) {
+  if (size < 8) throw std::runtime_error(source + ": not a safetensors file (too short)");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];  // little-endian
+  if (header_len > size - 8) {
+    throw std::runtime_error(source + ": header length " + std::to_string(header_len) +
+                             " exceeds the file");
+  }
+  const uint64_t data_size = size - 8 - header_len;
+  json header;
+  try {
+    header = json::parse(bytes + 8, bytes + 8 + header_len);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(source + ": bad header JSON: " + e.what());
+  }
+  if (!header.is_object()) throw std::runtime_error(source + ": header is not a JSON object");
+  std::map<std::string, TensorInfo> tensors;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    tensors[name] = ParseTensorInfo(source, name, entry, data_size);
+  }
+  *data_offset = 8 + header_len;
+  return tensors;
+}
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -184,26 +224,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     throw std::runtime_error(path + ": mmap failed: " + std::strerror(errno));
   }
   const auto* bytes = static_cast<const uint8_t*>(map_);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];  // little-endian
-  if (header_len > map_size_ - 8) {
-    ::munmap(map_, map_size_);
-    throw std::runtime_error(path + ": header length " + std::to_string(header_len) +
-                             " exceeds the file");
-  }
-  data_ = bytes + 8 + header_len;
-  const uint64_t data_size = map_size_ - 8 - header_len;
-  json header;
+  uint64_t data_offset = 0;
   try {
-    header = json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const json::exception& e) {
+    tensors_ = ParseSafetensorsHeader(bytes, map_size_, path, &data_offset);
+  } catch (...) {
     ::munmap(map_, map_size_);
-    throw std::runtime_error(path + ": bad header JSON: " + e.what());
+    map_ = nullptr;
+    throw;
   }
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    tensors_[name] = ParseTensorInfo(path, name, entry, data_size);
-  }
+  data_ = bytes + data_offset;
 }
 
 SafetensorsFile::~SafetensorsFile() {

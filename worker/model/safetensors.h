@@ -31,6 +31,9 @@ void ConvertToFloat(const std::string& dtype, const void* src, size_t count, flo
 void ConvertFromFloat(const std::string& dtype, const float* src, size_t count, void* dst);
 
 int64_t NumElements(const std::vector<int64_t>& shape);
+// The most elements a tensor of a checkpoint may have (2^48: far past any model, and the byte
+// count of every dtype still fits in int64).
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
 
 struct TensorInfo {
   std::string dtype;           // "F32" | "BF16" | "F16" (others listed but unreadable)
@@ -39,6 +42,14 @@ struct TensorInfo {
   uint64_t end = 0;
   int64_t num_elements() const;
 };
+
+// Parses the header of a safetensors file held in `bytes` (`size` bytes: the 8-byte length, the
+// JSON, the data section) and checks every tensor's dtype, shape and offsets against it. Sets
+// *data_offset to where the data section starts. Throws std::runtime_error naming `source`, the
+// tensor and the field. Fuzzed on raw bytes (tests/fuzz/safetensors_header_fuzz.cc).
+std::map<std::string, TensorInfo> ParseSafetensorsHeader(const uint8_t* bytes, size_t size,
+                                                         const std::string& source,
+                                                         uint64_t* data_offset);
 
 // One memory-mapped .safetensors file. Errors name the file (and tensor).
 class SafetensorsFile {

@@ -150,6 +150,37 @@ TEST(SafetensorsTest, TruncatedFileIsRejected) {
   EXPECT_THROW(Checkpoint(dir / "nowhere"), std::runtime_error);
 }
 
+// A header in memory: the 8-byte length, then the JSON, then `data_bytes` zero bytes.
+std::string HeaderBytes(const std::string& header_json, size_t data_bytes) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header_json.size() >> (8 * i)) & 0xFF);
+  return bytes + header_json + std::string(data_bytes, '\0');
+}
+
+std::map<std::string, TensorInfo> ParseHeader(const std::string& bytes) {
+  uint64_t data_offset = 0;
+  return ParseSafetensorsHeader(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "h.safetensors",
+                                &data_offset);
+}
+
+// Found reading the parser for tests/fuzz/safetensors_header_fuzz.cc (inputs kept in its
+// regressions/): a negative dimension paired with another passed the byte-count check ([-1, -4]
+// has 4 elements), and huge ones overflowed the element count.
+TEST(SafetensorsTest, HeaderShapesMustHaveACountThatFits) {
+  const auto parsed = ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})", 24));
+  EXPECT_EQ(parsed.at("w").num_elements(), 6);
+  EXPECT_THAT([] { ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [-1, -4], "data_offsets": [0, 16]}})", 16)); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("shape[0] = -1")));
+  EXPECT_THAT([] {
+    ParseHeader(HeaderBytes(
+        R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 4], "data_offsets": [0, 0]}})", 0));
+  }, ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("shape[1] = 4294967296")));
+  EXPECT_THAT([] { ParseHeader(HeaderBytes("[1, 2]", 0)); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("not a JSON object")));
+  // Zero elements stay allowed whatever the other dimensions.
+  EXPECT_NO_THROW(ParseHeader(HeaderBytes(R"({"e": {"dtype": "F32", "shape": [0, 4294967296], "data_offsets": [0, 0]}})", 0)));
+}
+
 TEST(SafetensorsTest, WriterChecksCompleteness) {
   TempDir dir;
   SafetensorsWriter writer(dir / "w.safetensors", {{"a", "F32", {4}}, {"b", "BF16", {2}}});
