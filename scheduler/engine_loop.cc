@@ -87,6 +87,7 @@ LoopState EngineLoop::State() const {
 
 void EngineLoop::Run() {
   std::vector<Command> commands;
+  bool idle_check = false;
   const auto depth = static_cast<size_t>(config_.max_steps_in_flight);
   while (true) {
     {
@@ -95,10 +96,15 @@ void EngineLoop::Run() {
       if (lost_) {
         inbox_cv_.wait_until(lock, next_probe_, [&] { return stopping_ || !inbox_.empty(); });
       } else if (!core_.has_work() && in_flight_.empty()) {
-        inbox_cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+        idle_check = !inbox_cv_.wait_for(lock, recovery_.idle_check_interval,
+                                         [&] { return stopping_ || !inbox_.empty(); });
       }
       if (stopping_) break;
       commands.swap(inbox_);
+    }
+    if (idle_check) {
+      idle_check = false;
+      CheckIdle();
     }
     for (Command& command : commands) Apply(command);
     commands.clear();
@@ -319,6 +325,14 @@ void EngineLoop::OnWorkersLost(const WorkerLostError& error) {
   next_waiting_log_ = now;  // the first answer says at once what the group is waiting for; then every 5 s
   last_step_s_ = 0;
   Publish();
+}
+
+void EngineLoop::CheckIdle() {
+  try {
+    workers_.CheckIdle();
+  } catch (const WorkerLostError& e) {
+    OnWorkersLost(e);
+  }
 }
 
 void EngineLoop::Recover() {

@@ -69,6 +69,10 @@ class WorkerGroup {
   virtual Reconnection Reconnect(std::chrono::milliseconds /*timeout*/) {
     return Reconnection{.detail = "this worker group cannot reconnect"};
   }
+  // With no step in flight: throws WorkerLostError when a rank is gone or answers as a new
+  // incarnation (it died and was restarted while the group was idle: it holds none of the
+  // connection's state). Without it an idle replica would say it serves until the next step.
+  virtual void CheckIdle() {}
 };
 
 // How the loop rides out a lost worker group.
@@ -79,6 +83,8 @@ struct RecoveryOptions {
   // How often the group is asked whether it is back, and how long each rank may take to answer.
   Clock::duration probe_interval = std::chrono::milliseconds(250);
   std::chrono::milliseconds probe_timeout{250};
+  // How often an idle loop asks the group whether it is still the one it sent steps to (CheckIdle).
+  Clock::duration idle_check_interval = std::chrono::seconds(1);
   int32_t num_ranks = 1;  // ranks in the group: each gets its restart series from the start
 };
 
@@ -176,6 +182,8 @@ class EngineLoop {
   void AbortAll(const std::exception& error, uint64_t step_id);
   // The workers are gone: every request is kept for them (RequeueAll) until Recover finds them back.
   void OnWorkersLost(const WorkerLostError& error);
+  // Idle for idle_check_interval: is the group still there (WorkerGroup::CheckIdle)?
+  void CheckIdle();
   // While lost: deadlines, the recovery timeout, and a probe of the workers every probe_interval.
   void Recover();
   void Resume(const Reconnection& back, TimePoint now);

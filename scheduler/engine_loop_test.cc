@@ -62,7 +62,16 @@ class FakeWorkers : public WorkerGroup {
     if (!back.load()) return Reconnection{.detail = "injected: not back"};
     return Reconnection{.back = true, .restarted_ranks = {0}, .detail = "injected: back"};
   }
+  // Set: the worker died while idle (the next CheckIdle finds it gone).
+  void CheckIdle() override {
+    ++idle_checks;
+    if (!gone_while_idle.exchange(false)) return;
+    seqs_.clear();
+    throw WorkerLostError(WorkerLostError::Reason::kDisconnected, "injected: died while idle");
+  }
   size_t live() const { return seqs_.size(); }
+  std::atomic<bool> gone_while_idle{false};
+  std::atomic<int> idle_checks{0};
   uint64_t lose_step = 0;            // this step's Receive loses the worker (0: none)
   std::atomic<bool> back{true};      // whether Reconnect finds it back
   std::atomic<int> reconnect_attempts{0};
@@ -294,6 +303,29 @@ TEST(EngineLoop, AWorkerNotBackInTimeEndsRequestsUnavailableAndTheReplicaServesO
   for (auto& ch : channels) EXPECT_EQ(Drain(*ch).second, FinishKind::kUnavailable);
   EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(300));
   EXPECT_EQ(Drain(*Submit(loop, Request(5, 6)).sink).second, FinishKind::kUnavailable);  // refused at once
+  workers.back = true;
+  for (int i = 0; i < 500 && loop.State().workers_lost; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_FALSE(loop.State().workers_lost);
+  EXPECT_EQ(Drain(*Submit(loop, Request(5, 6)).sink).second, FinishKind::kLength);
+  EXPECT_EQ(loop.num_live(), 0);
+}
+
+// A worker that dies while the replica is idle is noticed then (health and metrics say so), not at
+// the next request; once it is back the replica serves.
+TEST(EngineLoop, AWorkerLostWhileIdleIsNoticedWithoutARequest) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  RecoveryOptions recovery;
+  recovery.idle_check_interval = std::chrono::milliseconds(20);
+  ControllerOptions cap;
+  cap.max_num_seqs = 8;
+  EngineLoop loop(Config(), cap, workers, registry, recovery);
+  EXPECT_EQ(Drain(*Submit(loop, Request(5, 6)).sink).second, FinishKind::kLength);
+  workers.back = false;
+  workers.gone_while_idle = true;
+  for (int i = 0; i < 500 && !loop.State().workers_lost; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(loop.State().workers_lost);
+  EXPECT_GT(workers.idle_checks.load(), 0);
   workers.back = true;
   for (int i = 0; i < 500 && loop.State().workers_lost; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_FALSE(loop.State().workers_lost);

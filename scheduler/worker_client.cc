@@ -280,6 +280,27 @@ std::string Unfit(const ferry::v1::WorkerInfo& info, const ferry::v1::WorkerInfo
 
 }  // namespace
 
+void GrpcWorkerGroup::CheckIdle() {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + timeouts_.step);
+    ferry::v1::WorkerInfo info;
+    const grpc::Status status = ranks_[r]->stub->Info(&context, {}, &info);
+    if (status.ok() && info.incarnation_id() == incarnations_[r]) continue;
+    // Not Lost(): no step is pending, so a timeout flag left from an earlier connection is not the reason.
+    CloseStreams();
+    const std::string rank = fmt::format("rank {} ({})", r, ranks_[r]->address);
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      throw WorkerLostError(WorkerLostError::Reason::kStepTimeout,
+                            fmt::format("{} did not answer Info within the step timeout ({} s) while idle", rank,
+                                        std::chrono::duration<double>(timeouts_.step).count()));
+    }
+    throw WorkerLostError(WorkerLostError::Reason::kDisconnected,
+                          status.ok() ? fmt::format("{} restarted while idle (a new incarnation answers)", rank)
+                                      : fmt::format("{} does not answer while idle: {}", rank, status.error_message()));
+  }
+}
+
 Reconnection GrpcWorkerGroup::Reconnect(std::chrono::milliseconds timeout) {
   CloseStreams();
   std::vector<uint64_t> incarnations(ranks_.size());

@@ -50,6 +50,9 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // step of the lost connection (a slow worker after a step timeout: new steps would wait behind
   // it).
   Reconnection Reconnect(std::chrono::milliseconds timeout) override;
+  // Asks every rank for Info, each within the step timeout: a rank that does not answer (it is
+  // gone, or hung past the step timeout) or answers as a new incarnation loses the group.
+  void CheckIdle() override;
   // Whether each rank answers Health within timeout, rank 0 first (every rank is asked, even
   // after one fails). Thread-safe: only uses the stubs.
   std::vector<bool> HealthyRanks(std::chrono::milliseconds timeout) const;

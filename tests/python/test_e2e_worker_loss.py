@@ -104,6 +104,29 @@ def test_worker_killed_three_times_every_stream_ends_as_without_faults(services,
     assert {rid: r[0] for rid, r in again.items()} == {rid: expected[rid][0] for rid in again}
 
 
+def test_worker_killed_while_idle_is_noticed_before_the_next_request(services, ferry_pb):
+    """kill -9 of the worker while no request runs, restarted on its address at once: the scheduler's idle
+    check sees the new incarnation within seconds (a loss and a restart in the metrics, no request needed),
+    and the next requests are served by the new worker with the tokens of the old one."""
+    gateway, scheduler, worker = services["gateway"], services["scheduler"], services["worker"]
+    requests = requests_mix(ferry_pb, 2, 2, max_tokens=16)
+    before = run_streams(gateway.address, ferry_pb, requests)
+    worker.kill(signal.SIGKILL)
+    worker.start()
+    wait_metric(scheduler.metrics_port, 'ferry_scheduler_worker_losses_total{reason="disconnected"}',
+                lambda v: v == 1, timeout_s=30)
+    wait_metric(scheduler.metrics_port, 'ferry_scheduler_worker_restarts_total{rank="0"}', lambda v: v == 1,
+                timeout_s=30)
+    wait_metric(scheduler.metrics_port, "ferry_scheduler_worker_recovering", lambda v: v == 0, timeout_s=30)
+    after = run_streams(gateway.address, ferry_pb, requests)
+    for rid, (tokens, reason, code, details, _) in after.items():
+        assert code == grpc.StatusCode.OK, (rid, code, details)
+        assert tokens == before[rid][0], rid
+    m = scrape(scheduler.metrics_port)
+    assert m['ferry_scheduler_worker_losses_total{reason="disconnected"}'] == 1  # the requests lost nothing more
+    assert m["ferry_scheduler_requests_failed_by_loss_total"] == 0
+
+
 def test_scheduler_killed_requests_not_started_are_retried_and_every_request_ends(services, ferry_pb, tmp_path):
     """kill -9 of the scheduler with 8 requests running and 40 queued behind --max-num-seqs 8: the queued
     ones never started, so the gateway retries them once the scheduler is back (restarted on its
