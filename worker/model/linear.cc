@@ -122,9 +122,8 @@ MatmulContext::MatmulContext(MatmulDtype dtype)
 
 MatmulContext::~MatmulContext() = default;
 
-// The weights in oneDNN's layout and one primitive per row count seen so far. A step has
-// few distinct row counts (decode batch sizes, prefill chunk sizes), each created once
-// (~0.3 ms) and kept.
+// The weights in oneDNN's layout and one primitive per call row count (CallRows), each created
+// on first use (~0.3 ms) and kept: about 47 KB of JIT code each, so their number must be bounded.
 struct Linear::Primitives {
   dnnl::memory::desc weights_md;
   dnnl::memory weights;
@@ -195,31 +194,58 @@ int64_t Linear::weight_bytes() const {
   return static_cast<int64_t>(prims_->weights_md.get_size());
 }
 
-// On the oneDNN backend both dtypes go through oneDNN matmul, in one call or in fixed 16-row tiles
-// (RowTileFor), so that a row's result does not depend on the number of rows (tested bitwise) and
-// batching never changes it. OpenBLAS's sgemm did not have that property (it takes a gemv path
-// for one row).
+namespace {
+
+// Rows of the next oneDNN call over `rest` rows when a row's result does not depend on the row
+// count (row_tile_ 0). One primitive per distinct count would grow without bound under serving
+// (decode batch sizes and prefill chunks take any value up to --max-num-batched-tokens: a soak
+// grew the worker by 0.4 MB/s), so calls take one of 30 counts: 1..16 exact, 17..64 padded up to
+// a multiple of 4 (at most 3 rows computed for nothing), and more split into calls of 256, 128
+// and 64 rows, largest first (one more call costs one more pass over the weights: on the 2-core
+// dev VM about what 4 rows of compute cost). A result above `rest` means: pad to that many.
+int64_t CallRows(int64_t rest) {
+  if (rest >= 256) return 256;
+  if (rest >= 128) return 128;
+  if (rest > 64) return 64;
+  if (rest <= 16) return rest;
+  return (rest + 3) / 4 * 4;
+}
+
+}  // namespace
+
+// On the oneDNN backend both dtypes go through oneDNN matmul, in calls of a bounded set of row
+// counts (CallRows) or in fixed 16-row tiles (RowTileFor), so that a row's result does not depend
+// on the number of rows (tested bitwise) and batching never changes it. OpenBLAS's sgemm did not
+// have that property (it takes a gemv path for one row).
 void Linear::Forward(const float* x, float* out, int64_t m) {
   if (m == 0) return;
   if (context_->backend() == MatmulBackend::kFerry) return RunFerry(x, out, m);
   const int64_t tile = context_->row_tile_;
-  if (tile == 0) return Run(x, out, m);
-  // Fixed-size tiles: every call runs the one primitive for `tile` rows, so a row's result
-  // cannot depend on how many rows came with it. The last, partial tile is padded with zeros.
-  int64_t i = 0;
-  for (; i + tile <= m; i += tile) Run(x + i * k_, out + i * n_, tile);
-  if (i == m) return;
-  const int64_t rest = m - i;
+  for (int64_t i = 0; i < m;) {
+    const int64_t rest = m - i;
+    // Fixed-size tiles: every call runs the one primitive for `tile` rows, so a row's result
+    // cannot depend on how many rows came with it. The last, partial tile is padded with zeros.
+    const int64_t rows = tile != 0 ? tile : CallRows(rest);
+    if (rows > rest) return RunPadded(x + i * k_, out + i * n_, rest, rows);
+    Run(x + i * k_, out + i * n_, rows);
+    i += rows;
+  }
+}
+
+void Linear::RunPadded(const float* x, float* out, int64_t m, int64_t rows) {
   std::vector<float>& xp = context_->x_pad_;
   std::vector<float>& op = context_->out_pad_;
-  xp.resize(tile * k_);
-  op.resize(tile * n_);  // its padding rows are computed and dropped: any finite values do
-  std::memcpy(xp.data(), x + i * k_, rest * k_ * sizeof(float));
-  std::fill(xp.begin() + rest * k_, xp.end(), 0.f);  // only the padding rows
-  if (accumulate_) std::memcpy(op.data(), out + i * n_, rest * n_ * sizeof(float));
-  Run(xp.data(), op.data(), tile);
-  std::memcpy(out + i * n_, op.data(), rest * n_ * sizeof(float));
+  if (static_cast<int64_t>(xp.size()) < rows * k_) xp.resize(rows * k_);
+  if (static_cast<int64_t>(op.size()) < rows * n_) op.resize(rows * n_);
+  std::memcpy(xp.data(), x, m * k_ * sizeof(float));
+  // Only the padding rows; their results are computed and dropped: any finite values do.
+  std::fill(xp.begin() + m * k_, xp.begin() + rows * k_, 0.f);
+  if (accumulate_) std::memcpy(op.data(), out, m * n_ * sizeof(float));
+  Run(xp.data(), op.data(), rows);
+  std::memcpy(out, op.data(), m * n_ * sizeof(float));
 }
+
+int64_t Linear::num_primitives() const { return prims_ == nullptr ? 0 : static_cast<int64_t>(prims_->by_rows.size()); }
 
 // Ferry's kernel is batch-invariant by construction (kernels/cpu/gemm.h): one call, no tiles.
 void Linear::RunFerry(const float* x, float* out, int64_t m) {

@@ -5,7 +5,8 @@
 //    fp32 accumulation and output.
 // Two backends (MatmulBackend): oneDNN (on the Ferry backend's CPUs it is either slow or
 // absent), and Ferry's own AVX2 kernel (kernels/cpu/gemm.h). oneDNN primitives are created once
-// per distinct row count, bf16 weights reordered into the blocked layout it picks.
+// per call row count, from a bounded set (linear.cc CallRows), bf16 weights reordered into the
+// blocked layout it picks.
 // A row's result never depends on the other rows of the call (batch invariance): Ferry's kernel
 // has one fixed order per element; where oneDNN's kernels for this CPU would break that, every
 // oneDNN call runs at a fixed 16 rows (MatmulContext::row_tile_; rule and measurements in
@@ -56,8 +57,8 @@ class MatmulContext {
   std::unique_ptr<Dnnl> dnnl_;
   std::vector<uint16_t> x_bf16_;  // [m, k] of the call in progress
   int64_t row_tile_ = 0;          // 0: one call per Forward; else fixed tiles of this many rows
-  std::vector<float> x_pad_;      // [row_tile, k]: a partial last tile, zero-padded
-  std::vector<float> out_pad_;    // [row_tile, n]
+  std::vector<float> x_pad_;      // [rows, k]: a padded call (a partial last tile), zero-padded
+  std::vector<float> out_pad_;    // [rows, n]; rows <= 64 (or row_tile_)
   std::vector<float> x_rounded_;  // [m, k]: bf16 activations of a Ferry-kernel call, as fp32
 };
 
@@ -79,6 +80,9 @@ class Linear {
   // Bytes the weights occupy.
   int64_t weight_bytes() const;
 
+  // oneDNN primitives created so far (one per call row count; at most 30 per layer).
+  int64_t num_primitives() const;
+
   // out = x W^T + bias, or out += x W^T when accumulating.
   void Forward(const float* x,  // [m, k]
                float* out,      // [m, n]
@@ -90,6 +94,10 @@ class Linear {
   void RunFerry(const float* x,  // [m, k]
                 float* out,      // [m, n]
                 int64_t m);
+  // One oneDNN call over the first m rows of a zero-padded copy of `rows` >= m rows.
+  void RunPadded(const float* x,  // [m, k]
+                 float* out,      // [m, n]
+                 int64_t m, int64_t rows);
   // One oneDNN call over m rows (its primitive is created on first use).
   void Run(const float* x,  // [m, k]
            float* out,      // [m, n]
