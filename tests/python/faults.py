@@ -2,16 +2,19 @@
 on its own port as a supervisor would), many streams run at once through the gateway, and the
 scheduler's metrics read back. scripts/chaos.sh injects the same faults by hand."""
 import json
-import re
 import signal
 import subprocess
+import sys
 import threading
 import time
-import urllib.request
+from pathlib import Path
 
 import grpc
 
 from conftest import binary
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "soak"))
+from soak import scrape  # noqa: E402  name{labels} -> value of one service's /metrics
 
 
 class Proc:
@@ -61,17 +64,6 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
-
-
-def scrape(port):
-    """name{labels} -> value of one service's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
 
 
 def requests_mix(pb, n_greedy, n_seeded, max_tokens, lane=""):

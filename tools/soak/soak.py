@@ -49,6 +49,7 @@ def load_pb(out_dir):
 
 
 def scrape(port):
+    """name{labels} -> value of one service's /metrics (the fault tests use it too)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
     for line in text.splitlines():
