@@ -115,6 +115,22 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
   return 0;
 }
 
+// Checks across flags CLI11 cannot express; prints what is wrong.
+bool FlagsAreValid(const Flags& f) {
+  if (f.has_family_seed && !f.trace.empty()) {
+    std::fprintf(stderr, "ferry-sim: --family-seed %llu and --trace %s both name a workload; give one\n",
+                 static_cast<unsigned long long>(f.family_seed), f.trace.c_str());
+    return false;
+  }
+  if (f.heldout_num_seeds < 1 || f.heldout_num_seeds > kHeldOutNumSeeds) {
+    std::fprintf(stderr, "ferry-sim: --heldout-num-seeds %llu is outside 1..%llu (the held-out range)\n",
+                 static_cast<unsigned long long>(f.heldout_num_seeds),
+                 static_cast<unsigned long long>(kHeldOutNumSeeds));
+    return false;
+  }
+  return true;
+}
+
 // The held-out evaluation (docs/benchmarks/scheduler.md, "Held-out traces").
 int RunHeldOutMode(const Flags& f, const CLI::App& app) {
   HeldOutOptions o;
@@ -191,17 +207,7 @@ int main(int argc, char** argv) {
                  "write one JSON line per request: its latencies and whether it met its SLO");
   CLI11_PARSE(app, argc, argv);
   f.has_family_seed = app.count("--family-seed") > 0;
-  if (f.has_family_seed && !f.trace.empty()) {
-    std::fprintf(stderr, "ferry-sim: --family-seed %llu and --trace %s both name a workload; give one\n",
-                 static_cast<unsigned long long>(f.family_seed), f.trace.c_str());
-    return 2;
-  }
-  if (f.heldout_num_seeds < 1 || f.heldout_num_seeds > kHeldOutNumSeeds) {
-    std::fprintf(stderr, "ferry-sim: --heldout-num-seeds %llu is outside 1..%llu (the held-out range)\n",
-                 static_cast<unsigned long long>(f.heldout_num_seeds),
-                 static_cast<unsigned long long>(kHeldOutNumSeeds));
-    return 2;
-  }
+  if (!FlagsAreValid(f)) return 2;
   try {
     if (f.heldout) return RunHeldOutMode(f, app);
     const ferry::CostModel cost(LoadPreset(f.preset));
