@@ -10,8 +10,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "scheduler/sim/heldout.h"
 #include "scheduler/sim/report.h"
 #include "scheduler/sim/scenarios.h"
+#include "scheduler/sim/trace_family.h"
 
 namespace {
 
@@ -23,6 +25,9 @@ struct Flags {
   std::string trace, write_trace, json_path, results_path, scenario = "steady", arrival, spike_lane = "-";
   double rate_per_s = 0, duration_s = 0, burst_cv = 0, spike_multiplier = 3.0;
   uint64_t seed = 0;
+  uint64_t family_seed = 0;
+  bool has_family_seed = false, heldout = false;
+  uint64_t heldout_num_seeds = kHeldOutNumSeeds;
   std::string controller_mode = "slo";
   int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
   int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
@@ -38,8 +43,13 @@ double WallSeconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::vector<TraceRequest> LoadWorkload(const Flags& f) {
+std::vector<TraceRequest> LoadWorkload(const Flags& f, const ferry::CostModel& cost) {
   if (!f.trace.empty()) return ReadTrace(f.trace);
+  if (f.has_family_seed) {
+    const FamilyMember m = DrawFamilyMember(f.family_seed, cost.params());
+    std::printf("trace family member (preset %s): %s\n", cost.params().name.c_str(), DescribeMember(m).c_str());
+    return GenerateFamilyTrace(m);
+  }
   WorkloadOptions w = ScenarioWorkload(f.scenario, f.spike_multiplier);
   if (!f.arrival.empty()) w.arrivals.kind = ParseArrivalKind(f.arrival);
   if (f.rate_per_s > 0) w.arrivals.rate_per_s = f.rate_per_s;
@@ -105,6 +115,41 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
   return 0;
 }
 
+// Checks across flags CLI11 cannot express; prints what is wrong.
+bool FlagsAreValid(const Flags& f) {
+  if (f.has_family_seed && !f.trace.empty()) {
+    std::fprintf(stderr, "ferry-sim: --family-seed %llu and --trace %s both name a workload; give one\n",
+                 static_cast<unsigned long long>(f.family_seed), f.trace.c_str());
+    return false;
+  }
+  if (f.heldout_num_seeds < 1 || f.heldout_num_seeds > kHeldOutNumSeeds) {
+    std::fprintf(stderr, "ferry-sim: --heldout-num-seeds %llu is outside 1..%llu (the held-out range)\n",
+                 static_cast<unsigned long long>(f.heldout_num_seeds),
+                 static_cast<unsigned long long>(kHeldOutNumSeeds));
+    return false;
+  }
+  return true;
+}
+
+// The held-out evaluation (docs/benchmarks/scheduler.md, "Held-out traces").
+int RunHeldOutMode(const Flags& f, const CLI::App& app) {
+  HeldOutOptions o;
+  o.seeds.resize(static_cast<size_t>(f.heldout_num_seeds));
+  if (app.count("--caps") > 0) o.static_caps = f.caps;
+  o.ttft_slo_s = f.slo_ttft_ms / 1000.0;
+  o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  std::printf("held-out seeds %llu..%llu, TTFT SLO %.0f ms, static caps", static_cast<unsigned long long>(o.seeds.front()),
+              static_cast<unsigned long long>(o.seeds.back()), f.slo_ttft_ms);
+  for (int32_t cap : o.static_caps) std::printf(" %d", cap);
+  std::printf(" (up to each preset's bound: rtx4090d-tp4 %d, h200 %d)\n", EvalMaxNumSeqs(LoadPreset("rtx4090d-tp4")),
+              EvalMaxNumSeqs(LoadPreset("h200")));
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<HeldOutCell> cells = RunHeldOut(o);
+  std::printf("%s", FormatHeldOut(cells).c_str());
+  std::printf("wall time %.0f s\n", WallSeconds(start));
+  return 0;
+}
+
 int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<TraceRequest>& trace) {
   const ControllerMode mode = ferry::scheduler::ParseControllerMode(f.controller_mode);
   const auto start = std::chrono::steady_clock::now();
@@ -129,7 +174,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", f.trace, "replay a JSONL trace instead of generating");
   app.add_option("--write-trace", f.write_trace, "write the workload as a JSONL trace");
   app.add_option("--scenario", f.scenario, "steady, bursty, diurnal, spike, long-context, chat");
-  app.add_option("--arrival", f.arrival, "override the arrival process: poisson, bursty, diurnal, spike");
+  app.add_option("--arrival", f.arrival, "override the arrival process: poisson, bursty, diurnal, spike, on-off");
   app.add_option("--request-rate", f.rate_per_s, "mean arrival rate, requests/s (ferry-bench's name)");
   app.add_option("--duration-s", f.duration_s, "length of the arrival window");
   app.add_option("--burst-cv", f.burst_cv, "bursty: coefficient of variation of the gaps");
@@ -137,6 +182,11 @@ int main(int argc, char** argv) {
   app.add_option("--spike-lane", f.spike_lane,
                  "spike: lane that takes the excess (\"\": scale every lane; default: the scenario's)");
   app.add_option("--seed", f.seed, "workload seed (0: the scenario's)");
+  app.add_option("--family-seed", f.family_seed,
+                 "use member N of the trace family (issue #30) for --preset instead of a scenario");
+  app.add_flag("--heldout", f.heldout,
+               "the held-out evaluation: slo, load-level and static caps on the held-out family members");
+  app.add_option("--heldout-num-seeds", f.heldout_num_seeds, "--heldout: the first N held-out seeds");
   app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, slo");
   app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");
   app.add_option("--min-num-seqs", f.min_num_seqs, "lower bound for adaptive modes");
@@ -156,10 +206,13 @@ int main(int argc, char** argv) {
   app.add_option("--write-results", f.results_path,
                  "write one JSON line per request: its latencies and whether it met its SLO");
   CLI11_PARSE(app, argc, argv);
+  f.has_family_seed = app.count("--family-seed") > 0;
+  if (!FlagsAreValid(f)) return 2;
   try {
+    if (f.heldout) return RunHeldOutMode(f, app);
     const ferry::CostModel cost(LoadPreset(f.preset));
     if (f.sweep) return RunSweepMode(f, cost);
-    const std::vector<TraceRequest> trace = LoadWorkload(f);
+    const std::vector<TraceRequest> trace = LoadWorkload(f, cost);
     if (!f.write_trace.empty()) WriteTrace(f.write_trace, trace);
     if (f.compare) return RunCompareMode(f, cost, trace);
     return RunOnce(f, cost, trace);

@@ -4,41 +4,14 @@
 #include <cmath>
 #include <fstream>
 #include <numbers>
-#include <random>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include "scheduler/sim/rng.h"
+
 namespace ferry::sim {
 namespace {
-
-// Our own samplers over mt19937_64 bits, so traces are the same on every
-// standard library (std::*_distribution algorithms are unspecified).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : gen_(seed) {}
-  double Uniform() {  // (0, 1)
-    return (static_cast<double>(gen_() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-  }
-  double Exponential(double rate) { return -std::log(Uniform()) / rate; }
-  double Normal() {
-    return std::sqrt(-2.0 * std::log(Uniform())) * std::cos(2.0 * std::numbers::pi * Uniform());
-  }
-  // Marsaglia-Tsang; shape > 0, scale 1.
-  double Gamma(double shape) {
-    if (shape < 1.0) return Gamma(shape + 1.0) * std::pow(Uniform(), 1.0 / shape);
-    const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
-    while (true) {
-      double x = Normal(), v = 1.0 + c * x;
-      if (v <= 0) continue;
-      v = v * v * v;
-      if (std::log(Uniform()) < 0.5 * x * x + d - d * v + d * std::log(v)) return d * v;
-    }
-  }
-
- private:
-  std::mt19937_64 gen_;
-};
 
 int32_t SampleLength(Rng& rng, const LengthDist& d) {
   double x = d.mean;
@@ -50,7 +23,8 @@ double RateAt(const ArrivalOptions& a, double t) {
   switch (a.kind) {
     case ArrivalKind::kDiurnal:
       return a.rate_per_s *
-             (1.0 - a.diurnal_amplitude * std::cos(2.0 * std::numbers::pi * t / a.diurnal_period_s));
+             (1.0 - a.diurnal_amplitude *
+                        std::cos(2.0 * std::numbers::pi * t / a.diurnal_period_s + a.diurnal_phase_rad));
     case ArrivalKind::kSpike:
       return (t >= a.spike_start_s && t < a.spike_start_s + a.spike_duration_s)
                  ? a.rate_per_s * a.spike_multiplier
@@ -59,10 +33,36 @@ double RateAt(const ArrivalOptions& a, double t) {
   }
 }
 
+// Alternating exponential on/off periods, each a Poisson segment at its rate.
+std::vector<double> OnOffArrivalTimes(const ArrivalOptions& a, Rng& rng) {
+  if (!(a.onoff_on_mean_s > 0) || !(a.onoff_off_mean_s > 0) || !(a.onoff_off_share >= 0) ||
+      !(a.onoff_off_share <= 1)) {
+    throw std::invalid_argument("on-off: onoff_on_mean_s and onoff_off_mean_s must be > 0, "
+                                "onoff_off_share in [0, 1]");
+  }
+  const double on_fraction = a.onoff_on_mean_s / (a.onoff_on_mean_s + a.onoff_off_mean_s);
+  const double on_rate = a.rate_per_s / (on_fraction + (1.0 - on_fraction) * a.onoff_off_share);
+  std::vector<double> times;
+  bool is_on = true;
+  for (double start = 0; start < a.duration_s; is_on = !is_on) {
+    const double end = std::min(a.duration_s, start + rng.Exponential(1.0 / (is_on ? a.onoff_on_mean_s
+                                                                                    : a.onoff_off_mean_s)));
+    const double rate = is_on ? on_rate : on_rate * a.onoff_off_share;
+    for (double t = start; rate > 0;) {
+      t += rng.Exponential(rate);
+      if (t >= end) break;
+      times.push_back(t);
+    }
+    start = end;
+  }
+  return times;
+}
+
 std::vector<double> ArrivalTimes(const ArrivalOptions& a, Rng& rng) {
   if (!(a.rate_per_s > 0) || !(a.duration_s > 0)) {
     throw std::invalid_argument("workload rate_per_s and duration_s must be > 0");
   }
+  if (a.kind == ArrivalKind::kOnOff) return OnOffArrivalTimes(a, rng);
   std::vector<double> times;
   if (a.kind == ArrivalKind::kBursty) {
     const double shape = 1.0 / (a.burst_cv * a.burst_cv);  // cv of gamma = 1/sqrt(shape)
@@ -102,17 +102,18 @@ const char* ArrivalKindName(ArrivalKind kind) {
     case ArrivalKind::kBursty: return "bursty";
     case ArrivalKind::kDiurnal: return "diurnal";
     case ArrivalKind::kSpike: return "spike";
+    case ArrivalKind::kOnOff: return "on-off";
   }
   return "?";
 }
 
 ArrivalKind ParseArrivalKind(const std::string& name) {
   for (ArrivalKind k : {ArrivalKind::kPoisson, ArrivalKind::kBursty, ArrivalKind::kDiurnal,
-                        ArrivalKind::kSpike}) {
+                        ArrivalKind::kSpike, ArrivalKind::kOnOff}) {
     if (name == ArrivalKindName(k)) return k;
   }
   throw std::invalid_argument("arrival process \"" + name +
-                              "\" is not one of poisson, bursty, diurnal, spike");
+                              "\" is not one of poisson, bursty, diurnal, spike, on-off");
 }
 
 std::vector<TraceRequest> GenerateWorkload(const WorkloadOptions& options) {

@@ -44,12 +44,13 @@ struct LaneMix {
 enum class ArrivalKind {
   kPoisson,  // constant rate
   kBursty,   // gamma-distributed gaps with coefficient of variation burst_cv
-  kDiurnal,  // Poisson with rate * (1 + amplitude * sin(2 pi t / period)), starting at the trough
+  kDiurnal,  // Poisson with rate * (1 - amplitude * cos(2 pi t / period + phase)); phase 0: the trough at t = 0
   kSpike,    // Poisson at rate, times spike_multiplier during the spike (excess: spike_lane)
+  kOnOff,    // Markov-modulated Poisson: exponential on and off periods, a low rate while off
 };
 
 const char* ArrivalKindName(ArrivalKind kind);
-ArrivalKind ParseArrivalKind(const std::string& name);  // poisson|bursty|diurnal|spike
+ArrivalKind ParseArrivalKind(const std::string& name);  // poisson|bursty|diurnal|spike|on-off
 
 struct ArrivalOptions {
   ArrivalKind kind = ArrivalKind::kPoisson;
@@ -58,6 +59,7 @@ struct ArrivalOptions {
   double burst_cv = 3.0;
   double diurnal_period_s = 60;
   double diurnal_amplitude = 0.8;
+  double diurnal_phase_rad = 0;
   double spike_start_s = 20;
   double spike_duration_s = 10;
   double spike_multiplier = 3.0;
@@ -66,6 +68,12 @@ struct ArrivalOptions {
   // in the spike) to that lane, so the other lanes keep their normal rate (a
   // bulk flood).
   std::string spike_lane;
+  // On/off: the process starts on; periods are exponential with these means.
+  // While off the rate is onoff_off_share of the on rate; the on rate is set
+  // so that the long-run mean is rate_per_s.
+  double onoff_on_mean_s = 5;
+  double onoff_off_mean_s = 5;
+  double onoff_off_share = 0.1;
 };
 
 struct WorkloadOptions {

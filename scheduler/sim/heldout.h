@@ -1,0 +1,86 @@
+// The held-out evaluation of issue #30: each controller mode's goodput on
+// trace-family members (trace_family.h) it was not tuned on, as a ratio to
+// the best static max_num_seqs chosen in hindsight for that trace. Cells:
+// TPOT SLO x preset x prefix caching.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/cost_model.h"
+
+namespace ferry::sim {
+
+// Seeds a controller may be tuned on, looked at and plotted freely.
+inline constexpr uint64_t kTuningSeedBegin = 1;
+inline constexpr uint64_t kTuningSeedEnd = 100000;
+// The held-out seeds: NEVER run, read or plot these while tuning a controller
+// (use the tuning range). They exist to say how a controller does on traces
+// it has never seen; once a change is chosen by looking at them, they no
+// longer can. Disjoint from the tuning range.
+inline constexpr uint64_t kHeldOutSeedBegin = 1000001;
+inline constexpr uint64_t kHeldOutNumSeeds = 64;
+std::vector<uint64_t> HeldOutSeeds();
+
+// The adaptive modes' upper bound (and the largest static cap swept) for a
+// preset: the sequences its KV pool holds at 640 tokens of context each (the
+// seed's sweep request, 512 + 128), at most 256. rtx4090d-tp4: 64 (the
+// ferry-sim default); h200: 256.
+int32_t EvalMaxNumSeqs(const CostModelParams& preset);
+
+struct HeldOutOptions {
+  std::vector<uint64_t> seeds = HeldOutSeeds();
+  std::vector<std::string> presets = {"rtx4090d-tp4", "h200"};
+  std::vector<double> tpot_slos_s = {0.0025, 0.003, 0.004};
+  std::vector<bool> prefix_caching = {true, false};
+  // The hindsight sweep; caps above a preset's EvalMaxNumSeqs are skipped.
+  // Dense where the best cap moves with the SLO and the lengths: small caps
+  // (long RAG prompts at a tight TPOT) and the RTX preset's knee (12-32).
+  std::vector<int32_t> static_caps = {1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128, 192, 256};
+  double ttft_slo_s = 1.0;  // the interactive and default lanes' TTFT SLO (batch keeps its own)
+  // Called after each trace with a one-line note (progress for the CLI).
+  std::function<void(const std::string&)> progress;
+};
+
+// One trace in one cell: requests that met their lane's SLO (every lane).
+struct TraceOutcome {
+  uint64_t seed = 0;
+  std::map<int32_t, int64_t> static_good;  // cap -> good requests
+  int64_t best_static_good = 0;
+  int32_t best_cap = 0;  // the smallest cap reaching best_static_good
+  int64_t slo_good = 0;
+  int64_t load_level_good = 0;
+  double ratio(int64_t good) const { return static_cast<double>(good) / best_static_good; }
+};
+
+struct HeldOutCell {
+  std::string preset;
+  double tpot_slo_s = 0;
+  bool prefix_caching = false;
+  std::vector<TraceOutcome> traces;  // those where some static cap served a request
+  int32_t num_no_goodput = 0;        // traces where no static cap served one (no ratio)
+  // The static cap within 95% of the per-trace best on the most traces of
+  // the cell (ties: the smaller); the traces where it is not are the ones
+  // where a single cap cannot serve the whole group ("hard" traces).
+  int32_t one_cap = 0;
+  std::vector<bool> is_hard;  // per trace
+};
+
+std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& options);
+
+struct RatioStats {
+  size_t count = 0;
+  double min = 0, p5 = 0, median = 0;
+  size_t num_below_95 = 0, num_below_90 = 0;
+};
+// Nearest-rank percentiles; zeros for an empty input.
+RatioStats ComputeRatioStats(std::vector<double> ratios);
+
+// Markdown: one row per cell and an overall row, slo and load-level, over
+// all traces and over the hard ones.
+std::string FormatHeldOut(const std::vector<HeldOutCell>& cells);
+
+}  // namespace ferry::sim
