@@ -139,16 +139,31 @@ int64_t TensorInfo::num_elements() const { return NumElements(shape); }
 
 namespace {
 
+// A whole number in [0, 2^63): nlohmann's get<int64_t> would convert a float (4.3e21 is undefined
+// as an int64) or wrap a negative into a uint64 without a word.
+int64_t WholeNumber(const json& v, const std::string& field) {
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                                           : v.is_number_integer() && v.get<int64_t>() >= 0;
+  if (!fits) throw std::runtime_error(field + " = " + v.dump() + " is not a whole number from 0 to 2^63 - 1");
+  return v.get<int64_t>();
+}
+
 TensorInfo ParseTensorInfo(const std::string& path, const std::string& name, const json& j,
                            uint64_t data_size) {
   TensorInfo info;
   try {
     info.dtype = j.at("dtype").get<std::string>();
-    info.shape = j.at("shape").get<std::vector<int64_t>>();
-    const auto offsets = j.at("data_offsets").get<std::vector<uint64_t>>();
-    if (offsets.size() != 2) throw std::runtime_error("data_offsets must have 2 entries");
-    info.begin = offsets[0];
-    info.end = offsets[1];
+    const json& shape = j.at("shape");
+    if (!shape.is_array()) throw std::runtime_error("shape = " + shape.dump() + " is not an array");
+    for (size_t i = 0; i < shape.size(); ++i) {
+      info.shape.push_back(WholeNumber(shape[i], "shape[" + std::to_string(i) + "]"));
+    }
+    const json& offsets = j.at("data_offsets");
+    if (!offsets.is_array() || offsets.size() != 2) throw std::runtime_error("data_offsets must have 2 entries");
+    info.begin = static_cast<uint64_t>(WholeNumber(offsets[0], "data_offsets[0]"));
+    info.end = static_cast<uint64_t>(WholeNumber(offsets[1], "data_offsets[1]"));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + ": bad header entry for tensor " + name + ": " + e.what());
   } catch (const json::exception& e) {
     throw std::runtime_error(path + ": bad header entry for tensor " + name + ": " + e.what());
   }

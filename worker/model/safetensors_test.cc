@@ -177,6 +177,19 @@ TEST(SafetensorsTest, HeaderShapesMustHaveACountThatFits) {
   }, ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("shape[1] = 4294967296")));
   EXPECT_THAT([] { ParseHeader(HeaderBytes("[1, 2]", 0)); },
               ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("not a JSON object")));
+  // Numbers that are not whole int64s are refused by name, not converted (libFuzzer: a dimension of
+  // 4294967292949672897696 parsed as a float, and its conversion to int64 was undefined).
+  EXPECT_THAT([] {
+    ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [4294967292949672897696, 4], "data_offsets": [0, 0]}})", 0));
+  }, ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("shape[0] = 4.294967292949673e+21 is not a whole number")));
+  EXPECT_THAT([] { ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}})", 4)); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("shape[0] = 1.5")));
+  EXPECT_THAT([] { ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 0]}})", 4)); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("data_offsets[0] = -4")));
+  EXPECT_THAT([] { ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 18446744073709551615]}})", 4)); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("data_offsets[1] = 18446744073709551615")));
+  EXPECT_THAT([] { ParseHeader(HeaderBytes(R"({"w": {"dtype": "F32", "shape": 4, "data_offsets": [0, 16]}})", 16)); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("shape = 4 is not an array")));
   // Zero elements stay allowed whatever the other dimensions.
   EXPECT_NO_THROW(ParseHeader(HeaderBytes(R"({"e": {"dtype": "F32", "shape": [0, 4294967296], "data_offsets": [0, 0]}})", 0)));
 }
