@@ -1,6 +1,7 @@
 #include "structured/grammar_pda.h"
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <map>
 #include <tuple>
@@ -267,6 +268,15 @@ class Compiler {
 
   // Removing epsilon edges copies what a state's closure reads and calls into it: optional parts
   // in a row (`a{0,1000} b{0,1000} ...`) make that quadratic, so both are bounded.
+  // Determinize's steps, against kMaxGrammarDeterminizeWork.
+  void AddWork(int64_t steps) {
+    determinize_work_ += steps;
+    if (determinize_work_ > kMaxGrammarDeterminizeWork) {
+      g_.Fail(0, "the grammar's automaton needs more than " + std::to_string(kMaxGrammarDeterminizeWork) +
+                     " steps to determinise (repetitions of alternatives that call each other multiply them)");
+    }
+  }
+
   void CountWork(int64_t& counter, int64_t limit, const char* what) {
     if (++counter > limit) {
       g_.Fail(0, "the grammar's automaton needs more than " + std::to_string(limit) + " " + what +
@@ -318,6 +328,7 @@ class Compiler {
     std::map<std::vector<int32_t>, int32_t> ids;
     std::vector<std::vector<int32_t>> sets;
     auto id = [&](std::vector<int32_t> set) {
+      AddWork(static_cast<int64_t>(set.size()) * std::bit_width(set.size()));  // the sort and the map's compares
       std::sort(set.begin(), set.end());
       set.erase(std::unique(set.begin(), set.end()), set.end());
       const auto [it, inserted] = ids.emplace(set, static_cast<int32_t>(sets.size()));
@@ -337,6 +348,7 @@ class Compiler {
       std::map<int32_t, std::pair<std::vector<int32_t>, size_t>> calls;  // rule -> (targets, first reference)
       for (int32_t s : set) {
         const GrammarPda::State& st = nfa.state(s);
+        AddWork(1 + 256 * static_cast<int64_t>(st.bytes.size()) + static_cast<int64_t>(st.calls.size()));
         out.final = out.final || st.final;
         for (const GrammarPda::ByteEdge& e : st.bytes) {
           for (int c = 0; c < 256; ++c) {
@@ -353,6 +365,7 @@ class Compiler {
       for (size_t c = 0; c < 256; ++c) {
         std::vector<int32_t>& t = by_byte[c];
         if (t.empty()) continue;
+        AddWork(static_cast<int64_t>(t.size()) * std::bit_width(t.size()));
         std::sort(t.begin(), t.end());
         t.erase(std::unique(t.begin(), t.end()), t.end());
         by_targets[t][c >> 6] |= uint64_t{1} << (c & 63);
@@ -526,6 +539,7 @@ class Compiler {
   std::vector<bool> nullable_;
   int64_t closure_visits_ = 0;  // Eliminate's, against kMaxGrammarClosureVisits
   int64_t edges_ = 0;           // Eliminate's output, against kMaxGrammarEdges
+  int64_t determinize_work_ = 0;  // Determinize's, against kMaxGrammarDeterminizeWork
 };
 
 }  // namespace
