@@ -468,7 +468,19 @@ RegexDfa Determinize(const Nfa& nfa, Frag whole) {
       throw RegexError("regex: its automaton needs more than " + std::to_string(kMaxRegexCompileWork) +
                        " steps to build (optional repetitions in a row multiply them)");
     }
-    for (int b = 0; b < 256; ++b) {
+    // Bytes between two consecutive edge bounds of the set's states move to the same states: one
+    // move and one closure per such run, not per byte (a set's edges usually cut 0..255 into a few).
+    std::vector<int> cuts{0, 256};
+    for (int s : sets[d]) {
+      for (const Nfa::Edge& edge : nfa.edges[static_cast<size_t>(s)]) {
+        cuts.push_back(edge.lo);
+        cuts.push_back(edge.hi + 1);
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    for (size_t run = 0; run + 1 < cuts.size(); ++run) {
+      const int b = cuts[run];
       std::vector<int> moved;
       ++stamp;
       for (int s : sets[d]) {
@@ -481,7 +493,8 @@ RegexDfa Determinize(const Nfa& nfa, Frag whole) {
       if (moved.empty()) continue;
       const int32_t to = intern(Closure(nfa, std::move(moved), mark, ++stamp));
       dfa.next.resize(sets.size() * 256, -1);
-      dfa.next[d * 256 + static_cast<size_t>(b)] = to;
+      std::fill(dfa.next.begin() + static_cast<ptrdiff_t>(d * 256 + static_cast<size_t>(b)),
+                dfa.next.begin() + static_cast<ptrdiff_t>(d * 256 + static_cast<size_t>(cuts[run + 1])), to);
     }
   }
   dfa.next.resize(sets.size() * 256, -1);
