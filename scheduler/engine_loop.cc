@@ -87,9 +87,9 @@ LoopState EngineLoop::State() const {
 
 void EngineLoop::Run() {
   std::vector<Command> commands;
-  bool idle_check = false;
   const auto depth = static_cast<size_t>(config_.max_steps_in_flight);
   while (true) {
+    bool idle_check = false;  // idle for a whole idle_check_interval: ask the workers
     {
       std::unique_lock lock(inbox_mu_);
       // Lost workers: wake for commands and for the next probe. Idle: sleep until a command arrives.
@@ -102,10 +102,7 @@ void EngineLoop::Run() {
       if (stopping_) break;
       commands.swap(inbox_);
     }
-    if (idle_check) {
-      idle_check = false;
-      CheckIdle();
-    }
+    if (idle_check) CheckIdle();
     for (Command& command : commands) Apply(command);
     commands.clear();
     if (lost_) {
