@@ -156,9 +156,13 @@ void EngineLoop::Apply(Command& command) {
       return;
     }
     try {
+      const auto& slo_lanes = controller_.options().slo.lanes;
+      const bool is_slo_lane =
+          slo_lanes.empty() || std::find(slo_lanes.begin(), slo_lanes.end(), add->spec.lane) != slo_lanes.end();
       core_.Add(std::move(add->spec));
       streams_.emplace(id, Stream{std::move(add->sink), add->tag, std::nullopt});
       ++arrivals_since_step_;
+      slo_arrivals_since_step_ += is_slo_lane;
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
       num_live_.fetch_sub(1);
@@ -190,9 +194,14 @@ int32_t EngineLoop::NextCap(TimePoint now) {
     // Arrival was read before the request entered the inbox, `now` after: never negative.
     obs.oldest_wait_s = oldest ? std::chrono::duration<double>(now - *oldest).count() : 0.0;
   }
+  if (controller_.ReadsQueueAt(obs.now_s)) {  // a scan of the queue only goodput reads, when it adjusts
+    obs.num_waiting_slo = core_.NumWaitingIn(controller_.options().slo.lanes);
+  }
+  obs.num_arrivals_slo = std::exchange(slo_arrivals_since_step_, 0);
   const double total = core_.num_total_blocks();
   obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
   obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
+  obs.max_num_batched_tokens = config_.max_num_batched_tokens;
   obs.resumes_from_cache = core_.config().enable_prefix_caching;
   obs.last_step_s = last_step_s_;
   obs.last_step_tokens = last_step_tokens_;
@@ -410,6 +419,7 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
                       : 0.0;
     done.lane = last.lane;
     done.num_tokens = last.num_prompt_tokens + last.num_generated;
+    done.num_output_tokens = last.num_generated;
     controller_.OnCompletion(done);
   }
   streams_.erase(it);

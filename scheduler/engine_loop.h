@@ -213,6 +213,7 @@ class EngineLoop {
   std::unordered_map<uint64_t, Stream> streams_;  // the live sequences of core_
   std::vector<std::shared_ptr<EventSink>> touched_;  // sinks delivered to this turn, to flush (kept for its capacity)
   int32_t arrivals_since_step_ = 0;
+  int32_t slo_arrivals_since_step_ = 0;  // of those, the slo lanes' (SloOptions::lanes)
   uint64_t preemptions_seen_ = 0;     // for the metric (all preemptions)
   uint64_t kv_preemptions_seen_ = 0;  // for the controller (KV pressure only)
   uint64_t prefix_queries_seen_ = 0;

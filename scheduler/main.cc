@@ -44,8 +44,8 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
-  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: static, load-level, slo")
-      ->check(CLI::IsMember({"static", "load-level", "slo"}));
+  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: static, load-level, slo, goodput")
+      ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
   app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "slo mode: time-to-first-token target");
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: time-per-output-token target");
   app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");

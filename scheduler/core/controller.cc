@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <utility>
+
+#include "scheduler/core/goodput_planner.h"
 
 namespace ferry::scheduler {
 namespace {
@@ -62,6 +65,7 @@ const char* ControllerModeName(ControllerMode mode) {
     case ControllerMode::kStatic: return "static";
     case ControllerMode::kLoadLevel: return "load-level";
     case ControllerMode::kSlo: return "slo";
+    case ControllerMode::kGoodput: return "goodput";
   }
   return "?";
 }
@@ -70,19 +74,44 @@ ControllerMode ParseControllerMode(const std::string& name) {
   if (name == "static") return ControllerMode::kStatic;
   if (name == "load-level") return ControllerMode::kLoadLevel;
   if (name == "slo") return ControllerMode::kSlo;
+  if (name == "goodput") return ControllerMode::kGoodput;
   throw std::invalid_argument("controller mode \"" + name +
-                              "\" is not one of static, load-level, slo");
+                              "\" is not one of static, load-level, slo, goodput");
+}
+
+static std::vector<LoadLevel> DefaultLoadLevels(int32_t min_num_seqs, int32_t max_num_seqs) {
+  std::vector<LoadLevel> levels;
+  auto add = [&](int32_t cap) { levels.push_back({"seqs-" + std::to_string(cap), cap}); };
+  // Four levels per doubling (ratio 2^(1/4), rounded, repeats dropped): the
+  // model's choice is never more than ~19% from a level.
+  for (int k = 0;; ++k) {
+    const auto cap = static_cast<int32_t>(std::lround(std::max(1, min_num_seqs) * std::pow(2.0, k / 4.0)));
+    if (cap >= max_num_seqs) break;
+    if (levels.empty() || cap > levels.back().num_seqs) add(cap);
+  }
+  add(max_num_seqs);
+  return levels;
 }
 
 Controller::Controller(ControllerOptions options) : options_(std::move(options)) {
+  if (options_.load.levels.empty() && options_.min_num_seqs >= 1 && options_.max_num_seqs >= options_.min_num_seqs) {
+    options_.load.levels = DefaultLoadLevels(options_.min_num_seqs, options_.max_num_seqs);
+  }
   Validate(options_);
   auto clamp = [&](int32_t n) {
     return std::clamp(n, options_.min_num_seqs, options_.max_num_seqs);
   };
   switch (options_.mode) {
     case ControllerMode::kStatic: num_seqs_ = options_.max_num_seqs; break;
-    case ControllerMode::kLoadLevel: num_seqs_ = clamp(options_.load.levels[0].num_seqs); break;
+    case ControllerMode::kLoadLevel: {
+      // The level nearest a quarter of the bound (slo's start) until the model has data.
+      const auto& levels = options_.load.levels;
+      for (level_ = 0; level_ + 1 < levels.size() && levels[level_ + 1].num_seqs <= options_.max_num_seqs / 4;) ++level_;
+      num_seqs_ = clamp(levels[level_].num_seqs);
+      break;
+    }
     case ControllerMode::kSlo:
+    case ControllerMode::kGoodput:
       num_seqs_ = clamp(options_.initial_num_seqs > 0 ? options_.initial_num_seqs
                                                       : options_.max_num_seqs / 4);
       break;
@@ -90,10 +119,14 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
 }
 
 void Controller::OnCompletion(const RequestCompletion& done) {
-  if (options_.mode != ControllerMode::kSlo) return;
+  if (options_.mode != ControllerMode::kSlo && !UsesModel()) return;
+  if (done.num_output_tokens > 0) outputs_.push_back({done.now_s, static_cast<double>(done.num_output_tokens)});
   // KV is shared by every lane, so the context estimate counts them all.
   if (done.num_tokens > 0) contexts_.push_back({done.now_s, static_cast<double>(done.num_tokens)});
   if (!CountsLane(done.lane)) return;
+  if (UsesModel() && done.num_output_tokens > 0) {
+    slo_outputs_.push_back({done.now_s, static_cast<double>(done.num_output_tokens)});
+  }
   ttft_.push_back({done.now_s, done.ttft_s});
   tpot_.push_back({done.now_s, done.tpot_s});
 }
@@ -107,6 +140,7 @@ int32_t Controller::Step(const StepObservation& obs) {
   if (!seen_step_) first_step_s_ = obs.now_s, seen_step_ = true;
   last_step_s_ = obs.now_s;
   if (obs.num_arrivals > 0) arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals)});
+  if (obs.num_arrivals_slo > 0) slo_arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals_slo)});
   if (obs.last_step_s > 0 && obs.last_step_tokens > 0) {
     steps_.Add(obs.now_s, obs.last_step_s,
                obs.last_step_seqs > 0 ? obs.last_step_seqs : obs.num_running, obs.last_step_tokens);
@@ -118,71 +152,41 @@ int32_t Controller::Step(const StepObservation& obs) {
     case ControllerMode::kStatic: break;
     case ControllerMode::kLoadLevel: StepLoadLevel(obs); break;
     case ControllerMode::kSlo: StepSlo(obs); break;
+    case ControllerMode::kGoodput: StepGoodput(obs); break;
   }
   return num_seqs_;
 }
 
 void Controller::Expire(double now_s) {
-  const double rate_from = now_s - options_.load.rate_window_s;
-  while (!arrivals_.empty() && arrivals_.front().time_s < rate_from) arrivals_.pop_front();
+  // The model reads the other lanes' arrivals over a longer window.
+  const double rate_from = now_s - (UsesModel()
+                                        ? std::max(options_.load.rate_window_s, options_.goodput.other_rate_window_s)
+                                        : options_.load.rate_window_s);
+  for (auto* d : {&arrivals_, &slo_arrivals_}) {
+    while (!d->empty() && d->front().time_s < rate_from) d->pop_front();
+  }
   const double slo_from = now_s - options_.slo.window_s;
   steps_.Expire(slo_from);
-  for (auto* d : {&ttft_, &tpot_, &contexts_}) {
+  for (auto* d : {&ttft_, &tpot_, &contexts_, &outputs_, &slo_outputs_}) {
     while (!d->empty() && d->front().time_s < slo_from) d->pop_front();
   }
 }
 
-double Controller::ArrivalRate(double now_s) const {
-  double n = 0;
-  for (const auto& a : arrivals_) n += a.value;
-  // Until a whole window has passed, over the time observed (at least 1 s):
-  // a rate over the full window would start near zero and climb for its
-  // first rate_window_s.
-  const double span = std::clamp(now_s - first_step_s_, 1.0, options_.load.rate_window_s);
-  return n / span;
+double Controller::PercentileOf(const std::deque<TimedValue>& d, double pct) {
+  return Percentile(Values(d), pct);
 }
 
-void Controller::StepLoadLevel(const StepObservation& obs) {
-  const auto& levels = options_.load.levels;
-  const double rate = ArrivalRate(obs.now_s);
-  auto reaches = [&](const LoadLevel& l, double scale, std::string* why) {
-    auto hit = [&](double value, double threshold, const char* what) {
-      if (threshold <= 0 || value < threshold * scale) return false;
-      if (why) *why = Fmt(what, value, threshold * scale);
-      return true;
-    };
-    return hit(obs.num_waiting, l.min_queue_depth, "queue depth %.0f >= %.1f") ||
-           hit(rate, l.min_arrival_rate_per_s, "arrival rate %.1f/s >= %.1f/s") ||
-           hit(obs.kv_usage, l.min_kv_usage, "kv usage %.2f >= %.2f");
-  };
-  // Up: the highest level any metric reaches, at once (a spike should not wait).
-  for (size_t i = levels.size() - 1; i > level_; --i) {
-    std::string why;
-    if (reaches(levels[i], 1.0, &why)) {
-      level_ = i;
-      level_since_s_ = obs.now_s;
-      Change(obs.now_s, levels[i].num_seqs, levels[i].name, "up: " + why);
-      return;
-    }
-  }
-  // Down: only after the dwell time, to the highest level still reached with
-  // the thresholds lowered by the hysteresis.
-  if (level_ == 0 || obs.now_s - level_since_s_ < options_.load.min_dwell_s) return;
-  const double scale = 1.0 - options_.load.hysteresis;
-  size_t target = 0;
-  for (size_t i = level_; i > 0; --i) {
-    if (reaches(levels[i], scale, nullptr)) {
-      target = i;
-      break;
-    }
-  }
-  if (target == level_) return;
-  const LoadLevel& from = levels[level_];
-  level_ = target;
-  level_since_s_ = obs.now_s;
-  Change(obs.now_s, levels[target].num_seqs, levels[target].name,
-         "down: below " + from.name + " thresholds x" + Fmt("%.2f", scale) +
-             Fmt(" (queue %.0f, rate %.1f/s, kv %.2f)", obs.num_waiting, rate, obs.kv_usage));
+double Controller::ArrivalRate(double now_s) const {
+  return RateOver(arrivals_, now_s, options_.load.rate_window_s);
+}
+
+double Controller::RateOver(const std::deque<TimedValue>& d, double now_s, double window_s) const {
+  // Until a whole window has passed, over the time observed (at least 1 s):
+  // a rate over the full window would start near zero and climb for its
+  // first window_s.
+  double n = 0;
+  for (auto it = d.rbegin(); it != d.rend() && it->time_s >= now_s - window_s; ++it) n += it->value;
+  return n / std::clamp(now_s - first_step_s_, 1.0, window_s);
 }
 
 double Controller::SeatsFor(const Batch& batch, double target_s, double now_s) const {
@@ -377,7 +381,6 @@ void Controller::MaybeRaise(const StepObservation& obs, const Batch& batch) {
 void Controller::Set(int32_t num_seqs, double now_s) {
   const int32_t to = std::clamp(num_seqs, options_.min_num_seqs, options_.max_num_seqs);
   last_adjust_s_ = now_s;
-  level_since_s_ = now_s;
   Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + ")");
   keep_up_seats_ = 0;  // the operator's cap replaces what a backlog taught
   ForgetPastCap();

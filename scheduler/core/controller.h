@@ -10,9 +10,8 @@
 //
 // Modes:
 //   static      cap = max_num_seqs (or the last Set()).
-//   load-level  named levels, each with a cap; the level is chosen from queue
-//               depth, arrival rate and KV usage, with hysteresis and a
-//               minimum dwell time.
+//   load-level  named levels, each with a cap; the level is the one the
+//               goodput model below predicts serves best.
 //   slo         targets a percentile of TTFT and TPOT over a sliding window;
 //               raises the cap while the targets hold and work waits behind a
 //               full cap (never past the cap whose predicted step time meets
@@ -24,6 +23,13 @@
 //               the arrivals (TTFT missed in the queue behind it), keeping up
 //               comes first. After a change only completions that follow it
 //               count. See controller.cc for the rules.
+//   goodput     model-based (goodput_planner.h): fits step time to the
+//               batch online from the steps it observes, measures the
+//               demand per lane class, output lengths and the TPOT spread,
+//               and sets the cap that maximises expected goodput: the SLO
+//               lanes' requests that meet the targets plus the other lanes'
+//               throughput. No preset: the same on the CPU engine, a GPU or
+//               the sim backend.
 #pragma once
 
 #include <cstdint>
@@ -32,37 +38,30 @@
 #include <string>
 #include <vector>
 
+#include "scheduler/core/goodput_planner.h"
 #include "scheduler/core/step_time_model.h"
 
 namespace ferry::scheduler {
 
-enum class ControllerMode { kStatic, kLoadLevel, kSlo };
+enum class ControllerMode { kStatic, kLoadLevel, kSlo, kGoodput };
 
 const char* ControllerModeName(ControllerMode mode);
-// "static", "load-level", "slo"; throws std::invalid_argument otherwise.
+// "static", "load-level", "slo", "goodput"; throws std::invalid_argument otherwise.
 ControllerMode ParseControllerMode(const std::string& name);
 
-// A level is entered when any of its thresholds is reached (0 disables a
-// threshold) and left when every metric has fallen below
-// threshold * (1 - hysteresis) and the dwell time has passed.
+// A named cap. load-level moves between levels only, choosing the one the
+// goodput model (goodput_planner.h) predicts serves best.
 struct LoadLevel {
   std::string name;
   int32_t num_seqs = 16;
-  double min_queue_depth = 0;       // waiting requests
-  double min_arrival_rate_per_s = 0;
-  double min_kv_usage = 0;          // fraction of KV blocks in use
 };
 
 struct LoadLevelOptions {
-  // Ordered lowest load first. The first level has no thresholds (the floor).
-  std::vector<LoadLevel> levels = {
-      {"low", 8, 0, 0, 0},
-      {"medium", 16, 4, 20, 0.5},
-      {"high", 32, 16, 40, 0.8},
-  };
-  double hysteresis = 0.3;
-  double min_dwell_s = 5.0;
-  double rate_window_s = 10.0;  // arrival rate = arrivals in this window / its length
+  // Ordered smallest cap first. Empty: four per doubling from min_num_seqs
+  // (min * 2^(k/4), rounded) and max_num_seqs itself, named by their caps
+  // ("seqs-16").
+  std::vector<LoadLevel> levels;
+  double rate_window_s = 10.0;  // arrival rate (status) = arrivals in this window / its length
 };
 
 struct SloOptions {
@@ -104,6 +103,24 @@ struct SloOptions {
   std::vector<std::string> lanes;
 };
 
+// goodput and load-level modes (goodput_planner.h). The TTFT and TPOT
+// targets, lanes and KV rules are SloOptions'.
+struct GoodputOptions {
+  double rate_window_s = 5.0;      // the SLO lanes' arrival rate over this window
+  double adjust_interval_s = 0.5;  // at most one change per interval
+  // The other lanes (batch work) tolerate a wait of other_wait_s (keep it
+  // under their TTFT SLO): they need the completions that keep their queue,
+  // growing at their arrival rate (over other_rate_window_s) for the
+  // horizon, servable within that wait:
+  //   (queue + rate * horizon) / (horizon + other_wait_s)
+  // so a burst of them waits for seats rather than stretching every step.
+  double other_wait_s = 20.0;
+  double other_rate_window_s = 30.0;
+  double tie_share = 0.02;         // PlannerInputs::tie_share
+  double horizon_s = 5.0;          // PlannerInputs::horizon_s: how far ahead the rates are taken to hold
+  int32_t min_completions = 20;    // before the first choice (output lengths)
+};
+
 struct ControllerOptions {
   ControllerMode mode = ControllerMode::kStatic;
   int32_t min_num_seqs = 1;
@@ -111,6 +128,7 @@ struct ControllerOptions {
   int32_t initial_num_seqs = 0;  // slo mode's starting cap; 0: max_num_seqs / 4
   LoadLevelOptions load;
   SloOptions slo;
+  GoodputOptions goodput;
 };
 
 // What the service saw at one step, taken just before Plan.
@@ -123,8 +141,13 @@ struct StepObservation {
   int32_t last_step_tokens = 0;    // tokens computed in the previous step
   int32_t last_step_seqs = 0;      // sequences in the previous step (0: num_running)
   int32_t num_arrivals = 0;        // requests added since the previous observation
+  // Of those, the SLO lanes' (SloOptions::lanes); negative: not counted.
+  int32_t num_arrivals_slo = -1;
+  // Waiting requests of the SLO lanes; negative: not counted.
+  int32_t num_waiting_slo = -1;
   int32_t num_preemptions = 0;     // preemptions since the previous observation
   int64_t kv_capacity_tokens = 0;  // KV pool size in tokens (0: unknown)
+  int32_t max_num_batched_tokens = 0;  // the step's token budget (0: unknown)
   // How long the oldest waiting request with no token yet, of the lanes the
   // SLO counts (SloOptions::lanes), has waited: a TTFT being spent now, which
   // completions report only after the request ends. 0 when none waits;
@@ -143,6 +166,7 @@ struct RequestCompletion {
   double tpot_s = 0;  // (end - first token) / (output tokens - 1); 0 for one token
   std::string lane;
   int32_t num_tokens = 0;  // prompt + generated at the end: the KV it held (0: unknown)
+  int32_t num_output_tokens = 0;  // generated (0: unknown)
 };
 
 struct CapChange {
@@ -179,6 +203,12 @@ class Controller {
   void Set(int32_t num_seqs, double now_s);
 
   int32_t num_seqs() const { return num_seqs_; }
+  // goodput mode: the next Step at `now_s` may change the cap, so it reads
+  // StepObservation::num_waiting_slo (a scan of the queue the caller can
+  // skip on the other steps).
+  bool ReadsQueueAt(double now_s) const {
+    return UsesModel() && now_s - last_adjust_s_ >= options_.goodput.adjust_interval_s;
+  }
   ControllerStatus status() const;
   // Every change since construction, oldest first.
   const std::vector<CapChange>& changes() const { return changes_; }
@@ -194,6 +224,13 @@ class Controller {
   void Change(double now_s, int32_t to, std::string level, std::string reason);
   void StepLoadLevel(const StepObservation& obs);
   void StepSlo(const StepObservation& obs);
+  void StepGoodput(const StepObservation& obs);
+  // What the goodput model plans with, from the window; empty until enough
+  // completions and steps have been seen (controller_model.cc).
+  std::optional<PlannerInputs> ModelInputs(const StepObservation& obs);
+  bool UsesModel() const {
+    return options_.mode == ControllerMode::kGoodput || options_.mode == ControllerMode::kLoadLevel;
+  }
   // The batch an adjustment judges: its seats, the mean of its steps, and the
   // fitted cost of one more sequence (taken once per adjustment).
   struct Batch {
@@ -219,6 +256,10 @@ class Controller {
   // arrival rate since (0: none): TPOT cuts stop there.
   int32_t KeepUpFloor(double now_s) const;
   double ArrivalRate(double now_s) const;
+  // Nearest-rank percentile of the window's values (0 when empty).
+  static double PercentileOf(const std::deque<TimedValue>& d, double pct);
+  // Arrivals in `d` over the last `window_s` (over the time observed, at least 1 s, until then).
+  double RateOver(const std::deque<TimedValue>& d, double now_s, double window_s) const;
   void Expire(double now_s);
   // Seats at which the predicted mean step time reaches `target_s`, when the
   // batch's steps now take `now_s` (fractional, at most max_num_seqs).
@@ -232,9 +273,12 @@ class Controller {
   ControllerOptions options_;
   int32_t num_seqs_ = 0;
   size_t level_ = 0;
-  double level_since_s_ = 0;
   double last_adjust_s_ = -1e300;
   std::deque<TimedValue> arrivals_;  // (time, count)
+  std::deque<TimedValue> slo_arrivals_;  // (time, count) of the SLO lanes (goodput mode)
+  std::deque<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
+  std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
+  std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
   bool seen_step_ = false;
   double first_step_s_ = 0;          // time of the first Step
   double last_step_s_ = 0;           // time of the latest Step

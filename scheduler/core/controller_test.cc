@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace ferry::scheduler {
 namespace {
@@ -51,39 +54,89 @@ TEST(ControllerTest, RejectsBadOptions) {
   o.max_num_seqs = 1;
   EXPECT_THROW(Controller{o}, std::invalid_argument);
   o = Options(ControllerMode::kLoadLevel);
-  o.load.levels = {{"a", 32}, {"b", 8}};
+  o.load.levels = {{"a", 32}, {"b", 8}};  // unsorted
   EXPECT_THROW(Controller{o}, std::invalid_argument);
   EXPECT_THROW(ParseControllerMode("fast"), std::invalid_argument);
 }
 
-TEST(ControllerTest, LoadLevelClimbsAtOnceAndDescendsAfterDwellWithHysteresis) {
-  Controller c(Options(ControllerMode::kLoadLevel));  // low 8, medium 16 (queue 4), high 32 (queue 16)
-  EXPECT_EQ(c.Step(Obs(0, 2, 0)), 8);
-  EXPECT_EQ(c.Step(Obs(1, 8, 20)), 32);  // straight to high
-  EXPECT_EQ(c.status().level, "high");
-  // Queue 12: below high's 16 but above 16 * 0.7: stays high even after the dwell.
-  EXPECT_EQ(c.Step(Obs(10, 32, 12)), 32);
-  // Queue 5: below high x0.7 and the 5 s dwell since t=1 has passed: down to medium.
-  EXPECT_EQ(c.Step(Obs(10.5, 32, 5)), 16);
-  EXPECT_EQ(c.Step(Obs(11, 16, 0)), 16);  // dwell: medium entered at 10.5
-  EXPECT_EQ(c.Step(Obs(16, 16, 0)), 8);
-  ASSERT_EQ(c.changes().size(), 3u);
-  EXPECT_NE(c.changes()[0].reason.find("queue depth"), std::string::npos) << c.changes()[0].reason;
+// A fluid replica for the model-based modes: requests of one lane arrive at
+// `rate`, each generates 100 tokens, a step takes 2 ms + 0.1 ms per running
+// sequence (decode only), so a 4 ms TPOT target holds up to 20 seats and 30
+// requests/s need about 9.
+struct Replica {
+  double rate = 30;
+  double now = 0, due = 0;
+  int32_t waiting = 0;
+  std::vector<int32_t> left;  // tokens still to generate, per running sequence
+  std::vector<double> first_token;
+
+  void Run(Controller& c, double until) {
+    double last_step = 0;
+    int32_t last_seqs = 0, arrivals = 0;
+    while (now < until) {
+      for (; due <= now; due += 1.0 / rate) ++waiting, ++arrivals;
+      StepObservation o;
+      o.now_s = now;
+      o.num_running = static_cast<int32_t>(left.size());
+      o.num_waiting = waiting;
+      o.kv_usage = 0.1;
+      o.last_step_s = last_step;
+      o.last_step_tokens = o.last_step_seqs = last_seqs;
+      o.num_arrivals = std::exchange(arrivals, 0);
+      const int32_t cap = c.Step(o);
+      while (static_cast<int32_t>(left.size()) < cap && waiting > 0) {
+        left.push_back(100), first_token.push_back(-1), --waiting;
+      }
+      last_seqs = static_cast<int32_t>(left.size());
+      last_step = 0.002 + 0.0001 * last_seqs;
+      now += last_step;
+      for (size_t i = left.size(); i-- > 0;) {
+        if (first_token[i] < 0) first_token[i] = now;
+        if (--left[i] > 0) continue;
+        c.OnCompletion({now, 0.01, (now - first_token[i]) / 99, "default", 200, 100});
+        left.erase(left.begin() + static_cast<ptrdiff_t>(i));
+        first_token.erase(first_token.begin() + static_cast<ptrdiff_t>(i));
+      }
+    }
+  }
+};
+
+ControllerOptions ModelOptions(ControllerMode mode) {
+  ControllerOptions o = Options(mode);
+  o.slo.tpot_target_s = 0.004;
+  return o;
 }
 
-TEST(ControllerTest, LoadLevelDoesNotFlapOnAnOscillatingQueue) {
-  Controller c(Options(ControllerMode::kLoadLevel));
-  for (int i = 0; i < 200; ++i) c.Step(Obs(i * 0.1, 16, i % 2 ? 5 : 3));  // around medium's 4
-  // Up once to medium; never down (3 >= 4 * 0.7 keeps it).
-  EXPECT_EQ(c.changes().size(), 1u);
+TEST(ControllerTest, GoodputSettlesOnTheLargestCapWhoseTpotHoldsWhenFull) {
+  Controller c(ModelOptions(ControllerMode::kGoodput));
+  Replica r;
+  r.Run(c, 20);
+  // 20 seats take exactly the 4 ms target (rounding may put it a hair over): 20 or 19.
+  EXPECT_GE(c.num_seqs(), 19);
+  EXPECT_LE(c.num_seqs(), 20);
+  ASSERT_FALSE(c.changes().empty());
+  EXPECT_NE(c.changes().back().reason.find("TPOT"), std::string::npos) << c.changes().back().reason;
+  EXPECT_LE(c.changes().size(), 3u);  // no flapping at the bound
+  // Idle: once the arrivals have left the rate window, no demand and no change.
+  r.rate = 1e-9;
+  r.Run(c, 30);
+  const size_t changes = c.changes().size();
+  r.Run(c, 60);
+  EXPECT_EQ(c.changes().size(), changes);
 }
 
-TEST(ControllerTest, LoadLevelUsesArrivalRateAndKv) {
-  Controller c(Options(ControllerMode::kLoadLevel));
-  for (int i = 0; i < 100; ++i) c.Step(Obs(i * 0.1, 4, 0, 0.1, 0.005, 3));  // 30/s
-  EXPECT_EQ(c.num_seqs(), 16);
-  c.Step(Obs(10.1, 4, 0, 0.85));
-  EXPECT_EQ(c.num_seqs(), 32);
+TEST(ControllerTest, LoadLevelTakesOnlyItsLevelsChosenByTheModel) {
+  Controller c(ModelOptions(ControllerMode::kLoadLevel));
+  std::string names;
+  for (const LoadLevel& l : c.options().load.levels) names += l.name + " ";
+  EXPECT_EQ(names, "seqs-2 seqs-3 seqs-4 seqs-5 seqs-6 seqs-7 seqs-8 seqs-10 seqs-11 seqs-13 seqs-16 seqs-19 seqs-23 "
+                   "seqs-27 seqs-32 seqs-38 seqs-45 seqs-54 seqs-64 ");
+  EXPECT_EQ(c.num_seqs(), 16);  // the level nearest a quarter of the bound, until the model has data
+  Replica r;
+  r.Run(c, 20);
+  EXPECT_EQ(c.num_seqs(), 19);  // the largest level within the 20 seats that hold the TPOT
+  EXPECT_EQ(c.status().level, "seqs-19");
+  for (const CapChange& ch : c.changes()) EXPECT_EQ(ch.level, "seqs-" + std::to_string(ch.to));
 }
 
 TEST(ControllerTest, SloRaisesWhileWorkWaitsBehindAFullCap) {

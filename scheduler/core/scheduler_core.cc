@@ -380,6 +380,15 @@ std::optional<TimePoint> SchedulerCore::OldestWaitingArrival(const std::vector<s
   return oldest;
 }
 
+int32_t SchedulerCore::NumWaitingIn(const std::vector<std::string>& lanes) const {
+  if (lanes.empty()) return num_waiting();
+  int32_t n = 0;
+  state_.waiting.ForEach([&](const Sequence* s) {
+    n += std::find(lanes.begin(), lanes.end(), s->spec.lane) != lanes.end();
+  });
+  return n;
+}
+
 bool SchedulerCore::has_work() const {
   return !state_.sequences.empty() || !state_.pending_finished_ids.empty();
 }

@@ -103,6 +103,9 @@ class SchedulerCore {
   // the head of the queue has waited is a TTFT being missed now, long before
   // the request completes (the slo controller's queue signal).
   std::optional<TimePoint> OldestWaitingArrival(const std::vector<std::string>& lanes) const;
+  // Waiting requests of the lanes in `lanes` (empty: every lane): a scan of
+  // the queue (the goodput controller's demand per lane class).
+  int32_t NumWaitingIn(const std::vector<std::string>& lanes) const;
   // Allocatable blocks: free plus cached ones no sequence holds.
   int32_t num_free_blocks() const { return state_.blocks.num_free_blocks(); }
   int32_t num_total_blocks() const { return state_.blocks.num_total_blocks(); }

@@ -32,6 +32,14 @@ double StepTimeModel::RecentMean(size_t n) const {
   return sum / static_cast<double>(n);
 }
 
+double StepTimeModel::RecentTokensMean(size_t n) const {
+  n = std::min(n, size_);
+  if (n == 0) return 0.0;
+  double sum = 0;
+  for (size_t i = size_ - n; i < size_; ++i) sum += at(i).tokens;
+  return sum / static_cast<double>(n);
+}
+
 std::optional<double> StepTimeModel::MarginalSeqCost(size_t min_steps) const {
   if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
   // Centred normal equations of y = a + b x1 + c x2.
@@ -71,6 +79,49 @@ std::optional<double> StepTimeModel::MarginalSeqCost(size_t min_steps) const {
   }
   if (!std::isfinite(cost) || cost <= 0) return std::nullopt;
   return cost;
+}
+
+double StepTimeModel::TokensPerSeq() const {
+  double seqs = 0, tokens = 0;
+  for (size_t i = 0; i < size_; ++i) seqs += at(i).seqs, tokens += at(i).tokens;
+  return seqs > 0 ? tokens / seqs : 0.0;
+}
+
+std::optional<StepFit> StepTimeModel::Fit(size_t min_steps) const {
+  if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
+  const double n = static_cast<double>(size_);
+  double m1 = 0, m2 = 0, my = 0;
+  for (size_t i = 0; i < size_; ++i) m1 += at(i).seqs, m2 += at(i).tokens, my += at(i).duration_s;
+  m1 /= n, m2 /= n, my /= n;
+  double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0;
+  for (size_t i = 0; i < size_; ++i) {
+    const double d1 = at(i).seqs - m1, d2 = at(i).tokens - m2, dy = at(i).duration_s - my;
+    s11 += d1 * d1, s22 += d2 * d2, s12 += d1 * d2, s1y += d1 * dy, s2y += d2 * dy;
+  }
+  if (s11 < n * 0.25) return std::nullopt;  // the sequence count must vary
+  StepFit fit;
+  const double det = s11 * s22 - s12 * s12;
+  double b = 0, c = 0;
+  if (det > 1e-6 * s11 * s22) {
+    b = (s1y * s22 - s2y * s12) / det;
+    c = (s2y * s11 - s1y * s12) / det;
+  }
+  // Collinear, or a negative slope: one regressor alone (the one that
+  // explains the steps with a non-negative slope; sequences first).
+  if (!(det > 1e-6 * s11 * s22) || b < 0 || c < 0) {
+    b = c = 0;
+    if (s1y > 0) {
+      b = s1y / s11;
+    } else if (s22 > 0 && s2y > 0) {
+      c = s2y / s22;
+    }
+  }
+  fit.per_seq_s = b;
+  fit.per_token_s = c;
+  fit.fixed_s = std::max(0.0, my - b * m1 - c * m2);
+  const double predicted = fit.Seconds(m1, m2);
+  if (!std::isfinite(predicted) || predicted <= 0 || std::abs(predicted - my) > 0.5 * my) return std::nullopt;
+  return fit;
 }
 
 }  // namespace ferry::scheduler

@@ -13,6 +13,14 @@
 
 namespace ferry::scheduler {
 
+// step_s ~ fixed_s + per_seq_s * seqs + per_token_s * tokens.
+struct StepFit {
+  double fixed_s = 0;
+  double per_seq_s = 0;
+  double per_token_s = 0;
+  double Seconds(double seqs, double tokens) const { return fixed_s + per_seq_s * seqs + per_token_s * tokens; }
+};
+
 class StepTimeModel {
  public:
   // A step of `duration_s` that computed `tokens` tokens for `seqs` sequences.
@@ -23,11 +31,21 @@ class StepTimeModel {
 
   // Mean duration of the latest `n` steps (0 without steps).
   double RecentMean(size_t n) const;
+  // Mean tokens of the latest `n` steps (0 without steps).
+  double RecentTokensMean(size_t n) const;
   // Seconds one more running sequence adds to a step (b + c above; the slope
   // on sequences alone when tokens move with them). Empty with fewer than
   // `min_steps` steps, when the sequence count hardly varies (standard
   // deviation under half a sequence), or when the fit is not positive.
   std::optional<double> MarginalSeqCost(size_t min_steps = 64) const;
+  // The whole fit, for predicting other batch shapes. Coefficients are kept
+  // non-negative: a negative one (collinear seqs and tokens, noise) is
+  // dropped and the rest refitted. Empty like MarginalSeqCost, or when the
+  // fit does not predict the window's mean step within 50%.
+  std::optional<StepFit> Fit(size_t min_steps = 64) const;
+  // Tokens computed per sequence-step over the window (1 for pure decode;
+  // prefill chunks raise it): sum of tokens / sum of seqs. 0 without steps.
+  double TokensPerSeq() const;
 
  private:
   struct Step {

@@ -51,5 +51,34 @@ TEST(StepTimeModelTest, RecentMeanAndExpiry) {
   EXPECT_NEAR(m.RecentMean(100), 0.0095, 1e-12);
 }
 
+TEST(StepTimeModelTest, FitRecoversTheCoefficientsAndStaysNonNegative) {
+  StepTimeModel m;  // 2 ms + 50 us a sequence + 5 us a token, prefill chunks on some steps
+  double all_seqs = 0, all_tokens = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int seqs = 1 + i % 17, tokens = seqs + (i % 5 == 0 ? 512 : 0);
+    m.Add(0.001 * i, 0.002 + 50e-6 * seqs + 5e-6 * tokens, seqs, tokens);
+    all_seqs += seqs, all_tokens += tokens;
+  }
+  const std::optional<StepFit> fit = m.Fit();
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_NEAR(fit->fixed_s, 0.002, 1e-9);
+  EXPECT_NEAR(fit->per_seq_s, 50e-6, 1e-10);
+  EXPECT_NEAR(fit->per_token_s, 5e-6, 1e-11);
+  EXPECT_NEAR(m.TokensPerSeq(), all_tokens / all_seqs, 1e-9);
+  StepTimeModel decode;  // tokens == seqs: the slope goes to the sequences alone
+  for (int i = 0; i < 300; ++i) decode.Add(0.001 * i, 0.002 + 1e-4 * (1 + i % 17), 1 + i % 17, 1 + i % 17);
+  const std::optional<StepFit> d = decode.Fit();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_NEAR(d->per_seq_s, 1e-4, 1e-10);
+  EXPECT_EQ(d->per_token_s, 0.0);
+  StepTimeModel falling;  // no non-negative fit explains it
+  for (int i = 0; i < 200; ++i) falling.Add(0.01 * i, 0.01 - 1e-4 * (i % 20), 1 + i % 20, 1 + i % 20);
+  const std::optional<StepFit> f = falling.Fit();
+  if (f) {
+    EXPECT_GE(f->per_seq_s, 0.0);
+    EXPECT_GE(f->per_token_s, 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::scheduler

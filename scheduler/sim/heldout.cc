@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
 
 #include "scheduler/sim/report.h"
 #include "scheduler/sim/scenarios.h"
@@ -33,12 +38,44 @@ int64_t Good(const SimResult& run, double ttft_s, double tpot_s) {
   return Summarize(run, LanesWithSlo(ttft_s, tpot_s)).all().num_good;
 }
 
+// Static goodput kept between runs (HeldOutOptions::static_cache_path),
+// keyed by preset, caching, seed, cap and the two SLOs.
+using StaticCache = std::map<std::string, int64_t>;
+
+std::string CacheKey(const std::string& preset, bool caching, uint64_t seed, int32_t cap, double ttft_s,
+                     double tpot_s) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%s %d %llu %d %.6g %.6g", preset.c_str(), caching ? 1 : 0,
+                static_cast<unsigned long long>(seed), cap, ttft_s, tpot_s);
+  return buf;
+}
+
+StaticCache ReadCache(const std::string& path) {
+  StaticCache cache;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t last = line.rfind(' ');
+    if (last == std::string::npos) continue;
+    cache[line.substr(0, last)] = std::stoll(line.substr(last + 1));
+  }
+  return cache;
+}
+
+void WriteCache(const std::string& path, const StaticCache& cache) {
+  std::ofstream out(path);
+  for (const auto& [key, good] : cache) out << key << ' ' << good << '\n';
+}
+
 // One trace under one preset and caching setting: one outcome per SLO. A
-// static cap and load-level do not read the SLO, so one run of each serves
-// every SLO; slo runs once per SLO.
+// static cap does not read the SLO, so one run serves every SLO; the
+// adaptive modes run once per SLO. Static goodput found in `cache` is not
+// remeasured; what is measured goes to `measured`.
 std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<TraceRequest>& trace,
-                                       uint64_t seed, bool prefix_caching, const HeldOutOptions& o) {
+                                       uint64_t seed, bool prefix_caching, const HeldOutOptions& o,
+                                       const StaticCache& cache, StaticCache& measured) {
   const int32_t max_seqs = EvalMaxNumSeqs(cost.params());
+  const std::string& preset = cost.params().name;
   std::vector<TraceOutcome> out(o.tpot_slos_s.size());
   for (size_t i = 0; i < out.size(); ++i) out[i].seed = seed;
   auto each_slo = [&](const SimResult& run, auto record) {
@@ -46,20 +83,36 @@ std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<
   };
   for (int32_t cap : o.static_caps) {
     if (cap > max_seqs) continue;
-    const SimResult run = RunSimulation(
-        trace, cost, CellOptions(cost, ControllerMode::kStatic, cap, o.ttft_slo_s, 0.05, prefix_caching));
-    each_slo(run, [&](TraceOutcome& t, int64_t good) {
-      t.static_good[cap] = good;
-      if (good > t.best_static_good) t.best_static_good = good, t.best_cap = cap;
-    });
+    std::vector<std::string> keys;
+    std::vector<int64_t> goods;
+    for (double tpot : o.tpot_slos_s) {
+      keys.push_back(CacheKey(preset, prefix_caching, seed, cap, o.ttft_slo_s, tpot));
+      const auto it = cache.find(keys.back());
+      if (it != cache.end()) goods.push_back(it->second);
+    }
+    if (goods.size() != keys.size()) {
+      goods.clear();
+      const SimResult run = RunSimulation(
+          trace, cost, CellOptions(cost, ControllerMode::kStatic, cap, o.ttft_slo_s, 0.05, prefix_caching));
+      each_slo(run, [&](TraceOutcome&, int64_t good) { goods.push_back(good); });
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      measured[keys[i]] = goods[i];
+      TraceOutcome& t = out[i];
+      t.static_good[cap] = goods[i];
+      if (goods[i] > t.best_static_good) t.best_static_good = goods[i], t.best_cap = cap;
+    }
   }
-  const SimResult level = RunSimulation(
-      trace, cost, CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, o.ttft_slo_s, 0.05, prefix_caching));
-  each_slo(level, [](TraceOutcome& t, int64_t good) { t.load_level_good = good; });
   for (size_t i = 0; i < out.size(); ++i) {
     const double tpot = o.tpot_slos_s[i];
-    const SimOptions so = CellOptions(cost, ControllerMode::kSlo, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
-    out[i].slo_good = Good(RunSimulation(trace, cost, so), o.ttft_slo_s, tpot);
+    if (!o.only_goodput) {
+      const SimOptions so = CellOptions(cost, ControllerMode::kSlo, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+      out[i].slo_good = Good(RunSimulation(trace, cost, so), o.ttft_slo_s, tpot);
+      const SimOptions lo = CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+      out[i].load_level_good = Good(RunSimulation(trace, cost, lo), o.ttft_slo_s, tpot);
+    }
+    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+    out[i].goodput_good = Good(RunSimulation(trace, cost, go), o.ttft_slo_s, tpot);
   }
   return out;
 }
@@ -97,7 +150,15 @@ int32_t EvalMaxNumSeqs(const CostModelParams& preset) {
   return static_cast<int32_t>(std::clamp<int64_t>(pool / 640, 1, 256));
 }
 
+std::vector<uint64_t> TuningSeeds(uint64_t count) {
+  std::vector<uint64_t> seeds;
+  for (uint64_t s = kTuningSeedBegin; s < kTuningSeedBegin + count && s <= kTuningSeedEnd; ++s) seeds.push_back(s);
+  return seeds;
+}
+
 std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
+  const StaticCache cache = o.static_cache_path.empty() ? StaticCache{} : ReadCache(o.static_cache_path);
+  StaticCache measured;
   std::vector<HeldOutCell> cells;
   for (const std::string& preset : o.presets) {
     const CostModel cost(LoadPreset(preset));
@@ -110,25 +171,47 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
         cell.prefix_caching = caching;
         cells.push_back(std::move(cell));
       }
-      for (uint64_t seed : o.seeds) {
-        const FamilyMember m = DrawFamilyMember(seed, cost.params());
-        const std::vector<TraceRequest> trace = GenerateFamilyTrace(m);
-        std::vector<TraceOutcome> per_slo = MeasureTrace(cost, trace, seed, caching, o);
-        for (size_t i = 0; i < per_slo.size(); ++i) {
+      // Each trace on its own thread's turn; results land by index, so the
+      // report does not depend on the order they finish in.
+      std::vector<std::vector<TraceOutcome>> per_seed(o.seeds.size());
+      std::vector<StaticCache> measured_per_seed(o.seeds.size());
+      std::atomic<size_t> next{0};
+      std::mutex progress_mu;
+      auto work = [&] {
+        for (size_t k; (k = next.fetch_add(1)) < o.seeds.size();) {
+          const FamilyMember m = DrawFamilyMember(o.seeds[k], cost.params());
+          const std::vector<TraceRequest> trace = GenerateFamilyTrace(m);
+          per_seed[k] = MeasureTrace(cost, trace, o.seeds[k], caching, o, cache, measured_per_seed[k]);
+          if (o.progress) {
+            std::lock_guard<std::mutex> lock(progress_mu);
+            o.progress(preset + (caching ? ", prefix caching" : ", no prefix caching") + ": seed " +
+                       std::to_string(o.seeds[k]) + ", " + DescribeMember(m) + ", " +
+                       std::to_string(trace.size()) + " requests");
+          }
+        }
+      };
+      std::vector<std::thread> threads;
+      for (int32_t j = 1; j < std::max(1, o.jobs); ++j) threads.emplace_back(work);
+      work();
+      for (std::thread& t : threads) t.join();
+      for (size_t k = 0; k < o.seeds.size(); ++k) {
+        measured.insert(measured_per_seed[k].begin(), measured_per_seed[k].end());
+        for (size_t i = 0; i < per_seed[k].size(); ++i) {
           HeldOutCell& cell = cells[first + i];
-          if (per_slo[i].best_static_good > 0) {
-            cell.traces.push_back(std::move(per_slo[i]));
+          if (per_seed[k][i].best_static_good > 0) {
+            cell.traces.push_back(std::move(per_seed[k][i]));
           } else {
             ++cell.num_no_goodput;
           }
         }
-        if (o.progress) {
-          o.progress(preset + (caching ? ", prefix caching" : ", no prefix caching") + ": " +
-                     DescribeMember(m) + ", " + std::to_string(trace.size()) + " requests");
-        }
       }
       for (size_t i = first; i < cells.size(); ++i) MarkHardTraces(cells[i]);
     }
+  }
+  if (!o.static_cache_path.empty()) {
+    StaticCache all = cache;
+    for (const auto& [key, good] : measured) all[key] = good;
+    WriteCache(o.static_cache_path, all);
   }
   return cells;
 }
@@ -159,13 +242,24 @@ std::string Stats(const RatioStats& s) {
 }
 
 // Ratios of one mode over the traces of `cells` (only the hard ones if asked).
-std::vector<double> Ratios(const std::vector<const HeldOutCell*>& cells, bool is_slo, bool hard_only) {
+enum class Mode { kSlo, kLoadLevel, kGoodput };
+
+int64_t GoodOf(const TraceOutcome& t, Mode mode) {
+  switch (mode) {
+    case Mode::kSlo: return t.slo_good;
+    case Mode::kLoadLevel: return t.load_level_good;
+    case Mode::kGoodput: return t.goodput_good;
+  }
+  return 0;
+}
+
+std::vector<double> Ratios(const std::vector<const HeldOutCell*>& cells, Mode mode, bool hard_only) {
   std::vector<double> out;
   for (const HeldOutCell* c : cells) {
     for (size_t i = 0; i < c->traces.size(); ++i) {
       if (hard_only && !c->is_hard[i]) continue;
       const TraceOutcome& t = c->traces[i];
-      out.push_back(t.ratio(is_slo ? t.slo_good : t.load_level_good));
+      out.push_back(t.ratio(GoodOf(t, mode)));
     }
   }
   return out;
@@ -180,20 +274,25 @@ std::string Row(const std::string& label, const std::vector<const HeldOutCell*>&
   }
   char buf[128];
   std::snprintf(buf, sizeof(buf), "| %s | %zu (%zu) | %s | %zu | ", label.c_str(), traces, none, one_cap.c_str(), hard);
-  return buf + Stats(ComputeRatioStats(Ratios(cells, true, false))) + " | " +
-         Stats(ComputeRatioStats(Ratios(cells, false, false))) + " | " +
-         Stats(ComputeRatioStats(Ratios(cells, true, true))) + " | " +
-         Stats(ComputeRatioStats(Ratios(cells, false, true))) + " |\n";
+  std::string row = buf;
+  for (bool hard_only : {false, true}) {
+    for (Mode mode : {Mode::kGoodput, Mode::kSlo, Mode::kLoadLevel}) {
+      row += Stats(ComputeRatioStats(Ratios(cells, mode, hard_only))) + " | ";
+    }
+  }
+  row.pop_back();
+  return row + "\n";
 }
 
 }  // namespace
 
 std::string FormatHeldOut(const std::vector<HeldOutCell>& cells) {
   std::string out =
-      "| cell | traces (no goodput) | one static cap | hard | slo min | p5 | median | >= 0.95 "
-      "| load-level min | p5 | median | >= 0.95 | slo on hard: min | p5 | median | >= 0.95 "
+      "| cell | traces (no goodput) | one static cap | hard | goodput min | p5 | median | >= 0.95 "
+      "| slo min | p5 | median | >= 0.95 | load-level min | p5 | median | >= 0.95 "
+      "| goodput on hard: min | p5 | median | >= 0.95 | slo on hard: min | p5 | median | >= 0.95 "
       "| load-level on hard: min | p5 | median | >= 0.95 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::vector<const HeldOutCell*> all;
   for (const HeldOutCell& c : cells) {
     char label[128];
@@ -203,6 +302,31 @@ std::string FormatHeldOut(const std::vector<HeldOutCell>& cells) {
     all.push_back(&c);
   }
   out += Row("**all**", all, "-");
+  return out;
+}
+
+std::string FormatWeakTraces(const std::vector<HeldOutCell>& cells, double below) {
+  std::string out;
+  for (const HeldOutCell& c : cells) {
+    for (size_t i = 0; i < c.traces.size(); ++i) {
+      const TraceOutcome& t = c.traces[i];
+      // only_goodput leaves slo and load-level at 0: a mode that did not run is not weak.
+      const bool others_ran = t.slo_good > 0 || t.load_level_good > 0;
+      const bool weak = t.ratio(t.goodput_good) < below ||
+                        (others_ran && (t.ratio(t.slo_good) < below || t.ratio(t.load_level_good) < below));
+      if (!weak) continue;
+      char buf[320];
+      std::snprintf(buf, sizeof(buf),
+                    "seed %llu %s %s TPOT %.1f ms%s: best cap %d (%lld good), one cap %d %.3f, goodput %.3f, "
+                    "slo %.3f, load-level %.3f\n",
+                    static_cast<unsigned long long>(t.seed), c.preset.c_str(), c.prefix_caching ? "caching" : "no-caching",
+                    1e3 * c.tpot_slo_s, c.is_hard[i] ? " hard" : "", t.best_cap,
+                    static_cast<long long>(t.best_static_good), c.one_cap,
+                    t.ratio(t.static_good.at(c.one_cap)), t.ratio(t.goodput_good), t.ratio(t.slo_good),
+                    t.ratio(t.load_level_good));
+      out += buf;
+    }
+  }
   return out;
 }
 

@@ -24,6 +24,9 @@ inline constexpr uint64_t kTuningSeedEnd = 100000;
 inline constexpr uint64_t kHeldOutSeedBegin = 1000001;
 inline constexpr uint64_t kHeldOutNumSeeds = 64;
 std::vector<uint64_t> HeldOutSeeds();
+// The first `count` tuning seeds (kTuningSeedBegin on): what a controller is
+// tuned on, with the same cells and report as the held-out evaluation.
+std::vector<uint64_t> TuningSeeds(uint64_t count);
 
 // The adaptive modes' upper bound (and the largest static cap swept) for a
 // preset: the sequences its KV pool holds at 640 tokens of context each (the
@@ -43,6 +46,15 @@ struct HeldOutOptions {
   double ttft_slo_s = 1.0;  // the interactive and default lanes' TTFT SLO (batch keeps its own)
   // Called after each trace with a one-line note (progress for the CLI).
   std::function<void(const std::string&)> progress;
+  // Traces measured at once (threads); the result does not depend on it.
+  int32_t jobs = 1;
+  // Static caps do not read the controller, so their goodput can be kept
+  // between runs while a controller changes: read from this file when it
+  // exists (entries for other caps, seeds or cells are ignored and
+  // remeasured), then rewritten with every entry. Empty: measure all.
+  std::string static_cache_path;
+  // Run only the goodput mode (slo and load-level read 0): quicker while tuning it.
+  bool only_goodput = false;
 };
 
 // One trace in one cell: requests that met their lane's SLO (every lane).
@@ -53,6 +65,7 @@ struct TraceOutcome {
   int32_t best_cap = 0;  // the smallest cap reaching best_static_good
   int64_t slo_good = 0;
   int64_t load_level_good = 0;
+  int64_t goodput_good = 0;
   double ratio(int64_t good) const { return static_cast<double>(good) / best_static_good; }
 };
 
@@ -79,8 +92,11 @@ struct RatioStats {
 // Nearest-rank percentiles; zeros for an empty input.
 RatioStats ComputeRatioStats(std::vector<double> ratios);
 
-// Markdown: one row per cell and an overall row, slo and load-level, over
-// all traces and over the hard ones.
+// Markdown: one row per cell and an overall row, goodput, slo and
+// load-level, over all traces and over the hard ones.
 std::string FormatHeldOut(const std::vector<HeldOutCell>& cells);
+// One line per trace where a mode that ran is under `below`: seed, cell,
+// best cap and goodput, the one cap's, goodput's, slo's and load-level's.
+std::string FormatWeakTraces(const std::vector<HeldOutCell>& cells, double below);
 
 }  // namespace ferry::sim

@@ -28,6 +28,11 @@ struct Flags {
   uint64_t family_seed = 0;
   bool has_family_seed = false, heldout = false;
   uint64_t heldout_num_seeds = kHeldOutNumSeeds;
+  uint64_t tuning_num_seeds = 0;  // --tuning N: the evaluation on tuning seeds instead
+  int32_t jobs = 1;
+  std::string static_cache;
+  double list_below = 0;
+  bool only_goodput = false;
   std::string controller_mode = "slo";
   int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
   int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
@@ -112,6 +117,7 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
   for (int32_t cap : f.caps) row("static " + std::to_string(cap), ControllerMode::kStatic, cap);
   row("load-level", ControllerMode::kLoadLevel, f.max_num_seqs);
   row("slo", ControllerMode::kSlo, f.max_num_seqs);
+  row("goodput", ControllerMode::kGoodput, f.max_num_seqs);
   return 0;
 }
 
@@ -135,10 +141,15 @@ bool FlagsAreValid(const Flags& f) {
 int RunHeldOutMode(const Flags& f, const CLI::App& app) {
   HeldOutOptions o;
   o.seeds.resize(static_cast<size_t>(f.heldout_num_seeds));
+  if (f.tuning_num_seeds > 0) o.seeds = TuningSeeds(f.tuning_num_seeds);
+  o.jobs = f.jobs;
+  o.static_cache_path = f.static_cache;
+  o.only_goodput = f.only_goodput;
   if (app.count("--caps") > 0) o.static_caps = f.caps;
   o.ttft_slo_s = f.slo_ttft_ms / 1000.0;
   o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  std::printf("held-out seeds %llu..%llu, TTFT SLO %.0f ms, static caps", static_cast<unsigned long long>(o.seeds.front()),
+  std::printf("%s seeds %llu..%llu, TTFT SLO %.0f ms, static caps", f.tuning_num_seeds > 0 ? "tuning" : "held-out",
+              static_cast<unsigned long long>(o.seeds.front()),
               static_cast<unsigned long long>(o.seeds.back()), f.slo_ttft_ms);
   for (int32_t cap : o.static_caps) std::printf(" %d", cap);
   std::printf(" (up to each preset's bound: rtx4090d-tp4 %d, h200 %d)\n", EvalMaxNumSeqs(LoadPreset("rtx4090d-tp4")),
@@ -146,6 +157,7 @@ int RunHeldOutMode(const Flags& f, const CLI::App& app) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<HeldOutCell> cells = RunHeldOut(o);
   std::printf("%s", FormatHeldOut(cells).c_str());
+  if (f.list_below > 0) std::printf("%s", FormatWeakTraces(cells, f.list_below).c_str());
   std::printf("wall time %.0f s\n", WallSeconds(start));
   return 0;
 }
@@ -185,9 +197,17 @@ int main(int argc, char** argv) {
   app.add_option("--family-seed", f.family_seed,
                  "use member N of the trace family (issue #30) for --preset instead of a scenario");
   app.add_flag("--heldout", f.heldout,
-               "the held-out evaluation: slo, load-level and static caps on the held-out family members");
+               "the held-out evaluation: goodput, slo, load-level and static caps on the held-out family members");
   app.add_option("--heldout-num-seeds", f.heldout_num_seeds, "--heldout: the first N held-out seeds");
-  app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, slo");
+  app.add_option("--tuning", f.tuning_num_seeds,
+                 "the held-out evaluation's cells and report on the first N tuning seeds (what to tune on)");
+  app.add_option("--jobs", f.jobs, "--heldout/--tuning: traces measured at once")->check(CLI::Range(1, 256));
+  app.add_option("--static-cache", f.static_cache,
+                 "--heldout/--tuning: keep static caps' goodput in this file between runs");
+  app.add_flag("--only-goodput", f.only_goodput, "--heldout/--tuning: run only the goodput mode (quicker)");
+  app.add_option("--list-below", f.list_below,
+                 "--heldout/--tuning: list the traces where an adaptive mode is under this ratio");
+  app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, slo, goodput");
   app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");
   app.add_option("--min-num-seqs", f.min_num_seqs, "lower bound for adaptive modes");
   app.add_option("--initial-num-seqs", f.initial_num_seqs, "slo mode's starting cap (0: max/4)");
@@ -199,7 +219,7 @@ int main(int argc, char** argv) {
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: TPOT target; also the interactive and default lanes' SLO");
   app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");
   app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
-  app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and slo");
+  app.add_flag("--compare", f.compare, "goodput of every static cap, load-level, slo and goodput");
   app.add_option("--caps", f.caps, "caps for --sweep/--compare")->delimiter(',');
   app.add_option("--timeout-s", f.timeout_s, "--sweep success: e2e latency within this");
   app.add_option("--json", f.json_path, "write the report as JSON");
@@ -209,7 +229,7 @@ int main(int argc, char** argv) {
   f.has_family_seed = app.count("--family-seed") > 0;
   if (!FlagsAreValid(f)) return 2;
   try {
-    if (f.heldout) return RunHeldOutMode(f, app);
+    if (f.heldout || f.tuning_num_seeds > 0) return RunHeldOutMode(f, app);
     const ferry::CostModel cost(LoadPreset(f.preset));
     if (f.sweep) return RunSweepMode(f, cost);
     const std::vector<TraceRequest> trace = LoadWorkload(f, cost);

@@ -1,6 +1,8 @@
 #include "scheduler/sim/simulator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <utility>
 #include <unordered_map>
 
 #include "scheduler/core/scheduler_core.h"
@@ -97,6 +99,9 @@ class Simulation {
       // its TTFT counts from then, not from when the loop noticed it.
       result_.requests[i].arrival_s = arrival_s;
       ++arrivals_since_obs_;
+      const auto& slo_lanes = options_.controller.slo.lanes;
+      slo_arrivals_since_obs_ +=
+          slo_lanes.empty() || std::find(slo_lanes.begin(), slo_lanes.end(), r.lane) != slo_lanes.end();
     }
   }
 
@@ -150,9 +155,14 @@ class Simulation {
       const auto oldest = core_.OldestWaitingArrival(options_.controller.slo.lanes);
       obs.oldest_wait_s = oldest ? now_ - ToSeconds(*oldest) : 0.0;  // a waiting request arrived by now
     }
+    if (controller_.ReadsQueueAt(now_)) {  // a scan only goodput reads, when it adjusts
+      obs.num_waiting_slo = core_.NumWaitingIn(options_.controller.slo.lanes);
+    }
+    obs.num_arrivals_slo = std::exchange(slo_arrivals_since_obs_, 0);
     const int32_t total = core_.num_total_blocks();
     obs.kv_usage = total > 0 ? 1.0 - static_cast<double>(core_.num_free_blocks()) / total : 0.0;
     obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
+    obs.max_num_batched_tokens = options_.scheduler.max_num_batched_tokens;
     obs.resumes_from_cache = core_.config().enable_prefix_caching;
     obs.last_step_s = last_step_s_;
     obs.last_step_tokens = last_step_tokens_;
@@ -183,7 +193,7 @@ class Simulation {
     r.end_s = now_;
     worker_.erase(e.seq_id);
     controller_.OnCompletion({now_, r.ttft_s(), r.tpot_s(), r.request.lane,
-                              r.request.prompt_tokens + r.num_output});
+                              r.request.prompt_tokens + r.num_output, r.num_output});
     if (options_.closed_loop_concurrency > 0 && next_closed_ < trace_.size()) {
       pending_.push_back({now_, next_closed_++});
     }
@@ -204,6 +214,7 @@ class Simulation {
   int32_t last_step_tokens_ = 0;
   int32_t last_step_seqs_ = 0;
   int32_t arrivals_since_obs_ = 0;
+  int32_t slo_arrivals_since_obs_ = 0;
   uint64_t preemptions_seen_ = 0;
 };
 

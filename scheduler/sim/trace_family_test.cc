@@ -1,15 +1,20 @@
-// The trace family and the held-out evaluation (issue #30): structure only.
-// Controller quality on the held-out traces is measured and printed here
-// (and in full by `ferry-sim --heldout`), not asserted.
+// The trace family and the held-out evaluation (issue #30): the harness's
+// structure, and the goodput mode on two tuning traces where the older slo
+// rules fail. Quality on the held-out traces is measured and printed here in
+// reduced form (in full by `ferry-sim --heldout`).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "scheduler/sim/heldout.h"
+#include "scheduler/sim/report.h"
 #include "scheduler/sim/scenarios.h"
+#include "scheduler/sim/simulator.h"
 #include "scheduler/sim/trace_family.h"
 
 namespace ferry::sim {
@@ -153,7 +158,7 @@ TEST(HeldOutTest, ReducedEvaluationIsWellFormed) {
       EXPECT_EQ(t.ratio(t.static_good.at(t.best_cap)), 1.0);
       EXPECT_LE(t.static_good.rbegin()->first, 64);  // the preset's bound
       for (const auto& [cap, good] : t.static_good) EXPECT_LE(t.ratio(good), 1.0) << "cap " << cap;
-      for (int64_t good : {t.slo_good, t.load_level_good}) {
+      for (int64_t good : {t.slo_good, t.load_level_good, t.goodput_good}) {
         EXPECT_GT(t.ratio(good), 0.0);
         EXPECT_LE(t.ratio(good), 1.2);
       }
@@ -169,6 +174,75 @@ TEST(HeldOutTest, ReducedEvaluationIsWellFormed) {
       EXPECT_GE(loose.traces[i].best_static_good, tight.traces[i].best_static_good);
     }
   }
+}
+
+
+// Static caps' goodput kept in a file: a second run reads it and reports the same.
+TEST(HeldOutTest, TheStaticCacheGivesTheSameOutcomes) {
+  const std::string path = (std::filesystem::temp_directory_path() / "ferry_heldout_cache_test.txt").string();
+  std::filesystem::remove(path);
+  HeldOutOptions o;
+  o.seeds = TuningSeeds(1);
+  o.presets = {"rtx4090d-tp4"};
+  o.tpot_slos_s = {0.0025, 0.004};
+  o.prefix_caching = {true};
+  o.static_caps = {4, 16};
+  o.only_goodput = true;
+  o.static_cache_path = path;
+  const std::vector<HeldOutCell> first = RunHeldOut(o);
+  std::ifstream in(path);
+  EXPECT_EQ(std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n'), 4);  // 2 caps x 2 SLOs
+  const std::vector<HeldOutCell> second = RunHeldOut(o);
+  ASSERT_EQ(first.size(), second.size());
+  for (size_t c = 0; c < first.size(); ++c) {
+    ASSERT_EQ(first[c].traces.size(), 1u);
+    EXPECT_EQ(first[c].traces[0].static_good, second[c].traces[0].static_good);
+    EXPECT_EQ(first[c].traces[0].goodput_good, second[c].traces[0].goodput_good);
+  }
+  std::filesystem::remove(path);
+}
+
+// Two tuning traces where the slo rules fail and the goodput model does not
+// (docs/benchmarks/scheduler.md, section 7): goodput within 5% of the best of
+// a few static caps, which bracket the best of the full sweep.
+int64_t GoodOf(const std::vector<TraceRequest>& trace, const CostModel& cost, scheduler::ControllerMode mode,
+               int32_t cap, double tpot_s, bool caching) {
+  SimOptions o;
+  o.scheduler = DefaultSchedulerConfig(cost.params());
+  o.scheduler.enable_prefix_caching = caching;
+  o.controller = ControllerFor(mode, cap);
+  o.controller.slo.tpot_target_s = tpot_s;
+  o.lanes = LanesWithSlo(1.0, tpot_s);
+  return Summarize(RunSimulation(trace, cost, o), o.lanes).all().num_good;
+}
+
+void ExpectGoodputNearTheBestStaticCap(const std::string& preset, uint64_t seed, double tpot_s,
+                                       const std::vector<int32_t>& caps) {
+  const CostModel cost(LoadPreset(preset));
+  const std::vector<TraceRequest> trace = GenerateFamilyTrace(DrawFamilyMember(seed, cost.params()));
+  int64_t best = 0;
+  for (int32_t cap : caps) best = std::max(best, GoodOf(trace, cost, scheduler::ControllerMode::kStatic, cap, tpot_s, true));
+  const int32_t bound = EvalMaxNumSeqs(cost.params());
+  const int64_t goodput = GoodOf(trace, cost, scheduler::ControllerMode::kGoodput, bound, tpot_s, true);
+  const int64_t slo = GoodOf(trace, cost, scheduler::ControllerMode::kSlo, bound, tpot_s, true);
+  std::printf("%s seed %llu TPOT %.1f ms: best static %lld, goodput %lld, slo %lld\n", preset.c_str(),
+              static_cast<unsigned long long>(seed), 1e3 * tpot_s, static_cast<long long>(best),
+              static_cast<long long>(goodput), static_cast<long long>(slo));
+  EXPECT_GE(goodput, 0.95 * best);
+}
+
+// h200 at 2.5 ms: the fixed 2.2 ms step leaves the interactive lane (19%)
+// almost no room; the best cap serves the batch lane in full. slo chases the
+// interactive TPOT and starves the batch lane (0.48 of the best).
+TEST(GoodputModeTest, ServesTheBatchLaneWhenTheTpotTargetBarelyHolds) {
+  ExpectGoodputNearTheBestStaticCap("h200", 1, 0.0025, {16, 40, 96, 192});
+}
+
+// A 4.5x spike of long RAG prompts on rtx4090d-tp4: the interactive queue
+// goes past its TTFT target; the planner drains it instead of holding a cap
+// that keeps the TPOT of requests that have already missed.
+TEST(GoodputModeTest, DrainsAnInteractiveQueueThatHasMissedItsTtft) {
+  ExpectGoodputNearTheBestStaticCap("rtx4090d-tp4", 16, 0.0025, {4, 8, 12, 16, 32});
 }
 
 }  // namespace

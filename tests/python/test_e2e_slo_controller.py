@@ -1,4 +1,4 @@
-"""The slo controller in the real scheduler (sim backend whose step time grows
+"""The slo and goodput controllers in the real scheduler (sim backend whose step time grows
 with the batch: 2 ms + 0.5 ms a sequence; 15 ms TPOT target; cap 1..64).
 
 48 closed-loop streams want more seats than the target allows. The cap must
@@ -18,17 +18,29 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import Stack
 
 
-@pytest.fixture(scope="module")
-def slo_stack(tiny_model, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("slo-stack")
+def controller_stack(tiny_model, tmp_path_factory, mode):
+    run_dir = tmp_path_factory.mktemp(f"{mode}-stack")
     cost = run_dir / "cost.json"
     cost.write_text(json.dumps({"name": "linear-test", "fixed_s": 0.002, "per_seq_s": 0.0005,
                                 "weight_bytes": 0, "kv_bytes_per_token": 0, "bandwidth_bytes_per_s": 1e12,
                                 "flops_per_token": 0, "peak_flops": 1e15, "kv_capacity_tokens": 65536}))
     s = Stack(tiny_model, run_dir, [
         "--worker-arg=--backend=sim", f"--worker-arg=--cost-model={cost}", "--worker-arg=--sim-live-tokens=1000",
-        "--scheduler-arg=--controller-mode=slo", "--scheduler-arg=--slo-tpot-ms=15",
+        f"--scheduler-arg=--controller-mode={mode}", "--scheduler-arg=--slo-tpot-ms=15",
         "--scheduler-arg=--max-num-seqs=64"])
+    return s
+
+
+@pytest.fixture(scope="module")
+def slo_stack(tiny_model, tmp_path_factory):
+    s = controller_stack(tiny_model, tmp_path_factory, "slo")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def goodput_stack(tiny_model, tmp_path_factory):
+    s = controller_stack(tiny_model, tmp_path_factory, "goodput")
     yield s
     assert s.stop() == 0
 
@@ -39,10 +51,11 @@ def cap_changes(stack):
             if f.name == "ferry_scheduler_cap_changes" for s in f.samples if s.name.endswith("_total")}
 
 
-def test_slo_cap_settles_at_the_tpot_knee(slo_stack, ferry_pb):
-    channel = grpc.insecure_channel(slo_stack.gateway)
+def drive(stack, ferry_pb):
+    """48 closed-loop streams for 14 s; the cap every 0.5 s and the changes by kind."""
+    channel = grpc.insecure_channel(stack.gateway)
     gen = ferry_pb.gen_grpc.GenerationStub(channel)
-    admin = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(slo_stack.scheduler))
+    admin = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(stack.scheduler))
     stop = threading.Event()
     errors = []
 
@@ -67,10 +80,24 @@ def test_slo_cap_settles_at_the_tpot_knee(slo_stack, ferry_pb):
     stop.set()
     for t in threads:
         t.join(timeout=120)
-    changes = cap_changes(slo_stack)
+    changes = cap_changes(stack)
     print(f"cap every 0.5 s: {caps}; changes by kind: {changes}")
     assert not errors, errors[:3]
+    return caps, changes
+
+
+def test_slo_cap_settles_at_the_tpot_knee(slo_stack, ferry_pb):
+    caps, changes = drive(slo_stack, ferry_pb)
     settled = caps[-8:]  # the last 4 s
     assert min(caps) >= 4, f"the cap collapsed: {caps}"
+    assert 6 <= min(settled) and max(settled) <= 40, f"cap did not settle near the TPOT knee: {caps}"
+    assert changes.get("raise", 0) + changes.get("cut", 0) >= 1, changes
+
+
+def test_goodput_cap_settles_at_the_tpot_knee(goodput_stack, ferry_pb):
+    """The model fitted from the worker's real steps (2 ms + 0.5 ms a sequence, plus
+    the host's overhead) holds the 15 ms TPOT up to about 26 seats."""
+    caps, changes = drive(goodput_stack, ferry_pb)
+    settled = caps[-8:]
     assert 6 <= min(settled) and max(settled) <= 40, f"cap did not settle near the TPOT knee: {caps}"
     assert changes.get("raise", 0) + changes.get("cut", 0) >= 1, changes

@@ -1,0 +1,102 @@
+// The goodput and load-level modes: what the controller measures, handed to
+// the goodput planner (goodput_planner.h), and how each mode takes its
+// choice. Pure, like the rest of the controller.
+#include <algorithm>
+#include <utility>
+
+#include "scheduler/core/controller.h"
+
+namespace ferry::scheduler {
+
+std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs) {
+  const GoodputOptions& g = options_.goodput;
+  const SloOptions& o = options_.slo;
+  if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return std::nullopt;
+  // The batch must have varied for a fit (it does on its own as requests
+  // come and go below the cap). A cap that stays full stops it varying: the
+  // latest fit stands in. Before any, step time in proportion to the tokens
+  // a step computes, which overstates what more seats cost (the fixed part
+  // does not grow): raises then come only as the demand needs them.
+  if (std::optional<StepFit> fit = steps_.Fit()) last_fit_ = fit;
+  const double step_mean = steps_.RecentMean(steps_.size());
+  const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
+  if (step_mean <= 0 || tokens_per_step <= 0) return std::nullopt;
+  PlannerInputs in;
+  in.step = last_fit_ ? *last_fit_ : StepFit{0, 0, step_mean / tokens_per_step};
+  double out_sum = 0;
+  for (const TimedValue& v : outputs_) out_sum += v.value;
+  in.output_tokens = std::max(1.0, out_sum / static_cast<double>(outputs_.size()));
+  // Tokens per sequence-step = (P + O) / O when a request spends about one
+  // step per output token (prefill steps are few beside its decode steps).
+  in.prompt_tokens = std::max(0.0, steps_.TokensPerSeq() - 1.0) * in.output_tokens;
+  in.step_token_budget = obs.max_num_batched_tokens;
+  // Demand. Without per-lane counts every request is the SLO lanes'.
+  const bool counts_lanes = obs.num_arrivals_slo >= 0 && obs.num_waiting_slo >= 0 && !o.lanes.empty();
+  in.slo_rate_per_s = RateOver(counts_lanes ? slo_arrivals_ : arrivals_, obs.now_s, g.rate_window_s);
+  in.slo_queue = counts_lanes ? obs.num_waiting_slo : obs.num_waiting;
+  if (counts_lanes) {
+    const double other_rate = std::max(0.0, RateOver(arrivals_, obs.now_s, g.other_rate_window_s) -
+                                                RateOver(slo_arrivals_, obs.now_s, g.other_rate_window_s));
+    const double other_queue = std::max(0, obs.num_waiting - obs.num_waiting_slo);
+    in.other_demand_per_s = (other_queue + other_rate * g.horizon_s) / (g.horizon_s + g.other_wait_s);
+  }
+  // Idle: nothing to plan for; the cap stays where the last load left it.
+  if (in.slo_rate_per_s + in.slo_queue + in.other_demand_per_s <= 0) return std::nullopt;
+  in.ttft_target_s = o.ttft_target_s;
+  in.horizon_s = g.horizon_s;
+  in.tpot_target_s = o.tpot_target_s;
+  // The latest SLO-lane reply lengths (at most 64: the planner evaluates
+  // each for every candidate cap).
+  const size_t num_outputs = std::min<size_t>(slo_outputs_.size(), 64);
+  for (size_t i = slo_outputs_.size() - num_outputs; i < slo_outputs_.size(); ++i) {
+    in.slo_output_tokens.push_back(slo_outputs_[i].value);
+  }
+  in.min_num_seqs = options_.min_num_seqs;
+  in.max_num_seqs = KvRaiseLimit(obs);
+  const int32_t preempted = std::exchange(preemptions_since_adjust_, 0);
+  if (preempted > 0 && !obs.resumes_from_cache) {
+    // Recompute preemptions: the pool holds fewer seats than the running batch.
+    in.max_num_seqs = std::max(options_.min_num_seqs, std::min(in.max_num_seqs, num_seqs_ - 1));
+  }
+  in.tie_share = g.tie_share;
+  // For status(): the windowed percentiles, as slo mode reports them.
+  if (static_cast<int32_t>(tpot_.size()) >= o.min_samples) {
+    tpot_p_s_ = PercentileOf(tpot_, o.percentile);
+    ttft_p_s_ = PercentileOf(ttft_, o.percentile);
+  }
+  return in;
+}
+
+void Controller::StepGoodput(const StepObservation& obs) {
+  if (obs.now_s - last_adjust_s_ < options_.goodput.adjust_interval_s) return;
+  const std::optional<PlannerInputs> in = ModelInputs(obs);
+  if (!in) return;
+  last_adjust_s_ = obs.now_s;
+  const PlannerChoice choice = PlanCap(*in);
+  // A raise of a sixteenth of the cap or less is noise in the window's
+  // estimates (it flaps at a TPOT bound that falls between two caps); cuts
+  // are always taken.
+  if (choice.cap == num_seqs_ || (choice.cap > num_seqs_ && choice.cap - num_seqs_ <= num_seqs_ / 16)) return;
+  Change(obs.now_s, choice.cap, choice.cap > num_seqs_ ? "raise" : "cut", choice.reason);
+}
+
+void Controller::StepLoadLevel(const StepObservation& obs) {
+  if (obs.now_s - last_adjust_s_ < options_.goodput.adjust_interval_s) return;
+  std::optional<PlannerInputs> in = ModelInputs(obs);
+  if (!in) return;
+  last_adjust_s_ = obs.now_s;
+  const auto& levels = options_.load.levels;
+  for (const LoadLevel& l : levels) in->candidates.push_back(l.num_seqs);
+  // The pool may bound every level above the smallest: that one stays a choice.
+  in->max_num_seqs = std::max(in->max_num_seqs, std::min(levels.front().num_seqs, options_.max_num_seqs));
+  in->min_num_seqs = std::min(in->min_num_seqs, levels.front().num_seqs);
+  const PlannerChoice choice = PlanCap(*in);
+  size_t target = 0;
+  while (target + 1 < levels.size() && levels[target].num_seqs != choice.cap) ++target;
+  if (target == level_) return;
+  level_ = target;
+  Change(obs.now_s, std::clamp(levels[target].num_seqs, options_.min_num_seqs, options_.max_num_seqs),
+         levels[target].name, choice.reason);
+}
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,201 @@
+#include "scheduler/core/goodput_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+namespace ferry::scheduler {
+namespace {
+
+void Validate(const PlannerInputs& in) {
+  if (in.min_num_seqs < 1 || in.max_num_seqs < in.min_num_seqs) {
+    throw std::invalid_argument("goodput planner: caps " + std::to_string(in.min_num_seqs) + ".." +
+                                std::to_string(in.max_num_seqs) + " are not a range starting at 1 or more");
+  }
+  for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.output_tokens, in.step_token_budget,
+                   in.slo_rate_per_s, in.slo_queue, in.other_demand_per_s, in.tpot_target_s, in.ttft_target_s, in.horizon_s}) {
+    if (!std::isfinite(v) || v < 0) throw std::invalid_argument("goodput planner: an input is negative or not finite");
+  }
+}
+
+// Tokens a step computes with `seqs` running (a fractional batch is a mean).
+double StepTokens(const PlannerInputs& in, double seqs) {
+  const double t = seqs * (in.prompt_tokens + in.output_tokens) / in.output_tokens;
+  return in.step_token_budget > 0 ? std::min(t, in.step_token_budget) : t;
+}
+
+double StepSeconds(const PlannerInputs& in, double seqs) {
+  return in.step.Seconds(seqs, StepTokens(in, seqs));
+}
+
+double CompletionsPerSecond(const PlannerInputs& in, double seqs) {
+  const double s = StepSeconds(in, seqs);
+  return s > 0 ? StepTokens(in, seqs) / ((in.prompt_tokens + in.output_tokens) * s)
+               : std::numeric_limits<double>::infinity();
+}
+
+// The batch at which completions meet `demand`, found by bisection over
+// [0, max]: mu grows with the batch (each sequence adds throughput, if less
+// and less); +inf when even the largest batch falls short.
+double BatchForDemand(const PlannerInputs& in, double demand) {
+  if (demand <= 0) return 0;
+  if (CompletionsPerSecond(in, in.max_num_seqs) < demand) return std::numeric_limits<double>::infinity();
+  double lo = 0, hi = in.max_num_seqs;
+  for (int i = 0; i < 40; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (CompletionsPerSecond(in, mid) < demand ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+// P(N <= k) for N ~ Poisson(mean).
+double PoissonCdf(double k, double mean) {
+  if (k < 0) return 0;
+  if (mean <= 0) return 1;
+  if (mean > 200) {  // normal approximation, continuity-corrected
+    return 0.5 * std::erfc(-(std::floor(k) + 0.5 - mean) / std::sqrt(2 * mean));
+  }
+  double term = std::exp(-mean), sum = term;
+  const int64_t last = static_cast<int64_t>(std::min(k, 10 * mean + 50));
+  for (int64_t i = 1; i <= last; ++i) {
+    term *= mean / static_cast<double>(i);
+    sum += term;
+  }
+  return std::min(1.0, sum);
+}
+
+// Share of SLO-lane requests whose TPOT meets the target with `running`
+// sequences running and requests starting at `start_rate` per second.
+double TpotShare(const PlannerInputs& in, double running, double start_rate) {
+  const double decode_s = in.step.fixed_s + (in.step.per_seq_s + in.step.per_token_s) * running;
+  const double step_s = StepSeconds(in, running);
+  const double chunk = in.step_token_budget > 0 ? std::min(in.prompt_tokens, in.step_token_budget)
+                                                : in.prompt_tokens;
+  const double chunk_s = in.step.per_token_s * chunk;
+  auto share_at = [&](double output) {
+    if (output <= 1) return 1.0;  // one token: no TPOT to miss
+    const double slack = (in.tpot_target_s - decode_s) * output;  // seconds of prefill it can absorb
+    if (slack < 0) return 0.0;
+    if (chunk_s <= 0 || chunk <= 0) return 1.0;
+    const double chunks_mean = start_rate * output * step_s * in.prompt_tokens / chunk;
+    return PoissonCdf(std::floor(slack / chunk_s), chunks_mean);
+  };
+  if (in.slo_output_tokens.empty()) return share_at(in.output_tokens);
+  double sum = 0;
+  for (double o : in.slo_output_tokens) sum += share_at(o);
+  return sum / static_cast<double>(in.slo_output_tokens.size());
+}
+
+// SLO-lane arrivals per second over the horizon whose TTFT meets the
+// target when requests complete at `mu` (the fluid queue of the header).
+double SloTtftGoodPerSecond(const PlannerInputs& in, double mu) {
+  const double lambda = in.slo_rate_per_s, q0 = in.slo_queue, h = in.horizon_s;
+  const double backlog = mu * in.ttft_target_s;  // the most a request may find ahead of it
+  double good_from = 0, good_until = h;          // arrivals in [from, until) meet the target
+  if (mu > lambda) {
+    good_from = q0 > backlog ? (q0 - backlog) / (mu - lambda) : 0.0;
+  } else if (q0 > backlog) {
+    good_until = 0;
+  } else if (lambda > mu) {
+    good_until = std::min(h, (backlog - q0) / (lambda - mu));
+  }
+  return lambda * std::max(0.0, good_until - good_from) / h;
+}
+
+// Goodput at a batch: the SLO lanes first, the others with what is left.
+double GoodPerSecond(const PlannerInputs& in, double completions_per_s, double tpot_share) {
+  const double served_slo = std::min(in.slo_rate_per_s + in.slo_queue / in.horizon_s, completions_per_s);
+  const double served_other = std::min(in.other_demand_per_s, completions_per_s - served_slo);
+  return SloTtftGoodPerSecond(in, completions_per_s) * tpot_share + served_other;
+}
+
+// All the work in view, per second: arrivals and both queues over the horizon.
+double Demand(const PlannerInputs& in) {
+  return in.slo_rate_per_s + in.slo_queue / in.horizon_s + in.other_demand_per_s;
+}
+
+CapForecast Forecast(const PlannerInputs& in, int32_t cap, double needed_batch) {
+  CapForecast f;
+  f.cap = cap;
+  f.full_step_s = StepSeconds(in, cap);
+  f.completions_per_s = CompletionsPerSecond(in, cap);
+  const double running = std::min<double>(cap, std::max(1.0, needed_batch));
+  f.step_s = StepSeconds(in, running);
+  const double demand = Demand(in);
+  f.tpot_share = TpotShare(in, running, std::min(demand, f.completions_per_s));
+  f.good_per_s = GoodPerSecond(in, f.completions_per_s, f.tpot_share);
+  f.full_good_per_s = GoodPerSecond(in, f.completions_per_s, TpotShare(in, cap, f.completions_per_s));
+  return f;
+}
+
+}  // namespace
+
+PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts) {
+  Validate(in);
+  const double needed = BatchForDemand(in, Demand(in));
+  std::vector<CapForecast> all;
+  double best = 0;
+  auto consider = [&](int32_t cap) {
+    all.push_back(Forecast(in, cap, needed));
+    best = std::max(best, all.back().good_per_s);
+  };
+  if (in.candidates.empty()) {
+    all.reserve(static_cast<size_t>(in.max_num_seqs - in.min_num_seqs + 1));
+    for (int32_t cap = in.min_num_seqs; cap <= in.max_num_seqs; ++cap) consider(cap);
+  } else {
+    for (int32_t cap : in.candidates) {
+      if (cap >= in.min_num_seqs && cap <= in.max_num_seqs) consider(cap);
+    }
+    if (all.empty()) throw std::invalid_argument("goodput planner: no candidate cap within the bounds");
+  }
+  const double tie = (1.0 - in.tie_share) * best;
+  // Among the caps about as good as the best: the largest that stays so even
+  // when it fills (a burst then costs queueing, not TPOT); else the smallest
+  // that reaches the best almost in full (more seats would only let a burst
+  // stretch the steps of everything running).
+  const CapForecast* chosen = nullptr;
+  const char* why = "the largest cap as good as the best even when full";
+  if (best <= 0) {
+    // Every request now in view misses (a queue of the SLO lanes older than
+    // their TTFT target takes every seat): drain it as fast as possible, the
+    // smallest cap within tie_share of the most completions.
+    double most = 0;
+    for (const CapForecast& f : all) most = std::max(most, f.completions_per_s);
+    for (const CapForecast& f : all) {
+      if (chosen == nullptr && f.completions_per_s >= (1.0 - in.tie_share) * most) chosen = &f;
+    }
+    why = "nothing meets the targets: drain at the most completions";
+  }
+  for (const CapForecast& f : all) {
+    if (best > 0 && f.good_per_s >= tie && f.full_good_per_s >= tie) chosen = &f;
+  }
+  if (chosen == nullptr) {
+    const double near = (1.0 - in.tie_share / 4) * best;
+    for (const CapForecast& f : all) {
+      if (f.good_per_s >= near) {
+        chosen = &f;
+        break;
+      }
+    }
+    why = "the smallest cap reaching the best";
+  }
+  PlannerChoice out;
+  out.cap = chosen->cap;
+  out.best_good_per_s = best;
+  out.chosen = *chosen;
+  char buf[480];
+  std::snprintf(buf, sizeof(buf),
+                "%s: %.1f good/s of %.1f demanded (slo lanes %.1f/s, %.0f waiting), step %.2f ms (full %.2f ms, fit %.3f ms + "
+                "%.1f us/seq + %.2f us/token), %.0f%% meet the %.2f ms TPOT, %.0f prompt + %.0f output tokens",
+                why, chosen->good_per_s, Demand(in), in.slo_rate_per_s, in.slo_queue,
+                1e3 * chosen->step_s, 1e3 * chosen->full_step_s, 1e3 * in.step.fixed_s, 1e6 * in.step.per_seq_s,
+                1e6 * in.step.per_token_s, 100 * chosen->tpot_share, 1e3 * in.tpot_target_s, in.prompt_tokens,
+                in.output_tokens);
+  out.reason = buf;
+  if (forecasts != nullptr) *forecasts = std::move(all);
+  return out;
+}
+
+}  // namespace ferry::scheduler

@@ -1,0 +1,90 @@
+// Model-based choice of max_num_seqs (the `goodput` controller mode): for
+// every candidate cap, predict from a fitted step-time model and the measured
+// workload how long a step takes, how many requests per second the batch
+// completes, and whether the SLO lanes' TPOT holds; pick the cap with the most
+// expected goodput. Pure arithmetic on what the caller measured: no clocks,
+// no state.
+//
+// The model, for a cap C when the queue keeps it full, each request
+// computing P prompt tokens (after the prefix cache) and O output tokens:
+//   tokens per step   T(C) = min(C * (P + O) / O, B)   (B: the step's token
+//                                   budget; past it prefills queue for it)
+//   step time         s(C) = fixed + per_seq * C + per_token * T(C)
+//   completions/s     mu(C) = T(C) / ((P + O) * s(C))
+// Below saturation only n(C) = min(C, n*) sequences run, n* the batch at
+// which mu(n*) meets the demand. A request of the SLO lanes that generates o
+// tokens decodes for o steps of d = fixed + (per_seq + per_token) * n(C)
+// each, plus the prefill chunks that land meanwhile: requests start at
+// lambda = min(demand, mu(C)) per second, each bringing P tokens in chunks
+// of min(P, B), so over its life L = o * s(n(C)) the chunks that land are
+// Poisson with mean lambda * L * P / chunk, and its TPOT is
+// d + per_token * chunk * chunks / o. The share meeting the target averages
+// that Poisson tail over the SLO lanes' recent output lengths: a short reply
+// that one long prefill lands in misses, a long one averages it away.
+// The SLO lanes are served first (they have priority), in arrival order, so
+// their queue decides their TTFT: over a horizon H, with the queue q0 now,
+// arrivals at lambda and completions at mu, it moves as q0 + (lambda - mu) t
+// and a request meets the TTFT target T while the queue ahead of it is under
+// mu * T (a queue already past that costs every request behind it, until it
+// drains). A cap's goodput is
+//   (SLO-lane arrivals in H that meet T) / H * share meeting the TPOT target
+//   + min(demand_other, mu - SLO-lane completions)   (other lanes: throughput)
+// The other lanes' demand is their arrival rate plus their queue drained
+// over the caller's horizon for them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scheduler/core/step_time_model.h"
+
+namespace ferry::scheduler {
+
+struct PlannerInputs {
+  StepFit step;                   // fitted step time
+  double prompt_tokens = 0;       // P above: prompt tokens computed per request
+  double output_tokens = 1;       // O above: mean output tokens per completed request, >= 1
+  double step_token_budget = 0;   // B above (max_num_batched_tokens); 0: unbounded
+  double slo_rate_per_s = 0;      // SLO lanes: arrivals per second
+  double slo_queue = 0;           // SLO lanes: requests waiting now
+  double other_demand_per_s = 0;  // every other lane: arrivals/s plus their queue over a horizon
+  double ttft_target_s = 1;       // T above
+  double horizon_s = 5;           // H above
+  // Output tokens of recent SLO-lane requests (the spread of reply lengths).
+  // Empty: each generates output_tokens.
+  std::vector<double> slo_output_tokens;
+  double tpot_target_s = 0;
+  int32_t min_num_seqs = 1;
+  int32_t max_num_seqs = 1;  // candidates: min..max (already bounded by KV)
+  // The only caps to choose from (load-level's levels), ascending; those
+  // outside min..max are skipped. Empty: every cap in min..max.
+  std::vector<int32_t> candidates;
+  // A cap whose expected goodput is within this share of the best counts as
+  // best; among those the choice prefers TPOT safety at full load.
+  double tie_share = 0.02;
+};
+
+struct CapForecast {
+  int32_t cap = 0;
+  double step_s = 0;             // at the batch that runs under this cap
+  double full_step_s = 0;        // with the cap full
+  double completions_per_s = 0;  // mu with the cap full
+  double good_per_s = 0;
+  double tpot_share = 0;       // SLO-lane requests meeting the TPOT target, at the batch that runs
+  double full_good_per_s = 0;  // goodput with the cap full (in a burst)
+};
+
+struct PlannerChoice {
+  int32_t cap = 1;
+  double best_good_per_s = 0;
+  CapForecast chosen;
+  std::string reason;  // with the numbers behind the choice, for the change log
+};
+
+// Throws std::invalid_argument when min/max are out of order, an input is
+// not finite, or no candidate lies in min..max. Forecasts for every
+// candidate go to `forecasts` when given.
+PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts = nullptr);
+
+}  // namespace ferry::scheduler

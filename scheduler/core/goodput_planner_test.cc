@@ -1,0 +1,102 @@
+#include "scheduler/core/goodput_planner.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+namespace ferry::scheduler {
+namespace {
+
+// Pure decode (no prompt to compute): 2 ms fixed + 0.1 ms per sequence.
+PlannerInputs DecodeOnly() {
+  PlannerInputs in;
+  in.step = StepFit{0.002, 0.0001, 0};
+  in.prompt_tokens = 0;
+  in.output_tokens = 100;
+  in.tpot_target_s = 0.004;  // holds up to 20 sequences
+  in.min_num_seqs = 1;
+  in.max_num_seqs = 64;
+  return in;
+}
+
+TEST(GoodputPlannerTest, KeepsTheLargestCapWhoseTpotHoldsWhenFull) {
+  PlannerInputs in = DecodeOnly();
+  in.slo_rate_per_s = 20;  // needs ~4.4 sequences at 2.44 ms a step
+  std::vector<CapForecast> f;
+  const PlannerChoice c = PlanCap(in, &f);
+  EXPECT_EQ(c.cap, 20) << c.reason;
+  EXPECT_LE(c.chosen.full_step_s, in.tpot_target_s);
+  EXPECT_GT(f[20].full_step_s, in.tpot_target_s);  // f[i] is cap i + 1
+  EXPECT_DOUBLE_EQ(c.best_good_per_s, 20);
+}
+
+TEST(GoodputPlannerTest, ServesTheOtherLanesWhenTheTpotTargetCannotHold) {
+  PlannerInputs in = DecodeOnly();
+  in.tpot_target_s = 0.0015;  // below the fixed 2 ms: no SLO-lane request can meet it
+  in.output_tokens = 10;
+  in.slo_rate_per_s = 10;
+  in.other_demand_per_s = 200;
+  const PlannerChoice c = PlanCap(in);
+  // Every seat is throughput now: the cap keeps up with all the demand.
+  EXPECT_GE(c.chosen.completions_per_s, 0.98 * 210) << c.reason;
+  EXPECT_NEAR(c.best_good_per_s, 200, 1e-9);
+}
+
+TEST(GoodputPlannerTest, TradesTheSloLanesForThroughputOnlyWhenItPays) {
+  PlannerInputs in = DecodeOnly();
+  // 20 seats (the TPOT bound) complete 20 / (100 * 4 ms) = 50 requests/s.
+  in.slo_rate_per_s = 40;
+  in.other_demand_per_s = 20;  // 10 more than 20 seats serve: not worth 40 missed
+  EXPECT_EQ(PlanCap(in).cap, 20);
+  in.slo_rate_per_s = 5;
+  in.other_demand_per_s = 60;  // serving these needs ~37 seats: worth the 5
+  const PlannerChoice c = PlanCap(in);
+  EXPECT_GE(c.cap, 37) << c.reason;
+  EXPECT_GE(c.chosen.completions_per_s, 0.98 * 65);
+  EXPECT_NEAR(c.best_good_per_s, 60, 1e-9);
+}
+
+TEST(GoodputPlannerTest, ShortRepliesMissWhenLongPrefillsLandInThem) {
+  PlannerInputs in = DecodeOnly();
+  in.step = StepFit{0.001, 0.00005, 0.000005};  // 5 us per computed token
+  in.prompt_tokens = 2000;                       // a 10 ms chunk each
+  in.step_token_budget = 2048;
+  in.tpot_target_s = 0.003;
+  in.slo_rate_per_s = 50;
+  auto share_at_cap_8 = [&](double output) {
+    in.slo_output_tokens = {output};
+    std::vector<CapForecast> f;
+    PlanCap(in, &f);
+    return f[7].tpot_share;
+  };
+  // A 10-token reply can absorb one 10 ms chunk within its 3 ms x 10 budget:
+  // a second one landing in its life (0.8 expected) breaks it. A 1,000-token
+  // reply averages the chunks away; a one-token reply has no TPOT.
+  const double short_reply = share_at_cap_8(10);
+  EXPECT_GT(short_reply, 0.6);
+  EXPECT_LT(short_reply, 0.95);
+  EXPECT_GT(share_at_cap_8(1000), 0.99);
+  EXPECT_DOUBLE_EQ(share_at_cap_8(1), 1.0);
+}
+
+TEST(GoodputPlannerTest, DrainsAtTheMostCompletionsWhenNothingCanMeetTheTargets) {
+  PlannerInputs in = DecodeOnly();
+  in.tpot_target_s = 0.001;  // nothing meets it
+  in.slo_rate_per_s = 1000;
+  std::vector<CapForecast> f;
+  const PlannerChoice c = PlanCap(in, &f);
+  EXPECT_EQ(c.best_good_per_s, 0);
+  EXPECT_GE(c.chosen.completions_per_s, 0.98 * f.back().completions_per_s) << c.reason;
+}
+
+TEST(GoodputPlannerTest, RefusesInputsItCannotPlanWith) {
+  PlannerInputs in = DecodeOnly();
+  in.max_num_seqs = 0;
+  EXPECT_THROW(PlanCap(in), std::invalid_argument);
+  in = DecodeOnly();
+  in.output_tokens = -1;
+  EXPECT_THROW(PlanCap(in), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ferry::scheduler
