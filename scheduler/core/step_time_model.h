@@ -54,6 +54,13 @@ class StepTimeModel {
     double seqs;
     double tokens;
   };
+  // Means and centred second moments of seqs (1), tokens (2) and duration (y).
+  struct Moments {
+    double m1 = 0, m2 = 0, my = 0;
+    double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0;
+  };
+  Moments CentredMoments() const;
+  double RecentMeanOf(size_t n, double Step::*field) const;
   // The i-th step of the window, oldest first.
   const Step& at(size_t i) const { return ring_[(head_ + i) & (ring_.size() - 1)]; }
 
