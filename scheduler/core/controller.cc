@@ -136,7 +136,32 @@ bool Controller::CountsLane(const std::string& lane) const {
   return lanes.empty() || std::find(lanes.begin(), lanes.end(), lane) != lanes.end();
 }
 
+// The model modes subtract the SLO lanes' counts from the totals and read
+// tokens per sequence-step: an observation that breaks these is a bug in the
+// caller, refused by name rather than clamped.
+static void CheckObservation(const StepObservation& obs, bool uses_model) {
+  auto refuse = [](const std::string& what) { throw std::invalid_argument("controller observation: " + what); };
+  if (obs.num_arrivals_slo > obs.num_arrivals) {
+    refuse("num_arrivals_slo = " + std::to_string(obs.num_arrivals_slo) + " exceeds num_arrivals = " +
+           std::to_string(obs.num_arrivals));
+  }
+  if (obs.num_waiting_slo > obs.num_waiting) {
+    refuse("num_waiting_slo = " + std::to_string(obs.num_waiting_slo) + " exceeds num_waiting = " +
+           std::to_string(obs.num_waiting));
+  }
+  if (obs.last_step_tokens > 0 && obs.last_step_tokens < obs.last_step_seqs) {
+    refuse("last_step_tokens = " + std::to_string(obs.last_step_tokens) + " is below last_step_seqs = " +
+           std::to_string(obs.last_step_seqs) + " (every scheduled sequence computes a token)");
+  }
+  // Without it the step model falls back to num_running, which need not be the step's batch.
+  if (uses_model && obs.last_step_tokens > 0 && obs.last_step_seqs <= 0) {
+    refuse("last_step_seqs is not given for a step of " + std::to_string(obs.last_step_tokens) +
+           " tokens (the goodput and load-level modes need it)");
+  }
+}
+
 int32_t Controller::Step(const StepObservation& obs) {
+  CheckObservation(obs, UsesModel());
   if (!seen_step_) first_step_s_ = obs.now_s, seen_step_ = true;
   last_step_s_ = obs.now_s;
   if (obs.num_arrivals > 0) arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals)});

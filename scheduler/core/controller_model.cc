@@ -28,16 +28,19 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   in.output_tokens = std::max(1.0, out_sum / static_cast<double>(outputs_.size()));
   // Tokens per sequence-step = (P + O) / O when a request spends about one
   // step per output token (prefill steps are few beside its decode steps).
-  in.prompt_tokens = std::max(0.0, steps_.TokensPerSeq() - 1.0) * in.output_tokens;
+  // At least 1: every scheduled sequence computes a token (Step checks it).
+  in.prompt_tokens = (steps_.TokensPerSeq() - 1.0) * in.output_tokens;
   in.step_token_budget = obs.max_num_batched_tokens;
   // Demand. Without per-lane counts every request is the SLO lanes'.
   const bool counts_lanes = obs.num_arrivals_slo >= 0 && obs.num_waiting_slo >= 0 && !o.lanes.empty();
   in.slo_rate_per_s = RateOver(counts_lanes ? slo_arrivals_ : arrivals_, obs.now_s, g.rate_window_s);
   in.slo_queue = counts_lanes ? obs.num_waiting_slo : obs.num_waiting;
   if (counts_lanes) {
-    const double other_rate = std::max(0.0, RateOver(arrivals_, obs.now_s, g.other_rate_window_s) -
-                                                RateOver(slo_arrivals_, obs.now_s, g.other_rate_window_s));
-    const double other_queue = std::max(0, obs.num_waiting - obs.num_waiting_slo);
+    // Subsets counted at the same steps over the same window (Step checks
+    // each observation), so neither difference is negative.
+    const double other_rate = RateOver(arrivals_, obs.now_s, g.other_rate_window_s) -
+                              RateOver(slo_arrivals_, obs.now_s, g.other_rate_window_s);
+    const double other_queue = obs.num_waiting - obs.num_waiting_slo;
     in.other_demand_per_s = (other_queue + other_rate * g.horizon_s) / (g.horizon_s + g.other_wait_s);
   }
   // Idle: nothing to plan for; the cap stays where the last load left it.

@@ -125,6 +125,22 @@ TEST(ControllerTest, GoodputSettlesOnTheLargestCapWhoseTpotHoldsWhenFull) {
   EXPECT_EQ(c.changes().size(), changes);
 }
 
+TEST(ControllerTest, RefusesAnObservationThatBreaksItsInvariants) {
+  Controller c(ModelOptions(ControllerMode::kGoodput));
+  StepObservation o = Obs(1, 4, 2);
+  o.last_step_seqs = 4;
+  o.num_arrivals = 1, o.num_arrivals_slo = 2;
+  EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.num_arrivals_slo = 1, o.num_waiting_slo = 3;
+  EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.num_waiting_slo = 1, o.last_step_tokens = 3;  // fewer tokens than sequences
+  EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.last_step_tokens = 4, o.last_step_seqs = 0;  // the model needs the step's batch
+  EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.last_step_seqs = 4;
+  EXPECT_NO_THROW(c.Step(o));
+}
+
 TEST(ControllerTest, LoadLevelTakesOnlyItsLevelsChosenByTheModel) {
   Controller c(ModelOptions(ControllerMode::kLoadLevel));
   std::string names;
