@@ -103,8 +103,12 @@ std::vector<ScrapeTarget> MakeScrapeTargets(const BenchFlags& f) {
   return targets;
 }
 
+// Requests sent at their own due times: a rate, or a trace's arrival times. A trace is replayed
+// as it arrived; a closed loop's clients would serialise it.
+bool IsOpenLoop(const BenchFlags& f) { return f.request_rate > 0 || !f.trace.empty(); }
+
 json ConfigJson(const BenchFlags& f, int32_t concurrency) {
-  const bool is_open = f.request_rate > 0;
+  const bool is_open = IsOpenLoop(f);
   return {{"command_line", f.command_line},
           {"protocol", f.protocol},
           {"target", f.protocol == "http" ? f.base_url + f.endpoint : f.target},
@@ -167,7 +171,7 @@ struct Measured {
 Measured Measure(const BenchFlags& f, const std::vector<BenchRequest>& requests, const ClientFactory& factory,
                  int32_t concurrency, const std::string& label) {
   RunOptions options;
-  options.max_concurrency = f.request_rate > 0 ? f.max_concurrency : concurrency;
+  options.max_concurrency = IsOpenLoop(f) ? f.max_concurrency : concurrency;
   options.duration_s = f.duration_s;
   options.request_timeout_s = f.request_timeout_s;
   options.show_progress = f.is_progress_shown && isatty(STDERR_FILENO);
@@ -289,8 +293,9 @@ SweepPoint SweepOnePoint(const BenchFlags& f, SchedulerAdmin& admin, int32_t cap
 
 int RunCommand(BenchFlags f) {
   ApplyStackFile(f);
-  if (f.request_rate > 0 && !f.concurrency.empty()) {
-    throw std::invalid_argument("--request-rate (open loop) and --concurrency (closed loop) exclude each other; "
+  if (IsOpenLoop(f) && !f.concurrency.empty()) {
+    throw std::invalid_argument(std::string(f.request_rate > 0 ? "--request-rate" : "--trace") +
+                                " (open loop) and --concurrency (closed loop) exclude each other; "
                                 "cap an open loop's in-flight requests with --max-concurrency");
   }
   const std::vector<BenchRequest> requests = MakeRequests(f);
