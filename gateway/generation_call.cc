@@ -66,9 +66,19 @@ void Prepend(ferry::v1::GenerateChunk& held, ferry::v1::GenerateChunk& chunk) {
 }
 
 // The call's status once the scheduler stream has ended.
-Status Outcome(bool client_cancelled, const Status& downstream, bool client_gone, StreamProgress& progress) {
+Status Outcome(bool client_cancelled, const Status& downstream, bool client_gone, StreamProgress& progress,
+               const Lane& lane) {
   if (client_gone) return Status(StatusCode::kCancelled, "client went away");
   if (progress.reason != ferry::v1::FINISH_REASON_UNSPECIFIED) return Status();
+  if (downstream.queue_timeout()) {  // never started: no partial text to end with
+    const int64_t hint = LaneRetryHintMs(lane);
+    return Status(StatusCode::kDeadlineExceeded,
+                  fmt::format("lane \"{}\" did not start the request within its queue timeout of {} ms (the "
+                              "replica is overloaded); retry after {} ms",
+                              lane.name, lane.queue_timeout_ms, hint))
+        .WithRetryAfter(hint)
+        .AsQueueTimeout();
+  }
   // The scheduler call ended without a finish: deadline, cancellation or failure.
   if (downstream.error_code() == StatusCode::kDeadlineExceeded) {
     progress.reason = ferry::v1::FINISH_REASON_TIMEOUT;
@@ -151,7 +161,7 @@ std::variant<Status, AdmittedRequest> GenerationCall::Admit(ferry::v1::GenerateR
   // A full lane answers at once; the ticket holds the place until the request starts.
   auto ticket = context_.queues.TryEnter(v.lane_rules);
   if (!ticket) {
-    const int64_t hint = std::max<int64_t>(100, v.lane_rules.queue_timeout_ms / 10);
+    const int64_t hint = LaneRetryHintMs(v.lane_rules);
     retry_after_ms_ = hint;
     metrics.lane_full.Increment();
     metrics.requests.Add({{"lane", v.lane}, {"code", "RESOURCE_EXHAUSTED"}}).Increment();
@@ -301,7 +311,7 @@ void GenerationCall::Conclude(const Status& downstream) {
   const std::string& id = admitted_->v.submit.request_id();
   (progress.started ? lane_series_->running : lane_series_->waiting).Decrement();
   Prepend(held_, progress.final_chunk);  // a deadline ends the call with what it has
-  result_ = Outcome(hooks_.client_cancelled(), downstream, client_gone_, progress);
+  result_ = Outcome(hooks_.client_cancelled(), downstream, client_gone_, progress, admitted_->v.lane_rules);
   context_.metrics.requests.Add({{"lane", admitted_->v.lane}, {"code", StatusCodeName(result_.error_code())}})
       .Increment();
   if (!result_.ok()) {

@@ -316,6 +316,30 @@ TEST_F(GenerationCallTest, AReplicaThatRefusesItselfEndsTheCallAtOnceWithItsRetr
   EXPECT_EQ(num_attempts(), 1u);
 }
 
+// The lane's queue timeout at the replica (overload) stays DEADLINE_EXCEEDED, marked as such, with
+// the lane's retry hint and a message naming the lane and its limit, so HTTP can answer 429.
+TEST_F(GenerationCallTest, AQueueTimeoutNamesTheLaneAndCarriesItsRetryHint) {
+  ScriptedScheduler scheduler;
+  TokenEvent expired;
+  expired.set_status_code(static_cast<int32_t>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  expired.set_status_message("not started within its lane's queue timeout");
+  expired.set_queue_timeout(true);
+  scheduler.events = {expired};
+  Server server(scheduler);
+  auto generator = MakeGenerator({server.Channel()});
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(8));  // the default lane: interactive, 5 s queue timeout
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), StatusCode::kDeadlineExceeded) << status->error_message();
+  EXPECT_TRUE(status->queue_timeout());
+  EXPECT_EQ(status->retry_after_ms(), 500);
+  EXPECT_NE(status->error_message().find("lane \"interactive\""), std::string::npos) << status->error_message();
+  EXPECT_NE(status->error_message().find("queue timeout of 5000 ms"), std::string::npos) << status->error_message();
+  EXPECT_EQ(front.num_chunks(), 0u);  // never started: no chunk, no TIMEOUT finish
+}
+
 TEST_F(GenerationCallTest, ARefusedRequestEndsBeforeStartReturnsWithoutAnAttempt) {
   ScriptedScheduler scheduler;
   Server server(scheduler);

@@ -128,9 +128,10 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
     std::lock_guard lock(mu_);
     if (ended_) return;  // cancelled or timed out here: the scheduler's late events are dropped
     if (event.status_code() != 0) {
-      End(Status(static_cast<StatusCode>(event.status_code()), event.status_message())
-              .WithRetryAfter(event.retry_after_ms())
-              .FromReplica());
+      Status status(static_cast<StatusCode>(event.status_code()), event.status_message());
+      status.WithRetryAfter(event.retry_after_ms()).FromReplica();
+      if (event.queue_timeout()) status.AsQueueTimeout();
+      End(std::move(status));
     } else {
       Merge(event);
       if (event.finish() != ferry::v1::FINISH_KIND_NONE || pending_.finish() != ferry::v1::FINISH_KIND_NONE) {

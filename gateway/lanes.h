@@ -5,6 +5,7 @@
 // shorter wins) and a cap on max_tokens.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -25,6 +26,10 @@ struct Lane {
   int64_t default_deadline_ms = 0;  // 0: none
   int32_t max_tokens = 0;           // cap on a request's max_tokens; 0: model limit only
 };
+
+// When to retry a request the lane could not take (full, or its queue timeout passed): a tenth
+// of the queue timeout, at least 100 ms. Sent as grpc-retry-pushback-ms and Retry-After.
+inline int64_t LaneRetryHintMs(const Lane& lane) { return std::max<int64_t>(100, lane.queue_timeout_ms / 10); }
 
 class LaneTable {
  public:

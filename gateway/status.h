@@ -36,12 +36,21 @@ class Status {
     from_replica_ = true;
     return *this;
   }
+  // A DEADLINE_EXCEEDED that is the lane's queue timeout: the request never started because the
+  // replica was overloaded, not because its own deadline passed. gRPC keeps DEADLINE_EXCEEDED (with
+  // the retry hint); HTTP answers 429 with Retry-After, as for a full lane.
+  bool queue_timeout() const { return queue_timeout_; }
+  Status& AsQueueTimeout() {
+    queue_timeout_ = true;
+    return *this;
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
   int64_t retry_after_ms_ = 0;
   bool from_replica_ = false;
+  bool queue_timeout_ = false;
 };
 
 }  // namespace ferry::gateway

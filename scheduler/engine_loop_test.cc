@@ -348,7 +348,7 @@ TEST(EngineLoop, TheFirstEventSaysWhenItStartedAndAQueueDeadlineEndsAWaitingRequ
   RequestSpec late = Request(5, 6);
   late.queue_deadline = Clock::now();
   auto [tokens, finish] = Drain(*Submit(loop, late).sink);
-  EXPECT_EQ(finish, FinishKind::kDeadlineExceeded);
+  EXPECT_EQ(finish, FinishKind::kQueueTimeout);
   EXPECT_TRUE(tokens.empty());
   EXPECT_EQ(Drain(*ch).second, FinishKind::kLength);
 }

@@ -161,8 +161,10 @@ std::optional<grpc::Status> EndStatus(FinishKind finish) {
   switch (finish) {
     case FinishKind::kCancelled: return grpc::Status::CANCELLED;
     case FinishKind::kDeadlineExceeded:
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the request was not started within its deadline");
+    case FinishKind::kQueueTimeout:  // TokenEvent.queue_timeout says which of the two
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          "the request was not started within its deadline or its lane's queue timeout");
+                          "the request was not started within its lane's queue timeout: the replica is overloaded");
     case FinishKind::kAborted: return grpc::Status(grpc::StatusCode::ABORTED, "the engine failed this request");
     case FinishKind::kUnavailable:
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -263,6 +265,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
       out->set_status_code(end->error_code());
       out->set_status_message(end->error_message());
       if (end->error_code() == grpc::StatusCode::UNAVAILABLE) out->set_retry_after_ms(kUnavailableRetryMs);
+      out->set_queue_timeout(event.finish == FinishKind::kQueueTimeout);
     } else {
       ToTokenEvent(event, out);
     }

@@ -472,7 +472,16 @@ ApiError ErrorFromStatus(const Status& status) {
       e.type = "rate_limit_error";
       e.retry_after_s = 1;
       break;
-    case StatusCode::kDeadlineExceeded: e.http_status = 504; e.type = "timeout"; break;
+    case StatusCode::kDeadlineExceeded:
+      if (status.queue_timeout()) {  // overload, as a full lane: never started, retryable
+        e.http_status = 429;
+        e.type = "rate_limit_error";
+        e.retry_after_s = 1;
+        break;
+      }
+      e.http_status = 504;
+      e.type = "timeout";
+      break;
     case StatusCode::kUnavailable:
       e.http_status = 503;
       e.type = "service_unavailable";

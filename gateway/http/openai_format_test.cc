@@ -206,6 +206,12 @@ TEST(ErrorFromStatus, MapsCodesAndParam) {
   EXPECT_EQ(full.http_status, 429);
   EXPECT_GT(full.retry_after_s, 0);
   EXPECT_EQ(ErrorFromStatus({StatusCode::kDeadlineExceeded, ""}).http_status, 504);
+  // The lane's queue timeout is overload, not the request's deadline: 429 with the lane's hint.
+  const ApiError queued = ErrorFromStatus(
+      Status(StatusCode::kDeadlineExceeded, "lane \"quick\" did not start ...").WithRetryAfter(2500).AsQueueTimeout());
+  EXPECT_EQ(queued.http_status, 429);
+  EXPECT_EQ(queued.type, "rate_limit_error");
+  EXPECT_EQ(queued.retry_after_s, 3);
   EXPECT_EQ(ErrorFromStatus({StatusCode::kUnavailable, ""}).http_status, 503);
   // A retry hint becomes Retry-After, in whole seconds rounded up.
   EXPECT_EQ(ErrorFromStatus(Status(StatusCode::kUnavailable, "workers lost").WithRetryAfter(1500)).retry_after_s, 2);

@@ -221,10 +221,13 @@ void SchedulerCore::ExpireDeadlines(TimePoint now) {
   auto& deadlines = state_.deadlines;
   while (!deadlines.empty() && deadlines.begin()->first <= now) {
     Sequence& seq = *Find(deadlines.begin()->second);
-    // A queue timeout is always kDeadlineExceeded, even for one admitted and preempted unsent.
-    const bool queue_timeout = !seq.is_sent && seq.spec.queue_deadline <= now;
-    const FinishKind kind =
-        seq.has_started() && !queue_timeout ? FinishKind::kTimeout : FinishKind::kDeadlineExceeded;
+    // Whichever came first. A queue timeout holds for a sequence never sent, even one admitted and
+    // preempted unsent (its client has had no token).
+    const bool queue_timeout =
+        !seq.is_sent && seq.spec.queue_deadline <= now && seq.spec.queue_deadline < seq.spec.deadline;
+    const FinishKind kind = queue_timeout       ? FinishKind::kQueueTimeout
+                            : seq.has_started() ? FinishKind::kTimeout
+                                                : FinishKind::kDeadlineExceeded;
     events_.push_back(EventOf(seq, kind));
     Retire(seq);  // erases the deadline entry
   }

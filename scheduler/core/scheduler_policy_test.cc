@@ -234,8 +234,8 @@ TEST(DeadlineTest, CommitNeverSeesAnExpiredSequence) {
   core.CheckInvariants();
 }
 
-// A lane's queue timeout: a request never sent ends kDeadlineExceeded at it; once sent, it
-// no longer applies.
+// A lane's queue timeout: a request never sent ends kQueueTimeout at it (not kDeadlineExceeded:
+// the replica was overloaded, its deadline had not passed); once sent, it no longer applies.
 TEST(DeadlineTest, AQueueDeadlineEndsOnlyARequestNeverSent) {
   Harness h(MakeConfig());
   h.Add(MakeRequest(1, {.prompt_len = 8, .max_tokens = 20}));
@@ -251,7 +251,8 @@ TEST(DeadlineTest, AQueueDeadlineEndsOnlyARequestNeverSent) {
   h.now = Ms(5);
   StepPlan plan = h.Step(budget);
   EXPECT_FALSE(h.core.is_live(2));
-  EXPECT_EQ(h.outcomes[2].finish, FinishKind::kDeadlineExceeded);
+  EXPECT_EQ(h.outcomes[2].finish, FinishKind::kQueueTimeout);
+  EXPECT_STREQ(FinishKindName(FinishKind::kQueueTimeout), "queue_timeout");
   EXPECT_TRUE(h.outcomes[2].tokens.empty());
   EXPECT_TRUE(plan.finished_ids.empty()) << "the worker never saw it";
   EXPECT_TRUE(h.core.is_live(3)) << "past its queue deadline, but sent before it";

@@ -78,7 +78,7 @@ TEST_P(SchedulerStressTest, TenThousandRandomRequestsEndOnceAndLeaveNoBlockHeld)
   std::map<FinishKind, int> ends;
   for (const auto& [id, o] : h.outcomes) ++ends[o.finish];
   for (auto kind : {FinishKind::kStopToken, FinishKind::kLength, FinishKind::kCancelled,
-                    FinishKind::kDeadlineExceeded, FinishKind::kTimeout}) {
+                    FinishKind::kDeadlineExceeded, FinishKind::kQueueTimeout, FinishKind::kTimeout}) {
     EXPECT_GT(ends[kind], 0) << FinishKindName(kind);
   }
   std::printf("steps=%llu preemptions=%llu cache queries=%llu hits=%llu cached_blocks=%d\n",

@@ -15,6 +15,7 @@ const char* FinishKindName(FinishKind kind) {
     case FinishKind::kDeadlineExceeded: return "deadline_exceeded";
     case FinishKind::kTimeout: return "timeout";
     case FinishKind::kUnavailable: return "unavailable";
+    case FinishKind::kQueueTimeout: return "queue_timeout";
   }
   return "unknown";
 }

@@ -106,7 +106,7 @@ struct RequestSpec {
   // Waiting at this time: ends with kDeadlineExceeded (never started) or
   // kTimeout (started: its tokens so far were delivered). Running: kTimeout.
   TimePoint deadline = TimePoint::max();
-  // Not yet sent to the worker at this time: ends with kDeadlineExceeded (a lane's queue timeout).
+  // Not yet sent to the worker at this time: ends with kQueueTimeout (a lane's queue timeout).
   TimePoint queue_deadline = TimePoint::max();
 };
 
@@ -212,12 +212,14 @@ class EventTokens {
   size_t size_ = 0;
 };
 
-// kDeadlineExceeded: dropped while waiting, before it ever started.
+// kDeadlineExceeded: dropped while waiting, before it ever started, at its deadline.
+// kQueueTimeout: not sent to the worker by its lane's queue timeout (before its deadline): the
+// replica is overloaded, and a retry may be served.
 // kTimeout: stopped at its deadline after it started (running or preempted).
 // kAborted: the engine failed it (a step error: a bug). kUnavailable: its workers were lost and
 // not back in time (the engine loop's recovery timeout); a retry may succeed.
 enum class FinishKind {
-  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout, kUnavailable
+  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout, kUnavailable, kQueueTimeout
 };
 
 // What a sequence produced in one Commit (or AbortAll, or Plan: its first scheduling, a deadline).

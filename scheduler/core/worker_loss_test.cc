@@ -84,7 +84,7 @@ TEST(WorkerLossTest, DeadlinesRunOutWhileTheWorkerIsAway) {
   h.LoseWorker();
   h.core.ExpireDeadlines(Ms(60));  // 2 never started: its queue timeout ends it
   for (const SeqEvent& e : h.core.TakeEvents()) h.Record(e);
-  EXPECT_EQ(h.outcomes[2].finish, FinishKind::kDeadlineExceeded);
+  EXPECT_EQ(h.outcomes[2].finish, FinishKind::kQueueTimeout);
   h.core.ExpireDeadlines(Ms(100));  // 1 started before the loss: it times out with its tokens
   for (const SeqEvent& e : h.core.TakeEvents()) h.Record(e);
   EXPECT_EQ(h.outcomes[1].finish, FinishKind::kTimeout);

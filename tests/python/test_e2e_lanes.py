@@ -1,5 +1,6 @@
 """Lanes end to end: a full lane refuses at once with RESOURCE_EXHAUSTED and a
-retry hint; a queue timeout answers DEADLINE_EXCEEDED; a streaming request that
+retry hint; a queue timeout answers DEADLINE_EXCEEDED with the lane's retry hint over gRPC, and
+429 with Retry-After over HTTP (overload, like a full lane); a streaming request that
 reaches its deadline ends with finish reason TIMEOUT and its partial text, and
 its KV blocks are freed; an async job whose lane is full waits for a place instead of
 failing. The engine is the sim backend at 20 ms a step with one
@@ -10,6 +11,7 @@ import time
 import urllib.request
 
 import grpc
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,7 +34,7 @@ def busy_stack(tiny_model, tmp_path_factory):
     lanes.write_text(json.dumps(LANES))
     s = Stack(tiny_model, run, [
         "--worker-arg=--backend=sim", f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_20ms.json'}",
-        "--worker-arg=--sim-live-tokens=1000", "--scheduler-arg=--max-num-seqs=1",
+        "--worker-arg=--sim-live-tokens=1000", "--scheduler-arg=--max-num-seqs=1", "--http-port", "0",
         f"--gateway-arg=--lanes-file={lanes}", "--gateway-arg=--job-workers=12"])
     yield s
     assert s.stop() == 0
@@ -108,6 +110,36 @@ def test_queue_timeout_is_deadline_exceeded(busy_stack, ferry_pb):
     # The lane's 100 ms queue timeout answers, not the call's 30 s deadline (bound loose: a loaded
     # 2-core machine took 157 ms once).
     assert elapsed < 2.0, f"took {elapsed * 1000:.1f} ms"
+    assert 'lane "quick"' in err.value.details() and "queue timeout of 100 ms" in err.value.details()
+    assert dict(err.value.trailing_metadata())["grpc-retry-pushback-ms"] == "100"  # as a full lane's
+    assert scheduler_idle(busy_stack)
+    assert finished(busy_stack, "queue_timeout") >= 1
+
+
+def finished(stack, reason):
+    text = urllib.request.urlopen(stack.metrics_urls()["scheduler"], timeout=5).read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "ferry_scheduler_requests_finished"
+               for s in f.samples if s.name.endswith("_total") and s.labels.get("reason") == reason)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_queue_timeout_over_http_is_429_with_retry_after(busy_stack, ferry_pb, stream):
+    """A request the lane did not start within its queue timeout was refused for overload: 429 with
+    Retry-After and a message naming the lane and the limit, never 504 "deadline reached while
+    generating" (it never generated); the stream, still queued, keeps its HTTP status too."""
+    stub = stub_for(busy_stack, ferry_pb)
+    hog = stub.GenerateStream(req(ferry_pb, "interactive", 400), timeout=60)
+    next(hog)
+    try:
+        r = httpx.post(busy_stack.http + "/v1/completions", headers={"X-Ferry-Lane": "quick"}, timeout=30,
+                       json={"prompt": "lanes", "max_tokens": 4, "stream": stream})
+    finally:
+        hog.cancel()
+    assert r.status_code == 429, r.text
+    assert r.headers["Retry-After"] == "1"  # 100 ms, in whole seconds rounded up
+    error = r.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert 'lane "quick"' in error["message"] and "queue timeout of 100 ms" in error["message"], error
     assert scheduler_idle(busy_stack)
 
 
@@ -161,3 +193,21 @@ def test_job_waits_for_a_place_in_a_full_lane(busy_stack, ferry_pb):
     assert states == [jobs_pb2.JOB_STATE_CANCELLED] * 12, states
     assert scheduler_idle(busy_stack)
     channel.close()
+
+
+def test_deadline_while_generating_over_http_stays_504(busy_stack):
+    """The request's own deadline (timeout_ms) reached while it generates: 504 for a whole response;
+    a stream has sent its text so far and ends with finish_reason "length", as vLLM's."""
+    body = {"prompt": "lanes", "max_tokens": 1000, "ignore_eos": True, "timeout_ms": 600}
+    r = httpx.post(busy_stack.http + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["type"] == "timeout" and "Retry-After" not in r.headers
+    events = []
+    with httpx.stream("POST", busy_stack.http + "/v1/completions", json={**body, "stream": True}, timeout=30) as s:
+        assert s.status_code == 200
+        events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks)  # some text (~30 steps of 20 ms), not all
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert scheduler_idle(busy_stack)
