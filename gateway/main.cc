@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <thread>
 
@@ -37,6 +38,9 @@ struct Flags {
   int http_port = -1;          // OpenAI-compatible HTTP front; -1: off
   int http_max_connections = 1024;  // a streamed response holds its connection's thread
   size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
+  std::vector<std::string> served_model_names;    // empty: the --tokenizer path
+  size_t response_store_size = 1000;  // stored /v1/responses kept at most
+  int response_retention_s = 3600;    // and for how long
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -68,6 +72,14 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--http-max-body-bytes", f.http_max_body_bytes,
                  "largest HTTP request body read; a larger one is answered 413")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 34));
+  app.add_option("--served-model-name", f.served_model_names,
+                 "Model ids the HTTP front answers to (one or more; the first is echoed when a request names "
+                 "none; default: the --tokenizer path)");
+  app.add_option("--response-store-size", f.response_store_size,
+                 "Stored /v1/responses kept at most (GET, previous_response_id); the oldest go first")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+  app.add_option("--response-retention-s", f.response_retention_s, "How long a stored /v1/responses is kept")
+      ->check(CLI::PositiveNumber);
 }
 
 // The gateway validates against the model's limits, so it needs the scheduler
@@ -107,11 +119,21 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
                                                                   ferry::gateway::Generator& generator,
                                                                   ferry::gateway::Authenticator& auth,
                                                                   ferry::MetricsServer& metrics) {
-  auto http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
+  std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
+  try {
+    http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
       generator, auth,
       ferry::gateway::http::HttpServerOptions{
-          flags.tokenizer, ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer),
-          flags.http_max_connections, flags.http_max_body_bytes, [&metrics] { return metrics.Text(); }});
+          flags.served_model_names.empty() ? std::vector<std::string>{flags.tokenizer} : flags.served_model_names,
+          flags.tokenizer, static_cast<int64_t>(std::time(nullptr)),
+          ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer), flags.http_max_connections,
+          flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
+          ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
+                                                       std::chrono::seconds(flags.response_retention_s)}});
+  } catch (const std::invalid_argument& e) {
+    spdlog::critical("{}", e.what());
+    return nullptr;
+  }
   const int bound = http->Start(flags.service.host, flags.http_port);
   if (bound < 0) {
     spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, flags.http_port);

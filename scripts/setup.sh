@@ -18,7 +18,7 @@ APT_PACKAGES=(
 PIP_PACKAGES=(
   "tokenizers==0.20.3" "transformers==4.46.3" "safetensors==0.4.5"
   "grpcio==1.68.1" "grpcio-tools==1.68.1" "prometheus-client==0.21.1" "pytest==8.3.4"
-  "openai==1.57.0" "jinja2==3.1.6" "grpcio-health-checking==1.68.1" "grpcio-reflection==1.68.1"
+  "openai==2.54.0" "jinja2==3.1.6" "grpcio-health-checking==1.68.1" "grpcio-reflection==1.68.1"
   "kubernetes-validate==1.34.1"
 )
 

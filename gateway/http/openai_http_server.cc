@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "gateway/http/choice_set.h"
 #include "gateway/http/connection_watch.h"
+#include "gateway/http/responses_format.h"
 #include "gateway/http/sse_stream.h"
 #include "gateway/http/tokenize_api.h"
 
@@ -91,7 +93,19 @@ ApiError FromAuth(const AuthResult& auth) {
 }  // namespace
 
 OpenAiHttpServer::OpenAiHttpServer(Generator& generator, Authenticator& authenticator, HttpServerOptions options)
-    : generator_(generator), authenticator_(authenticator), options_(std::move(options)) {}
+    : generator_(generator),
+      authenticator_(authenticator),
+      options_(std::move(options)),
+      responses_(options_.response_store) {
+  const std::vector<std::string>& names = options_.served_model_names;
+  if (names.empty()) throw std::invalid_argument("--served-model-name: give at least one name");
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) throw std::invalid_argument(fmt::format("--served-model-name #{} is empty", i + 1));
+    if (std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i), names[i]) != names.begin() + i) {
+      throw std::invalid_argument(fmt::format("--served-model-name {} is given twice", names[i]));
+    }
+  }
+}
 
 OpenAiHttpServer::~OpenAiHttpServer() { Stop(); }
 
@@ -165,6 +179,15 @@ void OpenAiHttpServer::AddRoutes() {
   server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(req, res, Endpoint::kChat);
   });
+  server_->Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleResponses(req, res);
+  });
+  server_->Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleStoredResponse(req, res, /*erase=*/false);
+  });
+  server_->Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleStoredResponse(req, res, /*erase=*/true);
+  });
   server_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     HandleTokenizer(req, res, /*encode=*/true);
   });
@@ -173,9 +196,12 @@ void OpenAiHttpServer::AddRoutes() {
   });
   server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!Identified(req, res)) return;
-    json model = {{"id", options_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "ferry"},
-                  {"max_model_len", generator_.options().limits.max_model_len}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+    json data = json::array();
+    for (const std::string& name : options_.served_model_names) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", options_.created}, {"owned_by", "ferry"},
+                      {"root", options_.model_root}, {"max_model_len", generator_.options().limits.max_model_len}});
+    }
+    res.set_content(json{{"object", "list"}, {"data", std::move(data)}}.dump(), "application/json");
   });
   if (options_.metrics_text) {
     server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -242,6 +268,7 @@ void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& re
   if (error.http_status == 401) reason = "auth", code = StatusCode::kUnauthenticated;
   if (error.http_status == 403) reason = "auth", code = StatusCode::kPermissionDenied;
   if (error.http_status == 429) reason = "rate_limit", code = StatusCode::kResourceExhausted;
+  if (error.http_status == 404) code = StatusCode::kNotFound;  // a model this server does not serve
   generator_.CountRejection(reason, req.get_header_value("X-Ferry-Lane"), code);
   SendError(res, error);
 }
@@ -294,15 +321,28 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
                                             : ParseCompletionRequest(*body, req.body);
   if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
   OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
+  auto model = ServedModel(request.model);
+  if (auto* error = std::get_if<ApiError>(&model)) return Refuse(req, res, *error);
   std::string tenant;
   int64_t max_tokens = 0;
   if (auto error = Admit(req, request, tenant, max_tokens)) return Refuse(req, res, *error);
   ResponseContext ctx{endpoint, NewId(endpoint == Endpoint::kChat ? "chatcmpl" : "cmpl"),
-                      static_cast<int64_t>(std::time(nullptr)), options_.model_name,
+                      static_cast<int64_t>(std::time(nullptr)), std::get<std::string>(model),
                       request.return_prompt_logprobs};
   request.generate.set_request_id(ctx.id);
   if (request.stream) return RespondStream(req, std::move(request), ctx, res, tenant, max_tokens);
   RespondWhole(req, std::move(request), ctx, res, tenant, max_tokens);
+}
+
+std::variant<std::string, ApiError> OpenAiHttpServer::ServedModel(const std::string& requested) const {
+  const std::vector<std::string>& names = options_.served_model_names;
+  if (requested.empty()) return names.front();
+  if (std::find(names.begin(), names.end(), requested) != names.end()) return requested;
+  ApiError e = InvalidField("model", fmt::format("the model `{}` does not exist: this server serves {}", requested,
+                                                 fmt::join(names, ", ")));
+  e.http_status = 404;
+  e.code = "model_not_found";
+  return e;
 }
 
 std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, OpenAiRequest& request,
@@ -392,6 +432,18 @@ std::vector<std::string> OpenAiHttpServer::EchoTexts(const OpenAiRequest& reques
 
 void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
+  std::optional<std::vector<ferry::v1::GenerateResponse>> responses =
+      GenerateWhole(req, request, ctx, res, tenant, max_tokens);
+  if (!responses) return;
+  if (request.echo) ApplyEcho(EchoTexts(request), request.n, *responses);
+  res.set_content(CompletionResponseJson(ctx, *responses, request.n, &request.tools)
+                      .dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
+}
+
+std::optional<std::vector<ferry::v1::GenerateResponse>> OpenAiHttpServer::GenerateWhole(
+    const httplib::Request& req, const OpenAiRequest& request, const ResponseContext& ctx, httplib::Response& res,
+    const std::string& tenant, int64_t max_tokens) {
   std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
   const auto num_choices = static_cast<int32_t>(requests.size());
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
@@ -414,26 +466,27 @@ void OpenAiHttpServer::RespondWhole(const httplib::Request& req, OpenAiRequest r
         AppendChunk(chunk, collected->at(static_cast<size_t>(index)));
       });
   choices->WaitEnded();
-  std::vector<ferry::v1::GenerateResponse>& responses = *collected;
-  if (Status status = choices->status(); !status.ok()) return SendError(res, ErrorFromStatus(status));
-  for (const auto& response : responses) {
+  if (Status status = choices->status(); !status.ok()) {
+    SendError(res, ErrorFromStatus(status));
+    return std::nullopt;
+  }
+  for (const auto& response : *collected) {
     if (response.finish_reason() == ferry::v1::FINISH_REASON_TIMEOUT) {
-      return SendError(res,
-                       ErrorFromStatus({StatusCode::kDeadlineExceeded, "deadline reached while generating"}));
+      SendError(res, ErrorFromStatus({StatusCode::kDeadlineExceeded, "deadline reached while generating"}));
+      return std::nullopt;
     }
   }
-  if (request.echo) ApplyEcho(EchoTexts(request), request.n, responses);
-  res.set_content(CompletionResponseJson(ctx, responses, request.n, &request.tools)
-                      .dump(-1, ' ', false, json::error_handler_t::replace),
-                  "application/json");
+  return std::move(*collected);
 }
 
 void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
-                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens) {
+                                     httplib::Response& res, const std::string& tenant, int64_t max_tokens,
+                                     std::unique_ptr<StreamFormat> format) {
   std::vector<ferry::v1::GenerateRequest> requests = ExpandChoices(request);
   const auto num_choices = static_cast<int32_t>(requests.size());
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
-  auto stream = std::make_shared<SseStream>(ctx, num_choices, request.n, request.include_usage);
+  if (!format) format = std::make_unique<ChatStreamFormat>(ctx, num_choices, request.n, request.include_usage);
+  auto stream = std::make_shared<SseStream>(std::move(format));
   std::shared_ptr<StreamEcho> echo;
   if (request.echo) echo = std::make_shared<StreamEcho>(EchoTexts(request), request.n, num_choices);
   auto tools = ToolParsers(request.tools, num_choices);
@@ -473,6 +526,74 @@ void OpenAiHttpServer::RespondStream(const httplib::Request& req, OpenAiRequest 
       [choices](bool success) {
         if (!success) choices->ClientGone();
       });
+}
+
+void OpenAiHttpServer::HandleResponses(const httplib::Request& req, httplib::Response& res) {
+  if (RefusedWhileDraining(res)) return;
+  const std::optional<json> body = ParseBody(req, res);
+  if (!body) return;
+  // The caller first: a stored response is only its own tenant's.
+  const std::optional<std::string> owner = authenticator_.Identify(Bearer(req));
+  if (!owner) return Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
+  std::optional<ResponseStore::Entry> previous;
+  if (body->is_object() && body->contains("previous_response_id") && !(*body)["previous_response_id"].is_null()) {
+    const json& id = (*body)["previous_response_id"];
+    if (!id.is_string()) return Refuse(req, res, *WrongType("previous_response_id", id, "a string"));
+    previous = responses_.Get(id.get<std::string>(), *owner);
+    if (!previous) {
+      ApiError e = InvalidField("previous_response_id",
+                                fmt::format("previous_response_id = {}: no such stored response (never stored, "
+                                            "deleted, or past --response-retention-s)",
+                                            id.get<std::string>()));
+      e.http_status = 404;
+      e.code = "not_found";
+      return Refuse(req, res, e);
+    }
+  }
+  auto parsed = ParseResponsesRequest(*body, req.body, options_.chat_template, previous ? &previous->history : nullptr);
+  if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
+  ResponsesRequest& r = std::get<ResponsesRequest>(parsed);
+  auto model = ServedModel(r.chat.model);
+  if (auto* error = std::get_if<ApiError>(&model)) return Refuse(req, res, *error);
+  std::string tenant;
+  int64_t max_tokens = 0;
+  if (auto error = Admit(req, r.chat, tenant, max_tokens)) return Refuse(req, res, *error);
+  const ResponsesIdentity identity{NewResponsesId("resp"), static_cast<int64_t>(std::time(nullptr)),
+                                   std::get<std::string>(model)};
+  const ResponseContext ctx{Endpoint::kChat, identity.id, identity.created, identity.model, false};
+  r.chat.generate.set_request_id(identity.id);
+  auto keep = [this, tenant, id = identity.id, history = r.history, store = r.store](const json& response,
+                                                                                     const ResponsesResult& result) {
+    if (store) responses_.Put(id, tenant, {response, HistoryAfter(history, result)});
+  };
+  if (r.chat.stream) {
+    auto format = std::make_unique<ResponsesStreamFormat>(identity, r.echo, keep);
+    return RespondStream(req, std::move(r.chat), ctx, res, tenant, max_tokens, std::move(format));
+  }
+  auto responses = GenerateWhole(req, r.chat, ctx, res, tenant, max_tokens);
+  if (!responses) return;
+  const ResponsesResult result = ResultFromGeneration(responses->front(), r.chat.tools);
+  const json response = ResponseJson(identity, r.echo, &result);
+  keep(response, result);
+  res.set_content(response.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void OpenAiHttpServer::HandleStoredResponse(const httplib::Request& req, httplib::Response& res, bool erase) {
+  const std::optional<std::string> owner = authenticator_.Identify(Bearer(req));
+  if (!owner) return Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
+  const std::string id = req.matches[1];
+  std::optional<ResponseStore::Entry> entry;
+  const bool found = erase ? responses_.Delete(id, *owner) : (entry = responses_.Get(id, *owner)).has_value();
+  if (!found) {
+    ApiError e = InvalidField("", fmt::format("no stored response {} (never stored, deleted, or past "
+                                              "--response-retention-s)",
+                                              id));
+    e.http_status = 404;
+    e.code = "not_found";
+    return Refuse(req, res, e);
+  }
+  const json answer = erase ? json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}} : entry->response;
+  res.set_content(answer.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 }  // namespace ferry::gateway::http

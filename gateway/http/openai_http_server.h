@@ -14,12 +14,16 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <variant>
+#include <vector>
 
 #include "gateway/auth/authenticator.h"
 #include "gateway/generator.h"
 #include "gateway/http/chat_template.h"
 #include "gateway/http/choice_set.h"
 #include "gateway/http/openai_format.h"
+#include "gateway/http/response_store.h"
+#include "gateway/http/sse_stream.h"
 
 namespace httplib {
 class Server;
@@ -30,13 +34,20 @@ struct Response;
 namespace ferry::gateway::http {
 
 struct HttpServerOptions {
-  std::string model_name;          // what /v1/models lists and responses echo
+  // The model ids clients may name (vLLM's --served-model-name; default: the model path): /v1/models
+  // lists each; a request naming another gets 404 model_not_found; a response echoes the name asked
+  // for, or the first when the request named none.
+  std::vector<std::string> served_model_names;
+  std::string model_root;  // the checkpoint path, /v1/models' "root"
+  int64_t created = 0;     // when the gateway started serving it (Unix seconds), /v1/models' "created"
   ChatTemplate chat_template = ChatTemplate::FromTemplateText("");
   int num_threads = 1024;          // connections served at once, a thread each (--http-max-connections)
   // Largest request body read (--http-max-body-bytes); the gRPC front takes messages this large.
   size_t max_body_bytes = size_t{64} << 20;
   // When set, GET /metrics on this port serves it too (vLLM serves its metrics on the API port).
   std::function<std::string()> metrics_text;
+  // Stored /v1/responses (--response-store-size, --response-retention-s).
+  ResponseStore::Options response_store;
 };
 
 class OpenAiHttpServer {
@@ -73,13 +84,26 @@ class OpenAiHttpServer {
   // Auth and the context of one admitted request; returns an error to send instead.
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
                                 int64_t& charged_max_tokens);
+  // The served name a request's "model" picks (the first for none), or the 404 to send instead.
+  std::variant<std::string, ApiError> ServedModel(const std::string& requested) const;
   // Each prompt's text for echo (prompts sent as token ids decoded).
   std::optional<ApiError> TruncatePrompts(OpenAiRequest& request) const;
   std::vector<std::string> EchoTexts(const OpenAiRequest& request) const;
   void RespondWhole(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
                     httplib::Response& res, const std::string& tenant, int64_t max_tokens);
+  // format: how the events read (null: chat's or completions' chunks).
   void RespondStream(const httplib::Request& req, OpenAiRequest request, const ResponseContext& ctx,
-                     httplib::Response& res, const std::string& tenant, int64_t max_tokens);
+                     httplib::Response& res, const std::string& tenant, int64_t max_tokens,
+                     std::unique_ptr<StreamFormat> format = nullptr);
+  // Runs every choice to its end: their responses, or nullopt after answering the error.
+  std::optional<std::vector<ferry::v1::GenerateResponse>> GenerateWhole(const httplib::Request& req,
+                                                                         const OpenAiRequest& request,
+                                                                         const ResponseContext& ctx,
+                                                                         httplib::Response& res,
+                                                                         const std::string& tenant, int64_t max_tokens);
+  // /v1/responses (responses_format.h) and its stored responses' GET and DELETE.
+  void HandleResponses(const httplib::Request& req, httplib::Response& res);
+  void HandleStoredResponse(const httplib::Request& req, httplib::Response& res, bool erase);
 
   // The generations in flight, for Drain; a guard per response removes its own.
   class ActiveGuard;
@@ -94,6 +118,7 @@ class OpenAiHttpServer {
   std::condition_variable active_cv_;
   std::set<std::shared_ptr<ChoiceSet>> active_;
   const HttpServerOptions options_;
+  ResponseStore responses_;
   std::unique_ptr<httplib::Server> server_;
   int port_ = -1;  // the bound port (a connection's local port, to find its socket)
   std::thread thread_;

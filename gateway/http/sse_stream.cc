@@ -40,15 +40,13 @@ std::string HttpChunk(std::string_view data) {
   return fmt::format("{:x}\r\n", data.size()).append(data).append("\r\n");
 }
 
-SseStream::SseStream(ResponseContext ctx, int32_t num_choices, int32_t n, bool include_usage)
+ChatStreamFormat::ChatStreamFormat(ResponseContext ctx, int32_t num_choices, int32_t n, bool include_usage)
     : ctx_(std::move(ctx)), n_(n), include_usage_(include_usage), states_(static_cast<size_t>(num_choices)) {
   for (size_t i = 0; i < states_.size(); ++i) states_[i].index = static_cast<int32_t>(i);
 }
 
-void SseStream::OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls,
-                        bool tools_called) {
-  std::lock_guard lock(mu_);
-  if (is_broken_) return;
+std::string ChatStreamFormat::Chunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls,
+                                    bool tools_called) {
   StreamState& state = states_.at(static_cast<size_t>(index));
   state.tool_calls = std::move(tool_calls);
   state.tools_called = tools_called;
@@ -57,8 +55,30 @@ void SseStream::OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nl
   if (chunk.finish_reason() != ferry::v1::FINISH_REASON_UNSPECIFIED) {
     AddChoiceUsage(chunk.usage(), static_cast<size_t>(index), n_, usage_);
   }
+  return event;
+}
+
+std::string ChatStreamFormat::End(const Status& status) {
+  std::string rest;
+  if (status.ok() && include_usage_) rest += SseEvent(StreamUsageJson(ctx_, usage_));
+  if (!status.ok()) rest += SseEvent(ErrorJson(ErrorFromStatus(status)));
+  rest += kSseDone;
+  return rest;
+}
+
+SseStream::SseStream(std::unique_ptr<StreamFormat> format) : format_(std::move(format)) {}
+
+void SseStream::OnChunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls,
+                        bool tools_called) {
+  std::lock_guard lock(mu_);
+  if (is_broken_) return;
+  std::string event = format_->Chunk(index, chunk, std::move(tool_calls), tools_called);
   const bool was_started = is_started_;
   is_started_ = true;
+  if (event.empty()) {
+    if (!was_started) cv_.notify_all();
+    return;
+  }
   SendOrQueueLocked(std::move(event));
   // Wake the connection's thread only when it has something to do: a direct send needs nothing.
   if (!was_started || is_broken_ || !queued_.empty() || !unsent_tail_.empty()) cv_.notify_all();
@@ -132,10 +152,7 @@ bool SseStream::Serve(int socket, httplib::DataSink& sink) {
     }
   }
   // Ended: no chunk can come any more, so this thread writes the rest alone.
-  std::string rest;
-  if (status_.ok() && include_usage_) rest += SseEvent(StreamUsageJson(ctx_, usage_));
-  if (!status_.ok()) rest += SseEvent(ErrorJson(ErrorFromStatus(status_)));
-  rest += kSseDone;
+  const std::string rest = format_->End(status_);
   lock.unlock();
   if (!sink.write(rest.data(), rest.size())) return false;
   sink.done();

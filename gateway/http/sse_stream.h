@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -30,10 +31,44 @@ namespace ferry::gateway::http {
 // `data` as one chunk of a chunked HTTP body: "<hex size>\r\n<data>\r\n".
 std::string HttpChunk(std::string_view data);
 
-class SseStream {
+// What the events of one stream say: chat/completions chunks (ChatStreamFormat), or the
+// Responses API's events (responses_format.h). Called under the stream's lock, so one call at a
+// time; a choice's chunks in order.
+class StreamFormat {
+ public:
+  virtual ~StreamFormat() = default;
+  // The events for choice `index`'s next chunk (empty: none); with tools, its delta.tool_calls
+  // (null: none) and whether a call went out (StreamState).
+  virtual std::string Chunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls,
+                            bool tools_called) = 0;
+  // The closing events once every choice has ended with `status` (after the first chunk).
+  virtual std::string End(const Status& status) = 0;
+};
+
+// OpenAI's chat and completions chunks: "data: <chunk>" per chunk; at the end the usage chunk
+// (stream_options.include_usage) or the error, then "data: [DONE]".
+class ChatStreamFormat final : public StreamFormat {
  public:
   // `num_choices` choices, `n` per prompt (a prompt's usage counts once).
-  SseStream(ResponseContext ctx, int32_t num_choices, int32_t n, bool include_usage);
+  ChatStreamFormat(ResponseContext ctx, int32_t num_choices, int32_t n, bool include_usage);
+  std::string Chunk(int32_t index, const ferry::v1::GenerateChunk& chunk, nlohmann::json tool_calls,
+                    bool tools_called) override;
+  std::string End(const Status& status) override;
+
+ private:
+  const ResponseContext ctx_;
+  const int32_t n_;
+  const bool include_usage_;
+  std::vector<StreamState> states_;  // per choice
+  ferry::v1::Usage usage_;           // the prompts once, the completions of every choice
+};
+
+class SseStream {
+ public:
+  explicit SseStream(std::unique_ptr<StreamFormat> format);
+  // A chat or completions stream (ChatStreamFormat).
+  SseStream(ResponseContext ctx, int32_t num_choices, int32_t n, bool include_usage)
+      : SseStream(std::make_unique<ChatStreamFormat>(std::move(ctx), num_choices, n, include_usage)) {}
 
   // Any thread, in order per choice: one chunk of choice `index`; with tools, its
   // delta.tool_calls (null: none) and whether a call went out (StreamState).
@@ -59,14 +94,10 @@ class SseStream {
   void SendOrQueueLocked(std::string event);
   bool FlushLocked(std::unique_lock<std::mutex>& lock, int socket, httplib::DataSink& sink);
 
-  const ResponseContext ctx_;
-  const int32_t n_;
-  const bool include_usage_;
+  const std::unique_ptr<StreamFormat> format_;  // under mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<StreamState> states_;  // per choice
-  ferry::v1::Usage usage_;           // the prompts once, the completions of every choice
   int socket_ = -1;                  // set by Serve: from then on chunks may be sent directly
   std::string unsent_tail_;          // the rest of a chunk the socket took only part of (framed)
   std::string queued_;               // events not yet sent (unframed), after unsent_tail_

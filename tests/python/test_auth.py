@@ -40,7 +40,7 @@ keys:
   - {{sha256: {hash_key(KEYS['free'])}, tenant: free}}
 """)
     s = Stack(tiny_model, run_dir, extra_args=[f"--gateway-arg=--api-keys-file={keys_file}", "--log-level", "debug",
-                                               "--http-port", "0"])
+                                               "--http-port", "0", "--served-model-name", "tiny"])
     yield s
     s.stop()
 
@@ -182,6 +182,30 @@ def test_http_models_and_tokenizer_need_a_key(auth_stack):
         r = httpx.post(auth_stack.http + "/detokenize", json={"tokens": [1]}, headers=headers)
         assert r.status_code == expected, r.text
     assert httpx.get(auth_stack.http + "/health").status_code == 200
+
+
+def test_stored_responses_are_their_tenants(auth_stack):
+    """/v1/responses needs a key; a stored response is read, continued and deleted only by its tenant
+    (another's gets 404, as for one that does not exist)."""
+    import httpx
+
+    def call(method, path, key, **kw):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.request(method, auth_stack.http + path, headers=headers, timeout=60, **kw)
+
+    body = {"model": "tiny", "input": "hello", "max_output_tokens": 2}
+    assert call("POST", "/v1/responses", None, json=body).status_code == 401
+    r = call("POST", "/v1/responses", KEYS["acme"], json=body)
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    assert call("GET", f"/v1/responses/{rid}", KEYS["acme"]).json()["id"] == rid
+    assert call("GET", f"/v1/responses/{rid}", None).status_code == 401
+    assert call("GET", f"/v1/responses/{rid}", KEYS["free"]).status_code == 404
+    assert call("DELETE", f"/v1/responses/{rid}", KEYS["free"]).status_code == 404
+    r = call("POST", "/v1/responses", KEYS["free"], json={**body, "previous_response_id": rid})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id", r.text
+    assert call("DELETE", f"/v1/responses/{rid}", KEYS["acme"]).json()["deleted"] is True
+    assert call("GET", f"/v1/responses/{rid}", KEYS["acme"]).status_code == 404
 
 
 def test_no_key_in_any_log_line(auth_stack, stub, ferry_pb):

@@ -40,7 +40,8 @@ def services(tiny_model, tmp_path):
                                                 procs["worker"].address, "--step-timeout-s", str(STEP_TIMEOUT_S),
                                                 "--worker-recovery-timeout-s", str(RECOVERY_TIMEOUT_S)], tmp_path, log)
         procs["gateway"] = Proc("gateway", [binary("ferry-gateway"), "--port", "0", "--scheduler",
-                                            procs["scheduler"].address, "--tokenizer", model, "--http-port", "0"],
+                                            procs["scheduler"].address, "--tokenizer", model, "--http-port", "0",
+                                            "--served-model-name", "m"],
                                tmp_path, log)
         yield procs
     finally:

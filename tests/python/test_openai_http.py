@@ -25,7 +25,8 @@ MAX_BODY_BYTES = 1 << 20  # http_stack's --http-max-body-bytes
 @pytest.fixture(scope="module")
 def http_stack(tiny_model, tmp_path_factory):
     yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("http-stack"),
-              extra_args=["--http-port", "0", f"--gateway-arg=--http-max-body-bytes={MAX_BODY_BYTES}"]))
+              extra_args=["--http-port", "0", f"--gateway-arg=--http-max-body-bytes={MAX_BODY_BYTES}",
+                         "--served-model-name", "m"]))
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def slow_http_stack(tiny_model, tmp_path_factory):
     cost = json.loads((REPO / "scheduler" / "sim" / "presets" / "h200.json").read_text())
     cost["fixed_s"] = 0.01
     (run_dir / "cost.json").write_text(json.dumps(cost))
-    yield from serve(Stack(tiny_model, run_dir, ["--http-port", "0", "--worker-arg=--backend=sim",
+    yield from serve(Stack(tiny_model, run_dir, ["--http-port", "0", "--served-model-name", "m", "--worker-arg=--backend=sim",
                                     f"--worker-arg=--cost-model={run_dir / 'cost.json'}",
                                     "--worker-arg=--sim-live-tokens=1000"]))
 
@@ -174,7 +175,7 @@ def test_tokenize_and_detokenize_match_transformers(http_stack, tiny_model):
 
 def test_models_and_health(client, http_stack, tiny_model):
     models = client.models.list()
-    assert [m.id for m in models.data] == [str(tiny_model)]
+    assert [m.id for m in models.data] == ["m"]  # --served-model-name
     assert httpx.get(http_stack.http + "/health").status_code == 200
     # The gateway's metrics on the API port too, as vLLM serves them: the same registry.
     r = httpx.get(http_stack.http + "/metrics")
@@ -388,6 +389,42 @@ def cancelled(http_stack):
     samples = scrape(http_stack.metrics_urls()["gateway"])
     return sum(v for (name, labels), v in samples.items()
                if name == "ferry_gateway_requests_total" and ("code", "CANCELLED") in labels)
+
+
+def test_served_model_names(tiny_model, tmp_path):
+    """vLLM's --served-model-name: /v1/models lists each name (with the time it started serving and the
+    checkpoint as root); a request may name any, and its response echoes that name; one naming none gets
+    the first; another name is 404 model_not_found naming both. Without the flag the id is the model path."""
+    started = time.time()
+    (tmp_path / "named").mkdir()
+    (tmp_path / "plain").mkdir()
+    named = Stack(tiny_model, tmp_path / "named", ["--http-port", "0", "--served-model-name", "qwen-a", "qwen-b"])
+    try:
+        c = openai.OpenAI(base_url=named.http + "/v1", api_key="unused", max_retries=0)
+        cards = c.models.list().data
+        assert [m.id for m in cards] == ["qwen-a", "qwen-b"]
+        for m in cards:
+            assert int(started) - 1 <= m.created <= time.time() + 1
+            assert m.model_dump()["root"] == str(tiny_model)
+        r = c.chat.completions.create(model="qwen-b", messages=MESSAGES, max_tokens=2)
+        assert r.model == "qwen-b"
+        assert c.completions.create(model="qwen-a", prompt="Hi", max_tokens=2).model == "qwen-a"
+        r = httpx.post(named.http + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "qwen-a"
+        with pytest.raises(openai.NotFoundError) as e:
+            c.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        err = e.value.body
+        assert e.value.status_code == 404 and err["code"] == "model_not_found" and err["param"] == "model"
+        assert "`gpt-4o`" in err["message"] and "qwen-a, qwen-b" in err["message"]
+        # The next request is served.
+        assert c.completions.create(model="qwen-b", prompt="Hi", max_tokens=2).choices[0].text is not None
+    finally:
+        assert named.stop() == 0
+    plain = Stack(tiny_model, tmp_path / "plain", ["--http-port", "0"])
+    try:
+        assert [m["id"] for m in httpx.get(plain.http + "/v1/models").json()["data"]] == [str(tiny_model)]
+    finally:
+        assert plain.stop() == 0
 
 
 def test_cancelled_stream_frees_its_sequence(slow_http_stack):

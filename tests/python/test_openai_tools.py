@@ -32,7 +32,8 @@ FORCED = ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa
 
 @pytest.fixture(scope="module")
 def tools_stack(tiny_model, tmp_path_factory):
-    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("tools-stack"), ["--http-port", "0"]))
+    yield from serve(Stack(tiny_model, tmp_path_factory.mktemp("tools-stack"), ["--http-port", "0",
+                                                                                   "--served-model-name", "m"]))
 
 
 @pytest.fixture(scope="module")

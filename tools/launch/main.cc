@@ -45,6 +45,7 @@ struct Flags {
   std::vector<std::string> worker_args;     // passed through
   std::vector<std::string> scheduler_args;  // passed through
   std::vector<std::string> gateway_args;    // passed through
+  std::vector<std::string> served_model_names;  // the gateway's --served-model-name
   ferry::launch::EngineFlags engine;        // forwarded before the passed-through flags
 };
 
@@ -70,6 +71,8 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--worker-arg", f.worker_args, "Extra flag for every worker, e.g. --worker-arg=--num-kv-blocks=512");
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
+  app.add_option("--served-model-name", f.served_model_names,
+                 "Model ids the OpenAI front answers to (one or more; default: the --model path)");
   app.add_option("--gateway-arg", f.gateway_args, "Extra flag for the gateway, e.g. --gateway-arg=--api-keys-file=keys.yaml");
   ferry::launch::AddEngineFlags(app, f.engine);
 }
@@ -164,6 +167,7 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
       f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port), "--tokenizer",
       f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port", std::to_string(f.metrics_port)};
   if (f.http_port >= 0) gateway_argv.insert(gateway_argv.end(), {"--http-port", std::to_string(f.http_port)});
+  for (const std::string& name : f.served_model_names) gateway_argv.push_back("--served-model-name=" + name);
   if (PassedDrainS(f) < 0 && GatewayDrainS(f) != kGatewayDefaultDrainS) {
     gateway_argv.push_back("--drain-grace-s=" + std::to_string(GatewayDrainS(f)));
   }
