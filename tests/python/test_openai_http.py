@@ -475,6 +475,42 @@ def waiting(http_stack):
                if name == "ferry_scheduler_requests" and ("state", "waiting") in labels)
 
 
+def test_64_clients_that_hang_up_after_a_second_free_every_seat(slow_http_stack, ferry_pb):
+    """64 non-streamed requests, 16 generating and 48 waiting for a seat, whose clients all hang up
+    after a second: every one is cancelled (the gateway counts 64 more CANCELLED) and the scheduler's
+    running and waiting counts are back to 0 within a second of the hang-ups (measured: printed)."""
+    admin = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(slow_http_stack.scheduler))
+    cap = admin.GetState(ferry_pb.sched.GetStateRequest(), timeout=10).max_num_seqs
+    admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=16), timeout=10)
+    try:
+        assert wait_running(slow_http_stack, 0) == 0 and waiting(slow_http_stack) == 0
+        before = cancelled(slow_http_stack)
+        host, port = slow_http_stack.http.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1800, "ignore_eos": True})
+        conns = []
+        for _ in range(64):
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            conns.append(conn)
+        time.sleep(1.0)
+        assert (running(slow_http_stack), waiting(slow_http_stack)) == (16, 48)
+        for conn in conns:
+            conn.close()
+        closed = time.time()
+        while time.time() < closed + 10 and (running(slow_http_stack) or waiting(slow_http_stack)):
+            time.sleep(0.01)
+        freed_s = time.time() - closed
+        print(f"64 hang-ups: running and waiting back to 0 after {1e3 * freed_s:.0f} ms")
+        assert (running(slow_http_stack), waiting(slow_http_stack)) == (0, 0)
+        assert freed_s <= 1.0, f"{1e3 * freed_s:.0f} ms"
+        deadline = time.time() + 10
+        while time.time() < deadline and cancelled(slow_http_stack) < before + 64:
+            time.sleep(0.02)
+        assert cancelled(slow_http_stack) == before + 64
+    finally:
+        admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=cap), timeout=10)
+
+
 def test_a_queued_stream_whose_client_hangs_up_never_runs(slow_http_stack, ferry_pb):
     """A streamed request waiting for a seat has written nothing yet, so no write can fail: the
     gateway watches its connection and cancels it (it would otherwise run to its end for nobody)."""
