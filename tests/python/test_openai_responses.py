@@ -68,6 +68,11 @@ def test_stream_events_in_openai_order(client):
     assert whole.output_text == deltas
     # A streamed response is stored as well, as it ended.
     assert client.responses.retrieve(final.id).output_text == deltas
+    # The SDK's own stream helper accumulates the events (it checks their items and indexes). Its
+    # final response comes only with response.completed, as from OpenAI; this one may be incomplete.
+    with client.responses.stream(model="m", input="Tell me a story.", max_output_tokens=8, temperature=0) as s:
+        helper_types = [e.type for e in s]
+    assert helper_types == types
 
 
 def test_tool_call_round_trip_with_previous_response_id(client):
@@ -92,6 +97,12 @@ def test_tool_call_round_trip_with_previous_response_id(client):
     done = [e for e in events if e.type == "response.function_call_arguments.done"][0]
     assert done.arguments == "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     assert done.arguments == calls[0].arguments  # greedy: the same call as unstreamed
+    with client.responses.stream(model="m", input="Weather in Oslo?", tools=[WEATHER], max_output_tokens=200,
+                                 tool_choice={"type": "function", "name": "get_weather"}, temperature=0) as s:
+        for _ in s:
+            pass
+        streamed = s.get_final_response().output
+    assert [(o.type, o.name, o.arguments) for o in streamed] == [("function_call", "get_weather", calls[0].arguments)]
 
 
 def test_structured_output_through_text_format(client):
