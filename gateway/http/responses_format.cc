@@ -301,8 +301,7 @@ std::variant<ResponsesRequest, ApiError> ParseResponsesRequest(const json& body,
   auto parsed = ParseChatRequest(json::parse(chat_text), chat, chat_text);
   if (auto* e = std::get_if<ApiError>(&parsed)) return InResponsesTerms(*e, offset);
   ResponsesRequest out;
-  out.chat = std::move(std::get<OpenAiRequest>(parsed));
-  if (out.chat.n != 1) return InvalidField("n", "n is not a field of the Responses API");
+  out.chat = std::move(std::get<OpenAiRequest>(parsed));  // n = 1: "n" is refused above, as unknown
   out.history = json::array();
   for (size_t i = in.contains("instructions") && !in["instructions"].is_null() ? 1 : 0; i < messages.size(); ++i) {
     out.history.push_back(json::parse(messages[i].dump()));

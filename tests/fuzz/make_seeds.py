@@ -97,6 +97,16 @@ def openai_seeds():
     write("openai_request", "chat_tools", b"\x01" + json.dumps(tools).encode())
     write("openai_request", "tokenize", b"\x02" + json.dumps({"prompt": "hello world"}).encode())
     write("openai_request", "detokenize", b"\x03" + json.dumps({"tokens": [1, 2, 300]}).encode())
+    responses = {"model": "m", "instructions": "Be brief.", "max_output_tokens": 16, "temperature": 0.7,
+                 "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                           {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                            "arguments": "{\"city\": \"Oslo\"}"},
+                           {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+                 "tools": [{"type": "function", "name": "get_weather",
+                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+                 "text": {"format": {"type": "json_schema", "name": "a",
+                                     "schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}}}
+    write("openai_request", "responses", b"\x04" + json.dumps(responses).encode())
 
 
 def schema_seeds():

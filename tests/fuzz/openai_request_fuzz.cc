@@ -1,6 +1,6 @@
 // OpenAI HTTP request parsing and validation (gateway/http/openai_format.h, tokenize_api.h), as
 // the HTTP front runs it: the body's depth check, json::parse, then the endpoint's parser, chosen
-// by the first byte (0 completions, 1 chat, 2 tokenize, 3 detokenize). Every body gives a request
+// by the first byte (0 completions, 1 chat, 2 tokenize, 3 detokenize, 4 responses). Every body gives a request
 // or a 400 with a message, never an exception (it would reach cpp-httplib as a bare 500). Each
 // choice of an accepted request then goes through the gateway's validation (request_check.h).
 #include <cstddef>
@@ -11,6 +11,7 @@
 
 #include "gateway/http/chat_template.h"
 #include "gateway/http/openai_format.h"
+#include "gateway/http/responses_format.h"
 #include "gateway/http/tokenize_api.h"
 #include "tests/fuzz/request_check.h"
 
@@ -55,12 +56,22 @@ void ParseGenerate(const json& body, const std::string& text, bool chat) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ferry::gateway::http;
   if (size == 0) return 0;
-  const int endpoint = data[0] % 4;
+  const int endpoint = data[0] % 5;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   if (NestsDeeperThan(text, kMaxJsonDepth)) return 0;
   const json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return 0;
   if (endpoint <= 1) return ParseGenerate(body, text, endpoint == 1), 0;
+  if (endpoint == 4) {  // /v1/responses: a chat request underneath
+    std::variant<ResponsesRequest, ApiError> out;
+    ExpectNoThrow([&] { out = ParseResponsesRequest(body, text, Template(), nullptr); });
+    if (!IsCleanOutcome(out)) return 0;
+    const ResponsesRequest& r = std::get<ResponsesRequest>(out);
+    FUZZ_CHECK(r.chat.n == 1 && r.chat.prompts.size() == 1, "n %d, %zu prompts", r.chat.n, r.chat.prompts.size());
+    FUZZ_CHECK(r.history.is_array() && !r.history.empty(), "a request without history");
+    ferry::fuzz::CheckValidation(ExpandChoices(r.chat).at(0));
+    return 0;
+  }
   if (endpoint == 2) {
     std::variant<std::string, ApiError> out;
     ExpectNoThrow([&] { out = ParseTokenizeRequest(body, Template(), text); });
