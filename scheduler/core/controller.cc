@@ -98,6 +98,14 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
     options_.load.levels = DefaultLoadLevels(options_.min_num_seqs, options_.max_num_seqs);
   }
   Validate(options_);
+  if (UsesModel()) {  // GoodputOptions: the model modes' times scale with the TTFT target
+    time_unit_s_ = options_.slo.ttft_target_s / kReferenceTtftS;
+    GoodputOptions& g = options_.goodput;
+    for (double* t : {&g.rate_window_s, &g.adjust_interval_s, &g.other_wait_s, &g.other_rate_window_s, &g.horizon_s,
+                      &options_.load.rate_window_s, &options_.slo.window_s}) {
+      *t *= time_unit_s_;
+    }
+  }
   auto clamp = [&](int32_t n) {
     return std::clamp(n, options_.min_num_seqs, options_.max_num_seqs);
   };
@@ -206,12 +214,12 @@ double Controller::ArrivalRate(double now_s) const {
 }
 
 double Controller::RateOver(const std::deque<TimedValue>& d, double now_s, double window_s) const {
-  // Until a whole window has passed, over the time observed (at least 1 s):
-  // a rate over the full window would start near zero and climb for its
-  // first window_s.
+  // Until a whole window has passed, over the time observed (at least one
+  // time unit: 1 s, or the model modes' TTFT target): a rate over the full
+  // window would start near zero and climb for its first window_s.
   double n = 0;
   for (auto it = d.rbegin(); it != d.rend() && it->time_s >= now_s - window_s; ++it) n += it->value;
-  return n / std::clamp(now_s - first_step_s_, 1.0, window_s);
+  return n / std::clamp(now_s - first_step_s_, time_unit_s_, window_s);
 }
 
 double Controller::SeatsFor(const Batch& batch, double target_s, double now_s) const {

@@ -105,6 +105,15 @@ struct SloOptions {
 
 // goodput and load-level modes (goodput_planner.h). The TTFT and TPOT
 // targets, lanes and KV rules are SloOptions'.
+//
+// The model modes keep time in units of the TTFT target: every time below,
+// and load.rate_window_s and slo.window_s, is in seconds at a target of
+// kReferenceTtftS and scales with the target. A replica whose steps and
+// targets are all k times longer (a larger model, the CPU engine, a
+// time-dilated trace) then makes the same decisions, k times slower; with
+// fixed windows it reacted k times too fast for its own time scale
+// (docs/benchmarks/scheduler.md section 7b).
+inline constexpr double kReferenceTtftS = 1.0;
 struct GoodputOptions {
   double rate_window_s = 5.0;      // the SLO lanes' arrival rate over this window
   double adjust_interval_s = 0.5;  // at most one change per interval
@@ -280,6 +289,7 @@ class Controller {
   std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
   std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
   bool seen_step_ = false;
+  double time_unit_s_ = 1;           // model modes: slo.ttft_target_s / kReferenceTtftS (options scaled by it)
   double first_step_s_ = 0;          // time of the first Step
   double last_step_s_ = 0;           // time of the latest Step
   std::deque<TimedValue> ttft_;      // (completion time, ttft)

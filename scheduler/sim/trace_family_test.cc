@@ -245,5 +245,47 @@ TEST(GoodputModeTest, DrainsAnInteractiveQueueThatHasMissedItsTtft) {
   ExpectGoodputNearTheBestStaticCap("rtx4090d-tp4", 16, 0.0025, {4, 8, 12, 16, 32});
 }
 
+// The model modes keep time in units of the TTFT target (controller.h): the
+// trace, the cost model and every SLO dilated x4 (exact in binary floating
+// point) give the same decisions at 4x the times and the same good requests.
+// With windows fixed in seconds, x10 cost goodput up to 12 points on a
+// held-out trace (docs/benchmarks/scheduler.md section 7b).
+TEST(GoodputModeTest, ATimeDilatedReplicaMakesTheSameDecisions) {
+  constexpr double k = 4;
+  const CostModelParams base = LoadPreset("rtx4090d-tp4");
+  CostModelParams slow = base;
+  slow.fixed_s *= k, slow.batched_step_s *= k, slow.per_seq_s *= k;
+  slow.bandwidth_bytes_per_s /= k, slow.peak_flops /= k;
+  const std::vector<TraceRequest> trace = GenerateFamilyTrace(DrawFamilyMember(16, base));
+  std::vector<TraceRequest> dilated = trace;
+  for (TraceRequest& r : dilated) r.arrival_s *= k;
+  auto run = [&](const std::vector<TraceRequest>& t, const CostModelParams& p, scheduler::ControllerMode mode,
+                 double d) {
+    SimOptions o;
+    o.scheduler = DefaultSchedulerConfig(p);
+    o.controller = ControllerFor(mode, EvalMaxNumSeqs(p));
+    o.controller.slo.ttft_target_s = 1.0 * d;
+    o.controller.slo.tpot_target_s = 0.0025 * d;
+    o.lanes = LanesWithSlo(1.0 * d, 0.0025 * d);
+    for (LaneConfig& l : o.lanes) {
+      if (l.name == "batch") l.ttft_slo_s *= d, l.tpot_slo_s *= d;
+    }
+    const SimResult result = RunSimulation(t, CostModel(p), o);
+    return std::make_pair(result, Summarize(result, o.lanes).all().num_good);
+  };
+  for (auto mode : {scheduler::ControllerMode::kGoodput, scheduler::ControllerMode::kLoadLevel}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    const auto [fast, fast_good] = run(trace, base, mode, 1);
+    const auto [slow_run, slow_good] = run(dilated, slow, mode, k);
+    ASSERT_GE(fast.caps.size(), 4u) << "a trace where the cap moves";
+    ASSERT_EQ(fast.caps.size(), slow_run.caps.size());
+    for (size_t i = 0; i < fast.caps.size(); ++i) {
+      EXPECT_EQ(fast.caps[i].num_seqs, slow_run.caps[i].num_seqs) << "change " << i;
+      EXPECT_DOUBLE_EQ(k * fast.caps[i].time_s, slow_run.caps[i].time_s) << "change " << i;
+    }
+    EXPECT_EQ(fast_good, slow_good);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::sim
