@@ -33,7 +33,7 @@ SUPP=$REPO/tests/sanitizers
 TSAN_TARGETS=(engine_loop_test async_scheduling_test gateway_jobs_test sse_stream_test connection_watch_test)
 # asan --quick: the hand-written parsers, scheduler core and worker service.
 ASAN_QUICK_TARGETS=(json_schema_test regex_dfa_test ebnf_grammar_test grammar_pda_test tokenizer_test
-                    incremental_decoder_test bpe_trainer_test utf8_test openai_format_test sse_stream_test
+                    incremental_decoder_test bpe_trainer_test utf8_test openai_format_test responses_format_test sse_stream_test
                     safetensors_test block_manager_test scheduler_core_test scheduler_policy_test
                     prefix_cache_test step_alloc_test async_scheduling_test engine_loop_test worker_service_test
                     ferry-launch ferry-gateway ferry-scheduler ferry-worker ferry-make-model)
