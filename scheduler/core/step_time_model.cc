@@ -44,7 +44,7 @@ StepTimeModel::Moments StepTimeModel::CentredMoments() const {
   m.m1 /= n, m.m2 /= n, m.my /= n;
   for (size_t i = 0; i < size_; ++i) {
     const double d1 = at(i).seqs - m.m1, d2 = at(i).tokens - m.m2, dy = at(i).duration_s - m.my;
-    m.s11 += d1 * d1, m.s22 += d2 * d2, m.s12 += d1 * d2, m.s1y += d1 * dy, m.s2y += d2 * dy;
+    m.s11 += d1 * d1, m.s22 += d2 * d2, m.s12 += d1 * d2, m.s1y += d1 * dy, m.s2y += d2 * dy, m.syy += dy * dy;
   }
   return m;
 }
@@ -75,27 +75,87 @@ double StepTimeModel::TokensPerSeq() const {
   return seqs > 0 ? tokens / seqs : 0.0;
 }
 
+namespace {
+
+// Solves the k x k system a x = b (k <= 3) by Gaussian elimination with
+// partial pivoting; false when a pivot is negligible against the diagonal
+// (the chosen regressors are collinear).
+bool SolveSmall(int k, double a[3][3], double b[3], double x[3]) {
+  double scale = 0;
+  for (int i = 0; i < k; ++i) scale = std::max(scale, std::abs(a[i][i]));
+  if (scale <= 0) return false;
+  for (int col = 0; col < k; ++col) {
+    int pivot = col;
+    for (int r = col + 1; r < k; ++r)
+      if (std::abs(a[r][col]) > std::abs(a[pivot][col])) pivot = r;
+    if (std::abs(a[pivot][col]) <= 1e-9 * scale) return false;
+    std::swap(a[col], a[pivot]);
+    std::swap(b[col], b[pivot]);
+    for (int r = col + 1; r < k; ++r) {
+      const double f = a[r][col] / a[col][col];
+      for (int c = col; c < k; ++c) a[r][c] -= f * a[col][c];
+      b[r] -= f * b[col];
+    }
+  }
+  for (int r = k - 1; r >= 0; --r) {
+    double v = b[r];
+    for (int c = r + 1; c < k; ++c) v -= a[r][c] * x[c];
+    x[r] = v / a[r][r];
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<StepFit> StepTimeModel::Fit(size_t min_steps) const {
   if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
   const Moments m = CentredMoments();
   if (m.s11 < static_cast<double>(size_) * 0.25) return std::nullopt;  // the sequence count must vary
-  const double det = m.s11 * m.s22 - m.s12 * m.s12;
-  const bool separable = det > 1e-6 * m.s11 * m.s22;
-  double b = separable ? (m.s1y * m.s22 - m.s2y * m.s12) / det : 0;
-  double c = separable ? (m.s2y * m.s11 - m.s1y * m.s12) / det : 0;
-  // Collinear, or a negative slope: one regressor alone (the one that
-  // explains the steps with a non-negative slope; sequences first).
-  if (!separable || b < 0 || c < 0) {
-    b = m.s1y > 0 ? m.s1y / m.s11 : 0;
-    c = m.s1y <= 0 && m.s22 > 0 && m.s2y > 0 ? m.s2y / m.s22 : 0;
+  // Least squares with every coefficient >= 0 (a step cannot take less time
+  // for more work): the optimum has some coefficients at 0 and the others at
+  // the unconstrained fit on those regressors alone, so try every subset of
+  // {fixed, seqs, tokens} and keep the feasible one with the least squared
+  // error. Raw (uncentred) normal equations, columns 1, seqs, tokens; a fit
+  // without the constant runs through the origin rather than having a
+  // negative constant cut to 0 after the fact, which would bias every
+  // prediction upward by the cut.
+  const double n = static_cast<double>(size_);
+  const double gram[3][3] = {{n, n * m.m1, n * m.m2},
+                             {n * m.m1, m.s11 + n * m.m1 * m.m1, m.s12 + n * m.m1 * m.m2},
+                             {n * m.m2, m.s12 + n * m.m1 * m.m2, m.s22 + n * m.m2 * m.m2}};
+  const double cross[3] = {n * m.my, m.s1y + n * m.m1 * m.my, m.s2y + n * m.m2 * m.my};
+  const double total = m.syy + n * m.my * m.my;  // sum of squared durations
+  // Subsets in order of preference on a tie (collinear seqs and tokens in a
+  // pure decode window: the slope goes to the sequences).
+  static constexpr int kSubsets[] = {0b111, 0b011, 0b101, 0b110, 0b010, 0b100, 0b001};
+  std::optional<StepFit> best;
+  double best_sse = 0;
+  for (int subset : kSubsets) {
+    int idx[3], k = 0;
+    for (int j = 0; j < 3; ++j)
+      if (subset & (1 << j)) idx[k++] = j;
+    double a[3][3], b[3], x[3] = {0, 0, 0};
+    for (int r = 0; r < k; ++r) {
+      for (int c = 0; c < k; ++c) a[r][c] = gram[idx[r]][idx[c]];
+      b[r] = cross[idx[r]];
+    }
+    if (!SolveSmall(k, a, b, x)) continue;
+    double coef[3] = {0, 0, 0};
+    bool feasible = true;
+    for (int r = 0; r < k; ++r) coef[idx[r]] = x[r], feasible &= x[r] >= 0;
+    if (!feasible) continue;
+    // At the restricted optimum the squared error is total - coef . cross.
+    const double sse = total - (coef[0] * cross[0] + coef[1] * cross[1] + coef[2] * cross[2]);
+    // A later subset must be better by more than rounding (relative to the
+    // total, which the subtraction above cancels against) to win a tie.
+    if (best && sse > best_sse - 1e-10 * total) continue;
+    best = StepFit{coef[0], coef[1], coef[2]};
+    best_sse = sse;
   }
-  StepFit fit;
-  fit.per_seq_s = b;
-  fit.per_token_s = c;
-  fit.fixed_s = std::max(0.0, m.my - b * m.m1 - c * m.m2);
-  const double predicted = fit.Seconds(m.m1, m.m2);
+  if (!best) return std::nullopt;
+  const double predicted = best->Seconds(m.m1, m.m2);
   if (!std::isfinite(predicted) || predicted <= 0 || std::abs(predicted - m.my) > 0.5 * m.my) return std::nullopt;
-  return fit;
+  return best;
 }
 
 }  // namespace ferry::scheduler

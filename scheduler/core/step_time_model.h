@@ -38,10 +38,11 @@ class StepTimeModel {
   // `min_steps` steps, when the sequence count hardly varies (standard
   // deviation under half a sequence), or when the fit is not positive.
   std::optional<double> MarginalSeqCost(size_t min_steps = 64) const;
-  // The whole fit, for predicting other batch shapes. Coefficients are kept
-  // non-negative: a negative one (collinear seqs and tokens, noise) is
-  // dropped and the rest refitted. Empty like MarginalSeqCost, or when the
-  // fit does not predict the window's mean step within 50%.
+  // The whole fit, for predicting other batch shapes: least squares with
+  // every coefficient non-negative (a negative one, from collinear seqs and
+  // tokens or noise, is held at 0 and the rest refitted; the constant too,
+  // so such a fit runs through the origin). Empty like MarginalSeqCost, or
+  // when the fit does not predict the window's mean step within 50%.
   std::optional<StepFit> Fit(size_t min_steps = 64) const;
   // Tokens computed per sequence-step over the window (1 for pure decode;
   // prefill chunks raise it): sum of tokens / sum of seqs. 0 without steps.
@@ -57,7 +58,7 @@ class StepTimeModel {
   // Means and centred second moments of seqs (1), tokens (2) and duration (y).
   struct Moments {
     double m1 = 0, m2 = 0, my = 0;
-    double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0;
+    double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0, syy = 0;
   };
   Moments CentredMoments() const;
   double RecentMeanOf(size_t n, double Step::*field) const;

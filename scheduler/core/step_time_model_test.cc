@@ -80,5 +80,24 @@ TEST(StepTimeModelTest, FitRecoversTheCoefficientsAndStaysNonNegative) {
   }
 }
 
+TEST(StepTimeModelTest, ANegativeConstantIsRefittedThroughTheOrigin) {
+  // Steps that grow faster than linearly from 4 to 20 sequences: the free
+  // line through them has a negative constant. The fit is the least-squares
+  // line through the origin, not that line with its constant cut to 0.
+  StepTimeModel m;
+  double sxy = 0, sxx = 0;
+  for (int i = 0; i < 200; ++i) {
+    const int seqs = 4 + i % 17;
+    const double y = 2e-4 * seqs + 1e-5 * seqs * seqs;
+    m.Add(0.001 * i, y, seqs, seqs);
+    sxy += seqs * y, sxx += double(seqs) * seqs;
+  }
+  const std::optional<StepFit> fit = m.Fit();
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->fixed_s, 0.0);
+  EXPECT_EQ(fit->per_token_s, 0.0);  // tokens == seqs: the slope goes to the sequences
+  EXPECT_NEAR(fit->per_seq_s, sxy / sxx, 1e-12);
+}
+
 }  // namespace
 }  // namespace ferry::scheduler
