@@ -50,8 +50,10 @@ TSAN_UNBUILT='LinearBatchInvarianceUnder'
 
 configure() {  # dir sanitizer
   if [ ! -f "$1/build.ninja" ]; then
+    local launcher=()  # ccache where installed (not part of scripts/setup.sh)
+    command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     nice -n 19 cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_ENABLE_CUDA=OFF \
-      -DFERRY_SANITIZE="$2" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache >/dev/null
+      -DFERRY_SANITIZE="$2" "${launcher[@]}" >/dev/null
   fi
 }
 

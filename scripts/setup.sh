@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libutf8proc-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev libssl-dev
   prometheus python3 python3-venv python3-pip python3-matplotlib iproute2
-  clang-14 libclang-rt-14-dev libfuzzer-14-dev
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev ccache
 )
 # Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
 # through --system-site-packages.
