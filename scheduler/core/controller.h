@@ -297,7 +297,10 @@ class Controller {
   StepTimeModel steps_;              // the fit spans cap changes: it needs their variety
   int32_t steps_since_change_ = 0;
   static constexpr int32_t kMinStepsToJudge = 16;
-  std::deque<TimedValue> contexts_;  // (completion time, final context tokens), every lane
+  // KV held by a running sequence (OnCompletion), every lane: (completion
+  // time, weight * held tokens) and (completion time, weight).
+  std::deque<TimedValue> held_weighted_;
+  std::deque<TimedValue> held_weights_;
   int32_t preemptions_since_adjust_ = 0;
   int32_t keep_up_seats_ = 0;
   bool in_backlog_ = false;  // the latest adjustment was a backlog raise

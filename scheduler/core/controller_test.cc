@@ -199,8 +199,10 @@ TEST(ControllerTest, SloCutsOnTpotViolationAndKvPressure) {
   EXPECT_EQ(c.num_seqs(), 2);
 }
 
-// Raises stop at the sequences the pool holds at the mean final context of
-// recent completions (every lane): seats beyond it only buy preemptions.
+// Raises stop at the sequences the pool holds at the mean KV a running
+// sequence holds, from recent completions (every lane): its prompt and half
+// its output, weighted by its output (the steps it runs); the final context
+// when the output is not reported. Seats beyond it only buy preemptions.
 TEST(ControllerTest, SloRaisesOnlyUpToWhatTheKvPoolHolds) {
   ControllerOptions o = Options(ControllerMode::kSlo);
   o.max_num_seqs = 256;
@@ -217,6 +219,16 @@ TEST(ControllerTest, SloRaisesOnlyUpToWhatTheKvPoolHolds) {
     c.Step(obs);
   }
   EXPECT_EQ(c.num_seqs(), 17);
+  // Half of them 400 tokens of output, half 50: held on average
+  // (400 * 800 + 50 * 975) / 450 = 819.4 tokens, 0.85 * 20,000 / 819.4 = 20.7.
+  Controller e(o);
+  for (int i = 0; i < 3000; ++i) {
+    StepObservation obs = Obs(0.05 * (i + 1), e.num_seqs(), 500, 0.5);
+    obs.kv_capacity_tokens = 20000;
+    if (i % 10 == 0) e.OnCompletion({obs.now_s, 0.1, 0.005, "batch", 1000, i % 20 == 0 ? 400 : 50});
+    e.Step(obs);
+  }
+  EXPECT_EQ(e.num_seqs(), 20);
   // Without a pool size the same queue raises to the maximum.
   Controller d(o);
   for (int i = 0; i < 3000; ++i) d.Step(Obs(0.05 * (i + 1), d.num_seqs(), 500, 0.5));
