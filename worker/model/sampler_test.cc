@@ -401,9 +401,10 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveMultipliesNegative) {
   ApplyPenalties(logits.data(), {.repetition_penalty = 2.f}, c);
   EXPECT_EQ(logits, (std::vector<float>{1.f, -4.f, 1.f, -1.f, 0.f}));
   // Below 1 it rewards instead.
-  std::vector<float> more{2.f, -2.f};
+  // (The logits cover every id the counts hold: a shorter row was read past its end, ASan.)
+  std::vector<float> more{2.f, -2.f, 1.f, -1.f, 0.f};
   ApplyPenalties(more.data(), {.repetition_penalty = 0.5f}, c);
-  EXPECT_EQ(more, (std::vector<float>{4.f, -1.f}));
+  EXPECT_EQ(more, (std::vector<float>{4.f, -1.f, 1.f, -1.f, 0.f}));
 }
 
 TEST(SamplerTest, GreedyFlipsAtTheRepetitionPenaltyThatCrossesTheRunnerUp) {
