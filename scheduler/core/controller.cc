@@ -361,8 +361,9 @@ int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
   if (obs.resumes_from_cache && obs.kv_capacity_tokens > 0 && obs.num_running > 0 && obs.kv_usage > 0) {
     // What the whole pool holds at the KV each running sequence holds now.
     // The rule below undercounts seats here: shared prefix blocks are held
-    // once. With it (and final contexts, as it then had) on a long-context trace at saturation (docs/benchmarks/
-    // scheduler.md 3e) it held slo at 0.70-0.97 of the best static cap.
+    // once. On a long-context trace at saturation that rule (then on final
+    // contexts) held slo at 0.70-0.97 of the best static cap
+    // (docs/benchmarks/scheduler.md 3e).
     const double held = obs.kv_usage / static_cast<double>(obs.num_running);
     limit = std::min(limit, std::max(obs.num_running, static_cast<int32_t>(1.0 / held)));
   } else if (obs.kv_capacity_tokens > 0 && static_cast<int32_t>(held_weights_.size()) >= o.min_samples) {
