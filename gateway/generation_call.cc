@@ -186,16 +186,22 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
   const ValidatedRequest& v = admitted_->v;
   lane_series_ = &context_.metrics.lane(v.lane);
   lane_series_->waiting.Increment();
-  progress_.emplace(StreamProgress{CompletionText(context_.tokenizer, v.stop, v.submit.sampling().min_tokens(), v.include_stop)});
-  progress_->final_chunk.set_request_id(v.submit.request_id());
-  if (v.submit.sampling().has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
+  NewProgress();
   prefix_key_ = PrefixKey(v.submit.prompt_token_ids());
   cost_ = v.submit.prompt_token_ids_size() + v.submit.sampling().max_tokens();
   StartAttempt();
 }
 
-// A replica that fails before the request started is left for another; after the start, the
-// failure is the request's (UNAVAILABLE), since its tokens so far cannot be taken back.
+void GenerationCall::NewProgress() {
+  const ValidatedRequest& v = admitted_->v;
+  progress_.emplace(StreamProgress{CompletionText(context_.tokenizer, v.stop, v.submit.sampling().min_tokens(), v.include_stop)});
+  progress_->final_chunk.set_request_id(v.submit.request_id());
+  if (v.submit.sampling().has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
+  held_.Clear();
+}
+
+// A replica that fails before the client was sent anything is left for another; after that, the
+// failure is the request's (UNAVAILABLE), since what the client has cannot be taken back.
 void GenerationCall::StartAttempt() {
   if (tried_.size() >= hooks_.max_attempts) return Conclude(last_attempt_status_);
   ReplicaRouter& router = context_.scheduler.router();
@@ -275,6 +281,7 @@ void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
       return attempt_->ReadNext();
     }
     wrote_tokens_ = wrote_tokens_ || chunk.token_ids_size() > 0;
+    wrote_any_ = true;
     return hooks_.write(std::move(chunk));
   }
   attempt_->ReadNext();
@@ -294,12 +301,22 @@ void GenerationCall::OnStreamDone(const Status& status) {
   ReplicaRouter& router = context_.scheduler.router();
   auto& r = router.replica(*replica_);
   r.outstanding_tokens -= cost_;
-  if (progress_->started || status.error_code() != StatusCode::kUnavailable || hooks_.client_cancelled()) {
+  // Retried only while the client has nothing: a sequence the replica had scheduled but that had
+  // sent no output yet is run again from its prompt elsewhere. Its seed is fixed at admission, so
+  // the retry's tokens are the ones the lost attempt would have sent. Its lane place was given
+  // back when it first started.
+  const bool ended = progress_->reason != ferry::v1::FINISH_REASON_UNSPECIFIED;  // its final event came
+  if (wrote_any_ || ended || status.error_code() != StatusCode::kUnavailable || hooks_.client_cancelled()) {
     if (progress_->started) router.Served(*replica_, prefix_key_);
     return Conclude(status);
   }
-  spdlog::warn("req={} scheduler {} unavailable before the start ({}); trying another",
+  spdlog::warn("req={} scheduler {} unavailable before any output ({}); trying another",
                admitted_->v.submit.request_id(), r.address, status.error_message());
+  if (progress_->started) {  // back to waiting, as it is
+    lane_series_->running.Decrement();
+    lane_series_->waiting.Increment();
+  }
+  NewProgress();
   router.MarkUnhealthy(*replica_);
   tried_.push_back(*replica_);
   last_attempt_status_ = status;

@@ -8,8 +8,9 @@
 // Submit stream (scheduler_client.h; one per attempt). Each event is folded into a chunk and
 // handed to the front's `write` hook; the next event is read only after the front answers with
 // WriteDone, so the client's pace is the stream's flow control. When the stream ends: a replica
-// that failed before the start is left for another attempt; otherwise the call concludes, writes
-// the final chunk (finish reason, usage, timings) and calls `done`.
+// that failed (UNAVAILABLE) before the client was sent anything is left for another attempt;
+// otherwise the call concludes, writes the final chunk (finish reason, usage, timings) and calls
+// `done`.
 //
 // Threads: hooks run on the scheduler client's threads (Start's refusals on the caller's), never
 // two at once for one call.
@@ -37,8 +38,8 @@ namespace ferry::gateway {
 struct GatewayMetrics;
 struct LaneSeries;
 
-// Scheduler attempts one request may make: a replica that fails before the start is left for
-// another, up to this many in all.
+// Scheduler attempts one request may make: a replica that fails before the client was sent
+// anything is left for another, up to this many in all.
 inline constexpr size_t kMaxSchedulerAttempts = 4;
 // The longest a request waits for a replica to take it when its lane sets no queue timeout.
 inline constexpr auto kMaxReplicaWait = std::chrono::seconds(30);
@@ -131,9 +132,11 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   // Validates, tokenises and enters the request's lane; a status when it is refused (counted),
   // with a retry hint in retry_after_ms_ when the lane is full.
   std::variant<Status, AdmittedRequest> Admit(ferry::v1::GenerateRequest& request);
+  // A fresh StreamProgress for the admitted request (at the start, and for each retry).
+  void NewProgress();
   // Opens a stream on a healthy replica not tried yet; when none is left, waits for one.
   void StartAttempt();
-  // No replica may take the request now (each failed it before its start, or none is up: a
+  // No replica may take the request now (each failed it before any output, or none is up: a
   // scheduler restarting). It keeps its place in its lane and tries them all again after a backoff
   // while its queue timeout, its deadline and kMaxReplicaWait allow; else it ends UNAVAILABLE.
   void WaitForReplica();
@@ -159,6 +162,7 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   SchedulerStream* attempt_ = nullptr;  // the current stream; valid until its OnStreamDone
   bool client_gone_ = false;
   bool wrote_tokens_ = false;        // a chunk with tokens went to the front
+  bool wrote_any_ = false;           // a chunk (tokens, text or prompt logprobs) went to the front
   ferry::v1::GenerateChunk held_;    // tokens waiting for --stream-interval; empty when none
   bool final_written_ = false;  // the next WriteDone answers the final chunk
   Status result_;

@@ -54,6 +54,10 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
           *out.add_events() = std::move(event);
           if (!stream->Write(out)) return grpc::Status::CANCELLED;
         }
+        if (!after_events.ok()) {
+          std::this_thread::sleep_for(gap);  // what was sent reaches the gateway first
+          return after_events;
+        }
       }
     }
     return grpc::Status::OK;
@@ -64,6 +68,9 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
   // chunk boundaries spaces them.
   std::chrono::milliseconds gap{0};
   grpc::Status refusal = grpc::Status::OK;
+  // With a status: the session ends with it once the first submit's events went out (a replica lost
+  // in the middle of the request).
+  grpc::Status after_events = grpc::Status::OK;
   std::atomic<int> sessions{0};
   std::atomic<int> submits{0};
   std::atomic<bool> saw_cancel{false};
@@ -255,6 +262,61 @@ TEST_F(GenerationCallTest, AReplicaUnavailableBeforeTheStartIsLeftForTheNext) {
   EXPECT_EQ(down.submits, 1);
   EXPECT_EQ(up.submits, 1);
   EXPECT_EQ(num_attempts(), 2u);  // a fresh stream (and context) per attempt
+}
+
+// The replica had scheduled the request (its first event came, with no token yet) when it was lost:
+// the client has nothing, so the request runs again on the next replica, and the client sees
+// only that run.
+TEST_F(GenerationCallTest, AReplicaLostAfterTheStartButBeforeAnyOutputIsLeftForTheNext) {
+  ScriptedScheduler lost, up;
+  TokenEvent started;
+  started.set_queue_s(0.001);
+  lost.events = {started};
+  lost.gap = 50ms;
+  lost.after_events = grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler lost");
+  auto ids = Ids("one two");
+  ASSERT_GE(ids.size(), 2u);
+  ids.resize(2);
+  up.events = {Event(ids, ferry::v1::FINISH_KIND_LENGTH)};
+  Server first(lost), second(up);
+  auto generator = MakeGenerator({first.Channel(), second.Channel()});  // equal load: replica 0 first
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(2));
+  ASSERT_TRUE(front.WaitChunks(1));
+  const GenerateChunk only = front.chunk(0);
+  EXPECT_EQ(only.finish_reason(), ferry::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(std::vector<int32_t>(only.token_ids().begin(), only.token_ids().end()), ids);
+  EXPECT_EQ(only.usage().completion_tokens(), 2);
+  call->WriteDone(true);
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+  EXPECT_EQ(lost.submits, 1);
+  EXPECT_EQ(up.submits, 1);
+  EXPECT_EQ(front.num_chunks(), 1u);
+}
+
+// Once the client has tokens, a lost replica is the request's failure: what was sent cannot be
+// taken back, so the call ends UNAVAILABLE and no other replica runs it.
+TEST_F(GenerationCallTest, AReplicaLostAfterOutputEndsTheCallUnavailable) {
+  ScriptedScheduler lost, other;
+  lost.events = {Event({Ids("one")[0]})};
+  lost.gap = 50ms;
+  lost.after_events = grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler lost");
+  other.events = {Event({Ids("two")[0]}, ferry::v1::FINISH_KIND_EOS)};
+  Server first(lost), second(other);
+  auto generator = MakeGenerator({first.Channel(), second.Channel()});
+  RecordingFront front;
+  auto call = generator->NewCall(front.Hooks());
+  call->Start(Request(8));
+  ASSERT_TRUE(front.WaitChunks(1));
+  call->WriteDone(true);
+  const auto status = front.WaitDone();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), StatusCode::kUnavailable) << status->error_message();
+  EXPECT_EQ(other.submits, 0);
+  EXPECT_EQ(front.num_chunks(), 1u);
 }
 
 // Its only scheduler is away (restarting under its supervisor): the request waits in its lane and is

@@ -130,9 +130,10 @@ def test_worker_killed_while_idle_is_noticed_before_the_next_request(services, f
 
 def test_scheduler_killed_requests_not_started_are_retried_and_every_request_ends(services, ferry_pb, tmp_path):
     """kill -9 of the scheduler with 8 requests running and 40 queued behind --max-num-seqs 8: the queued
-    ones never started, so the gateway retries them once the scheduler is back (restarted on its
-    address, as its supervisor would); the running ones end UNAVAILABLE with a retry hint. None hangs,
-    and the stack serves afterwards."""
+    ones (and any running one that had sent no token yet) gave their client nothing, so the gateway
+    retries them once the scheduler is back (restarted on its address, as its supervisor would); the
+    running ones with tokens end UNAVAILABLE with a retry hint. None hangs, and the stack serves
+    afterwards."""
     gateway, scheduler = services["gateway"], services["scheduler"]
     scheduler.stop()
     scheduler.argv += ["--max-num-seqs", "8"]
@@ -161,7 +162,7 @@ def test_scheduler_killed_requests_not_started_are_retried_and_every_request_end
         else:
             assert code == grpc.StatusCode.UNAVAILABLE, (rid, code, details)
             assert int(trailers.get("grpc-retry-pushback-ms", 0)) > 0, (rid, trailers)
-            assert tokens, f"{rid} never started, yet was not retried: {details}"
+            assert tokens, f"{rid} had sent nothing, yet was not retried: {details}"
     assert codes.get(grpc.StatusCode.OK, 0) >= 40 - 8, codes  # every request queued at the kill was retried
     assert 0 < codes.get(grpc.StatusCode.UNAVAILABLE, 0) <= 8, codes
     again = run_streams(gateway.address, ferry_pb, requests[:2])
