@@ -19,6 +19,18 @@ BUILD = Path(os.environ.get("FERRY_BUILD_DIR", REPO / "build"))
 BIN = BUILD / "bin"
 
 
+def build_sanitizers() -> str:
+    """FERRY_SANITIZE of the build under test ("" for a normal build; "address,undefined" or "thread"
+    for scripts/sanitize.sh's)."""
+    cache = BUILD / "CMakeCache.txt"
+    if not cache.exists():
+        return ""
+    for line in cache.read_text().splitlines():
+        if line.startswith("FERRY_SANITIZE:"):
+            return line.split("=", 1)[1]
+    return ""
+
+
 def post_json(stack, path, body, timeout=60):
     """POSTs body as JSON to the stack's HTTP front: (status, decoded JSON answer), errors included."""
     req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode(),

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import BUILD, REPO
+from conftest import BUILD, REPO, build_sanitizers
 
 
 def soak(tmp_path, *extra):
@@ -19,7 +19,12 @@ def soak(tmp_path, *extra):
 
 
 def test_a_clean_run_passes(tmp_path):
-    done, r = soak(tmp_path)
+    # Under ASan, freed memory stays resident in ASan's quarantine (256 MB by default) so that a use
+    # after free is caught: RSS growth would measure the quarantine filling, not Ferry. There, leaks
+    # are LeakSanitizer's (detect_leaks=1: each process checks at exit, and scripts/sanitize.sh fails
+    # on any report), and the RSS criterion is left out; everything else below is still asserted.
+    rss = ["--max-rss-growth-mb", "inf"] if "address" in build_sanitizers() else []
+    done, r = soak(tmp_path, *rss)
     assert done.returncode == 0, done.stdout + done.stderr
     assert r["passed"] and not r["failures"]
     kinds = {k.split(":")[0] for k in r["outcomes"]}
