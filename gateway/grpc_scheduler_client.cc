@@ -12,6 +12,7 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/client_callback.h>
+#include <spdlog/spdlog.h>
 
 #include "ferry/v1/scheduler.grpc.pb.h"
 #include "gateway/session_writes.h"
@@ -27,6 +28,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
 constexpr int64_t kSchedulerGoneRetryMs = 1000;
+// How long a client being destroyed waits for its sessions to go (LiveSessions).
+constexpr auto kSessionsGoneTimeout = std::chrono::milliseconds(5000);
 
 class Session;
 
@@ -227,6 +230,44 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
   TokenEvent delivered_;  // the reader's, during its OnEvent (one at a time)
 };
 
+// The sessions of one client that still exist. A session's last share may go on one of gRPC's
+// callback threads (OnDone), and its ClientContext holds a share of the channel: were that the
+// channel's last, gRPC 1.51 would destroy the channel's callback completion queue on the very thread
+// that polls it (a use after free, seen under TSan). So the client keeps its channels (in its stubs)
+// until every session it made is gone, and waits for that when it is destroyed. A session also lives
+// as long as a request on it (its MuxStream) that no reader has concluded; a client destroyed while
+// a front still holds such a request waits for it a bounded time and says so.
+class LiveSessions {
+ public:
+  class Member {
+   public:
+    explicit Member(LiveSessions& live) : live_(live) {
+      std::lock_guard lock(live_.mu_);
+      ++live_.count_;
+    }
+    ~Member() {
+      std::lock_guard lock(live_.mu_);
+      if (--live_.count_ == 0) live_.cv_.notify_all();
+    }
+    Member(const Member&) = delete;
+    Member& operator=(const Member&) = delete;
+
+   private:
+    LiveSessions& live_;
+  };
+  // The sessions still alive after `limit`: 0 when they all went.
+  int WaitNone(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return count_ == 0; });
+    return count_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_ = 0;
+};
+
 // One Scheduler.Session: the requests of one gateway connection to one replica, multiplexed.
 // Submits and cancels queued while a write is in flight go out together in the next message, up
 // to kMaxSessionWriteBytes (session_writes.h); the rest in the ones after.
@@ -240,7 +281,7 @@ class MuxStream final : public SchedulerStream, public std::enable_shared_from_t
 class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEvents>,
                       public std::enable_shared_from_this<Session> {
  public:
-  explicit Session(ferry::v1::Scheduler::Stub& stub) : stub_(stub) {}
+  Session(ferry::v1::Scheduler::Stub& stub, LiveSessions& live) : live_(live), stub_(stub) {}
 
   // A hold keeps OnDone back while a write may still start (WriteIfIdle decides under the lock,
   // starts outside it); it goes once reading failed and no write is in flight.
@@ -398,6 +439,7 @@ class Session final : public grpc::ClientBidiReactor<SessionRequests, SessionEve
     StartWrite(&out_);
   }
 
+  LiveSessions::Member live_;  // first: counted out after every other member, context_ included
   ferry::v1::Scheduler::Stub& stub_;
   grpc::ClientContext context_;
   std::shared_ptr<Session> self_;        // gRPC's share, until OnDone
@@ -487,6 +529,16 @@ class GrpcSchedulerClient final : public SchedulerClient {
         if (session) session->Shutdown();
       }
     }
+    // Ended sessions may still be held by their hand-out thread or an OnDone finishing: their
+    // channel shares must go before the stubs' (LiveSessions).
+    for (Replica& replica : replicas_) {
+      std::lock_guard lock(replica.mu);
+      replica.sessions.clear();
+    }
+    if (const int left = live_sessions_.WaitNone(kSessionsGoneTimeout); left > 0) {
+      spdlog::warn("scheduler client: {} session(s) still held by unfinished requests after {} ms; their "
+                   "channels may close on a gRPC thread", left, kSessionsGoneTimeout.count());
+    }
   }
 
   ReplicaRouter& router() override { return router_; }
@@ -517,7 +569,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
     const size_t k = replica.next++ % replica.sessions.size();
     std::shared_ptr<Session>& session = replica.sessions[k];
     if (!session || session->ended()) {
-      session = std::make_shared<Session>(*replica.stubs[k]);
+      session = std::make_shared<Session>(*replica.stubs[k], live_sessions_);
       session->Begin();
     }
     return session;
@@ -533,6 +585,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
 
   DeadlineTimer timer_;
   std::atomic<uint64_t> next_timer_id_{0};
+  LiveSessions live_sessions_;  // before replicas_: the stubs (channels) go before it, after every session
   std::vector<Replica> replicas_;
   ReplicaRouter router_;  // after replicas_: its health thread probes them until it is destroyed
 };

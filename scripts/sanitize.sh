@@ -5,12 +5,13 @@
 #
 # asan: ASan+UBSan build in build-asan; every C++ test (ctest), then the end-to-end tests that start the
 #       three services (pytest, binaries from build-asan through FERRY_BUILD_DIR).
-# tsan: TSan build in build-tsan of the concurrent parts whose tests need no gRPC server: scheduler
-#       engine loop (fake workers) and async scheduling, gateway job store, HTTP front (SSE stream,
-#       connection watch). Tests that serve gRPC (scheduler_service_test, worker_service*_test,
-#       generation_call_test) are left out: Debian's gRPC is uninstrumented and synchronises on
-#       Abseil's futex-based Mutex, so TSan sees none of the ordering between a reactor's setup and its
-#       callbacks and reports races in every reactor (README, "Testing").
+# tsan: TSan build in build-tsan of the concurrent parts: scheduler engine loop and async scheduling,
+#       the scheduler's gRPC service and its worker client (scheduler_service_test, worker_service*_test,
+#       worker_loss_test), the gateway's call lifecycle, scheduler client and replica router
+#       (gateway_service_test), job store, HTTP front (SSE stream, connection watch). The tests run
+#       against Debian's own Abseil and gRPC rebuilt with -fsanitize=thread (scripts/tsan-deps.sh, once,
+#       into build-tsan/tsan-deps, about 16 min), so that TSan sees the locks and atomics gRPC orders its
+#       callbacks with.
 # --quick: the part .ci/run runs (README, "Testing"): asan builds only the parser, scheduler-core
 #       and worker-service tests (skipping the minutes-long randomised/simulator ones) and the
 #       services, and runs four end-to-end files (E2E_QUICK); tsan unchanged.
@@ -30,7 +31,9 @@ JOBS=${JOBS:-$(nproc)}
 SUPP=$REPO/tests/sanitizers
 
 # The concurrent parts, by test target (tsan builds only these).
-TSAN_TARGETS=(engine_loop_test async_scheduling_test gateway_jobs_test sse_stream_test connection_watch_test)
+TSAN_TARGETS=(engine_loop_test async_scheduling_test gateway_jobs_test sse_stream_test connection_watch_test
+              scheduler_service_test worker_service_test worker_service_overlap_test worker_loss_test
+              gateway_service_test)
 # asan --quick: the hand-written parsers, scheduler core and worker service.
 ASAN_QUICK_TARGETS=(json_schema_test regex_dfa_test ebnf_grammar_test grammar_pda_test tokenizer_test
                     incremental_decoder_test bpe_trainer_test utf8_test openai_format_test responses_format_test sse_stream_test
@@ -45,8 +48,9 @@ ASAN_SLOW='SimAcceptanceTest|SchedulerStressTest|Qwen2_0_5BSmokeTest|LinearBatch
 
 # Wall-clock budgets (tokens per ms), which instrumentation breaks by design: not a sanitizer check.
 TIMING='PerformanceTest'
-# Plain add_test entries (worker/model) that run linear_batch_invariance_test, not built by tsan.
-TSAN_UNBUILT='LinearBatchInvarianceUnder'
+# Plain add_test entries tsan does not build: linear_batch_invariance_test (worker/model) and the
+# fuzz targets' replays (single-threaded parsers: ASan's and the fuzzers').
+TSAN_UNBUILT='LinearBatchInvarianceUnder|fuzz_replay\.'
 
 configure() {  # dir sanitizer
   if [ ! -f "$1/build.ninja" ]; then
@@ -95,9 +99,11 @@ run_tsan() {
   local dir=${TSAN_BUILD_DIR:-build-tsan} status=0
   configure "$dir" thread
   nice -n 19 cmake --build "$dir" -j "$JOBS" --target "${TSAN_TARGETS[@]}"
+  bash scripts/tsan-deps.sh "$dir/tsan-deps"
   rm -rf "$dir/sanitizer-logs" && mkdir -p "$dir/sanitizer-logs"
   # One OpenMP thread: GCC's libgomp is not TSan-aware and none of these parts use OpenMP.
-  OMP_NUM_THREADS=1 \
+  # The instrumented Abseil and gRPC come first on the loader's path (same SONAMEs as the system's).
+  LD_LIBRARY_PATH="$REPO/$dir/tsan-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" OMP_NUM_THREADS=1 \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$SUPP/tsan.supp:log_path=$REPO/$dir/sanitizer-logs/tsan:log_exe_name=1" \
     nice -n 19 ctest --test-dir "$dir" --output-on-failure -j "$JOBS" -E "_NOT_BUILT|$TSAN_UNBUILT|$TIMING" || status=1
   check_logs "$dir" || status=1

@@ -12,6 +12,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev libssl-dev
   prometheus python3 python3-venv python3-pip python3-matplotlib iproute2
   clang-14 libclang-rt-14-dev libfuzzer-14-dev ccache
+  libprotoc-dev libc-ares-dev libre2-dev  # scripts/tsan-deps.sh builds Debian's gRPC source against them
 )
 # Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
 # through --system-site-packages.
