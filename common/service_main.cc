@@ -13,13 +13,21 @@
 
 namespace ferry {
 
-void AddServiceFlags(CLI::App& app, ServiceFlags& f) {
+void AddServiceFlags(CLI::App& app, ServiceFlags& f, TlsRole role) {
   app.add_option("--host", f.host, "Address to listen on");
   app.add_option("--port", f.port, "gRPC port (0: kernel chooses; see --ready-file)");
   app.add_option("--metrics-port", f.metrics_port, "Prometheus /metrics port (0: kernel chooses)");
   app.add_option("--ready-file", f.ready_file, "Write {grpc_port, metrics_port} here once serving");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error");
   app.add_option("--drain-grace-s", f.drain_grace_s, "On SIGTERM, how long in-flight calls may take to finish");
+  AddTlsFlags(app, f.tls, role);
+  app.parse_complete_callback([&f] {
+    try {
+      ValidateTlsFlags(f.tls);
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError(e.what());
+    }
+  });
 }
 
 namespace {
@@ -71,7 +79,7 @@ int ServeUntilSignal(const ServiceFlags& flags, const std::vector<grpc::Service*
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(flags.host + ":" + std::to_string(flags.port), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(flags.host + ":" + std::to_string(flags.port), ServerCredentials(flags.tls), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   for (grpc::Service* service : services) builder.RegisterService(service);
   auto server = builder.BuildAndStart();
@@ -80,7 +88,11 @@ int ServeUntilSignal(const ServiceFlags& flags, const std::vector<grpc::Service*
     return 1;
   }
   HealthUpdater health(server->GetHealthCheckService(), hooks.is_ready);
-  spdlog::info("serving on {}:{}, metrics on :{}", flags.host, port, metrics.port());
+  spdlog::info("serving on {}:{} ({}), metrics on :{}", flags.host, port,
+               !flags.tls.server_enabled()       ? "plaintext"
+               : flags.tls.role == TlsRole::kPublic ? (flags.tls.client_ca.empty() ? "TLS" : "mutual TLS")
+                                                    : "mutual TLS",
+               metrics.port());
   WriteReadyFile(flags.ready_file, {{"grpc_port", port}, {"metrics_port", metrics.port()}});
 
   const int sig = WaitForShutdownSignal();

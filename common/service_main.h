@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/metrics.h"
+#include "common/tls.h"
 
 namespace ferry {
 
@@ -22,11 +23,14 @@ struct ServiceFlags {
   std::string ready_file;
   std::string log_level = "info";
   int drain_grace_s = -1;  // -1: the service's own default (the grace passed to ServeUntilSignal)
+  TlsFlags tls;            // the listener's TLS, and the service's identity on the hops it calls
 
   std::string metrics_bind() const { return host + ":" + std::to_string(metrics_port); }
 };
 
-void AddServiceFlags(CLI::App& app, ServiceFlags& flags);
+// The flags above, TLS's included (common/tls.h), checked once parsing completes: a bad TLS
+// combination fails the parse naming the flag.
+void AddServiceFlags(CLI::App& app, ServiceFlags& flags, TlsRole role = TlsRole::kInternal);
 
 // grpc.health.v1 names every service answers: "" (readiness: SERVING only while the path behind
 // the service is ready, see ServeHooks) and kLivenessHealthService (SERVING while the process

@@ -44,7 +44,7 @@ struct Flags {
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
-  ferry::AddServiceFlags(app, f.service);
+  ferry::AddServiceFlags(app, f.service, ferry::TlsRole::kPublic);
   app.add_option("--scheduler", f.schedulers,
                  "Scheduler address host:port; repeat for several model replicas (routed by load and prefix)")
       ->required();
@@ -129,17 +129,25 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
           ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer), flags.http_max_connections,
           flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
           ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
-                                                       std::chrono::seconds(flags.response_retention_s)}});
+                                                       std::chrono::seconds(flags.response_retention_s)},
+          flags.service.tls});
   } catch (const std::invalid_argument& e) {
     spdlog::critical("{}", e.what());
     return nullptr;
   }
-  const int bound = http->Start(flags.service.host, flags.http_port);
+  int bound = -1;
+  try {
+    bound = http->Start(flags.service.host, flags.http_port);
+  } catch (const std::invalid_argument& e) {
+    spdlog::critical("HTTP TLS: {}", e.what());
+    return nullptr;
+  }
   if (bound < 0) {
     spdlog::critical("cannot listen for HTTP on {}:{}", flags.service.host, flags.http_port);
     return nullptr;
   }
-  spdlog::info("OpenAI-compatible HTTP on {}:{}", flags.service.host, bound);
+  spdlog::info("OpenAI-compatible HTTP{} on {}:{}", flags.service.tls.server_enabled() ? "S" : "", flags.service.host,
+               bound);
   if (!flags.service.ready_file.empty()) {
     ferry::WriteReadyFile(flags.service.ready_file + ".http.json", {{"http_port", bound}});
   }
@@ -177,7 +185,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < connections; ++k) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      channels[i].push_back(grpc::CreateCustomChannel(flags.schedulers[i], grpc::InsecureChannelCredentials(), args));
+      channels[i].push_back(ferry::InternalChannel(flags.schedulers[i], flags.service.tls, args));
     }
   }
   ferry::gateway::GatewayOptions options;

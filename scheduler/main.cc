@@ -159,7 +159,8 @@ int main(int argc, char** argv) {
   ferry::InitLogging("scheduler", flags.service.log_level);
 
   const auto step_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.step_timeout_s * 1000));
-  ferry::scheduler::GrpcWorkerGroup workers(flags.workers, {.step = step_timeout, .first_steps = 5 * step_timeout});
+  ferry::scheduler::GrpcWorkerGroup workers(flags.workers, {.step = step_timeout, .first_steps = 5 * step_timeout},
+                                            flags.service.tls);
   ferry::v1::WorkerInfo worker_info;
   try {
     worker_info = workers.WaitForInfo(std::chrono::seconds(flags.worker_timeout_s));

@@ -18,15 +18,15 @@ struct GrpcWorkerGroup::Rank {
   ferry::v1::StepResult result;  // Receive's, reused: parsing clears it and keeps its elements
 };
 
-GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses, StepTimeouts timeouts) : timeouts_(timeouts) {
+GrpcWorkerGroup::GrpcWorkerGroup(std::vector<std::string> addresses, StepTimeouts timeouts, const TlsFlags& tls)
+    : timeouts_(timeouts) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   for (auto& address : addresses) {
     auto rank = std::make_unique<Rank>();
     rank->address = address;
-    rank->stub = ferry::v1::Worker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    rank->stub = ferry::v1::Worker::NewStub(InternalChannel(address, tls, args));
     ranks_.push_back(std::move(rank));
   }
   incarnations_.assign(ranks_.size(), 0);

@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "ferry/v1/worker.grpc.pb.h"
+#include "common/tls.h"
 #include "scheduler/engine_loop.h"
 
 namespace ferry::scheduler {
@@ -27,7 +28,9 @@ struct StepTimeouts {
 class GrpcWorkerGroup final : public WorkerGroup {
  public:
   // addresses: "host:port" of each tensor-parallel rank, rank 0 first.
-  explicit GrpcWorkerGroup(std::vector<std::string> addresses, StepTimeouts timeouts = {});
+  // tls: the scheduler's identity and the CA the workers' certificates chain to (plaintext unless
+  // --tls-ca is set).
+  explicit GrpcWorkerGroup(std::vector<std::string> addresses, StepTimeouts timeouts = {}, const TlsFlags& tls = {});
   ~GrpcWorkerGroup() override;
 
   // Waits until every worker answers Info (they may still be loading weights),

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gateway/http/choice_set.h"
+#include "gateway/http/https_context.h"
 #include "gateway/http/connection_watch.h"
 #include "gateway/http/responses_format.h"
 #include "gateway/http/sse_stream.h"
@@ -110,7 +111,12 @@ OpenAiHttpServer::OpenAiHttpServer(Generator& generator, Authenticator& authenti
 OpenAiHttpServer::~OpenAiHttpServer() { Stop(); }
 
 int OpenAiHttpServer::Start(const std::string& host, int port) {
-  server_ = std::make_unique<httplib::Server>();
+  if (options_.tls.server_enabled()) {
+    https_ = std::make_unique<HttpsContext>(options_.tls);
+    server_ = std::make_unique<httplib::SSLServer>([this](SSL_CTX& ctx) { return https_->Configure(ctx); });
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
   const auto listening = ConfigureTransport();
   SetErrorHandlers();
   AddRoutes();

@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/tls.h"
 #include "gateway/auth/authenticator.h"
 #include "gateway/generator.h"
 #include "gateway/http/chat_template.h"
@@ -48,7 +49,11 @@ struct HttpServerOptions {
   std::function<std::string()> metrics_text;
   // Stored /v1/responses (--response-store-size, --response-retention-s).
   ResponseStore::Options response_store;
+  // HTTPS with the gRPC front's certificate when tls.cert is set (https_context.h); else plain HTTP.
+  TlsFlags tls;
 };
+
+class HttpsContext;
 
 class OpenAiHttpServer {
  public:
@@ -56,7 +61,8 @@ class OpenAiHttpServer {
   ~OpenAiHttpServer();
 
   // Binds host:port (0: the kernel chooses) and serves on a background thread. Returns the
-  // bound port, or -1 when it cannot listen.
+  // bound port, or -1 when it cannot listen. Throws std::invalid_argument naming the file when
+  // options.tls is set and its files do not load.
   int Start(const std::string& host, int port);
   // Stops accepting, ends connections and waits for the serving thread.
   void Stop();
@@ -119,6 +125,7 @@ class OpenAiHttpServer {
   std::set<std::shared_ptr<ChoiceSet>> active_;
   const HttpServerOptions options_;
   ResponseStore responses_;
+  std::unique_ptr<HttpsContext> https_;  // before server_: its handshakes use it until the server goes
   std::unique_ptr<httplib::Server> server_;
   int port_ = -1;  // the bound port (a connection's local port, to find its socket)
   std::thread thread_;
