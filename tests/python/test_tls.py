@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 
-from conftest import binary
+from conftest import Stack, binary
 from faults import Proc
 
 REFRESH_S = 1  # --tls-refresh-s: how soon a swapped file is read
@@ -146,12 +146,12 @@ def openai_client(port, ca_pem, cert=None):
                          max_retries=0)
 
 
-def completion(port, ca_pem, cert=None):
+def completion(port, ca_pem, cert=None, model="m"):
     """A completion over HTTPS: its text, or the exception the client raised."""
     import openai
 
     try:
-        r = openai_client(port, ca_pem, cert).completions.create(model="m", prompt="hello", max_tokens=3)
+        r = openai_client(port, ca_pem, cert).completions.create(model=model, prompt="hello", max_tokens=3)
         return r.choices[0].text
     except openai.APIConnectionError as e:
         return e
@@ -243,3 +243,34 @@ def test_a_certificate_swapped_on_disk_is_used_by_new_connections_while_a_stream
         assert time.time() < deadline, "the HTTP front did not present the rotated certificate"
         time.sleep(0.2)
     assert isinstance(completion(gateway.http_port, ca.ca), str)
+
+
+def test_launch_tls_auto_serves_every_hop_with_its_throwaway_ca(tiny_model, tmp_path, ferry_pb):
+    """ferry-launch --tls auto: one flag, and the quickstart runs with TLS on every hop."""
+    stack = Stack(tiny_model, tmp_path, ["--tls", "auto", "--http-port", "0", "--served-model-name", "m"])
+    try:
+        tls = tmp_path / "tls"
+        ca = tls / "ca.pem"
+        for name in ("ca", "worker", "scheduler", "gateway", "launch"):
+            assert (tls / f"{name}.key").stat().st_mode & 0o077 == 0, f"{name}.key is readable by others"
+        tokens = generate(stack.gateway, ferry_pb, creds(ca))
+        assert isinstance(tokens, list) and len(tokens) == 4, tokens
+        assert refused(generate(stack.gateway, ferry_pb, None, timeout_s=5)), "plaintext to the gateway"
+        assert isinstance(completion(stack.ports["gateway"]["http_port"], ca), str)
+        # Inside, mutual TLS: a caller with only the CA is refused by the scheduler and the worker.
+        assert refused(get_state(stack.scheduler, ferry_pb, creds(ca)))
+        worker = f"127.0.0.1:{stack.ports['workers'][0]['grpc_port']}"
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        for credentials in (None, creds(ca)):
+            channel = grpc.secure_channel(worker, credentials) if credentials else grpc.insecure_channel(worker)
+            with pytest.raises(grpc.RpcError) as e:
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            channel.close()
+        # The command it prints works.
+        done = subprocess.run([str(binary("ferry-client")), "--target", stack.gateway, "--tls-ca", str(ca),
+                               "--max-tokens", "3", "hello"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"--tls-ca {ca}" in stack.log_text()
+    finally:
+        assert stack.stop() == 0

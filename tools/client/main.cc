@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
   std::string schema_file, regex, grammar_file;
   app.add_option("prompt", prompt, "Prompt text")->required();
   app.add_option("--target", target, "Gateway address");
+  std::string tls_ca, tls_cert, tls_key;
+  app.add_option("--tls-ca", tls_ca, "PEM CA bundle to verify the gateway with (set: TLS)");
+  app.add_option("--tls-cert", tls_cert, "PEM client certificate, when the gateway asks for one (with --tls-key)");
+  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
   app.add_option("--max-tokens", max_tokens, "Tokens to generate at most");
   app.add_option("--temperature", temperature, "0: greedy");
   app.add_option("--seed", seed, "Sampling seed");
@@ -73,7 +77,16 @@ int main(int argc, char** argv) {
   app.add_option("--grammar", grammar_file, "Structured output: a text of the EBNF grammar in this file (from root)");
   CLI11_PARSE(app, argc, argv);
 
-  auto stub = ferry::v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  auto credentials = grpc::InsecureChannelCredentials();
+  if (!tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!ReadFile(tls_ca, ssl.pem_root_certs) || (!tls_cert.empty() && !ReadFile(tls_cert, ssl.pem_cert_chain)) ||
+        (!tls_key.empty() && !ReadFile(tls_key, ssl.pem_private_key))) {
+      return 2;
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto stub = ferry::v1::Generation::NewStub(grpc::CreateChannel(target, credentials));
   ferry::v1::GenerateRequest request;
   request.set_text(prompt);
   request.set_lane(lane);

@@ -15,10 +15,12 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "common/logging.h"
 #include "common/process.h"
 #include "tools/launch/engine_flags.h"
+#include "tools/launch/loopback_pki.h"
 #include "tools/launch/supervisor.h"
 
 namespace fs = std::filesystem;
@@ -46,7 +48,9 @@ struct Flags {
   std::vector<std::string> scheduler_args;  // passed through
   std::vector<std::string> gateway_args;    // passed through
   std::vector<std::string> served_model_names;  // the gateway's --served-model-name
+  std::string tls = "off";                  // auto: a throwaway CA and certificates (loopback_pki.h)
   ferry::launch::EngineFlags engine;        // forwarded before the passed-through flags
+  std::optional<ferry::launch::LoopbackPki> pki;  // with --tls auto, once made
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -73,6 +77,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
   app.add_option("--served-model-name", f.served_model_names,
                  "Model ids the OpenAI front answers to (one or more; default: the --model path)");
+  app.add_option("--tls", f.tls,
+                 "auto: TLS on every hop with a throwaway CA and certificates made in <run-dir>/tls (mutual TLS "
+                 "inside; clients trust <run-dir>/tls/ca.pem); off: plaintext")
+      ->check(CLI::IsMember({"off", "auto"}));
   app.add_option("--gateway-arg", f.gateway_args, "Extra flag for the gateway, e.g. --gateway-arg=--api-keys-file=keys.yaml");
   ferry::launch::AddEngineFlags(app, f.engine);
 }
@@ -139,6 +147,10 @@ std::vector<std::string> StartWorkers(const Flags& f, Supervisor& supervisor) {
                                      "--tensor-parallel-size", std::to_string(f.tensor_parallel_size),
                                      "--tp-rank", std::to_string(rank)};
     argv.insert(argv.end(), engine.begin(), engine.end());
+    if (f.pki) {
+      const auto tls = f.pki->Args("worker");
+      argv.insert(argv.end(), tls.begin(), tls.end());
+    }
     argv.insert(argv.end(), f.worker_args.begin(), f.worker_args.end());
     unit.members.push_back(MakeMember("worker-" + std::to_string(rank), std::move(argv)));
     unit.members.back().is_worker = true;
@@ -159,6 +171,10 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
   const std::vector<std::string> engine =
       ferry::launch::SchedulerArgs(f.engine, f.scheduler_args);
   scheduler_argv.insert(scheduler_argv.end(), engine.begin(), engine.end());
+  if (f.pki) {
+    const auto tls = f.pki->Args("scheduler");
+    scheduler_argv.insert(scheduler_argv.end(), tls.begin(), tls.end());
+  }
   scheduler_argv.insert(scheduler_argv.end(), f.scheduler_args.begin(), f.scheduler_args.end());
   const Unit& started = supervisor.StartAndWait(Single("scheduler", MakeMember("scheduler", scheduler_argv)));
   const int scheduler_port = started.members[0].ready.at("grpc_port");
@@ -171,6 +187,10 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
   if (PassedDrainS(f) < 0 && GatewayDrainS(f) != kGatewayDefaultDrainS) {
     gateway_argv.push_back("--drain-grace-s=" + std::to_string(GatewayDrainS(f)));
   }
+  if (f.pki) {
+    const auto tls = f.pki->Args("gateway");
+    gateway_argv.insert(gateway_argv.end(), tls.begin(), tls.end());
+  }
   gateway_argv.insert(gateway_argv.end(), f.gateway_args.begin(), f.gateway_args.end());
   Member gateway = MakeMember("gateway", std::move(gateway_argv));
   gateway.has_http = f.http_port >= 0;
@@ -182,11 +202,14 @@ void PrintServing(const Flags& f, const nlohmann::json& state) {
   std::cout << "Ferry is serving " << f.model << " on " << Addr(f, port) << " (gRPC ferry.v1.Generation)\n"
             << "  metrics: gateway :" << state["gateway"]["metrics_port"] << ", scheduler :"
             << state["scheduler"]["metrics_port"] << "\n"
-            << "  try: build/bin/ferry-client --target " << Addr(f, port) << " \"Hello\"" << std::endl;
+            << "  try: build/bin/ferry-client --target " << Addr(f, port)
+            << (f.pki ? " --tls-ca " + f.pki->ca() : std::string()) << " \"Hello\"" << std::endl;
   if (f.http_port >= 0) {
     const int http = state["gateway"]["http_port"];
-    std::cout << "  OpenAI-compatible HTTP: http://" << Addr(f, http) << "/v1" << std::endl;
+    std::cout << "  OpenAI-compatible HTTP: " << (f.pki ? "https://" : "http://") << Addr(f, http) << "/v1"
+              << std::endl;
   }
+  if (f.pki) std::cout << "  TLS on every hop; clients trust " << f.pki->ca() << std::endl;
 }
 
 ferry::launch::SupervisorOptions SupervisorOptionsFrom(const Flags& f) {
@@ -200,7 +223,8 @@ ferry::launch::SupervisorOptions SupervisorOptionsFrom(const Flags& f) {
           .ready_timeout = std::chrono::seconds(f.ready_timeout_s),
           // The launcher's wait before SIGKILL: past the gateway's drain, and past the time the
           // scheduler may take to end what it holds for a lost worker.
-          .gateway_stop_grace = std::chrono::seconds(std::max({40, GatewayDrainS(f) + 10, recovery_s + 10}))};
+          .gateway_stop_grace = std::chrono::seconds(std::max({40, GatewayDrainS(f) + 10, recovery_s + 10})),
+          .probe_tls = f.pki ? f.pki->For("launch") : ferry::TlsFlags{}};
 }
 
 }  // namespace
@@ -218,6 +242,16 @@ int main(int argc, char** argv) {
     flags.run_dir = mkdtemp(tmpl);
   }
   fs::create_directories(flags.run_dir);
+  if (flags.tls == "auto") {
+    try {
+      flags.pki = ferry::launch::MakeLoopbackPki(flags.run_dir + "/tls", {"worker", "scheduler", "gateway", "launch"},
+                                                 flags.host);
+    } catch (const std::exception& e) {
+      spdlog::critical("{}", e.what());
+      return 1;
+    }
+    spdlog::info("--tls auto: CA and certificates in {}", flags.run_dir + "/tls");
+  }
 
   Supervisor supervisor(SupervisorOptionsFrom(flags));
   int code = 0;

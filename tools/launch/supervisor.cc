@@ -127,7 +127,8 @@ void Supervisor::MarkRunning(Unit& unit) {
   for (Member& m : unit.members) {
     m.ready["restarts"] = unit.num_restarts;
     if (!m.is_worker) continue;
-    m.probe = std::make_unique<WorkerProbe>("127.0.0.1:" + std::to_string(m.ready.at("grpc_port").get<int>()));
+    m.probe = std::make_unique<WorkerProbe>("127.0.0.1:" + std::to_string(m.ready.at("grpc_port").get<int>()),
+                                            options_.probe_tls);
   }
 }
 

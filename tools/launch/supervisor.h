@@ -37,6 +37,7 @@ struct SupervisorOptions {
   // The gateway drains in-flight calls on SIGTERM; the scheduler may take its worker recovery
   // timeout to end them, so the gateway gets at least that long plus a margin.
   std::chrono::seconds gateway_stop_grace{40};
+  TlsFlags probe_tls;  // the launcher's identity for the worker probes (--tls auto), else empty
 };
 
 // One process of a unit.

@@ -11,20 +11,20 @@ namespace {
 constexpr auto kPeriod = std::chrono::seconds(1);
 constexpr auto kDeadline = std::chrono::seconds(1);
 
-std::shared_ptr<grpc::Channel> ProbeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> ProbeChannel(const std::string& address, const TlsFlags& tls) {
   grpc::ChannelArguments args;
   // A channel of its own (not a subchannel shared with an earlier probe of the same address,
   // which may still be backing off from the dead process), reconnecting within a period.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return InternalChannel(address, tls, args);
 }
 
 }  // namespace
 
-WorkerProbe::WorkerProbe(std::string address)
-    : address_(std::move(address)), last_ok_(std::chrono::steady_clock::now().time_since_epoch().count()) {
+WorkerProbe::WorkerProbe(std::string address, const TlsFlags& tls)
+    : address_(std::move(address)), tls_(tls), last_ok_(std::chrono::steady_clock::now().time_since_epoch().count()) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -43,7 +43,7 @@ std::chrono::steady_clock::duration WorkerProbe::silent_for() const {
 }
 
 void WorkerProbe::Run() {
-  auto stub = ferry::v1::Worker::NewStub(ProbeChannel(address_));
+  auto stub = ferry::v1::Worker::NewStub(ProbeChannel(address_, tls_));
   std::unique_lock lock(mu_);
   while (!stopping_) {
     const auto start = std::chrono::steady_clock::now();

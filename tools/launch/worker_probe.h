@@ -12,11 +12,15 @@
 #include <string>
 #include <thread>
 
+#include "common/tls.h"
+
 namespace ferry::launch {
 
 class WorkerProbe {
  public:
-  explicit WorkerProbe(std::string address);  // "host:port"; counts as answered ok now
+  // "host:port"; counts as answered ok now. tls: the launcher's identity when the workers serve
+  // mutual TLS (--tls auto), else empty.
+  explicit WorkerProbe(std::string address, const TlsFlags& tls = {});
   ~WorkerProbe();                             // stops the thread (within the 1 s deadline)
   WorkerProbe(const WorkerProbe&) = delete;
   WorkerProbe& operator=(const WorkerProbe&) = delete;
@@ -28,6 +32,7 @@ class WorkerProbe {
   void Run();
 
   const std::string address_;
+  const TlsFlags tls_;
   std::atomic<std::chrono::steady_clock::rep> last_ok_;  // steady_clock ticks
   std::mutex mu_;
   std::condition_variable wake_;
