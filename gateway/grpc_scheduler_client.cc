@@ -1,6 +1,7 @@
 #include "gateway/grpc_scheduler_client.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -508,18 +509,16 @@ void MuxStream::Done() {
   reader->OnStreamDone(status);
 }
 
-class GrpcSchedulerClient final : public SchedulerClient {
+class GrpcSchedulerClient final : public DynamicSchedulerClient {
  public:
   GrpcSchedulerClient(std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels,
-                      const std::vector<std::string>& addresses)
-      : replicas_(channels.size()), router_(addresses, [this](size_t i) { return Probe(i); }) {
-    for (size_t i = 0; i < channels.size(); ++i) {
-      for (const auto& channel : channels[i]) replicas_[i].stubs.push_back(ferry::v1::Scheduler::NewStub(channel));
-      replicas_[i].sessions.resize(replicas_[i].stubs.size());
-    }
+                      const std::vector<std::string>& addresses, ChannelFactory factory = nullptr)
+      : factory_(std::move(factory)), router_({}, [this](size_t i) { return Probe(i); }) {
+    for (size_t i = 0; i < channels.size(); ++i) AddLocked(addresses.at(i), std::move(channels[i]));
   }
   ~GrpcSchedulerClient() override {
-    for (Replica& replica : replicas_) {
+    for (size_t i = 0; i < router_.size(); ++i) {
+      Replica& replica = *replicas_[i];
       std::vector<std::shared_ptr<Session>> sessions;
       {
         std::lock_guard lock(replica.mu);
@@ -531,9 +530,9 @@ class GrpcSchedulerClient final : public SchedulerClient {
     }
     // Ended sessions may still be held by their hand-out thread or an OnDone finishing: their
     // channel shares must go before the stubs' (LiveSessions).
-    for (Replica& replica : replicas_) {
-      std::lock_guard lock(replica.mu);
-      replica.sessions.clear();
+    for (size_t i = 0; i < router_.size(); ++i) {
+      std::lock_guard lock(replicas_[i]->mu);
+      replicas_[i]->sessions.clear();
     }
     if (const int left = live_sessions_.WaitNone(kSessionsGoneTimeout); left > 0) {
       spdlog::warn("scheduler client: {} session(s) still held by unfinished requests after {} ms; their "
@@ -542,6 +541,28 @@ class GrpcSchedulerClient final : public SchedulerClient {
   }
 
   ReplicaRouter& router() override { return router_; }
+
+  void SetReplicas(const std::vector<std::string>& addresses) override {
+    if (!factory_) throw std::logic_error("SetReplicas on a scheduler client made without a channel factory");
+    std::lock_guard lock(membership_mu_);
+    for (size_t i = 0; i < router_.size(); ++i) {
+      const ReplicaRouter::Replica& r = router_.replica(i);
+      if (r.listed && std::find(addresses.begin(), addresses.end(), r.address) == addresses.end()) {
+        router_.Remove(r.address);
+        spdlog::info("scheduler replica {} removed: no new requests; those on it finish there", r.address);
+      }
+    }
+    for (const std::string& address : addresses) {
+      bool known = false;
+      for (size_t i = 0; i < router_.size() && !known; ++i) known = router_.replica(i).address == address;
+      if (known) {
+        router_.Add(address);  // listed again if it was removed
+        continue;
+      }
+      AddLocked(address, factory_(address));
+      spdlog::info("scheduler replica {} added", address);
+    }
+  }
   SchedulerStream* NewStream(size_t replica, const ferry::v1::SubmitRequest& submit,
                              std::chrono::system_clock::time_point deadline,
                              std::shared_ptr<StreamReader> reader) override {
@@ -564,7 +585,7 @@ class GrpcSchedulerClient final : public SchedulerClient {
 
   // A live session to replica i, the connections taking turns; one that ended is replaced.
   std::shared_ptr<Session> SessionFor(size_t i) {
-    Replica& replica = replicas_[i];
+    Replica& replica = *replicas_[i];
     std::lock_guard lock(replica.mu);
     const size_t k = replica.next++ % replica.sessions.size();
     std::shared_ptr<Session>& session = replica.sessions[k];
@@ -580,13 +601,29 @@ class GrpcSchedulerClient final : public SchedulerClient {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kHealthCheckTimeout);
     ferry::v1::SchedulerState state;
-    return replicas_[i].stubs.front()->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
+    return replicas_[i]->stubs.front()->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
   }
 
   DeadlineTimer timer_;
   std::atomic<uint64_t> next_timer_id_{0};
+  // A new replica's slot, at the router's next index (under membership_mu_, or in the constructor).
+  void AddLocked(const std::string& address, std::vector<std::shared_ptr<grpc::Channel>> channels) {
+    if (channels.empty()) throw std::invalid_argument("scheduler replica " + address + ": no channel");
+    const size_t i = router_.size();
+    if (i == ReplicaRouter::kMaxReplicas) router_.Add(address);  // throws, naming the limit
+    auto replica = std::make_unique<Replica>();
+    for (const auto& channel : channels) replica->stubs.push_back(ferry::v1::Scheduler::NewStub(channel));
+    replica->sessions.resize(replica->stubs.size());
+    replicas_[i] = std::move(replica);
+    const size_t added = router_.Add(address, false);  // publishes index i to the routing threads
+    if (added != i) throw std::logic_error("scheduler replica " + address + " listed twice");
+  }
+
+  const ChannelFactory factory_;
+  std::mutex membership_mu_;  // SetReplicas
   LiveSessions live_sessions_;  // before replicas_: the stubs (channels) go before it, after every session
-  std::vector<Replica> replicas_;
+  // Slot i is replica i of the router, written before the router publishes i.
+  std::unique_ptr<std::unique_ptr<Replica>[]> replicas_{new std::unique_ptr<Replica>[ReplicaRouter::kMaxReplicas]};
   ReplicaRouter router_;  // after replicas_: its health thread probes them until it is destroyed
 };
 
@@ -595,6 +632,13 @@ class GrpcSchedulerClient final : public SchedulerClient {
 std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels,
                                                          const std::vector<std::string>& addresses) {
   return std::make_shared<GrpcSchedulerClient>(std::move(channels), addresses);
+}
+
+std::shared_ptr<DynamicSchedulerClient> MakeDynamicSchedulerClient(const std::vector<std::string>& addresses,
+                                                                   ChannelFactory factory) {
+  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels;
+  for (const std::string& address : addresses) channels.push_back(factory(address));
+  return std::make_shared<GrpcSchedulerClient>(std::move(channels), addresses, std::move(factory));
 }
 
 std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::shared_ptr<grpc::Channel>> channels,

@@ -5,6 +5,7 @@
 // reactors: no thread waits on either. The router's health checks ask each replica's GetState.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,5 +23,20 @@ std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::vector
 // One connection per replica: channels[i] reaches replica i.
 std::shared_ptr<SchedulerClient> MakeGrpcSchedulerClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                                                          const std::vector<std::string>& addresses);
+
+// The connections to the replica at an address (replica discovery adds replicas while serving).
+using ChannelFactory = std::function<std::vector<std::shared_ptr<grpc::Channel>>(const std::string& address)>;
+
+// A client whose replicas change while it serves (gateway/replica_discovery.h).
+class DynamicSchedulerClient : public SchedulerClient {
+ public:
+  // The replicas from now on: new addresses are connected (through the factory) and routed to, as
+  // soon as they are healthy; addresses no longer given are unlisted (requests on them finish
+  // there, none is sent); an address given again after its removal is listed again.
+  virtual void SetReplicas(const std::vector<std::string>& addresses) = 0;
+};
+
+std::shared_ptr<DynamicSchedulerClient> MakeDynamicSchedulerClient(const std::vector<std::string>& addresses,
+                                                                   ChannelFactory factory);
 
 }  // namespace ferry::gateway

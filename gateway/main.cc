@@ -18,6 +18,7 @@
 #include "gateway/grpc_scheduler_client.h"
 #include "gateway/jobs/job_runner.h"
 #include "gateway/jobs/job_store.h"
+#include "gateway/replica_discovery.h"
 #include "gateway/jobs/jobs_service.h"
 #include "gateway/http/openai_http_server.h"
 
@@ -26,6 +27,9 @@ namespace {
 struct Flags {
   ferry::ServiceFlags service;
   std::vector<std::string> schedulers;
+  std::string scheduler_file;     // replica discovery: a watched file of host:port lines
+  std::string scheduler_dns;      // replica discovery: NAME:PORT, every address NAME resolves to
+  double discovery_interval_s = 2;
   std::string tokenizer;
   int scheduler_timeout_s = 600;
   int scheduler_connections = 0;  // per replica; 0: one per 4 cores, 2 to 4
@@ -46,8 +50,14 @@ struct Flags {
 void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service, ferry::TlsRole::kPublic);
   app.add_option("--scheduler", f.schedulers,
-                 "Scheduler address host:port; repeat for several model replicas (routed by load and prefix)")
-      ->required();
+                 "Scheduler address host:port; repeat for several model replicas (routed by load and prefix)");
+  app.add_option("--scheduler-file", f.scheduler_file,
+                 "Replica discovery: a file of scheduler host:port lines, read again every --discovery-interval-s "
+                 "(replicas added and removed while serving; a removed one is drained)");
+  app.add_option("--scheduler-dns", f.scheduler_dns,
+                 "Replica discovery: NAME:PORT; every address NAME resolves to is a replica (a headless Service)");
+  app.add_option("--discovery-interval-s", f.discovery_interval_s, "How often discovery reads its sources")
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--tokenizer", f.tokenizer, "tokenizer.json, or the model directory holding it")->required();
   app.add_option("--scheduler-timeout-s", f.scheduler_timeout_s, "How long to wait for the scheduler at start");
   app.add_option("--scheduler-connections", f.scheduler_connections,
@@ -112,6 +122,28 @@ ferry::gateway::ModelLimits ModelLimitsFrom(const std::shared_ptr<grpc::Channel>
   spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
                info.vocab_size());
   return limits;
+}
+
+// The replicas to start with: the sources' first non-empty answer within timeout_s (a Service
+// whose pods are not ready yet has no records). Throws std::runtime_error when none came.
+std::vector<std::string> FirstReplicas(const ferry::gateway::DiscoverySources& sources, int timeout_s) {
+  if (sources.static_addresses.empty() && !sources.dynamic()) {
+    throw std::runtime_error("give the schedulers: --scheduler, --scheduler-file or --scheduler-dns");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  std::string last;
+  while (true) {
+    std::string error;
+    auto found = ferry::gateway::Discover(sources, &error);
+    if (found && !found->empty()) return *found;
+    const std::string why = found ? "no scheduler address yet" : error;
+    if (why != last) spdlog::info("waiting for scheduler replicas: {}", why);
+    last = why;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw std::runtime_error(fmt::format("no scheduler replica within {} s: {}", timeout_s, why));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 // Starts the OpenAI-compatible HTTP front on --http-port; null (logged) when it cannot listen.
@@ -180,27 +212,37 @@ int main(int argc, char** argv) {
   const int connections = flags.scheduler_connections > 0
                               ? flags.scheduler_connections
                               : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 2, 4);
-  std::vector<std::vector<std::shared_ptr<grpc::Channel>>> channels(flags.schedulers.size());
-  for (size_t i = 0; i < flags.schedulers.size(); ++i) {
+  ferry::gateway::ChannelFactory channels = [&flags, connections](const std::string& address) {
+    std::vector<std::shared_ptr<grpc::Channel>> out;
     for (int k = 0; k < connections; ++k) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      channels[i].push_back(ferry::InternalChannel(flags.schedulers[i], flags.service.tls, args));
+      out.push_back(ferry::InternalChannel(address, flags.service.tls, args));
     }
-  }
+    return out;
+  };
+  const ferry::gateway::DiscoverySources sources{flags.schedulers, flags.scheduler_file, flags.scheduler_dns};
+  std::vector<std::string> replicas;
   ferry::gateway::GatewayOptions options;
   try {
+    replicas = FirstReplicas(sources, flags.scheduler_timeout_s);
     if (!flags.lanes_file.empty()) options.lanes = ferry::gateway::LaneTable::FromFile(flags.lanes_file);
     options.stream_interval = flags.stream_interval;
-    options.limits = ModelLimitsFrom(channels.front().front(), flags.scheduler_timeout_s);
+    options.limits = ModelLimitsFrom(channels(replicas.front()).front(), flags.scheduler_timeout_s);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 1;
   }
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
-  auto scheduler = ferry::gateway::MakeGrpcSchedulerClient(channels, flags.schedulers);
+  auto scheduler = ferry::gateway::MakeDynamicSchedulerClient(replicas, channels);
   scheduler->router().StartHealthChecks(std::chrono::milliseconds(500));
+  std::unique_ptr<ferry::gateway::ReplicaDiscovery> discovery;  // before the generator goes, it stops
+  if (sources.dynamic()) {
+    discovery = std::make_unique<ferry::gateway::ReplicaDiscovery>(
+        sources, scheduler, replicas,
+        std::chrono::milliseconds(static_cast<int64_t>(flags.discovery_interval_s * 1000)));
+  }
   ferry::gateway::Generator generator(*tokenizer, scheduler, options, metrics.registry());
   // One Authenticator for every front, so a tenant's limits hold across them.
   std::unique_ptr<ferry::gateway::Authenticator> auth;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include <stdexcept>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace ferry::gateway {
@@ -23,10 +26,37 @@ uint64_t PrefixKey(const google::protobuf::RepeatedField<int32_t>& prompt) {
 
 ReplicaRouter::ReplicaRouter(std::vector<std::string> addresses, std::function<bool(size_t)> probe)
     : probe_(std::move(probe)) {
-  for (std::string& address : addresses) {
-    replicas_.push_back(std::make_unique<Replica>());
-    replicas_.back()->address = std::move(address);
+  for (const std::string& address : addresses) Add(address, false);
+}
+
+size_t ReplicaRouter::Add(const std::string& address, bool reuse) {
+  std::lock_guard lock(membership_mu_);
+  const size_t n = size();
+  for (size_t i = 0; i < n && reuse; ++i) {
+    Replica& r = *slots_[i];
+    if (r.address != address) continue;
+    if (!r.listed.exchange(true)) {
+      r.healthy = true;  // checked again from the next round
+      spdlog::info("scheduler replica {} listed again", address);
+    }
+    return i;
   }
+  if (n == kMaxReplicas) {
+    throw std::length_error(fmt::format("scheduler replica {}: the gateway has had {} replica addresses, its limit",
+                                        address, kMaxReplicas));
+  }
+  slots_[n] = std::make_unique<Replica>();
+  slots_[n]->address = address;
+  count_.store(n + 1, std::memory_order_release);
+  return n;
+}
+
+bool ReplicaRouter::Remove(const std::string& address) {
+  std::lock_guard lock(membership_mu_);
+  for (size_t i = 0; i < size(); ++i) {
+    if (slots_[i]->address == address) return slots_[i]->listed.exchange(false);
+  }
+  return false;
 }
 
 ReplicaRouter::~ReplicaRouter() {
@@ -39,28 +69,28 @@ ReplicaRouter::~ReplicaRouter() {
 }
 
 std::optional<size_t> ReplicaRouter::Choose(uint64_t prefix_key, const std::vector<size_t>& exclude) {
-  auto allowed = [&](size_t i) {
-    return replicas_[i]->healthy.load() && std::find(exclude.begin(), exclude.end(), i) == exclude.end();
-  };
+  const size_t n = size();
+  auto excluded = [&](size_t i) { return std::find(exclude.begin(), exclude.end(), i) != exclude.end(); };
+  auto allowed = [&](size_t i) { return slots_[i]->listed && slots_[i]->healthy && !excluded(i); };
   std::optional<size_t> best;
-  for (size_t i = 0; i < replicas_.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (!allowed(i)) continue;
-    if (!best || replicas_[i]->outstanding_tokens < replicas_[*best]->outstanding_tokens) best = i;
+    if (!best || slots_[i]->outstanding_tokens < slots_[*best]->outstanding_tokens) best = i;
   }
   if (!best) {
     // Every replica is out of rotation: try the least loaded one not tried yet anyway (Envoy's
     // panic routing). A health check can be wrong about a slow but working scheduler, and a
     // replica that is really down answers UNAVAILABLE, which is what refusing here would say.
-    for (size_t i = 0; i < replicas_.size(); ++i) {
-      if (std::find(exclude.begin(), exclude.end(), i) != exclude.end()) continue;
-      if (!best || replicas_[i]->outstanding_tokens < replicas_[*best]->outstanding_tokens) best = i;
+    for (size_t i = 0; i < n; ++i) {
+      if (!slots_[i]->listed || excluded(i)) continue;
+      if (!best || slots_[i]->outstanding_tokens < slots_[*best]->outstanding_tokens) best = i;
     }
     return best;
   }
   std::lock_guard lock(affinity_mu_);
   auto it = affinity_.find(prefix_key);
   if (it != affinity_.end() && allowed(it->second.first) &&
-      replicas_[it->second.first]->outstanding_tokens <= replicas_[*best]->outstanding_tokens + kAffinitySlackTokens) {
+      slots_[it->second.first]->outstanding_tokens <= slots_[*best]->outstanding_tokens + kAffinitySlackTokens) {
     return it->second.first;
   }
   return best;
@@ -81,14 +111,14 @@ void ReplicaRouter::Served(size_t i, uint64_t prefix_key) {
 }
 
 void ReplicaRouter::MarkUnhealthy(size_t i) {
-  if (replicas_[i]->healthy.exchange(false)) {
-    spdlog::warn("scheduler replica {} out of rotation", replicas_[i]->address);
+  if (slots_[i]->healthy.exchange(false)) {
+    spdlog::warn("scheduler replica {} out of rotation", slots_[i]->address);
   }
 }
 
 bool ReplicaRouter::AnyHealthy() const {
-  for (const auto& r : replicas_) {
-    if (r->healthy) return true;
+  for (size_t i = 0; i < size(); ++i) {
+    if (slots_[i]->listed && slots_[i]->healthy) return true;
   }
   return false;
 }
@@ -108,8 +138,9 @@ void ReplicaRouter::HealthLoop(std::chrono::milliseconds interval) {
 }
 
 void ReplicaRouter::CheckOnce() {
-  for (size_t i = 0; i < replicas_.size(); ++i) {
-    Replica* r = replicas_[i].get();
+  for (size_t i = 0; i < size(); ++i) {
+    Replica* r = slots_[i].get();
+    if (!r->listed) continue;
     const bool ok = probe_(i);
     // One slow answer from a busy scheduler is not an outage: out of rotation only after
     // kFailedChecksToEject failures in a row; back at the first success.

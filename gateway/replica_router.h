@@ -4,6 +4,12 @@
 // health check fails three times in a row leave the rotation until it passes again; with none
 // in rotation, requests still go to the least loaded replica (a check can be wrong). No gRPC:
 // the check itself is a probe the scheduler client gives (grpc_scheduler_client.h).
+//
+// Membership changes while requests run (replica discovery, gateway/replica_discovery.h): Add
+// appends a replica (or lists again one that was removed, at its old index) and Remove unlists one.
+// An unlisted replica is never chosen nor checked; requests already on it finish there (its
+// scheduler drains them when it is stopped). Indices are stable: a replica keeps its slot for the
+// router's life (at most kMaxReplicas addresses in all).
 #pragma once
 
 #include <atomic>
@@ -28,16 +34,26 @@ class ReplicaRouter {
     std::string address;
     std::atomic<int64_t> outstanding_tokens{0};
     std::atomic<bool> healthy{true};
+    std::atomic<bool> listed{true};  // false once removed: never chosen, never checked
     int32_t failed_checks = 0;  // consecutive failed health checks (the health thread's alone)
   };
+  static constexpr size_t kMaxReplicas = 1024;
 
   // Replica i is at addresses[i] (for logs); probe(i) asks it whether it is healthy now.
   ReplicaRouter(std::vector<std::string> addresses, std::function<bool(size_t)> probe);
   ~ReplicaRouter();
 
-  // A healthy replica not in `exclude`, or nullopt when none is left.
+  // Lists `address` (healthy until checked): its index, old or new (with `reuse` false always a new
+  // one: --scheduler flags may name one replica twice, as two). Throws std::length_error past
+  // kMaxReplicas replicas.
+  size_t Add(const std::string& address, bool reuse = true);
+  // Unlists `address`; false when it is not listed.
+  bool Remove(const std::string& address);
+  // Replicas ever added (listed or not): valid indices are below it.
+  size_t size() const { return count_.load(std::memory_order_acquire); }
+  // A healthy listed replica not in `exclude`, or nullopt when none is left.
   std::optional<size_t> Choose(uint64_t prefix_key, const std::vector<size_t>& exclude);
-  Replica& replica(size_t i) { return *replicas_[i]; }
+  Replica& replica(size_t i) { return *slots_[i]; }
   // Records that replica i served prefix_key (for affinity).
   void Served(size_t i, uint64_t prefix_key);
   // Takes replica i out of rotation until its health check passes again.
@@ -51,7 +67,10 @@ class ReplicaRouter {
  private:
   void HealthLoop(std::chrono::milliseconds interval);
 
-  std::vector<std::unique_ptr<Replica>> replicas_;
+  // Written once each, below count_ (published with release): readers need no lock.
+  std::unique_ptr<std::unique_ptr<Replica>[]> slots_{new std::unique_ptr<Replica>[kMaxReplicas]};
+  std::atomic<size_t> count_{0};
+  std::mutex membership_mu_;  // Add and Remove
   const std::function<bool(size_t)> probe_;
   std::mutex affinity_mu_;
   std::list<uint64_t> affinity_lru_;  // most recent first; guarded by affinity_mu_

@@ -61,4 +61,29 @@ TEST(ReplicaRouterTest, HealthCheckEjectsOnlyAfterThreeFailuresInARow) {
 }
 
 }  // namespace
+// Replica discovery's membership: a removed replica is neither chosen (panic routing included)
+// nor checked, keeps its index, and is listed again there when it comes back.
+TEST(ReplicaRouterTest, ARemovedReplicaIsNeverChosenNorCheckedAndComesBackAtItsIndex) {
+  std::vector<size_t> probed;
+  ReplicaRouter router({"a:1", "b:1"}, [&](size_t i) {
+    probed.push_back(i);
+    return true;
+  });
+  router.replica(1).outstanding_tokens = 100;
+  EXPECT_EQ(router.Choose(7, {}), 0u);
+  EXPECT_TRUE(router.Remove("a:1"));
+  EXPECT_FALSE(router.Remove("a:1"));
+  EXPECT_FALSE(router.Remove("z:1"));
+  EXPECT_EQ(router.Choose(7, {}), 1u);
+  router.MarkUnhealthy(1);
+  EXPECT_EQ(router.Choose(7, {}), 1u);  // panic routing: the listed one, unhealthy or not
+  EXPECT_EQ(router.Choose(7, {1}), std::nullopt);
+  router.CheckOnce();
+  EXPECT_EQ(probed, std::vector<size_t>{1});
+  EXPECT_EQ(router.Add("c:1"), 2u);
+  EXPECT_EQ(router.Add("a:1"), 0u);
+  EXPECT_EQ(router.size(), 3u);
+  EXPECT_EQ(router.Choose(7, {}), 0u);
+}
+
 }  // namespace ferry::gateway
