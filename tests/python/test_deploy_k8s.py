@@ -124,7 +124,8 @@ def validator():
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_kustomize_renders(overlay):
     kinds = sorted(o["kind"] for o in render(overlay))
-    assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim",
+    assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "HorizontalPodAutoscaler",
+                            "PersistentVolumeClaim",
                             "PodDisruptionBudget", "PodDisruptionBudget", "Service", "Service", "StatefulSet"])
 
 
@@ -257,6 +258,26 @@ def test_the_gateway_finds_every_replica(overlay):
     # many it has (its HPA changes the count), and no static list to keep in step.
     assert [v for n, v in args if n == "--scheduler-dns"] == [f"{svc['metadata']['name']}:{sched_port}"]
     assert [v for n, v in args if n == "--scheduler"] == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_replicas_scale_on_their_schedulers_saturation_and_scale_down_waits_for_the_drain(overlay):
+    sts = one(overlay, "StatefulSet", "ferry-replica")
+    hpa = one(overlay, "HorizontalPodAutoscaler", "ferry-replica")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": sts["metadata"]["name"]}
+    metrics = {m["pods"]["metric"]["name"]: m for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
+    assert set(metrics) == {"ferry_scheduler_requests", "ferry_scheduler_kv_cache_usage_ratio"}
+    assert metrics["ferry_scheduler_requests"]["pods"]["metric"]["selector"]["matchLabels"] == {"state": "waiting"}
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    # Down one pod at a time, each only after the last had its whole termination grace to drain.
+    pod = sts["spec"]["template"]["spec"]
+    scheduler = next(c for c in pod["containers"] if c["name"] == "scheduler")
+    drain_s = int(flag(expanded_args(overlay, scheduler), "--drain-grace-s"))
+    assert pod["terminationGracePeriodSeconds"] > drain_s
+    down = hpa["spec"]["behavior"]["scaleDown"]
+    assert down["policies"] and all(p["type"] == "Pods" and p["value"] == 1 for p in down["policies"])
+    assert min(p["periodSeconds"] for p in down["policies"]) >= pod["terminationGracePeriodSeconds"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

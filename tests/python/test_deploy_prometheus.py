@@ -172,14 +172,31 @@ def rule_expressions():
     return out
 
 
-def adapter_expressions():
+def hpa_pod_metrics():
+    """(metric, selector labels) of every Pods metric of the HorizontalPodAutoscalers in deploy/k8s/base."""
     out = []
-    for rule in yaml.safe_load((PROM / "adapter-rules.yaml").read_text())["rules"]:
-        series = rule["name"]["as"]
-        expr = (rule["metricsQuery"].replace("<<.Series>>", series)
-                .replace("<<.LabelMatchers>>", 'namespace="local",state="waiting"').replace("<<.GroupBy>>", "pod"))
-        out.append((f"adapter {series}", expr))
-        out.append((f"adapter series {series}", rule["seriesQuery"]))
+    for path in sorted((REPO / "deploy" / "k8s" / "base").glob("*-hpa.yaml")):
+        for m in yaml.safe_load(path.read_text())["spec"]["metrics"]:
+            if m["type"] == "Pods":
+                out.append((m["pods"]["metric"]["name"], m["pods"]["metric"].get("selector", {}).get("matchLabels", {})))
+    return out
+
+
+def adapter_expressions():
+    """Each HPA metric as prometheus-adapter queries it (its rule's metricsQuery with the HPA's selector),
+    and each rule's seriesQuery; every HPA metric has a rule and every rule serves an HPA."""
+    rules = {r["name"]["as"]: r for r in yaml.safe_load((PROM / "adapter-rules.yaml").read_text())["rules"]}
+    out, used = [], set()
+    for name, labels in hpa_pod_metrics():
+        assert name in rules, f"the HPA metric {name} has no prometheus-adapter rule"
+        used.add(name)
+        matchers = ",".join(['namespace="local"'] + [f'{k}="{v}"' for k, v in labels.items()])
+        expr = (rules[name]["metricsQuery"].replace("<<.Series>>", name).replace("<<.LabelMatchers>>", matchers)
+                .replace("<<.GroupBy>>", "pod"))
+        out.append((f"adapter {name} {labels}", expr))
+    assert used == set(rules), f"adapter rules no HPA reads: {set(rules) - used}"
+    for name, rule in rules.items():
+        out.append((f"adapter series {name}", rule["seriesQuery"]))
     return out
 
 
