@@ -125,7 +125,7 @@ def validator():
 def test_kustomize_renders(overlay):
     kinds = sorted(o["kind"] for o in render(overlay))
     assert kinds == sorted(["ConfigMap", "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "HorizontalPodAutoscaler",
-                            "PersistentVolumeClaim",
+                            "NetworkPolicy", "NetworkPolicy", "PersistentVolumeClaim",
                             "PodDisruptionBudget", "PodDisruptionBudget", "Service", "Service", "StatefulSet"])
 
 
@@ -278,6 +278,53 @@ def test_the_replicas_scale_on_their_schedulers_saturation_and_scale_down_waits_
     down = hpa["spec"]["behavior"]["scaleDown"]
     assert down["policies"] and all(p["type"] == "Pods" and p["value"] == 1 for p in down["policies"])
     assert min(p["periodSeconds"] for p in down["policies"]) >= pod["terminationGracePeriodSeconds"]
+
+
+def port_number(container_ports, port):
+    """A NetworkPolicy port (a number or a container port's name) as the container's port number; None for a
+    name no container of the pod has (it matches nothing there: the workers' ports of a larger overlay)."""
+    if isinstance(port, int):
+        return port
+    return next((p["containerPort"] for p in container_ports if p.get("name") == port), None)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_let_only_the_gateway_reach_schedulers_and_nothing_reach_workers(overlay):
+    gateway_pod = one(overlay, "Deployment", "ferry-gateway")["spec"]["template"]
+    replica_pod = one(overlay, "StatefulSet", "ferry-replica")["spec"]["template"]
+    gateway_labels, replica_labels = gateway_pod["metadata"]["labels"], replica_pod["metadata"]["labels"]
+    policies = {p["metadata"]["name"]: p["spec"] for p in objects(overlay, "NetworkPolicy")}
+    assert set(policies) == {"ferry-gateway", "ferry-replica"}
+
+    def selects(selector, labels):
+        return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+    replica = policies["ferry-replica"]
+    assert selects(replica["podSelector"], replica_labels) and not selects(replica["podSelector"], gateway_labels)
+    assert replica["policyTypes"] == ["Ingress"]
+    containers = replica_pod["spec"]["containers"]
+    ports = [p for c in containers for p in c.get("ports", [])]
+    scheduler = next(c for c in containers if c["name"] == "scheduler")
+    sched_grpc = int(flag(expanded_args(overlay, scheduler), "--port"))
+    worker_grpc = {int(flag(expanded_args(overlay, c), "--port")) for c in containers if c["name"].startswith("worker")}
+    reachable = {}  # port -> the `from` entries that reach it
+    for rule in replica["ingress"]:
+        assert rule.get("from"), "a rule open to every pod"
+        for p in rule["ports"]:
+            number = port_number(ports, p["port"])
+            if number is not None:
+                reachable.setdefault(number, []).extend(rule["from"])
+    assert [selects(f["podSelector"], gateway_labels) and "namespaceSelector" not in f
+            for f in reachable[sched_grpc]] == [True], "only the gateway's pods reach the scheduler"
+    assert not worker_grpc & set(reachable), "a worker's gRPC port is reachable from outside its pod"
+    metrics = {p["containerPort"] for p in ports if p["name"].endswith("metrics")}
+    assert metrics <= set(reachable), "Prometheus cannot scrape every metrics port"
+
+    gateway = policies["ferry-gateway"]
+    assert selects(gateway["podSelector"], gateway_labels)
+    public = [r for r in gateway["ingress"] if "from" not in r]
+    gateway_ports = gateway_pod["spec"]["containers"][0]["ports"]
+    assert {port_number(gateway_ports, p["port"]) for r in public for p in r["ports"]} == {50051, 8000}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
