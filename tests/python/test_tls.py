@@ -198,6 +198,28 @@ def test_an_internal_hop_without_a_client_certificate_is_refused(stack, pki, fer
     assert not isinstance(state, grpc.RpcError), state
 
 
+def probe(address, service, ca_pem, cert=None):
+    """ferry-client --health: the exec probe the manifests use once TLS is on."""
+    args = [str(binary("ferry-client")), "--health", service, "--target", address, "--tls-ca", str(ca_pem)]
+    if cert:
+        args += ["--tls-cert", str(cert[0]), "--tls-key", str(cert[1])]
+    return subprocess.run(args, capture_output=True, text=True, timeout=30)
+
+
+def test_the_health_probe_speaks_tls_and_mutual_tls(stack, pki):
+    procs, _ = stack
+    ca, _ = pki
+    for service in ("", "liveness"):
+        done = probe(procs["gateway"].address, service, ca.ca)
+        assert done.returncode == 0 and "SERVING" in done.stdout, done.stdout + done.stderr
+    peer = ca.issue("probe")
+    assert probe(procs["scheduler"].address, "", ca.ca).returncode == 1  # no client certificate
+    done = probe(procs["scheduler"].address, "liveness", ca.ca, peer)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert probe(procs["worker"].address, "", ca.ca, peer).returncode == 0
+    assert probe(procs["worker"].address, "no-such-service", ca.ca, peer).returncode == 1
+
+
 def peer_certificate_cn(port, ca_pem):
     """The CN of the certificate the server on `port` presents to a new TLS connection."""
     context = ssl.create_default_context(cafile=str(ca_pem))

@@ -1,8 +1,11 @@
 // ferry-client: a small command-line client of the public Generation API.
 #include <CLI/CLI.hpp>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
+#include <future>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <vector>
@@ -47,6 +50,43 @@ bool SetGuided(bool json_object, const std::vector<std::string>& choices, const 
   return true;
 }
 
+// grpc.health.v1.Health/Check of `service` (the Ferry services answer "" for readiness and
+// "liveness"): 0 when SERVING, 1 otherwise, with the status printed. An exec probe for Kubernetes
+// once TLS is on (the kubelet's own gRPC probes speak plaintext only). The messages are one field
+// each, so they are written and read here in protobuf's wire format (no health .proto is installed):
+// request `string service = 1`, response `ServingStatus status = 1` (1 = SERVING).
+int CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
+  if (service.size() > 127) {  // its length must fit one varint byte
+    std::cerr << "--health: a service name of at most 127 bytes\n";
+    return 2;
+  }
+  std::string request = {0x0a, static_cast<char>(service.size())};  // field 1, length-delimited
+  request += service;
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1), out;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
+                 [&done](grpc::Status status) { done.set_value(std::move(status)); });
+  const grpc::Status status = done.get_future().get();
+  if (!status.ok()) {
+    std::cerr << "health \"" << service << "\": error " << status.error_code() << ": " << status.error_message() << "\n";
+    return 1;
+  }
+  std::vector<grpc::Slice> slices;
+  std::string response;
+  if (out.Dump(&slices).ok()) {
+    for (const auto& s : slices) response.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  // field 1, varint: the status (absent: 0, UNKNOWN)
+  const int code = response.size() >= 2 && response[0] == 0x08 ? response[1] : 0;
+  static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+  std::cout << "health \"" << service << "\": " << (code >= 0 && code <= 3 ? kNames[code] : "?") << "\n";
+  return code == 1 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,11 +98,16 @@ int main(int argc, char** argv) {
   bool stream = false, json_object = false;
   std::vector<std::string> choices;
   std::string schema_file, regex, grammar_file;
-  app.add_option("prompt", prompt, "Prompt text")->required();
+  std::optional<std::string> health;
+  app.add_option("prompt", prompt, "Prompt text (not with --health)");
+  app.add_option("--health", health,
+                 "Instead of a prompt: grpc.health.v1 Check of this service at --target (\"\" readiness, liveness); "
+                 "exit 0 when SERVING (a Kubernetes exec probe with TLS)");
   app.add_option("--target", target, "Gateway address");
   std::string tls_ca, tls_cert, tls_key;
   app.add_option("--tls-ca", tls_ca, "PEM CA bundle to verify the gateway with (set: TLS)");
-  app.add_option("--tls-cert", tls_cert, "PEM client certificate, when the gateway asks for one (with --tls-key)");
+  app.add_option("--tls-cert", tls_cert,
+                 "PEM client certificate, when the server asks for one (an internal service always does)");
   app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
   app.add_option("--max-tokens", max_tokens, "Tokens to generate at most");
   app.add_option("--temperature", temperature, "0: greedy");
@@ -86,7 +131,13 @@ int main(int argc, char** argv) {
     }
     credentials = grpc::SslCredentials(ssl);
   }
-  auto stub = ferry::v1::Generation::NewStub(grpc::CreateChannel(target, credentials));
+  auto channel = grpc::CreateChannel(target, credentials);
+  if (health) return CheckHealth(channel, *health);
+  if (prompt.empty()) {
+    std::cerr << "a prompt is required (or --health SERVICE)\n";
+    return 2;
+  }
+  auto stub = ferry::v1::Generation::NewStub(channel);
   ferry::v1::GenerateRequest request;
   request.set_text(prompt);
   request.set_lane(lane);
