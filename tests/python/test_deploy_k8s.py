@@ -497,3 +497,71 @@ def test_the_image_installs_the_libraries_the_binaries_link():
             if owner and owner not in installed | base_system:
                 missing[lib] = owner
     assert not missing, f"add to the Dockerfile's last stage: {missing}"
+
+
+# ---- overlays/tls: TLS on every hop with cert-manager's certificates ----
+
+TLS_OVERLAY = "overlays/tls"
+# The Certificate spec fields this overlay uses, all of cert-manager.io/v1 (its CRD's schema is not in
+# the Kubernetes schemas kubernetes-validate reads).
+CERTIFICATE_FIELDS = {"isCA", "commonName", "secretName", "duration", "renewBefore", "dnsNames", "ipAddresses",
+                      "usages", "privateKey", "issuerRef"}
+
+
+def test_the_tls_overlay_validates_and_its_certificates_chain_to_one_ca():
+    kubernetes_validate = validator()
+    cert_manager = []
+    for obj in render(TLS_OVERLAY):
+        if obj["apiVersion"] == "cert-manager.io/v1":
+            cert_manager.append(obj)
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+    assert sorted(o["kind"] for o in cert_manager) == ["Certificate"] * 3 + ["Issuer"] * 2
+    issuers = {o["metadata"]["name"]: o["spec"] for o in cert_manager if o["kind"] == "Issuer"}
+    certificates = {o["metadata"]["name"]: o["spec"] for o in cert_manager if o["kind"] == "Certificate"}
+    for name, spec in certificates.items():
+        assert set(spec) <= CERTIFICATE_FIELDS, f"{name}: {set(spec) - CERTIFICATE_FIELDS}"
+        assert spec["issuerRef"]["kind"] == "Issuer" and spec["issuerRef"]["name"] in issuers
+    ca = [n for n, s in certificates.items() if s.get("isCA")]
+    assert ca == ["ferry-ca"] and "selfSigned" in issuers[certificates["ferry-ca"]["issuerRef"]["name"]]
+    # Every service certificate comes from the CA issuer, so every peer trusts one ca.crt.
+    ca_issuer = next(n for n, s in issuers.items() if s.get("ca", {}).get("secretName") == certificates["ferry-ca"]["secretName"])
+    assert all(s["issuerRef"]["name"] == ca_issuer for n, s in certificates.items() if n != "ferry-ca")
+
+
+def test_every_service_of_the_tls_overlay_runs_tls_and_exec_probes_from_its_certificate():
+    certificates = {o["spec"]["secretName"]: o["spec"] for o in objects(TLS_OVERLAY, "Certificate")}
+    base_containers = {c["name"]: c for _, _, c in containers("base")}
+    for _, pod, c in containers(TLS_OVERLAY):
+        args = expanded_args(TLS_OVERLAY, c)
+        options = help_options(binary_name(c))
+        assert all(name in options for name, _ in flags(args)), c["name"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        files = []
+        for name, key in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key"), ("--tls-ca", "ca.crt")):
+            directory, file = flag(args, name).rsplit("/", 1)
+            assert file == key, f"{c['name']} {name}"
+            secret = volumes[mounts[directory]]["secret"]["secretName"]
+            spec = certificates[secret]
+            # Server and client (mutual TLS inside); loopback for the probes and the scheduler's workers.
+            assert {"server auth", "client auth"} <= set(spec["usages"]) and "127.0.0.1" in spec["ipAddresses"]
+            files.append(f"{name}={directory}/{file}")
+        port = flag(args, "--port")
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = c[kind]
+            assert "grpc" not in probe, f"{c['name']} {kind}: the kubelet's gRPC probe speaks no TLS"
+            service = base_containers[c["name"]][kind]["grpc"].get("service", "")
+            command = probe["exec"]["command"]
+            assert command[:3] == ["/opt/ferry/bin/ferry-client", "--health", service], f"{c['name']} {kind}"
+            assert command[3:5] == ["--target", f"127.0.0.1:{port}"]
+            assert sorted(command[5:]) == sorted(files), f"{c['name']} {kind}: not the container's own certificate"
+            client_help = subprocess.run([str(binary("ferry-client")), "--help"], capture_output=True, text=True).stdout
+            names = ["--health", "--target"] + [name for name, _ in flags(command[5:])]
+            assert all(re.search(rf"^\s+{name}\b", client_help, re.M) for name in names), names
+    gateway = one(TLS_OVERLAY, "Deployment", "ferry-gateway")["spec"]["template"]["spec"]["containers"][0]
+    server_name = flag(expanded_args(TLS_OVERLAY, gateway), "--tls-server-name")
+    assert server_name in certificates["ferry-replica-tls"]["dnsNames"], "the gateway checks a name the replicas lack"
