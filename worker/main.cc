@@ -51,6 +51,12 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--dtype", f.runner.dtype,
                  "Matmul dtype: bfloat16 (fast; AVX-512), float32 (exact) or auto (bfloat16 where the CPU runs it)")
       ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
+  app.add_option("--quantization", f.runner.quantization,
+                 "int8: W8A8 matmuls (weights per channel at load, activations per token; AVX-512 VNNI, "
+                 "else AVX2), CPU engine only; none: as --dtype says")
+      ->check(CLI::IsMember({"none", "int8"}));
+  app.add_flag("--quantize-lm-head,!--no-quantize-lm-head", f.runner.quantize_lm_head,
+               "Quantize the LM head too under --quantization (default); --no-quantize-lm-head keeps it in --dtype");
   app.add_option("--backend", f.backend, "cpu: the real engine; sim: sleep for a cost model's step time")
       ->check(CLI::IsMember({"cpu", "sim"}));
   app.add_option("--cost-model", f.cost_model, "Cost model JSON for --backend sim (e.g. scheduler/sim/presets/)");
@@ -107,6 +113,10 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeCudaRunner(const Flags& flags, p
 }
 
 std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prometheus::Registry& registry) {
+  if (flags.runner.quantization != "none" && (flags.backend != "cpu" || flags.device != "cpu")) {
+    throw std::invalid_argument("--quantization " + flags.runner.quantization +
+                                " runs on the CPU engine only (--backend cpu --device cpu)");
+  }
   if (flags.backend == "cpu" && flags.device == "cuda") return MakeCudaRunner(flags, registry);
   if (flags.backend == "cpu") return ferry::worker::ModelRunner::Create(flags.runner);
   if (flags.cost_model.empty()) throw std::invalid_argument("--backend sim needs --cost-model");
@@ -169,8 +179,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& info = runner->info();
-  spdlog::info("loaded {} ({}), {} KV blocks of {} tokens, max_model_len {}", info.model, info.dtype,
-               info.num_kv_blocks, info.block_size, info.max_model_len);
+  spdlog::info("loaded {} ({}, quantization {}), {} KV blocks of {} tokens, max_model_len {}", info.model,
+               info.dtype, info.quantization, info.num_kv_blocks, info.block_size, info.max_model_len);
   if (flags.backend == "cpu" && flags.device == "cpu") {
     namespace fw = ferry::worker;
     spdlog::info("CPU matmuls through {} (FERRY_CPU_MATMUL=ferry|onednn overrides)",

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_int8.h"
 
 namespace ferry::kernels::cpu {
 namespace {
@@ -49,6 +50,48 @@ void BM_Gemm(benchmark::State& state) {
 BENCHMARK(BM_Gemm)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 16, 64, 256}, {0, 1}})
     ->ArgNames({"shape", "m", "bf16"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// W8A8: the activations' per-token quantization is timed with the product, as the worker runs it.
+void BM_GemmInt8(benchmark::State& state) {
+  const Shape& shape = kShapes[state.range(0)];
+  const int64_t m = state.range(1);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> x(m * shape.k), w(shape.n * shape.k), out(m * shape.n);
+  for (float& v : x) v = dist(rng);
+  for (float& v : w) v = dist(rng) * 0.02f;
+  const int64_t kp = Int8PaddedK(shape.k), np = Int8PaddedN(shape.n);
+  std::vector<int8_t> qw(shape.n * kp), packed(PackedInt8Size(shape.n, shape.k)), qx(m * kp);
+  std::vector<float> w_scale(np), x_scale(m);
+  std::vector<int32_t> sums(np);
+  QuantizeRowsInt8(w.data(), shape.n, shape.k, qw.data(), w_scale.data());
+  PackInt8(qw.data(), shape.n, shape.k, packed.data(), sums.data());
+  GemmInt8Args args;
+  args.x = qx.data();
+  args.x_scale = x_scale.data();
+  args.weight = packed.data();
+  args.w_scale = w_scale.data();
+  args.w_sums = sums.data();
+  args.out = out.data();
+  args.m = m;
+  args.n = shape.n;
+  args.k = shape.k;
+  for (auto _ : state) {
+    QuantizeRowsInt8(x.data(), m, shape.k, qx.data(), x_scale.data());
+    GemmInt8(args);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(shape.name) + (Int8UsesVnni() ? " int8 vnni" : " int8 avx2"));
+  state.counters["GOP/s"] = benchmark::Counter(2.0 * m * shape.n * shape.k,
+                                               benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+}
+
+BENCHMARK(BM_GemmInt8)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 16, 64, 256}})
+    ->ArgNames({"shape", "m"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -36,6 +36,12 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
   app.add_option("--dtype", f.dtype, "Weights and activations (worker)")
       ->check(CLI::IsMember({"auto", "bfloat16", "float32"}))
       ->group(group);
+  app.add_option("--quantization", f.quantization, "int8: W8A8 matmuls on the CPU engine (worker)")
+      ->check(CLI::IsMember({"none", "int8"}))
+      ->group(group);
+  app.add_flag("--no-quantize-lm-head", f.no_quantize_lm_head,
+               "Keep the LM head in --dtype under --quantization (worker)")
+      ->group(group);
   app.add_option("--device", f.device, "cpu or cuda (worker)")->check(CLI::IsMember({"cpu", "cuda"}))->group(group);
   app.add_option("--controller-mode", f.controller_mode, "max_num_seqs controller (scheduler)")
       ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}))
@@ -85,6 +91,8 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
     out.push_back("--gpu-memory-utilization=" + std::to_string(f.gpu_memory_utilization));
   }
   if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
+  if (!f.quantization.empty()) out.push_back("--quantization=" + f.quantization);
+  if (f.no_quantize_lm_head) out.push_back("--no-quantize-lm-head");
   if (!f.device.empty()) out.push_back("--device=" + f.device);
   if (f.enforce_eager) out.push_back("--enforce-eager");
   // Always: a worker's own default is off, and under ferry-launch its Health should turn false

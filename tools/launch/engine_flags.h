@@ -23,6 +23,8 @@ struct EngineFlags {
   bool prefix_caching_on = false;  // neither: the scheduler's default
   bool prefix_caching_off = false;
   std::string dtype;
+  std::string quantization;  // empty: the worker's default (none)
+  bool no_quantize_lm_head = false;
   std::string device;
   std::string controller_mode;
   bool enforce_eager = false;

@@ -4,6 +4,7 @@
 // a random qwen2.5-0.5b-shaped bf16 checkpoint to a temp directory first.
 //
 //   build/bin/ferry-engine-bench [--model-dir DIR] [--dtype auto|bfloat16|float32] [--context 512]
+//                                [--quantization none|int8] [--no-quantize-lm-head]
 //                                [--threads N] [google benchmark flags]
 #include <benchmark/benchmark.h>
 
@@ -27,6 +28,8 @@ namespace {
 struct BenchFlags {
   std::string model_dir;
   std::string dtype = "auto";  // bfloat16 where the CPU runs it, else float32
+  std::string quantization = "none";
+  bool quantize_lm_head = true;
   int32_t context = 512;
   int32_t threads = 0;
 };
@@ -43,6 +46,8 @@ class Engine {
     RunnerOptions options;
     options.model_dir = flags.model_dir;
     options.dtype = flags.dtype;
+    options.quantization = flags.quantization;
+    options.quantize_lm_head = flags.quantize_lm_head;
     options.num_threads = flags.threads;
     options.block_size = kBlockSize;
     const int32_t per_seq = (context_ + kMaxDecodeSteps + kBlockSize - 1) / kBlockSize;
@@ -147,6 +152,10 @@ BenchFlags ParseFlags(int* argc, char** argv) {
       flags.model_dir = argv[++i];
     } else if (arg == "--dtype" && has_value) {
       flags.dtype = argv[++i];
+    } else if (arg == "--quantization" && has_value) {
+      flags.quantization = argv[++i];
+    } else if (arg == "--no-quantize-lm-head") {
+      flags.quantize_lm_head = false;
     } else if (arg == "--context" && has_value) {
       flags.context = std::atoi(argv[++i]);
     } else if (arg == "--threads" && has_value) {
@@ -177,8 +186,9 @@ int main(int argc, char** argv) {
   {
     Engine eng(flags);
     engine = &eng;
-    std::printf("model %s, dtype %s, context %d\n", flags.model_dir.c_str(),
-                ResolveMatmulDtype(flags.dtype).c_str(), flags.context);
+    std::printf("model %s, dtype %s, quantization %s%s, context %d\n", flags.model_dir.c_str(),
+                ResolveMatmulDtype(flags.dtype).c_str(), flags.quantization.c_str(),
+                flags.quantize_lm_head ? "" : " (lm_head unquantized)", flags.context);
     for (int64_t batch : {1, 4, 16, 64}) {
       benchmark::RegisterBenchmark("Decode", BM_Decode)
           ->Arg(batch)->ArgName("batch")->Unit(benchmark::kMillisecond)->Iterations(16)

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_int8.h"
 
 namespace ferry::worker {
 namespace {
@@ -39,6 +40,14 @@ MatmulDtype ParseMatmulDtype(const std::string& dtype) {
   if (dtype == "bfloat16") return MatmulDtype::kBfloat16;
   throw std::invalid_argument("unsupported CPU dtype " + dtype + " (float32 or bfloat16)");
 }
+
+Quantization ParseQuantization(const std::string& name) {
+  if (name == "none" || name.empty()) return Quantization::kNone;
+  if (name == "int8") return Quantization::kInt8;
+  throw std::invalid_argument("unsupported quantization " + name + " (none or int8)");
+}
+
+const char* QuantizationName(Quantization q) { return q == Quantization::kInt8 ? "int8" : "none"; }
 
 static bool OneDnnBf16MatmulAvailable() {
   // Asks oneDNN for the primitive the bf16 path builds: it has one from AVX-512 on, none on an
@@ -132,11 +141,23 @@ struct Linear::Primitives {
 };
 
 Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int64_t k,
-               std::vector<float> bias, bool accumulate)
-    : context_(context), n_(n), k_(k), accumulate_(accumulate), bias_(std::move(bias)) {
+               std::vector<float> bias, bool accumulate, Quantization quantization)
+    : context_(context), n_(n), k_(k), accumulate_(accumulate), quantization_(quantization),
+      bias_(std::move(bias)) {
   if (static_cast<int64_t>(weight.size()) != n * k) {
     throw std::invalid_argument("Linear: weight has " + std::to_string(weight.size()) +
                                 " values, expected " + std::to_string(n * k));
+  }
+  if (quantization == Quantization::kInt8) {
+    namespace kc = kernels::cpu;
+    std::vector<int8_t> q(n * kc::Int8PaddedK(k));
+    int8_scale_.assign(kc::Int8PaddedN(n), 0.f);
+    kc::QuantizeRowsInt8(weight.data(), n, k, q.data(), int8_scale_.data());
+    std::vector<float>().swap(weight);
+    weight_int8_.resize(kc::PackedInt8Size(n, k));
+    int8_sums_.resize(kc::Int8PaddedN(n));
+    kc::PackInt8(q.data(), n, k, weight_int8_.data(), int8_sums_.data());
+    return;
   }
   if (context->backend() == MatmulBackend::kFerry) {
     // fp32 kept in place ([n, k] is the kernel's layout); bf16 converted and packed once.
@@ -189,7 +210,9 @@ Linear& Linear::operator=(Linear&&) noexcept = default;
 
 int64_t Linear::weight_bytes() const {
   if (prims_ == nullptr) {
-    return static_cast<int64_t>(weight_f32_.size() * sizeof(float) + weight_bf16_.size() * sizeof(uint16_t));
+    return static_cast<int64_t>(weight_f32_.size() * sizeof(float) + weight_bf16_.size() * sizeof(uint16_t) +
+                                weight_int8_.size() + int8_scale_.size() * sizeof(float) +
+                                int8_sums_.size() * sizeof(int32_t));
   }
   return static_cast<int64_t>(prims_->weights_md.get_size());
 }
@@ -219,6 +242,7 @@ int64_t CallRows(int64_t rest) {
 // have that property (it takes a gemv path for one row).
 void Linear::Forward(const float* x, float* out, int64_t m) {
   if (m == 0) return;
+  if (quantization_ == Quantization::kInt8) return RunInt8(x, out, m);
   if (context_->backend() == MatmulBackend::kFerry) return RunFerry(x, out, m);
   const int64_t tile = context_->row_tile_;
   for (int64_t i = 0; i < m;) {
@@ -246,6 +270,29 @@ void Linear::RunPadded(const float* x, float* out, int64_t m, int64_t rows) {
 }
 
 int64_t Linear::num_primitives() const { return prims_ == nullptr ? 0 : static_cast<int64_t>(prims_->by_rows.size()); }
+
+// Batch-invariant by construction: per-row quantization and exact int32 sums (gemm_int8.h).
+void Linear::RunInt8(const float* x, float* out, int64_t m) {
+  namespace kc = kernels::cpu;
+  std::vector<int8_t>& qx = context_->x_int8_;
+  std::vector<float>& sx = context_->x_scale_;
+  if (static_cast<int64_t>(qx.size()) < m * kc::Int8PaddedK(k_)) qx.resize(m * kc::Int8PaddedK(k_));
+  if (static_cast<int64_t>(sx.size()) < m) sx.resize(m);
+  kc::QuantizeRowsInt8(x, m, k_, qx.data(), sx.data());
+  kc::GemmInt8Args args;
+  args.x = qx.data();
+  args.x_scale = sx.data();
+  args.weight = weight_int8_.data();
+  args.w_scale = int8_scale_.data();
+  args.w_sums = int8_sums_.data();
+  args.bias = bias_.empty() ? nullptr : bias_.data();
+  args.out = out;
+  args.m = m;
+  args.n = n_;
+  args.k = k_;
+  args.accumulate = accumulate_;
+  kc::GemmInt8(args);
+}
 
 // Ferry's kernel is batch-invariant by construction (kernels/cpu/gemm.h): one call, no tiles.
 void Linear::RunFerry(const float* x, float* out, int64_t m) {

@@ -22,6 +22,14 @@ namespace ferry::worker {
 
 enum class MatmulDtype { kFloat32, kBfloat16 };
 
+// Weight quantization of a layer (vLLM's --quantization): kInt8 is W8A8, weights per output
+// channel at load, activations per token at run time, int32 sums (kernels/cpu/gemm_int8.h). Such
+// a layer ignores MatmulDtype; the layers left unquantized (the LM head when asked) follow it.
+enum class Quantization { kNone, kInt8 };
+// "none" | "int8" -> Quantization; throws std::invalid_argument naming the value otherwise.
+Quantization ParseQuantization(const std::string& name);
+const char* QuantizationName(Quantization q);
+
 // "float32" | "bfloat16" -> MatmulDtype; throws std::invalid_argument otherwise.
 MatmulDtype ParseMatmulDtype(const std::string& dtype);
 
@@ -60,21 +68,25 @@ class MatmulContext {
   std::vector<float> x_pad_;      // [rows, k]: a padded call (a partial last tile), zero-padded
   std::vector<float> out_pad_;    // [rows, n]; rows <= 64 (or row_tile_)
   std::vector<float> x_rounded_;  // [m, k]: bf16 activations of a Ferry-kernel call, as fp32
+  std::vector<int8_t> x_int8_;    // [m, Int8PaddedK(k)]: an int8 layer's quantized activations
+  std::vector<float> x_scale_;    // [m]: their per-token scales
 };
 
 class Linear {
  public:
   // weight: [n, k] row-major (Hugging Face's [out_features, in_features]); bias: [n] or empty.
   // accumulate: Forward adds into out (the residual stream) instead of overwriting it.
+  // quantization kInt8: the weights are quantized here and the fp32 ones released.
   Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int64_t k,
-         std::vector<float> bias, bool accumulate);
+         std::vector<float> bias, bool accumulate, Quantization quantization = Quantization::kNone);
   ~Linear();
   Linear(Linear&&) noexcept;
   Linear& operator=(Linear&&) noexcept;
 
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
-  // The fp32 weights, [n, k]; nullptr in bf16 mode (they were converted and released).
+  Quantization quantization() const { return quantization_; }
+  // The fp32 weights, [n, k]; nullptr in bf16 and int8 modes (converted and released).
   // Both modes run through oneDNN; a row's result does not depend on how many rows share a call.
   const float* fp32_weight() const { return weight_f32_.empty() ? nullptr : weight_f32_.data(); }
   // Bytes the weights occupy.
@@ -90,6 +102,10 @@ class Linear {
 
  private:
   struct Primitives;
+  // One call of the int8 kernel over m rows (activations quantized per row first).
+  void RunInt8(const float* x,  // [m, k]
+               float* out,      // [m, n]
+               int64_t m);
   // One call of Ferry's kernel over m rows.
   void RunFerry(const float* x,  // [m, k]
                 float* out,      // [m, n]
@@ -107,6 +123,10 @@ class Linear {
   int64_t n_ = 0;
   int64_t k_ = 0;
   bool accumulate_ = false;
+  Quantization quantization_ = Quantization::kNone;
+  std::vector<int8_t> weight_int8_;    // PackInt8's layout; kInt8 only
+  std::vector<float> int8_scale_;      // [Int8PaddedN(n)] per output channel; kInt8 only
+  std::vector<int32_t> int8_sums_;     // [Int8PaddedN(n)] PackInt8's column sums; kInt8 only
   std::vector<float> weight_f32_;      // [n, k]; kFloat32 only
   std::vector<uint16_t> weight_bf16_;  // [n, k] as kernels::cpu::PackBf16 lays it out; Ferry + bf16 only
   std::vector<float> bias_;        // [n] or empty

@@ -17,18 +17,24 @@ struct Shape {
   int64_t n, k;
 };
 
-class LinearBatchInvariance : public ::testing::TestWithParam<const char*> {};
+// Param: a MatmulDtype name, or "int8" (W8A8 over a float32 context).
+class LinearBatchInvariance : public ::testing::TestWithParam<const char*> {
+ protected:
+  bool int8() const { return std::strcmp(GetParam(), "int8") == 0; }
+  MatmulDtype dtype() const { return int8() ? MatmulDtype::kFloat32 : ParseMatmulDtype(GetParam()); }
+  Quantization quantization() const { return int8() ? Quantization::kInt8 : Quantization::kNone; }
+};
 
 TEST_P(LinearBatchInvariance, RowResultsDoNotDependOnRowCount) {
   FERRY_SKIP_WITHOUT_BF16(GetParam());
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.f, 0.05f);
-  MatmulContext context(ParseMatmulDtype(GetParam()));
+  MatmulContext context(dtype());
   for (const Shape shape : {Shape{1152, 896}, Shape{896, 896}, Shape{9728, 896}, Shape{896, 4864}}) {
     std::vector<float> w(shape.n * shape.k), bias(shape.n);
     for (auto& v : w) v = dist(rng);
     for (auto& v : bias) v = dist(rng);
-    Linear linear(&context, w, shape.n, shape.k, bias, /*accumulate=*/false);
+    Linear linear(&context, w, shape.n, shape.k, bias, /*accumulate=*/false, quantization());
     const int64_t max_m = 300;
     std::vector<float> x(max_m * shape.k);
     for (auto& v : x) v = dist(rng) * 20;
@@ -47,8 +53,8 @@ TEST_P(LinearBatchInvariance, RowResultsDoNotDependOnRowCount) {
 // worker without bound (0.4 MB/s in a soak). Every count from 1 to 600 runs on at most 30.
 TEST_P(LinearBatchInvariance, EveryRowCountRunsOnABoundedSetOfPrimitives) {
   FERRY_SKIP_WITHOUT_BF16(GetParam());
-  MatmulContext context(ParseMatmulDtype(GetParam()));
-  if (context.backend() != MatmulBackend::kOneDnn) GTEST_SKIP() << "Ferry's kernel has no primitives";
+  MatmulContext context(dtype());
+  if (context.backend() != MatmulBackend::kOneDnn || int8()) GTEST_SKIP() << "Ferry's kernel has no primitives";
   const int64_t n = 64, k = 32, max_m = 600;
   std::vector<float> w(n * k, 0.01f), x(max_m * k, 1.f), out(max_m * n);
   Linear linear(&context, w, n, k, {}, /*accumulate=*/false);
@@ -58,7 +64,7 @@ TEST_P(LinearBatchInvariance, EveryRowCountRunsOnABoundedSetOfPrimitives) {
   EXPECT_NEAR(out[(max_m - 1) * n], 0.01f * k, 0.005f);  // the last row of the last call, computed (bf16 weights)
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, LinearBatchInvariance, ::testing::Values("float32", "bfloat16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, LinearBatchInvariance, ::testing::Values("float32", "bfloat16", "int8"));
 
 TEST(MatmulBackendTest, EnvironmentPicksTheBackendAndABadNameIsRefused) {
   const char* before = std::getenv("FERRY_CPU_MATMUL");

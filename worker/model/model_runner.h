@@ -22,6 +22,10 @@ struct RunnerOptions {
   // kernel below), "float32" (exact, for parity tests) or "auto" (bfloat16
   // where the CPU runs it, else float32; info().dtype names the one chosen).
   std::string dtype = "auto";
+  // "int8": W8A8 matrix products (linear.h Quantization); "none": as dtype says.
+  std::string quantization = "none";
+  // Whether the LM head is quantized too under a quantization; false keeps it in dtype.
+  bool quantize_lm_head = true;
   int32_t block_size = 16;          // tokens per KV block
   int32_t num_kv_blocks = 0;        // 0: derive from kv_cache_bytes
   int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget when num_kv_blocks == 0
@@ -48,6 +52,7 @@ struct GenerationDefaults {
 struct ModelInfo {
   std::string model;                // config "_name_or_path", else directory name
   std::string dtype;
+  std::string quantization = "none";  // RunnerOptions::quantization as applied
   int32_t num_kv_blocks = 0;
   int32_t block_size = 0;
   int32_t max_model_len = 0;

@@ -78,6 +78,9 @@ struct ForwardBatch {
 
 struct ModelOptions {
   MatmulDtype dtype = MatmulDtype::kFloat32;
+  // Of the layers' projections; the LM head's too when quantize_lm_head, else it follows dtype.
+  Quantization quantization = Quantization::kNone;
+  bool quantize_lm_head = true;
   // Tensor parallelism: load and run shard comm->rank() of comm->size(). Not owned.
   Communicator* comm = nullptr;
 };

@@ -40,10 +40,12 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   ModelOptions model_options;
   try {
     model_options.dtype = ParseMatmulDtype(options_.dtype);
+    model_options.quantization = ParseQuantization(options_.quantization);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(options.model_dir + ": " + e.what());
   }
   model_options.comm = options.comm;
+  model_options.quantize_lm_head = options.quantize_lm_head;
   if (options.block_size <= 0) throw std::runtime_error("block_size must be positive");
   if (options.num_threads > 0) {
     omp_set_num_threads(options.num_threads);
@@ -53,6 +55,7 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   const Qwen2Config& c = model_->config();
   info_.model = c.name;
   info_.dtype = options_.dtype;
+  info_.quantization = QuantizationName(model_options.quantization);
   info_.tp_rank = model_->shard().rank;
   info_.tp_size = model_->shard().size;
   info_.block_size = options.block_size;

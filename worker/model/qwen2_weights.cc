@@ -54,8 +54,9 @@ void Qwen2Model::LoadWeights(const std::string& dir) {
     ckpt.ReadBlock(head_name, vocab_shape, head_begin, head_begin + head_rows, 0, hidden,
                    head.data());
   }
+  const Quantization head_quant = options_.quantize_lm_head ? options_.quantization : Quantization::kNone;
   const bool head_is_embedding = c.tie_word_embeddings && shard_.size == 1 &&
-                                 dtype() == MatmulDtype::kFloat32;
+                                 dtype() == MatmulDtype::kFloat32 && head_quant == Quantization::kNone;
   if (dtype() == MatmulDtype::kBfloat16) {
     embed_bf16_.resize(embed.size());
     kernels::cpu::ConvertToBf16(embed.data(), embed_bf16_.data(), vocab * hidden);
@@ -64,7 +65,7 @@ void Qwen2Model::LoadWeights(const std::string& dir) {
   }
   std::vector<float>().swap(embed);
   lm_head_ = std::make_unique<Linear>(&context_, std::move(head), shard_.vocab_rows, hidden,
-                                      std::vector<float>{}, /*accumulate=*/false);
+                                      std::vector<float>{}, /*accumulate=*/false, head_quant);
   final_norm_ = ckpt.Read("model.norm.weight", {hidden});
   layers_.resize(c.num_hidden_layers);
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) LoadLayer(ckpt, i);
@@ -92,20 +93,21 @@ void Qwen2Model::LoadLayer(const Checkpoint& ckpt, int32_t index) {
   // Unsharded, projections accumulate straight into the residual stream; sharded, each rank's
   // partial sum goes through the all-reduce first.
   const bool accumulate = options_.comm == nullptr;
-  l.qkv.emplace(&context_, std::move(w), nq + 2 * nk, hidden, std::move(b), false);
+  const Quantization quant = options_.quantization;
+  l.qkv.emplace(&context_, std::move(w), nq + 2 * nk, hidden, std::move(b), false, quant);
   l.o_proj.emplace(&context_,
                    ReadCols(ckpt, p + "self_attn.o_proj.weight", {hidden, q_dim}, q0, nq), hidden,
-                   nq, std::vector<float>{}, accumulate);
+                   nq, std::vector<float>{}, accumulate, quant);
   // Column-parallel gate and up, fused so SiluAndMul sees [gate | up] per row.
   w = ReadRows(ckpt, p + "mlp.gate_proj.weight", {inter, hidden}, s.inter_begin, s.inter_size);
   Append(w, ReadRows(ckpt, p + "mlp.up_proj.weight", {inter, hidden}, s.inter_begin,
                      s.inter_size));
   l.gate_up.emplace(&context_, std::move(w), 2 * s.inter_size, hidden, std::vector<float>{},
-                    false);
+                    false, quant);
   l.down.emplace(&context_,
                  ReadCols(ckpt, p + "mlp.down_proj.weight", {hidden, inter}, s.inter_begin,
                           s.inter_size),
-                 hidden, s.inter_size, std::vector<float>{}, accumulate);
+                 hidden, s.inter_size, std::vector<float>{}, accumulate, quant);
 }
 
 }  // namespace ferry::worker
