@@ -1,6 +1,7 @@
 #include "worker/model/linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -149,14 +150,11 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
                                 " values, expected " + std::to_string(n * k));
   }
   if (quantization == Quantization::kInt8) {
-    namespace kc = kernels::cpu;
-    std::vector<int8_t> q(n * kc::Int8PaddedK(k));
-    int8_scale_.assign(kc::Int8PaddedN(n), 0.f);
-    kc::QuantizeRowsInt8(weight.data(), n, k, q.data(), int8_scale_.data());
+    std::vector<int8_t> q(n * kernels::cpu::Int8PaddedK(k));
+    std::vector<float> scale(n);
+    kernels::cpu::QuantizeRowsInt8(weight.data(), n, k, q.data(), scale.data());
     std::vector<float>().swap(weight);
-    weight_int8_.resize(kc::PackedInt8Size(n, k));
-    int8_sums_.resize(kc::Int8PaddedN(n));
-    kc::PackInt8(q.data(), n, k, weight_int8_.data(), int8_sums_.data());
+    SetInt8(q, std::move(scale));
     return;
   }
   if (context->backend() == MatmulBackend::kFerry) {
@@ -202,6 +200,43 @@ Linear::Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int
   prims_->weights = dnnl::memory(prims_->weights_md, d.engine);
   dnnl::reorder(plain_mem, prims_->weights).execute(d.stream, plain_mem, prims_->weights);
   d.stream.wait();
+}
+
+Linear::Linear(MatmulContext* context, Int8Weights weights, int64_t n, int64_t k, std::vector<float> bias,
+               bool accumulate)
+    : context_(context), n_(n), k_(k), accumulate_(accumulate), quantization_(Quantization::kInt8),
+      bias_(std::move(bias)) {
+  if (static_cast<int64_t>(weights.values.size()) != n * k || static_cast<int64_t>(weights.scale.size()) != n) {
+    throw std::invalid_argument("Linear: int8 weights have " + std::to_string(weights.values.size()) + " values and " +
+                                std::to_string(weights.scale.size()) + " scales, expected " + std::to_string(n * k) +
+                                " and " + std::to_string(n));
+  }
+  const int64_t kp = kernels::cpu::Int8PaddedK(k);
+  std::vector<int8_t> q(n * kp, 0);
+  for (int64_t r = 0; r < n; ++r) {
+    if (!std::isfinite(weights.scale[r]) || weights.scale[r] < 0.f) {
+      throw std::invalid_argument("Linear: int8 weight scale of row " + std::to_string(r) + " is " +
+                                  std::to_string(weights.scale[r]) + " (want finite, >= 0)");
+    }
+    for (int64_t c = 0; c < k; ++c) {
+      const float v = weights.values[r * k + c];
+      if (!(v >= -128.f && v <= 127.f) || v != std::nearbyint(v)) {
+        throw std::invalid_argument("Linear: int8 weight [" + std::to_string(r) + ", " + std::to_string(c) + "] = " +
+                                    std::to_string(v) + " is not an integer in [-128, 127]");
+      }
+      q[r * kp + c] = static_cast<int8_t>(v);
+    }
+  }
+  SetInt8(q, std::move(weights.scale));
+}
+
+void Linear::SetInt8(const std::vector<int8_t>& q, std::vector<float> scale) {
+  namespace kc = kernels::cpu;
+  int8_scale_ = std::move(scale);
+  int8_scale_.resize(kc::Int8PaddedN(n_), 0.f);
+  weight_int8_.resize(kc::PackedInt8Size(n_, k_));
+  int8_sums_.resize(kc::Int8PaddedN(n_));
+  kc::PackInt8(q.data(), n_, k_, weight_int8_.data(), int8_sums_.data());
 }
 
 Linear::~Linear() = default;

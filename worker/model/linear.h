@@ -72,6 +72,12 @@ class MatmulContext {
   std::vector<float> x_scale_;    // [m]: their per-token scales
 };
 
+// A layer's weights as an int8 checkpoint stores them (compressed_tensors.h): w ~ values * scale.
+struct Int8Weights {
+  std::vector<float> values;  // [n, k] integers in [-128, 127], as floats (exact)
+  std::vector<float> scale;   // [n] per output channel, finite and >= 0
+};
+
 class Linear {
  public:
   // weight: [n, k] row-major (Hugging Face's [out_features, in_features]); bias: [n] or empty.
@@ -79,6 +85,10 @@ class Linear {
   // quantization kInt8: the weights are quantized here and the fp32 ones released.
   Linear(MatmulContext* context, std::vector<float> weight, int64_t n, int64_t k,
          std::vector<float> bias, bool accumulate, Quantization quantization = Quantization::kNone);
+  // An int8 layer with the checkpoint's own values and scales (no requantization). Throws
+  // std::invalid_argument naming the row, column and value outside int8 or a bad scale.
+  Linear(MatmulContext* context, Int8Weights weights, int64_t n, int64_t k, std::vector<float> bias,
+         bool accumulate);
   ~Linear();
   Linear(Linear&&) noexcept;
   Linear& operator=(Linear&&) noexcept;
@@ -102,6 +112,8 @@ class Linear {
 
  private:
   struct Primitives;
+  // Takes q ([n, Int8PaddedK(k)]) and scale ([n]) as the int8 weights.
+  void SetInt8(const std::vector<int8_t>& q, std::vector<float> scale);
   // One call of the int8 kernel over m rows (activations quantized per row first).
   void RunInt8(const float* x,  // [m, k]
                float* out,      // [m, n]

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/paged_attention.h"
+#include "worker/model/compressed_tensors.h"
 #include "worker/model/linear.h"
 #include "worker/model/qwen2_config.h"
 
@@ -128,7 +129,7 @@ class Qwen2Model {
   Qwen2Model(Qwen2Config config, const ModelOptions& options);
 
   void LoadWeights(const std::string& dir);
-  void LoadLayer(const Checkpoint& ckpt, int32_t index);
+  void LoadLayer(const Checkpoint& ckpt, const std::optional<Int8CheckpointScheme>& scheme, int32_t index);
   void Embed(const ForwardBatch& batch);
   void RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void Attention(int32_t index, const ForwardBatch& batch, KvCache& cache);

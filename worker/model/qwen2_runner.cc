@@ -55,7 +55,9 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   const Qwen2Config& c = model_->config();
   info_.model = c.name;
   info_.dtype = options_.dtype;
-  info_.quantization = QuantizationName(model_options.quantization);
+  // A checkpoint quantized on disk runs its own int8 layers whatever --quantization says.
+  info_.quantization = LoadInt8CheckpointScheme(options.model_dir) ? "compressed-tensors"
+                                                                   : QuantizationName(model_options.quantization);
   info_.tp_rank = model_->shard().rank;
   info_.tp_size = model_->shard().size;
   info_.block_size = options.block_size;

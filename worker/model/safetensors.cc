@@ -44,6 +44,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 size_t DtypeSize(const std::string& dtype) {
   if (dtype == "F32") return 4;
   if (dtype == "BF16" || dtype == "F16") return 2;
+  if (dtype == "I8") return 1;  // int8-quantized weights (compressed-tensors.h)
   throw std::runtime_error("unsupported safetensors dtype " + dtype);
 }
 
@@ -104,6 +105,9 @@ void ConvertToFloat(const std::string& dtype, const void* src, size_t count, flo
     const auto* s = static_cast<const uint16_t*>(src);
 #pragma omp parallel for schedule(static) if (count >= kMinParallelConvert)
     for (int64_t i = 0; i < n; ++i) dst[i] = F16ToFloat(s[i]);
+  } else if (dtype == "I8") {
+    const auto* s = static_cast<const int8_t*>(src);  // exact: every int8 is a float
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
   } else {
     throw std::runtime_error("unsupported safetensors dtype " + dtype);
   }
@@ -183,7 +187,7 @@ TensorInfo ParseTensorInfo(const std::string& path, const std::string& name, con
     }
     count *= d;
   }
-  if (info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16") {
+  if (info.dtype == "F32" || info.dtype == "BF16" || info.dtype == "F16" || info.dtype == "I8") {
     const uint64_t want = static_cast<uint64_t>(info.num_elements()) * DtypeSize(info.dtype);
     if (info.end - info.begin != want) {
       throw std::runtime_error(path + ": tensor " + name + " has " +
@@ -338,15 +342,38 @@ const SafetensorsFile& Checkpoint::FileOf(const std::string& name, const std::ve
   return *it->second;
 }
 
+const std::string& Checkpoint::Dtype(const std::string& name) const {
+  const auto it = owner_.find(name);
+  if (it == owner_.end()) {
+    throw std::runtime_error((files_.size() == 1 ? files_[0]->path() : dir_ + " (sharded)") + ": missing tensor " + name);
+  }
+  return it->second->Info(name).dtype;
+}
+
+// An int8 tensor read as floats where float weights are expected (or the reverse) would load a
+// model that runs and computes nonsense: refused, naming the tensor.
+static void CheckKind(const SafetensorsFile& file, const std::string& name, bool int8) {
+  const std::string& dtype = file.Info(name).dtype;
+  if ((dtype == "I8") != int8) {
+    throw std::runtime_error(file.path() + ": tensor " + name + " is " + dtype + ", expected " +
+                             (int8 ? "I8 (an int8-quantized layer of quantization_config)"
+                                   : "a float dtype (F32, BF16 or F16)"));
+  }
+}
+
 void Checkpoint::Read(const std::string& name, const std::vector<int64_t>& shape,
                       float* dst) const {
-  FileOf(name, shape).ReadFloat32(name, dst);
+  const SafetensorsFile& file = FileOf(name, shape);
+  CheckKind(file, name, false);
+  file.ReadFloat32(name, dst);
 }
 
 void Checkpoint::ReadBlock(const std::string& name, const std::vector<int64_t>& shape,
                            int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
-                           float* dst) const {
-  FileOf(name, shape).ReadFloat32Block(name, row_begin, row_end, col_begin, col_end, dst);
+                           float* dst, bool int8) const {
+  const SafetensorsFile& file = FileOf(name, shape);
+  CheckKind(file, name, int8);
+  file.ReadFloat32Block(name, row_begin, row_end, col_begin, col_end, dst);
 }
 
 std::vector<float> Checkpoint::Read(const std::string& name,

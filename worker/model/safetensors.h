@@ -86,14 +86,17 @@ class Checkpoint {
   explicit Checkpoint(const std::string& dir);
 
   bool Has(const std::string& name) const { return owner_.count(name) != 0; }
+  // The safetensors dtype of a tensor ("BF16", "I8", ...); throws when it is missing.
+  const std::string& Dtype(const std::string& name) const;
   // Reads a tensor that must have exactly `shape` into dst as fp32. Throws std::runtime_error
   // naming the file and tensor when it is missing or its shape differs.
   void Read(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
   std::vector<float> Read(const std::string& name, const std::vector<int64_t>& shape) const;
   // A block of a tensor that must have exactly `shape` (see SafetensorsFile::ReadFloat32Block):
-  // how a tensor-parallel rank reads only its shard.
+  // how a tensor-parallel rank reads only its shard. int8: the tensor must be I8 (its values
+  // come back as floats, exactly); otherwise it must be a float dtype (Read too).
   void ReadBlock(const std::string& name, const std::vector<int64_t>& shape, int64_t row_begin,
-                 int64_t row_end, int64_t col_begin, int64_t col_end, float* dst) const;
+                 int64_t row_end, int64_t col_begin, int64_t col_end, float* dst, bool int8 = false) const;
 
  private:
   // The file holding `name`; throws std::runtime_error (naming file and tensor) when the tensor is
