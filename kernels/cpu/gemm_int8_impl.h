@@ -24,8 +24,10 @@ inline void Int8Epilogue(const GemmInt8Args& a, int64_t row, int64_t col, int64_
   }
 }
 
-// Rows [r0, r1) x column groups [g0, g1) of the output.
-void PanelVnni(const GemmInt8Args& a, int64_t r0, int64_t r1, int64_t g0, int64_t g1);
-void PanelAvx2(const GemmInt8Args& a, int64_t r0, int64_t r1, int64_t g0, int64_t g1);
+// Rows [r0, r1) x column blocks [b0, b1) (kInt8BlockCols columns each) of the output. x: the
+// activations as the kernel reads them, [m, Int8PaddedK(k)]: a.x + 128 as u8 for VNNI, a.x itself
+// for AVX2.
+void PanelVnni(const GemmInt8Args& a, const uint8_t* x, int64_t r0, int64_t r1, int64_t b0, int64_t b1);
+void PanelAvx2(const GemmInt8Args& a, const int8_t* x, int64_t r0, int64_t r1, int64_t b0, int64_t b1);
 
 }  // namespace ferry::kernels::cpu::int8_impl
