@@ -15,7 +15,8 @@
 #       into build-tsan/tsan-deps, about 16 min), so that TSan sees the locks and atomics gRPC orders its
 #       callbacks with.
 # --skip-slow: asan builds and runs everything but ASAN_SLOW (their code paths are the short
-#       tests' own); `ctest --test-dir build-asan -R "<ASAN_SLOW>"` with the same environment runs them.
+#       tests' own); --slow-only runs just ASAN_SLOW, one at a time and with no time limit
+#       (tests/sanitizers/run_without_timeout.py), over an hour here.
 # --quick: the part .ci/run runs (README, "Testing"): asan builds only the parser, scheduler-core
 #       and worker-service tests (skipping the minutes-long randomised/simulator ones) and the
 #       services, and runs four end-to-end files (E2E_QUICK); tsan unchanged.
@@ -30,13 +31,16 @@ REPO=$PWD
 which=${1:-all}
 quick=0
 skip_slow=0
+slow_only=0
+usage="usage: $0 [asan|tsan|all] [--quick|--skip-slow|--slow-only]"
 case "${2:-}" in
   --quick) quick=1 ;;
   --skip-slow) skip_slow=1 ;;
+  --slow-only) slow_only=1 ;;
   "") ;;
-  *) echo "usage: $0 [asan|tsan|all] [--quick|--skip-slow]" >&2; exit 2 ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac
-case "$which" in asan|tsan|all) ;; *) echo "usage: $0 [asan|tsan|all] [--quick|--skip-slow]" >&2; exit 2 ;; esac
+case "$which" in asan|tsan|all) ;; *) echo "$usage" >&2; exit 2 ;; esac
 JOBS=${JOBS:-$(nproc)}
 SUPP=$REPO/tests/sanitizers
 
@@ -92,6 +96,12 @@ run_asan() {
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1:log_path=$REPO/$dir/sanitizer-logs/asan:log_exe_name=1"
   export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP/ubsan.supp:log_path=$REPO/$dir/sanitizer-logs/ubsan:log_exe_name=1"
+  if ((slow_only)); then
+    python3 tests/sanitizers/run_without_timeout.py "$dir" "$ASAN_SLOW" || status=1
+    check_logs "$dir" || status=1
+    unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
+    return $status
+  fi
   local exclude="_NOT_BUILT|$TIMING"
   ((quick || skip_slow)) && exclude="$exclude|$ASAN_SLOW"
   nice -n 19 ctest --test-dir "$dir" --output-on-failure -j "$JOBS" -E "$exclude" || status=1
