@@ -125,25 +125,38 @@ Outcome Load(const std::string& path) {
   _exit(status);
 }
 
-TEST(TensorParallelTest, TwoRanksMatchOneUnderGloo) {
-  TempDir dir("tp_test");
+// The workload on one unsharded runner (want) and on two forked ranks over Gloo (r0, r1).
+struct Runs {
+  Outcome want, r0, r1;
+};
+Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization) {
   const std::string model = dir.str() + "/model", store = dir.str() + "/store";
   std::filesystem::create_directories(store);
   WriteRandomQwen2Checkpoint(TpShape(), 21, "bfloat16", model, {});
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank));
+    EXPECT_GE(pid, 0);
+    if (pid == 0) RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), quantization);
     children.push_back(pid);
   }
-  const Outcome want = RunWorkload(model, nullptr);
+  Runs runs;
+  runs.want = RunWorkload(model, nullptr, quantization);
   for (pid_t pid : children) {
     int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank failed";
+    EXPECT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank failed";
   }
-  const Outcome r0 = Load(dir.str() + "/rank0"), r1 = Load(dir.str() + "/rank1");
+  runs.r0 = Load(dir.str() + "/rank0");
+  runs.r1 = Load(dir.str() + "/rank1");
+  return runs;
+}
+
+TEST(TensorParallelTest, TwoRanksMatchOneUnderGloo) {
+  TempDir dir("tp_test");
+  const Runs runs = RunOneAndTwoRanks(dir, "none");
+  if (::testing::Test::HasFailure()) return;
+  const Outcome &want = runs.want, &r0 = runs.r0, &r1 = runs.r1;
   EXPECT_EQ(want.tp_size, 1);
   for (const Outcome* r : {&r0, &r1}) {
     SCOPED_TRACE("rank " + std::to_string(r->tp_rank));
@@ -167,23 +180,9 @@ TEST(TensorParallelTest, TwoRanksMatchOneUnderGloo) {
 // close to one rank's (cosine >= 0.99) while the tokens agree.
 TEST(TensorParallelTest, TwoRanksInt8AgreeAndStayCloseToOne) {
   TempDir dir("tp_int8_test");
-  const std::string model = dir.str() + "/model", store = dir.str() + "/store";
-  std::filesystem::create_directories(store);
-  WriteRandomQwen2Checkpoint(TpShape(), 21, "bfloat16", model, {});
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), "int8");
-    children.push_back(pid);
-  }
-  const Outcome want = RunWorkload(model, nullptr, "int8");
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank failed";
-  }
-  const Outcome r0 = Load(dir.str() + "/rank0"), r1 = Load(dir.str() + "/rank1");
+  const Runs runs = RunOneAndTwoRanks(dir, "int8");
+  if (::testing::Test::HasFailure()) return;
+  const Outcome &want = runs.want, &r0 = runs.r0, &r1 = runs.r1;
   EXPECT_EQ(r0.logits, r1.logits);
   EXPECT_EQ(r0.tokens, r1.tokens);
   const int64_t vocab = TpShape().vocab_size;
