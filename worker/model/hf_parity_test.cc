@@ -47,17 +47,23 @@ std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& name,
   return std::make_unique<Qwen2Runner>(options);
 }
 
-TEST(HfParityTest, PromptLogitsAtEveryPosition) {
-  const auto expected = Expected("hf_tiny_qwen2");
-  const auto prompt = expected["prompt_token_ids"].get<std::vector<int32_t>>();
-  const auto want = expected["prompt_logits"].get<std::vector<std::vector<float>>>();
-  auto model = Qwen2Model::Load(FixtureDir("hf_tiny_qwen2"));
+// Every prompt position's logits from the fixture's checkpoint (default options: fp32, and a
+// quantized checkpoint's own int8 layers), in one Forward over scattered blocks: [len, vocab].
+std::vector<float> PromptLogits(const std::string& name, const std::vector<int32_t>& prompt) {
+  auto model = Qwen2Model::Load(FixtureDir(name));
   KvCache cache(model->config(), /*num_blocks=*/8, /*block_size=*/16);
   ForwardBatch batch;
   batch.AddSequence(prompt.data(), static_cast<int32_t>(prompt.size()), 0, {5, 2}, 16, false);
   for (int32_t i = 0; i < static_cast<int32_t>(prompt.size()); ++i) batch.logits_rows.push_back(i);
-  const std::vector<float>& logits = model->Forward(batch, cache);
-  const int32_t vocab = model->config().vocab_size;
+  return model->Forward(batch, cache);
+}
+
+TEST(HfParityTest, PromptLogitsAtEveryPosition) {
+  const auto expected = Expected("hf_tiny_qwen2");
+  const auto prompt = expected["prompt_token_ids"].get<std::vector<int32_t>>();
+  const auto want = expected["prompt_logits"].get<std::vector<std::vector<float>>>();
+  const std::vector<float> logits = PromptLogits("hf_tiny_qwen2", prompt);
+  const auto vocab = static_cast<int32_t>(want.at(0).size());  // transformers' row length
   ASSERT_EQ(logits.size(), prompt.size() * vocab);
   for (size_t pos = 0; pos < prompt.size(); ++pos) {
     const std::vector<float> row(logits.begin() + pos * vocab, logits.begin() + (pos + 1) * vocab);
@@ -163,13 +169,9 @@ TEST(HfParityTest, Int8CheckpointMatchesItsReference) {
   const auto expected = Expected("hf_tiny_qwen2_w8a8");
   const auto prompt = expected["prompt_token_ids"].get<std::vector<int32_t>>();
   const auto want = expected["prompt_logits"].get<std::vector<std::vector<float>>>();
-  auto model = Qwen2Model::Load(FixtureDir("hf_tiny_qwen2_w8a8"));
-  KvCache cache(model->config(), /*num_blocks=*/8, /*block_size=*/16);
-  ForwardBatch batch;
-  batch.AddSequence(prompt.data(), static_cast<int32_t>(prompt.size()), 0, {5, 2}, 16, false);
-  for (int32_t i = 0; i < static_cast<int32_t>(prompt.size()); ++i) batch.logits_rows.push_back(i);
-  const std::vector<float>& logits = model->Forward(batch, cache);
-  const int32_t vocab = model->config().vocab_size;
+  const std::vector<float> logits = PromptLogits("hf_tiny_qwen2_w8a8", prompt);
+  const auto vocab = static_cast<int32_t>(want.at(0).size());  // transformers' row length
+  ASSERT_EQ(logits.size(), prompt.size() * vocab);
   // The fixture keeps the last positions' logits (each attends to all before it).
   const auto from = expected["prompt_logits_from"].get<size_t>();
   ASSERT_EQ(from + want.size(), prompt.size());
