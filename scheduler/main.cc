@@ -131,6 +131,8 @@ ferry::v1::SchedulerInfo InfoFrom(const ferry::v1::WorkerInfo& worker_info,
   // WaitForInfo sets these only when every rank does: a request the replica takes runs on all.
   info.set_supports_prompt_logprobs(worker_info.supports_prompt_logprobs());
   info.set_supports_guided_decoding(worker_info.supports_guided_decoding());
+  *info.mutable_speculative() = worker_info.speculative();
+  *info.mutable_speculative_methods() = worker_info.speculative_methods();
   return info;
 }
 

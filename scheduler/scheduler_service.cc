@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/speculative.h"
 #include "structured/ebnf_grammar.h"
 #include "structured/json_schema.h"
 #include "structured/regex_dfa.h"
@@ -140,6 +141,36 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
       throw std::invalid_argument(std::string("guided.grammar: ") + e.what());
     }
   }
+}
+
+// vLLM's server-wide --speculative-config, per request: the request's method and count where it
+// gives them, else the workers' default. Refused here (naming field, value and limit) rather than by
+// the worker, whose refusal would fail every sequence in its step.
+void ResolveSpeculative(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info, SamplingParams& out) {
+  const ferry::v1::SpeculativeDecoding& asked = r.sampling().speculative();
+  const ferry::v1::SpeculativeDecoding& server = info.speculative();
+  std::string method = asked.method().empty() ? server.method() : asked.method();
+  if (method.empty()) method = kSpeculativeNone;
+  const auto& methods = info.speculative_methods();
+  if (method != kSpeculativeNone && std::find(methods.begin(), methods.end(), method) == methods.end()) {
+    std::string supported = std::string(kSpeculativeNone);
+    for (const std::string& m : methods) supported += ", " + m;
+    throw std::invalid_argument(fmt::format("sampling.speculative.method = '{}' is not supported by this replica's "
+                                            "workers (supported: {})", method, supported));
+  }
+  int32_t k = kDefaultSpeculativeTokens;
+  if (asked.has_num_speculative_tokens()) {
+    k = asked.num_speculative_tokens();
+  } else if (method == server.method() && server.num_speculative_tokens() > 0) {
+    k = server.num_speculative_tokens();
+  }
+  if (k < 0 || k > kMaxSpeculativeTokens) {
+    throw std::invalid_argument(fmt::format("sampling.speculative.num_speculative_tokens = {} must be in [0, {}]", k,
+                                            kMaxSpeculativeTokens));
+  }
+  const bool on = method != kSpeculativeNone && k > 0;
+  out.speculative_method = on ? method : std::string(kSpeculativeNone);
+  out.num_speculative_tokens = on ? k : 0;
 }
 
 // Fills `out` (a reused message: cleared, its storage kept) with the event's tokens and finish.
@@ -336,6 +367,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
         throw std::invalid_argument(fmt::format("timeout_ms = {} must be >= 0", submit.timeout_ms()));
       }
       RequestSpec spec = ToRequestSpec(request, eos_);
+      ResolveSpeculative(request, info_, spec.sampling);
       spec.arrival = arrival;  // one reading for the core (TTFT, aging, queue deadline) and queue_s
       if (submit.timeout_ms() > 0) spec.deadline = arrival + std::chrono::milliseconds(submit.timeout_ms());
       if (request.queue_timeout_ms() > 0) {

@@ -105,6 +105,15 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForEveryRank(std::chrono::seconds tim
         first.set_num_kv_blocks(std::min(first.num_kv_blocks(), info.num_kv_blocks()));
         first.set_supports_prompt_logprobs(first.supports_prompt_logprobs() && info.supports_prompt_logprobs());
         first.set_supports_guided_decoding(first.supports_guided_decoding() && info.supports_guided_decoding());
+        // A method some rank lacks would have ranks propose different drafts: only common ones.
+        std::vector<std::string> common;
+        for (const std::string& m : first.speculative_methods()) {
+          if (std::find(info.speculative_methods().begin(), info.speculative_methods().end(), m) !=
+              info.speculative_methods().end()) {
+            common.push_back(m);
+          }
+        }
+        first.mutable_speculative_methods()->Assign(common.begin(), common.end());
         incarnations_[r] = info.incarnation_id();
         break;
       }
@@ -181,12 +190,15 @@ void ToStepRequest(uint64_t step_id, const StepPlan& plan, ferry::v1::StepReques
     }
     out->mutable_min_tokens_suppressed_ids()->Add(seq.sampling.min_tokens_suppressed_ids.begin(),
                                                   seq.sampling.min_tokens_suppressed_ids.end());
+    out->mutable_speculative()->set_method(seq.sampling.speculative_method);
+    out->mutable_speculative()->set_num_speculative_tokens(seq.sampling.num_speculative_tokens);
   }
   for (const auto& s : plan.scheduled) {
     auto* out = request.add_scheduled();
     out->set_seq_id(s.seq_id);
     out->set_num_tokens(s.num_tokens);
     out->mutable_new_block_ids()->Add(s.new_block_ids.begin(), s.new_block_ids.end());
+    out->set_num_lookahead_tokens(s.num_lookahead_tokens);
   }
   request.mutable_finished_ids()->Add(plan.finished_ids.begin(), plan.finished_ids.end());
   request.mutable_preempted_ids()->Add(plan.preempted_ids.begin(), plan.preempted_ids.end());

@@ -13,6 +13,7 @@
 #include "worker/gpu_plugin.h"
 #include "worker/model/linear.h"
 #include "worker/model/model_runner.h"
+#include "worker/model/speculative_config.h"
 #include "worker/sim_runner.h"
 #include "worker/worker_service.h"
 
@@ -43,6 +44,7 @@ struct Flags {
   int max_num_batched_tokens = 8192;
   bool enforce_eager = false;
   std::string gpu_plugin;  // empty: libferry-gpu.so beside the executable
+  std::string speculative_config;  // vLLM's JSON; empty: off
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -57,6 +59,10 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember({"none", "int8"}));
   app.add_flag("--quantize-lm-head,!--no-quantize-lm-head", f.runner.quantize_lm_head,
                "Quantize the LM head too under --quantization (default); --no-quantize-lm-head keeps it in --dtype");
+  app.add_option("--speculative-config", f.speculative_config,
+                 "Speculative decoding default, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                 "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}; requests may override method and count "
+                 "(sampling.speculative). CPU engine only");
   app.add_option("--backend", f.backend, "cpu: the real engine; sim: sleep for a cost model's step time")
       ->check(CLI::IsMember({"cpu", "sim"}));
   app.add_option("--cost-model", f.cost_model, "Cost model JSON for --backend sim (e.g. scheduler/sim/presets/)");
@@ -117,8 +123,15 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prome
     throw std::invalid_argument("--quantization " + flags.runner.quantization +
                                 " runs on the CPU engine only (--backend cpu --device cpu)");
   }
+  if (!flags.speculative_config.empty() && (flags.backend != "cpu" || flags.device != "cpu")) {
+    throw std::invalid_argument("--speculative-config runs on the CPU engine only (--backend cpu --device cpu)");
+  }
   if (flags.backend == "cpu" && flags.device == "cuda") return MakeCudaRunner(flags, registry);
-  if (flags.backend == "cpu") return ferry::worker::ModelRunner::Create(flags.runner);
+  if (flags.backend == "cpu") {
+    ferry::worker::RunnerOptions runner = flags.runner;
+    runner.speculative = ferry::worker::ParseSpeculativeConfig(flags.speculative_config);
+    return ferry::worker::ModelRunner::Create(runner);
+  }
   if (flags.cost_model.empty()) throw std::invalid_argument("--backend sim needs --cost-model");
   ferry::worker::SimOptions sim;
   sim.model_dir = flags.model;

@@ -14,6 +14,7 @@
 
 #include "common/metrics.h"
 #include "worker/comm/communicator.h"
+#include "worker/model/speculative_config.h"
 
 namespace ferry::worker {
 
@@ -32,7 +33,15 @@ struct WorkerMetrics {
         tokens_sampled(tokens.Add({{"kind", "sampled"}})),
         batch_size(prometheus::BuildHistogram().Name("ferry_worker_step_sequences")
                        .Help("Sequences in one engine step").Register(r)
-                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})) {}
+                       .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+        spec(prometheus::BuildCounter().Name("ferry_worker_spec_decode_tokens_total")
+                 .Help("Speculative decoding: sequence-steps that verified drafts (kind=drafts), draft tokens "
+                       "verified (draft) and accepted (accepted). Acceptance rate: accepted / draft; tokens per "
+                       "speculating step: (accepted + drafts) / drafts")
+                 .Register(r)),
+        spec_drafts(spec.Add({{"kind", "drafts"}})),
+        spec_draft_tokens(spec.Add({{"kind", "draft"}})),
+        spec_accepted_tokens(spec.Add({{"kind", "accepted"}})) {}
   prometheus::Family<prometheus::Counter>& steps;
   prometheus::Counter& steps_ok;
   prometheus::Counter& steps_failed;
@@ -41,6 +50,10 @@ struct WorkerMetrics {
   prometheus::Counter& tokens_computed;
   prometheus::Counter& tokens_sampled;
   prometheus::Histogram& batch_size;
+  prometheus::Family<prometheus::Counter>& spec;
+  prometheus::Counter& spec_drafts;
+  prometheus::Counter& spec_draft_tokens;
+  prometheus::Counter& spec_accepted_tokens;
 };
 
 namespace {
@@ -154,6 +167,9 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   if (d.top_k) defaults->set_top_k(*d.top_k);
   if (d.min_p) defaults->set_min_p(*d.min_p);
   if (d.repetition_penalty) defaults->set_repetition_penalty(*d.repetition_penalty);
+  out->mutable_speculative()->set_method(SpeculativeMethodName(info.speculative.method));
+  out->mutable_speculative()->set_num_speculative_tokens(info.speculative.num_speculative_tokens);
+  for (SpeculativeMethod m : info.speculative_methods) out->add_speculative_methods(SpeculativeMethodName(m));
   return grpc::Status::OK;
 }
 
@@ -233,11 +249,13 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.sampling.min_tokens_suppressed_ids.assign(n.min_tokens_suppressed_ids().begin(),
                                                 n.min_tokens_suppressed_ids().end());
     s.prompt_logprobs = n.sampling().has_prompt_logprobs() ? n.sampling().prompt_logprobs() : -1;
+    s.speculative = ParseSpeculativeMethod(n.speculative().method());  // throws naming a bad one
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {
-    spec.scheduled.push_back(
-        {s.seq_id(), s.num_tokens(), std::vector<int32_t>(s.new_block_ids().begin(), s.new_block_ids().end())});
+    spec.scheduled.push_back({s.seq_id(), s.num_tokens(),
+                              std::vector<int32_t>(s.new_block_ids().begin(), s.new_block_ids().end()),
+                              s.num_lookahead_tokens()});
   }
   spec.finished_ids.assign(request.finished_ids().begin(), request.finished_ids().end());
   spec.preempted_ids.assign(request.preempted_ids().begin(), request.preempted_ids().end());
@@ -283,6 +301,10 @@ void WorkerService::Answer(const StepSpec& spec, const std::vector<SampledTokenO
   for (const auto& s : spec.scheduled) computed += s.num_tokens;
   metrics_->tokens_computed.Increment(static_cast<double>(computed));
   metrics_->tokens_sampled.Increment(result->sampled_size());
+  const SpeculationCounts spec_counts = runner_.TakeSpeculationCounts();
+  metrics_->spec_drafts.Increment(static_cast<double>(spec_counts.num_drafts));
+  metrics_->spec_draft_tokens.Increment(static_cast<double>(spec_counts.num_draft_tokens));
+  metrics_->spec_accepted_tokens.Increment(static_cast<double>(spec_counts.num_accepted_tokens));
   if (!spec.scheduled.empty()) metrics_->batch_size.Observe(static_cast<double>(spec.scheduled.size()));
   metrics_->steps_ok.Increment();
 }

@@ -251,6 +251,15 @@ void KvLease::ShareCached(std::span<const BlockId> blocks) {
   }
 }
 
+void KvLease::Truncate(int32_t num_tokens) {
+  if (manager_ == nullptr) return;
+  const auto keep = static_cast<size_t>(manager_->BlocksFor(num_tokens));
+  while (block_ids_.size() > keep) {
+    manager_->Release(block_ids_.back());
+    block_ids_.pop_back();
+  }
+}
+
 void KvLease::Reset() {
   if (manager_ == nullptr) return;
   // Release in reverse so a sequence's tail blocks (the least likely to be a

@@ -165,6 +165,9 @@ class KvLease {
   // Takes a reference on each cached block (from FindCachedPrefix) as the
   // start of the table. Precondition: the table is empty.
   void ShareCached(std::span<const BlockId> blocks);
+  // Returns the blocks past those covering [0, num_tokens) to the pool (speculative decoding's
+  // rollback of draft slots).
+  void Truncate(int32_t num_tokens);
   // Returns every block to the pool; the lease stays bound and reusable.
   void Reset();
 

@@ -82,8 +82,9 @@ void StepPlanner::ScheduleRunning() {
   // that retires it (async scheduling; never the case with one step in flight).
   std::vector<Sequence*>& order = buffers_.order;
   order.clear();
+  // Likewise one whose speculative step is in flight: how many tokens it brings is not known.
   for (Sequence* seq : state_.running) {
-    if (!seq->is_finishing(state_.config.max_model_len)) order.push_back(seq);
+    if (!seq->is_finishing(state_.config.max_model_len) && !seq->is_speculating) order.push_back(seq);
   }
   // ServesBefore is a total order (start_order is unique), so std::sort gives the one order
   // without std::stable_sort's temporary buffer, allocated per call.
@@ -105,7 +106,8 @@ void StepPlanner::ScheduleRunning() {
     std::vector<BlockId> new_blocks = buffers_.TakeBlockIds();
     int32_t granted = GrowOrPreempt(seq, want, order, i, &end, &new_blocks);
     if (granted > 0) {
-      Schedule(seq, granted, std::move(new_blocks));
+      const int32_t lookahead = decode ? CoverLookahead(seq, tokens_left_ - granted - decodes_reserved, new_blocks) : 0;
+      Schedule(seq, granted, std::move(new_blocks), lookahead);
     } else if (new_blocks.capacity() > 0) {
       buffers_.spare_block_ids.push_back(std::move(new_blocks));
     }
@@ -229,7 +231,7 @@ bool StepPlanner::PreemptFor(const Sequence& seq) {
   const BlockManager& blocks = state_.blocks;
   const auto tokens_of = [&](const Sequence& r) {
     for (const ScheduledSequence& s : plan_.scheduled) {
-      if (s.seq_id == r.spec.seq_id) return s.num_tokens;
+      if (s.seq_id == r.spec.seq_id) return s.num_tokens + s.num_lookahead_tokens;
     }
     return 0;
   };
@@ -268,7 +270,7 @@ void StepPlanner::Unschedule(Sequence& seq) {
   auto it = std::find_if(scheduled.begin(), scheduled.end(),
                          [&](const ScheduledSequence& s) { return s.seq_id == seq.spec.seq_id; });
   if (it == scheduled.end()) return;
-  tokens_left_ += it->num_tokens;
+  tokens_left_ += it->num_tokens + it->num_lookahead_tokens;
   --num_scheduled_;
   scheduled.erase(it);
   // Sent first in this plan: the worker never sees it, so it is not preempted there.
@@ -343,7 +345,21 @@ StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
   return Admission::kAdmitted;
 }
 
-void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks) {
+int32_t StepPlanner::CoverLookahead(Sequence& seq, int32_t tokens_left, std::vector<BlockId>& new_blocks) {
+  // A step samples at most 1 + lookahead tokens: none past max_tokens or max_model_len.
+  const int32_t max_len = state_.config.max_model_len;
+  int32_t k = std::min({seq.spec.sampling.num_speculative_tokens, tokens_left,
+                        seq.spec.max_tokens - seq.num_generated() - 1, max_len - seq.num_tokens() - 1});
+  // Draft slots take free blocks only; nobody is preempted for a guess.
+  k = std::min(k, TokensThatFit(seq, 1 + k) - 1);
+  if (k <= 0) return 0;
+  if (!seq.lease.Cover(seq.num_computed + 1 + k, &new_blocks)) {
+    throw std::logic_error("CoverLookahead: Cover failed after fit check");
+  }
+  return k;
+}
+
+void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks, int32_t lookahead) {
   if (!seq.is_on_worker) {
     sent_tokens_left_ -= seq.num_tokens();
     plan_.new_sequences.push_back(NewSequence{
@@ -358,9 +374,11 @@ void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockI
   if (lanes_.is_active() && seq.lane_index >= 0) {
     lanes_.num_blocks[Lane(seq)] += static_cast<int32_t>(new_blocks.size());  // shared ones too
   }
-  plan_.scheduled.push_back(ScheduledSequence{
-      .seq_id = seq.spec.seq_id, .num_tokens = num_tokens, .new_block_ids = std::move(new_blocks)});
-  tokens_left_ -= num_tokens;
+  plan_.scheduled.push_back(ScheduledSequence{.seq_id = seq.spec.seq_id,
+                                              .num_tokens = num_tokens,
+                                              .new_block_ids = std::move(new_blocks),
+                                              .num_lookahead_tokens = lookahead});
+  tokens_left_ -= num_tokens + lookahead;
   ++num_scheduled_;
 }
 

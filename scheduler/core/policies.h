@@ -127,7 +127,11 @@ class StepPlanner {
   bool IsProtected(const Sequence& victim, const Sequence& by) const;
   // Unused reserved seats (or blocks) of lanes other than `lane` with waiting work.
   int32_t ReservedForOthers(int32_t lane, bool seats) const;
-  void Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks);
+  // Speculative decoding: after a decode's token is covered, extends its blocks over up to its
+  // num_speculative_tokens draft slots, within `tokens_left`, the free blocks, max_tokens and
+  // max_model_len. Returns the slots granted (0: none).
+  int32_t CoverLookahead(Sequence& seq, int32_t tokens_left, std::vector<BlockId>& new_blocks);
+  void Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockId> new_blocks, int32_t lookahead = 0);
   void Preempt(Sequence& seq);
 
   SchedulerState& state_;

@@ -168,6 +168,14 @@ void SchedulerCore::Plan(const Budget& budget, TimePoint now, StepPlan& plan) {
   plan.new_sequences.clear();
   plan.scheduled.clear();
   plan.preempted_ids.clear();
+  // A speculative step in flight: how many tokens its sequences get is unknown until its Commit,
+  // so they cannot be planned; a step without them would leave them out of every other step.
+  // The next plan waits for that Commit (as with max_steps_in_flight = 1).
+  if (num_in_flight_ > 0 && std::any_of(state_.running.begin(), state_.running.end(),
+                                        [](const Sequence* s) { return s->is_speculating; })) {
+    plan.finished_ids.clear();
+    return;
+  }
   ExpireDeadlines(now);  // first: their ids go into this plan's finished_ids
   plan.finished_ids.assign(state_.pending_finished_ids.begin(), state_.pending_finished_ids.end());
   state_.pending_finished_ids.clear();
@@ -212,7 +220,11 @@ void SchedulerCore::Launch(const StepPlan& plan) {
       seq.tokens.push_back(kPendingToken);
       ++seq.num_pending;
     }
-    step.entries.push_back(PlannedEntry{entry.seq_id, samples, seq.num_computed, seq.start_order});
+    // With draft slots it may sample more: the sequence waits for this step's Commit.
+    seq.num_lookahead = entry.num_lookahead_tokens;
+    seq.is_speculating = entry.num_lookahead_tokens > 0;
+    step.entries.push_back(
+        PlannedEntry{entry.seq_id, samples, seq.num_computed, seq.start_order, entry.num_lookahead_tokens});
   }
   ++num_in_flight_;
 }
@@ -260,9 +272,17 @@ void SchedulerCore::ValidateCommit(const StepPlan& plan,
     const int32_t got = FindSample(entry.seq_id).second;
     num_matched += static_cast<size_t>(got);
     if (Find(entry.seq_id) == nullptr) continue;  // ended since Plan: its sample is moot
-    if (got != (entry.samples ? 1 : 0)) {
-      throw std::invalid_argument("Commit: seq_id " + std::to_string(entry.seq_id) + " has " +
-                                  Num(got) + " samples, expected " + (entry.samples ? "1" : "0"));
+    const int32_t most = entry.samples ? 1 + entry.lookahead : 0;
+    if (got > 1) {  // several: consecutive in `sampled`, so that they read in position order
+      const auto [first, count] = FindSample(entry.seq_id);
+      const auto last = std::lower_bound(sample_index_.begin(), sample_index_.end(), std::pair{entry.seq_id + 1, size_t{0}});
+      if ((last - 1)->second - first + 1 != static_cast<size_t>(count)) {
+        throw std::invalid_argument("Commit: the samples of seq_id " + std::to_string(entry.seq_id) + " are not consecutive");
+      }
+    }
+    if (got < (entry.samples ? 1 : 0) || got > most) {
+      throw std::invalid_argument("Commit: seq_id " + std::to_string(entry.seq_id) + " has " + Num(got) +
+                                  " samples, expected " + (entry.samples ? "1 to " + Num(most) : "0"));
     }
   }
   if (num_matched == sampled.size()) return;
@@ -305,7 +325,8 @@ void SchedulerCore::Commit(const StepPlan& plan, const std::vector<SampledToken>
       }
       continue;
     }
-    events.push_back(ApplySample(*seq, sampled[sample]));
+    if (entry.lookahead > 0) EndSpeculation(*seq, entry, num_samples);
+    events.push_back(ApplySamples(*seq, std::span(sampled).subspan(sample, static_cast<size_t>(num_samples))));
     if (prompt != prompt_of.end()) events.back().prompt_logprobs = std::move(prompt->second);
   }
 }
@@ -319,16 +340,43 @@ void SchedulerCore::TakeNewPromptLogprobs(Sequence& seq, const PromptLogprobs& f
   seq.next_prompt_logprob = from.first_index + count;
 }
 
-SeqEvent SchedulerCore::ApplySample(Sequence& seq, const SampledToken& sample) {
-  const int32_t pos = seq.num_tokens() - seq.num_pending;
-  seq.tokens[static_cast<size_t>(pos)] = sample.token_id;
-  --seq.num_pending;
-  SeqEvent event = EventOf(seq, FinishAfter(seq, sample.token_id, pos, state_.config.max_model_len));
-  event.new_tokens.push_back(sample.token_id);
-  if (sample.logprob) event.logprobs.push_back(*sample.logprob);
-  // Ended: a step still in flight may have run it once more (on a token it
-  // could not know was the last); that sample is dropped with the sequence.
-  if (event.finish != FinishKind::kNone) Retire(seq);
+void SchedulerCore::EndSpeculation(Sequence& seq, const PlannedEntry& entry, int32_t num_samples) {
+  seq.is_speculating = false;
+  // Preempted since (or re-admitted): its lease is not the one the step used, and holds no slots.
+  if (!seq.is_on_worker || seq.start_order != entry.start_order) return;
+  // The accepted drafts' K/V is valid; the worker keeps the blocks [0, num_computed) needs, and
+  // so does the lease (the rejected drafts' slots go back to the pool).
+  seq.num_computed += num_samples - 1;
+  seq.num_lookahead = 0;
+  seq.lease.Truncate(seq.num_computed);
+}
+
+SeqEvent SchedulerCore::ApplySamples(Sequence& seq, std::span<const SampledToken> samples) {
+  FinishKind finish = FinishKind::kNone;
+  EventTokens tokens;
+  std::vector<TokenLogprob> logprobs;
+  for (size_t i = 0; i < samples.size() && finish == FinishKind::kNone; ++i) {
+    const SampledToken& sample = samples[i];
+    // The first fills the oldest pending slot; accepted drafts' successors follow it (a
+    // speculating sequence has no later step in flight, so none is pending after it).
+    int32_t pos = seq.num_tokens() - seq.num_pending;
+    if (i == 0) {
+      seq.tokens[static_cast<size_t>(pos)] = sample.token_id;
+      --seq.num_pending;
+    } else {
+      pos = seq.num_tokens();
+      seq.tokens.push_back(sample.token_id);
+    }
+    finish = FinishAfter(seq, sample.token_id, pos, state_.config.max_model_len);
+    tokens.push_back(sample.token_id);
+    if (sample.logprob) logprobs.push_back(*sample.logprob);
+  }
+  SeqEvent event = EventOf(seq, finish);
+  event.new_tokens = tokens;
+  event.logprobs = std::move(logprobs);
+  // Ended: a step still in flight may have run it once more (on a token it could not know was
+  // the last); that sample is dropped with the sequence, as are drafts accepted after it.
+  if (finish != FinishKind::kNone) Retire(seq);
   return event;
 }
 
@@ -353,6 +401,7 @@ int32_t SchedulerCore::RequeueAll() {
   for (auto& [id, seq] : state_.sequences) {  // waiting ones too: a preempted sample may be pending
     seq->tokens.resize(seq->tokens.size() - static_cast<size_t>(seq->num_pending));
     seq->num_pending = 0;
+    seq->is_speculating = false;
     // Hashes of blocks that held pending tokens would be wrong once those are sampled again.
     const auto full_blocks = static_cast<size_t>(seq->num_tokens() / block_size);
     if (seq->block_hashes.size() > full_blocks) seq->block_hashes.resize(full_blocks);
@@ -429,10 +478,11 @@ void SchedulerCore::CheckSequence(const Sequence& seq) const {
   };
   const BlockManager& blocks = state_.blocks;
   const auto table = seq.lease.block_ids();
-  if (seq.lease.num_blocks() != blocks.BlocksFor(seq.num_computed)) {
-    fail("holds " + Num(seq.lease.num_blocks()) + " blocks for " + Num(seq.num_computed) +
-         " computed tokens");
+  if (seq.lease.num_blocks() != blocks.BlocksFor(seq.num_computed + seq.num_lookahead)) {
+    fail("holds " + Num(seq.lease.num_blocks()) + " blocks for " + Num(seq.num_computed) + " computed tokens and " +
+         Num(seq.num_lookahead) + " draft slots");
   }
+  if (seq.num_lookahead > 0 && !seq.is_speculating) fail("holds draft slots without a speculative step in flight");
   // Pending tokens: the last num_pending (at most one per step in flight),
   // and the token before them is known.
   const auto tail = seq.tokens.end() - seq.num_pending;

@@ -46,7 +46,8 @@ class SchedulerCore {
   // for it, its id goes into the next plan's finished_ids. Unknown ids are ignored.
   void Cancel(uint64_t seq_id);
   // Decides the next step. Every non-empty plan must be sent and then passed to
-  // Commit, in order; at most config.max_steps_in_flight plans may await their
+  // Commit, in order (the plan is empty while a step in flight speculates: it waits for that
+  // Commit); at most config.max_steps_in_flight plans may await their
   // Commit when Plan is called (std::logic_error otherwise). `now` drives
   // deadlines (sequences whose deadline or, never sent, queue deadline is <= now
   // end first; their events wait in TakeEvents), aging, and the time of first
@@ -146,6 +147,7 @@ class SchedulerCore {
     bool samples = false;
     int32_t computed_after = 0;
     uint64_t start_order = 0;
+    int32_t lookahead = 0;  // draft slots: it may get up to 1 + lookahead samples
   };
   struct InFlightStep {
     uint64_t step_id = 0;
@@ -167,9 +169,13 @@ class SchedulerCore {
   std::pair<size_t, int32_t> FindSample(uint64_t seq_id) const;
   // Needs IndexSamples(sampled) first.
   void ValidateCommit(const StepPlan& plan, const std::vector<SampledToken>& sampled) const;
-  // Writes a sampled token over the sequence's oldest pending one; returns the
-  // event (and retires the sequence if the token ends it).
-  SeqEvent ApplySample(Sequence& seq, const SampledToken& sample);
+  // Writes the sequence's samples of one step, the first over its oldest pending token, the
+  // others (accepted drafts' successors) after it; returns the event, and retires the sequence
+  // at the first token that ends it (the rest are dropped).
+  SeqEvent ApplySamples(Sequence& seq, std::span<const SampledToken> samples);
+  // A speculative step's Commit: the sequence may be planned again, its accepted drafts count as
+  // computed and the slots of rejected ones are rolled back. Before its samples are applied.
+  void EndSpeculation(Sequence& seq, const PlannedEntry& entry, int32_t num_samples);
   // The entries of `from` not forwarded before (a recomputed sequence scores its prompt again),
   // appended to `to`; advances seq.next_prompt_logprob.
   static void TakeNewPromptLogprobs(Sequence& seq, const PromptLogprobs& from, std::vector<TokenLogprob>& to);

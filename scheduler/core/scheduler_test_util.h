@@ -146,7 +146,7 @@ class FakeWorker {
     for (const auto& s : plan.scheduled) {
       if (!seen.insert(s.seq_id).second) Fail(plan, s.seq_id, "scheduled twice");
       fresh.erase(s.seq_id);
-      if (auto t = Run(plan, s)) sampled.push_back(SampledToken{s.seq_id, *t});
+      for (int32_t t : Run(plan, s)) sampled.push_back(SampledToken{s.seq_id, t});
     }
     if (!fresh.empty()) Fail(plan, *fresh.begin(), "new sequence not scheduled");
     return sampled;
@@ -180,13 +180,20 @@ class FakeWorker {
     seqs_.erase(it);
   }
 
-  std::optional<int32_t> Run(const StepPlan& plan, const ScheduledSequence& s) {
+  // The tokens it samples: none short of the end, else one, or with lookahead the accepted
+  // drafts' and one more. Drafts are the model's own next tokens for a pseudo-random number of
+  // them, then a wrong one, so that some steps accept all, some none and some a few.
+  std::vector<int32_t> Run(const StepPlan& plan, const ScheduledSequence& s) {
     auto it = seqs_.find(s.seq_id);
     if (it == seqs_.end()) Fail(plan, s.seq_id, "scheduled but unknown");
     WorkerSeq& w = it->second;
     const int32_t end = w.num_computed + s.num_tokens;
     if (s.num_tokens < 1 || end > static_cast<int32_t>(w.tokens.size())) {
       Fail(plan, s.seq_id, "num_tokens " + std::to_string(s.num_tokens) + " out of range");
+    }
+    const int32_t lookahead = s.num_lookahead_tokens;
+    if (lookahead < 0 || (lookahead > 0 && end != static_cast<int32_t>(w.tokens.size()))) {
+      Fail(plan, s.seq_id, "lookahead " + std::to_string(lookahead) + " on a step short of the end");
     }
     for (BlockId b : s.new_block_ids) {
       // Only the cached prefix may be a block another sequence holds.
@@ -195,23 +202,45 @@ class FakeWorker {
       ++holders_.at(static_cast<size_t>(b));
       w.blocks.push_back(b);
     }
-    if (static_cast<int32_t>(w.blocks.size()) != (end + block_size_ - 1) / block_size_) {
-      Fail(plan, s.seq_id, "block table does not cover exactly the computed positions");
+    if (static_cast<int32_t>(w.blocks.size()) != (end + lookahead + block_size_ - 1) / block_size_) {
+      Fail(plan, s.seq_id, "block table does not cover exactly the computed positions and draft slots");
     }
-    for (int32_t p = w.num_computed; p < end; ++p) {
-      const BlockId b = w.blocks[static_cast<size_t>(p / block_size_)];
-      if (holders_[static_cast<size_t>(b)] != 1) Fail(plan, s.seq_id, "writes a shared block");
-      Slot(w, p) = w.tokens[static_cast<size_t>(p)];
-    }
+    Write(plan, s.seq_id, w, w.num_computed, end);
     w.num_computed = end;
-    if (end < static_cast<int32_t>(w.tokens.size())) return std::nullopt;
+    if (end < static_cast<int32_t>(w.tokens.size())) return {};
     // Sample from what the KV pool holds, so clobbered blocks change the output.
     std::vector<int32_t> cached;
     for (int32_t p = 0; p < end; ++p) cached.push_back(Slot(w, p));
     if (cached != w.tokens) Fail(plan, s.seq_id, "KV contents were overwritten");
-    int32_t token = FakeNextToken(cached, w.num_prompt);
-    w.tokens.push_back(token);
-    return token;
+    std::vector<int32_t> out = {FakeNextToken(cached, w.num_prompt)};
+    w.tokens.push_back(out[0]);
+    if (lookahead == 0) return out;
+    const auto right = static_cast<int32_t>((s.seq_id * 2654435761u + static_cast<uint64_t>(end) * 40503u) % (lookahead + 1));
+    for (int32_t i = 0; i < lookahead; ++i) {
+      // Draft i stands at position end + i, its K/V written there; it is right for i < `right`.
+      const int32_t truth = FakeNextToken(w.tokens, w.num_prompt);
+      const int32_t draft = i < right ? out.back() : -7;
+      Slot(w, end + i) = draft;
+      if (draft != out.back()) break;
+      out.push_back(truth);
+      w.tokens.push_back(truth);
+      w.num_computed = end + i + 1;
+    }
+    // The table keeps the blocks its computed tokens need; the scheduler takes back the rest.
+    const auto keep = static_cast<size_t>((w.num_computed + block_size_ - 1) / block_size_);
+    while (w.blocks.size() > keep) {
+      --holders_[static_cast<size_t>(w.blocks.back())];
+      w.blocks.pop_back();
+    }
+    return out;
+  }
+
+  void Write(const StepPlan& plan, uint64_t id, const WorkerSeq& w, int32_t begin, int32_t end) {
+    for (int32_t p = begin; p < end; ++p) {
+      const BlockId b = w.blocks[static_cast<size_t>(p / block_size_)];
+      if (holders_[static_cast<size_t>(b)] != 1) Fail(plan, id, "writes a shared block");
+      Slot(w, p) = w.tokens[static_cast<size_t>(p)];
+    }
   }
 
   int32_t& Slot(const WorkerSeq& w, int32_t pos) {

@@ -34,6 +34,7 @@ std::span<const uint64_t> Sequence::BlockHashes(int32_t num_blocks, int32_t bloc
 void Sequence::ResetProgress() {
   lease.Reset();
   num_computed = 0;
+  num_lookahead = 0;
   num_published_blocks = 0;
   last_published = kNoBlock;
   is_publishing_stopped = false;

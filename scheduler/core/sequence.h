@@ -51,8 +51,14 @@ struct Sequence {
   std::vector<int32_t> tokens;
   int32_t num_pending = 0;
   // Tokens whose KV the worker holds in `lease` once the planned steps ran
-  // (advanced by Plan). Invariant: lease covers exactly [0, num_computed).
+  // (advanced by Plan; a speculative step's accepted drafts are added at its Commit).
   int32_t num_computed = 0;
+  // Draft slots the lease holds past num_computed for the speculative step in flight (0: none).
+  // Invariant: lease covers exactly [0, num_computed + num_lookahead).
+  int32_t num_lookahead = 0;
+  // A step in flight may sample several tokens for it (it had lookahead slots): it is not planned
+  // again until that step's Commit says how many.
+  bool is_speculating = false;
   KvLease lease;
   // The worker holds state for this sequence: it was sent in new_sequences and
   // not since in preempted_ids. Decides finished_ids and re-sending.

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/speculative.h"
+
 namespace ferry::scheduler {
 
 using Clock = std::chrono::steady_clock;
@@ -78,6 +80,10 @@ struct SamplingParams {
   // -1 none; N >= 0: each prompt token's logprob after the first plus the top N. The planner
   // never serves such a sequence from the prefix cache: every prompt position is computed.
   int32_t prompt_logprobs = -1;
+  // Speculative decoding as resolved from the request and the workers' default: the method the
+  // worker proposes drafts with ("ngram"; "none": off) and the most draft slots a step reserves.
+  std::string speculative_method = "none";
+  int32_t num_speculative_tokens = 0;  // [0, kMaxSpeculativeTokens]; 0 with "none"
   std::string encoded;  // the whole ferry.v1.SamplingParams, in its wire encoding
 };
 
@@ -128,6 +134,9 @@ struct ScheduledSequence {
   uint64_t seq_id = 0;
   int32_t num_tokens = 0;               // starting at the first uncomputed token
   std::vector<BlockId> new_block_ids;   // appended to the block table this step
+  // Speculative decoding: draft slots after those tokens, covered by new_block_ids. The step then
+  // samples 1 to 1 + this many tokens; the slots of rejected drafts are rolled back at Commit.
+  int32_t num_lookahead_tokens = 0;
 };
 
 // The decision for one engine step (ferry.v1.StepRequest). A worker applies
@@ -151,6 +160,7 @@ struct StepPlan {
   }
 };
 
+// A sequence's samples of one step are consecutive, in position order (several only with lookahead).
 struct SampledToken {
   uint64_t seq_id = 0;
   int32_t token_id = 0;
@@ -173,13 +183,14 @@ struct StepOutput {
 };
 
 // The tokens of one event, read like a std::vector<int32_t>. A step samples at most one token per
-// sequence, so they are held in place: a step's events cost no allocation per sequence (#26).
+// sequence, plus its accepted drafts under speculative decoding, so they are held in place: a
+// step's events cost no allocation per sequence (#26).
 class EventTokens {
  public:
   using value_type = int32_t;
   using const_iterator = const int32_t*;
   using iterator = const_iterator;
-  static constexpr size_t kCapacity = 1;
+  static constexpr size_t kCapacity = 1 + kMaxSpeculativeTokens;
 
   EventTokens() = default;
   EventTokens(std::initializer_list<int32_t> tokens) {

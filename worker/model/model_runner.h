@@ -11,9 +11,23 @@
 #include <utility>
 #include <vector>
 
+#include "common/speculative.h"
+
 namespace ferry::worker {
 
 class Communicator;  // worker/comm/communicator.h
+
+// Speculative decoding (docs/speculative_decoding.md). Drafts are proposed by the worker and
+// verified in the same forward pass; the scheduler reserves their KV slots.
+enum class SpeculativeMethod { kNone, kNgram };
+
+struct SpeculativeConfig {
+  SpeculativeMethod method = SpeculativeMethod::kNone;
+  int32_t num_speculative_tokens = 0;  // [0, kMaxSpeculativeTokens]; 0 with kNone
+  // Prompt lookup: the longest suffix of n tokens, n in [min, max], that occurred before.
+  int32_t prompt_lookup_min = 1;
+  int32_t prompt_lookup_max = 4;
+};
 
 struct RunnerOptions {
   std::string model_dir;            // Hugging Face checkpoint directory
@@ -37,6 +51,9 @@ struct RunnerOptions {
   // Copy the fp32 logits each Step samples from so that last_logits() can return them (parity
   // tests and tools). Off in serving: a copy of vocab_size floats per sampled row per step.
   bool keep_logits = false;
+  // vLLM's --speculative-config: the default for sequences whose NewSequenceSpec says nothing is
+  // the scheduler's to apply (it is reported in ModelInfo); the runner reads the n-gram limits.
+  SpeculativeConfig speculative;
 };
 
 // Sampling defaults from generation_config.json; unset fields fall back to
@@ -63,6 +80,9 @@ struct ModelInfo {
   int32_t tp_size = 1;
   bool supports_prompt_logprobs = false;  // NewSequenceSpec.prompt_logprobs is honoured
   bool supports_guided_decoding = false;  // SamplingOptions.guided is honoured
+  SpeculativeConfig speculative;          // RunnerOptions::speculative (the server's default)
+  // Methods NewSequenceSpec.speculative may name; empty: none (lookahead slots are left unused).
+  std::vector<SpeculativeMethod> speculative_methods;
 };
 
 // Structured output (guided decoding; mirrors ferry.v1.GuidedDecoding): the sequence samples only
@@ -121,6 +141,8 @@ struct NewSequenceSpec {
   // after the first (from the logits one position before it) plus the N most likely, returned
   // by TakePromptLogprobs. Needs num_cached_tokens == 0.
   int32_t prompt_logprobs = -1;
+  // How its drafts are proposed when a step gives it lookahead slots (the scheduler resolved it).
+  SpeculativeMethod speculative = SpeculativeMethod::kNone;
 };
 
 // One sequence's share of a step (mirrors ferry.v1.ScheduledSequence).
@@ -128,6 +150,16 @@ struct ScheduledSpec {
   uint64_t seq_id = 0;
   int32_t num_tokens = 0;              // tokens to compute from its first uncomputed one
   std::vector<int32_t> new_block_ids;  // appended to its block table
+  // KV slots after those tokens (covered by the blocks) for up to this many drafts, verified in
+  // this step when it reaches the end of the known tokens: Step then returns 1 + accepted samples.
+  int32_t num_lookahead_tokens = 0;
+};
+
+// What speculative decoding did in one Step (worker metrics).
+struct SpeculationCounts {
+  int64_t num_drafts = 0;           // sequences that had drafts verified
+  int64_t num_draft_tokens = 0;     // draft tokens verified
+  int64_t num_accepted_tokens = 0;  // of those, accepted
 };
 
 struct StepSpec {
@@ -167,13 +199,17 @@ class ModelRunner {
   // Applies finished/preempted/new sequences, runs every scheduled sequence in
   // one batched forward pass, samples for each sequence whose computed tokens
   // reach the end of its known tokens (appending the sample to it), and returns
-  // the samples in scheduled order. Throws std::invalid_argument on an
+  // the samples in scheduled order. A sequence given lookahead slots may get several: its
+  // accepted drafts and one more, in position order (a backend that proposes none returns one). Throws std::invalid_argument on an
   // inconsistent spec (unknown id, too few blocks, ...), leaving state unchanged.
   virtual std::vector<SampledTokenOut> Step(const StepSpec& step) = 0;
 
   // The prompt logprobs the last Step computed (sequences with prompt_logprobs >= 0), in
   // scheduled order; empty for a backend without them (info().supports_prompt_logprobs).
   virtual std::vector<PromptLogprobsOut> TakePromptLogprobs() { return {}; }
+  // What speculative decoding did in the last Step (or collected step); zeros for a backend
+  // that proposes no drafts.
+  virtual SpeculationCounts TakeSpeculationCounts() { return {}; }
 
   // False once the engine can no longer run steps (a device error); the worker's
   // Health RPC and grpc.health.v1 report it, so the scheduler stops sending work.

@@ -53,7 +53,7 @@ int64_t KvCache::BytesPerBlock(const Qwen2Config& config, int32_t block_size) {
 
 void ForwardBatch::AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
                                const std::vector<int32_t>& block_table, int32_t block_size,
-                               bool want_last_logits) {
+                               int32_t num_last_logits) {
   if (query_start.empty()) query_start.push_back(0);
   for (int32_t i = 0; i < num_tokens; ++i) {
     const int32_t pos = context_len + i;
@@ -61,7 +61,7 @@ void ForwardBatch::AddSequence(const int32_t* tokens, int32_t num_tokens, int32_
     positions.push_back(pos);
     slot_mapping.push_back(block_table[pos / block_size] * block_size + pos % block_size);
   }
-  if (want_last_logits) logits_rows.push_back(query_start.back() + num_tokens - 1);
+  for (int32_t i = num_tokens - num_last_logits; i < num_tokens; ++i) logits_rows.push_back(query_start.back() + i);
   query_start.push_back(query_start.back() + num_tokens);
   context_lens.push_back(context_len);
   // Re-pad the table rows when this sequence needs more columns than any before it.

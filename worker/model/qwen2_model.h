@@ -71,10 +71,12 @@ struct ForwardBatch {
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
-  // Appends one sequence's share; block_table must cover positions < context_len + tokens.
+  // Appends one sequence's share; block_table must cover positions < context_len + tokens. The
+  // logits of its last num_last_logits rows (0, 1, or 1 + drafts under speculative decoding) are
+  // wanted, in position order.
   void AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
                    const std::vector<int32_t>& block_table, int32_t block_size,
-                   bool want_last_logits);
+                   int32_t num_last_logits);
 };
 
 struct ModelOptions {

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "worker/model/ngram_proposer.h"
 #include "worker/model/step_validation.h"
 
 namespace ferry::worker {
@@ -72,6 +73,8 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   cache_ = std::make_unique<KvCache>(model_->kv_layout(), info_.num_kv_blocks, info_.block_size);
   guided_vocab_ = LoadGuidedVocab(options.model_dir, info_.vocab_size, info_.eos_token_ids);
   info_.supports_guided_decoding = guided_vocab_ != nullptr;
+  info_.speculative = options.speculative;
+  info_.speculative_methods = {SpeculativeMethod::kNgram};
 }
 
 std::vector<SampledTokenOut> Qwen2Runner::Step(const StepSpec& step) {
@@ -101,6 +104,7 @@ void Qwen2Runner::Apply(const StepSpec& step) {
     if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
     seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
     seq.allowed = AllowedIdsMask(n.sampling.allowed_token_ids, info_.vocab_size);
+    seq.speculative = n.speculative;
   }
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
@@ -112,23 +116,31 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   batch_ = ForwardBatch{};
   prompt_logprobs_.clear();
   prompt_token_rows_.clear();
-  std::vector<Sequence*> sampling;  // in scheduled order, matching the logits rows
-  std::vector<uint64_t> sampling_ids;
+  drafts_.clear();
+  speculation_ = {};
+  std::vector<Sampling> sampling;  // in scheduled order, matching the logits rows
   std::vector<PromptRows> prompt_rows;
+  int32_t num_rows = 0;
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
-    const bool reaches_end =
-        seq.num_computed + s.num_tokens == static_cast<int32_t>(seq.token_ids.size());
+    const auto known = static_cast<int32_t>(seq.token_ids.size());
+    const bool reaches_end = seq.num_computed + s.num_tokens == known;
+    const int32_t num_drafts = reaches_end ? Propose(seq, s.num_lookahead_tokens) : 0;
+    const auto draft_begin = static_cast<int32_t>(drafts_.size()) - num_drafts;
+    // The drafts follow the known tokens for this pass only, in the slots the scheduler reserved:
+    // rows for the last known token and each draft give the distributions that verify them.
+    seq.token_ids.insert(seq.token_ids.end(), drafts_.end() - num_drafts, drafts_.end());
     const int32_t first_token_row = batch_.num_tokens();
-    batch_.AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens, seq.num_computed,
-                       seq.block_table, info_.block_size, reaches_end);
+    batch_.AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens + num_drafts, seq.num_computed,
+                       seq.block_table, info_.block_size, reaches_end ? 1 + num_drafts : 0);
+    seq.token_ids.resize(static_cast<size_t>(known));
     if (seq.prompt_logprobs >= 0) {
       AddPromptRows(s.seq_id, seq, seq.num_computed, s.num_tokens, first_token_row, prompt_rows);
     }
     seq.num_computed += s.num_tokens;
     if (reaches_end) {
-      sampling.push_back(&seq);
-      sampling_ids.push_back(s.seq_id);
+      sampling.push_back({s.seq_id, &seq, num_rows, draft_begin, num_drafts});
+      num_rows += 1 + num_drafts;
     }
   }
   std::vector<SampledTokenOut> out;
@@ -136,23 +148,65 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   if (step.scheduled.empty()) return out;
   const std::vector<float>& logits = model_->Forward(batch_, *cache_);
   if (options_.keep_logits) last_logits_.assign(logits.begin(), logits.end());
-  const int32_t vocab = info_.vocab_size;
-  for (size_t i = 0; i < sampling.size(); ++i) {
-    Sequence& seq = *sampling[i];
-    SampleResult r = sampler_.Sample(logits.data() + i * vocab, vocab, seq.sampling,
-                                     &seq.counts, seq.num_generated,
-                                     seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
-    if (seq.guided) seq.guided->Advance(r.token_id);
-    seq.token_ids.push_back(r.token_id);
-    ++seq.num_generated;
-    if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);
-    out.push_back({sampling_ids[i], r.token_id, seq.sampling.logprobs >= 0, r.logprob,
-                   std::move(r.top_logprobs)});
+  for (const Sampling& s : sampling) {
+    // An accepted draft's K/V, written this pass, is valid; a rejected one's slot is the
+    // scheduler's to reuse.
+    s.seq->num_computed += SampleAndVerify(s, logits.data() + int64_t{s.first_row} * info_.vocab_size, out);
+  }
+  // The scheduler takes back the blocks that held only rejected drafts (or unused slots): the
+  // table keeps what the computed tokens need, as the scheduler's lease does.
+  for (const ScheduledSpec& s : step.scheduled) {
+    if (s.num_lookahead_tokens == 0) continue;
+    Sequence& seq = seqs_.at(s.seq_id);
+    const auto keep = static_cast<size_t>((seq.num_computed + info_.block_size - 1) / info_.block_size);
+    if (seq.block_table.size() > keep) seq.block_table.resize(keep);
   }
   // After sampling: the prompt rows' logits replace the sampled rows' (only prompt positions
   // are read from the sequences' tokens, so the samples just appended do not matter).
   ScorePromptRows(prompt_rows);
   return out;
+}
+
+int32_t Qwen2Runner::Propose(const Sequence& seq, int32_t max) {
+  if (max <= 0 || seq.speculative != SpeculativeMethod::kNgram) return 0;
+  const SpeculativeConfig& c = options_.speculative;
+  const int32_t n = ProposeNgram(seq.token_ids, c.prompt_lookup_min, c.prompt_lookup_max, max, proposal_);
+  drafts_.insert(drafts_.end(), proposal_.begin(), proposal_.begin() + n);
+  return n;
+}
+
+SampleResult Qwen2Runner::SampleNext(Sequence& seq, const float* row) {
+  SampleResult r = sampler_.Sample(row, info_.vocab_size, seq.sampling, &seq.counts, seq.num_generated,
+                                   seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
+  if (seq.guided) seq.guided->Advance(r.token_id);
+  seq.token_ids.push_back(r.token_id);
+  ++seq.num_generated;
+  if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);
+  return r;
+}
+
+// Rejection sampling (Leviathan et al. 2023; Chen et al. 2023) for drafts that are a point mass
+// (prompt lookup proposes one token, not a distribution q): draft d is accepted with probability
+// min(1, p(d) / q(d)) = p(d) and, rejected, replaced by a draw from max(0, p - q) renormalised,
+// which is p without d. One draw from p with the request's own stream does both: accept iff it
+// equals d, and otherwise it is the replacement. So each position samples exactly what decoding
+// without drafts samples there (the same draw of the same distribution, penalties and guided
+// state included), greedy and seeded alike.
+int32_t Qwen2Runner::SampleAndVerify(const Sampling& s, const float* logits, std::vector<SampledTokenOut>& out) {
+  Sequence& seq = *s.seq;
+  int32_t accepted = 0;
+  for (int32_t i = 0; i <= s.num_drafts; ++i) {
+    SampleResult r = SampleNext(seq, logits + int64_t{i} * info_.vocab_size);
+    out.push_back({s.seq_id, r.token_id, seq.sampling.logprobs >= 0, r.logprob, std::move(r.top_logprobs)});
+    if (i == s.num_drafts || r.token_id != drafts_[static_cast<size_t>(s.draft_begin + i)]) break;
+    ++accepted;
+  }
+  if (s.num_drafts > 0) {
+    ++speculation_.num_drafts;
+    speculation_.num_draft_tokens += s.num_drafts;
+    speculation_.num_accepted_tokens += accepted;
+  }
+  return accepted;
 }
 
 void Qwen2Runner::AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,

@@ -22,10 +22,12 @@ class Qwen2Runner final : public ModelRunner {
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
   std::vector<PromptLogprobsOut> TakePromptLogprobs() override { return std::move(prompt_logprobs_); }
+  SpeculationCounts TakeSpeculationCounts() override { return std::exchange(speculation_, {}); }
   void ForgetAll() override { seqs_.clear(); }
 
   // With RunnerOptions::keep_logits, the fp32 logits the last Step sampled from, one row per
-  // returned token in the same order: [num_sampled, vocab_size]. Row-major; else empty.
+  // sampled position in scheduled order (with drafts: 1 + drafts rows for the sequence, some
+  // never sampled when a draft was rejected): [rows, vocab_size]. Row-major; else empty.
   const std::vector<float>& last_logits() const { return last_logits_; }
   Qwen2Model& model() { return *model_; }
   int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
@@ -45,6 +47,14 @@ class Qwen2Runner final : public ModelRunner {
     // Guided decoding: the constraint's state after the generated tokens; null when unguided.
     std::unique_ptr<GuidedMatcher> guided;
     std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
+    SpeculativeMethod speculative = SpeculativeMethod::kNone;
+  };
+  // A sequence that samples this step: its logits rows [first_row, first_row + 1 + drafts).
+  struct Sampling {
+    uint64_t seq_id = 0;
+    Sequence* seq = nullptr;
+    int32_t first_row = 0;
+    int32_t draft_begin = 0, num_drafts = 0;  // its drafts in drafts_
   };
   // Prompt positions of one sequence scored this step: prompt_token_rows_[first_row, first_row +
   // count) are the token rows whose logits score prompt tokens first_index, first_index + 1, ...
@@ -60,6 +70,14 @@ class Qwen2Runner final : public ModelRunner {
   void Validate(const StepSpec& step) const;
   void Apply(const StepSpec& step);
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
+  // Proposes up to `max` drafts for `seq` into drafts_; returns how many.
+  int32_t Propose(const Sequence& seq, int32_t max);
+  // Samples the sequence's rows in order from `logits` ([rows, vocab]), accepting each draft the
+  // draw equals, stopping at the first it does not: the tokens of the accepted drafts and one more,
+  // appended to `out` and to the sequence. Returns the number of drafts accepted.
+  int32_t SampleAndVerify(const Sampling& s, const float* logits, std::vector<SampledTokenOut>& out);
+  // One draw from one row, appended to the sequence (token, counts, guided state).
+  SampleResult SampleNext(Sequence& seq, const float* row);
   // Appends the rows of `seq`'s prompt positions in this step's chunk [start, start + num_tokens)
   // to batch_.logits_rows (token rows from first_token_row) and to prompt_rows.
   void AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,
@@ -81,6 +99,9 @@ class Qwen2Runner final : public ModelRunner {
   std::vector<float> last_logits_;
   std::vector<PromptLogprobsOut> prompt_logprobs_;  // of the last Step
   std::vector<int32_t> prompt_token_rows_;  // this step's token rows that score prompt tokens
+  std::vector<int32_t> drafts_;             // this step's drafts, all sequences
+  std::vector<int32_t> proposal_;           // Propose's scratch
+  SpeculationCounts speculation_;           // of the last Step
 };
 
 }  // namespace ferry::worker

@@ -58,11 +58,15 @@ class MiniScheduler {
     }
   }
 
-  void Add(uint64_t id, std::vector<int32_t> prompt, SamplingOptions sampling = {}) {
+  // lookahead > 0: speculative decoding by prompt lookup, with that many draft slots whenever a
+  // step reaches the end of its tokens (the blocks past what the computed tokens need go back to
+  // the pool after the step, as the scheduler's rollback does).
+  void Add(uint64_t id, std::vector<int32_t> prompt, SamplingOptions sampling = {}, int32_t lookahead = 0) {
     Seq& s = seqs_[id];
     s.tokens = std::move(prompt);
     s.prompt_len = static_cast<int32_t>(s.tokens.size());
     s.sampling = sampling;
+    s.lookahead = lookahead;
   }
 
   // One engine step: each (id, max_tokens) computes up to max_tokens of its uncomputed tokens.
@@ -75,13 +79,18 @@ class MiniScheduler {
     for (auto [id, max_tokens] : work) {
       Seq& s = seqs_.at(id);
       if (!s.sent) {
-        spec.new_sequences.push_back({.seq_id = id, .token_ids = s.tokens, .num_generated = s.num_generated(), .sampling = s.sampling});
+        spec.new_sequences.push_back({.seq_id = id, .token_ids = s.tokens, .num_generated = s.num_generated(),
+                                      .sampling = s.sampling,
+                                      .speculative = s.lookahead > 0 ? SpeculativeMethod::kNgram : SpeculativeMethod::kNone});
         s.sent = true;
       }
       const int32_t n = std::min<int32_t>(max_tokens, int32_t(s.tokens.size()) - s.num_computed);
-      ScheduledSpec sched{id, n, {}};
+      const bool reaches_end = s.num_computed + n == int32_t(s.tokens.size());
+      const int32_t lookahead =
+          reaches_end ? std::min(s.lookahead, runner_.info().max_model_len - s.num_computed - n) : 0;
+      ScheduledSpec sched{id, n, {}, lookahead};
       const int32_t bs = runner_.info().block_size;
-      const int32_t need = (s.num_computed + n + bs - 1) / bs;
+      const int32_t need = (s.num_computed + n + lookahead + bs - 1) / bs;
       while (int32_t(s.blocks.size()) < need) {
         s.blocks.push_back(free_.back());
         sched.new_block_ids.push_back(free_.back());
@@ -91,14 +100,33 @@ class MiniScheduler {
       scheduled_n[id] = n;
     }
     const auto out = runner_.Step(spec);
+    const SpeculationCounts counts = runner_.TakeSpeculationCounts();
+    speculation_.num_drafts += counts.num_drafts;
+    speculation_.num_draft_tokens += counts.num_draft_tokens;
+    speculation_.num_accepted_tokens += counts.num_accepted_tokens;
+    ++num_steps_;
     const int32_t vocab = runner_.info().vocab_size;
+    const int32_t bs = runner_.info().block_size;
     for (auto& [id, n] : scheduled_n) seqs_.at(id).num_computed += n;
+    // Rows match samples one to one unless drafts were verified (keep_logits off: none).
+    const bool rows_are_samples = runner_.last_logits().size() == out.size() * size_t(vocab);
+    std::map<uint64_t, int32_t> num_samples;
     for (size_t i = 0; i < out.size(); ++i) {
       Seq& s = seqs_.at(out[i].seq_id);
       s.tokens.push_back(out[i].token_id);
-      if (runner_.last_logits().empty()) continue;  // RunnerOptions::keep_logits off
+      ++num_samples[out[i].seq_id];
+      if (!rows_are_samples) continue;
       const float* row = runner_.last_logits().data() + i * vocab;
       s.logits.emplace_back(row, row + vocab);
+    }
+    for (auto& [id, count] : num_samples) {
+      Seq& s = seqs_.at(id);
+      s.num_computed += count - 1;  // accepted drafts
+      const auto keep = static_cast<size_t>((s.num_computed + bs - 1) / bs);
+      while (s.blocks.size() > keep) {
+        free_.push_back(s.blocks.back());
+        s.blocks.pop_back();
+      }
     }
     return out;
   }
@@ -139,6 +167,9 @@ class MiniScheduler {
     return {s.tokens.begin() + s.prompt_len, s.tokens.end()};
   }
   const std::vector<std::vector<float>>& Logits(uint64_t id) const { return Get(id).logits; }
+  // Speculative decoding over every Step so far, and the number of Steps.
+  const SpeculationCounts& speculation() const { return speculation_; }
+  int64_t num_steps() const { return num_steps_; }
 
  private:
   struct Seq {
@@ -147,6 +178,7 @@ class MiniScheduler {
     int32_t num_computed = 0;
     std::vector<int32_t> blocks;
     SamplingOptions sampling;
+    int32_t lookahead = 0;
     bool sent = false;
     std::vector<std::vector<float>> logits;  // one [vocab] row per sample
     int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
@@ -162,6 +194,8 @@ class MiniScheduler {
   std::map<uint64_t, Seq> done_;
   std::vector<uint64_t> pending_preempted_;
   std::vector<uint64_t> pending_finished_;
+  SpeculationCounts speculation_;
+  int64_t num_steps_ = 0;
 };
 
 // Largest |a - b| over two equally sized vectors.

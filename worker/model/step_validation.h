@@ -6,6 +6,7 @@
 // (linking structured/, which ValidateGuided calls).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -113,6 +114,12 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
   if (!seq.sampling.allowed_token_ids.empty() && seq.sampling.guided.kind != GuidedSpec::Kind::kNone) {
     Invalid(id + ": allowed_token_ids and guided decoding cannot both be set");
   }
+  const auto& methods = info.speculative_methods;
+  if (seq.speculative != SpeculativeMethod::kNone &&
+      std::find(methods.begin(), methods.end(), seq.speculative) == methods.end()) {
+    Invalid(id + ": speculative method " + std::to_string(static_cast<int>(seq.speculative)) +
+            " is not supported by this backend");
+  }
 }
 
 // `num_known` tokens, `num_computed` of them in the cache, `num_blocks` blocks before this step.
@@ -121,12 +128,21 @@ inline void ValidateScheduled(const ScheduledSpec& s, const ModelInfo& info, int
   const std::string id = Id(s.seq_id);
   const int64_t end = int64_t{num_computed} + s.num_tokens;
   if (s.num_tokens <= 0) Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " <= 0");
+  if (s.num_lookahead_tokens < 0 || s.num_lookahead_tokens > kMaxSpeculativeTokens) {
+    Invalid(id + ": num_lookahead_tokens " + std::to_string(s.num_lookahead_tokens) + " outside [0, " +
+            std::to_string(kMaxSpeculativeTokens) + "]");
+  }
+  // Draft slots need room in the context and blocks, like the tokens before them.
+  const int64_t reach = end + s.num_lookahead_tokens;
   if (end > num_known) {
     Invalid(id + ": num_tokens " + std::to_string(s.num_tokens) + " from " + std::to_string(num_computed) +
             " computed goes past its " + std::to_string(num_known) + " known tokens");
   }
-  if (end > info.max_model_len) {
-    Invalid(id + ": context " + std::to_string(end) + " exceeds max_model_len " + std::to_string(info.max_model_len));
+  if (reach > info.max_model_len) {
+    const std::string lookahead =
+        s.num_lookahead_tokens > 0 ? " (" + std::to_string(s.num_lookahead_tokens) + " of them lookahead)" : "";
+    Invalid(id + ": context " + std::to_string(reach) + lookahead + " exceeds max_model_len " +
+            std::to_string(info.max_model_len));
   }
   for (int32_t b : s.new_block_ids) {
     if (b < 0 || b >= info.num_kv_blocks) {
@@ -134,9 +150,9 @@ inline void ValidateScheduled(const ScheduledSpec& s, const ModelInfo& info, int
     }
   }
   const auto blocks = static_cast<int64_t>(num_blocks + s.new_block_ids.size());
-  const int64_t needed = (end + info.block_size - 1) / info.block_size;
+  const int64_t needed = (reach + info.block_size - 1) / info.block_size;
   if (blocks < needed) {
-    Invalid(id + ": " + std::to_string(blocks) + " blocks cannot hold positions up to " + std::to_string(end) +
+    Invalid(id + ": " + std::to_string(blocks) + " blocks cannot hold positions up to " + std::to_string(reach) +
             " (need " + std::to_string(needed) + ")");
   }
 }
