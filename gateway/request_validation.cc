@@ -5,6 +5,7 @@
 #include "structured/ebnf_grammar.h"
 #include "structured/json_schema.h"
 #include "structured/regex_dfa.h"
+#include "common/speculative.h"
 #include "common/status.h"
 
 namespace ferry::gateway {
@@ -104,6 +105,21 @@ std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
   }
 }
 
+// The names and range; whether the replica's workers can propose with a method is the scheduler's
+// check (SchedulerInfo.speculative_methods).
+std::string CheckSpeculative(const ferry::v1::SpeculativeDecoding& s) {
+  const std::string& method = s.method();
+  if (!method.empty() && method != kSpeculativeNone && method != kSpeculativeNgram) {
+    return FieldMessage("sampling.speculative.method", method, "must be \"ngram\" or \"none\"");
+  }
+  if (s.has_num_speculative_tokens() &&
+      (s.num_speculative_tokens() < 0 || s.num_speculative_tokens() > kMaxSpeculativeTokens)) {
+    return FieldMessage("sampling.speculative.num_speculative_tokens", s.num_speculative_tokens(),
+                        fmt::format("must be in [0, {}] (0 turns it off)", kMaxSpeculativeTokens));
+  }
+  return {};
+}
+
 // Returns a message for the first bad sampling field, or an empty string.
 std::string CheckSampling(const ferry::v1::SamplingParams& s) {
   if (s.has_max_tokens() && s.max_tokens() <= 0) {
@@ -146,6 +162,7 @@ std::string CheckSampling(const ferry::v1::SamplingParams& s) {
     }
     if (!IsValidUtf8(stop)) return field + " is not valid UTF-8";
   }
+  if (std::string e = CheckSpeculative(s.speculative()); !e.empty()) return e;
   return CheckGuided(s.guided());
 }
 

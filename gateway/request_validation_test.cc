@@ -4,6 +4,7 @@
 
 #include "structured/ebnf_grammar.h"
 #include "structured/regex_dfa.h"
+#include "common/speculative.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway {
@@ -187,6 +188,23 @@ TEST_F(ValidateRequestTest, AGrammarIsCheckedAndReachesTheSchedulerAsWritten) {
             "refers to itself or to a rule that never ends");
   EXPECT_EQ(error(std::string(kMaxGrammarBytes + 1, ' ')),
             "sampling.guided.grammar (bytes) = 65537 exceeds the limit of 65536");
+}
+
+TEST_F(ValidateRequestTest, SpeculativeNamesAndCountAreChecked) {
+  ferry::v1::GenerateRequest r;
+  r.set_text("hello");
+  r.mutable_sampling()->mutable_speculative()->set_method("ngram");
+  r.mutable_sampling()->mutable_speculative()->set_num_speculative_tokens(kMaxSpeculativeTokens);
+  auto v = ValidateRequest(r, limits_, lanes_, *tok_);
+  ASSERT_TRUE(std::holds_alternative<ValidatedRequest>(v)) << std::get<ValidationError>(v).message;
+  EXPECT_EQ(std::get<ValidatedRequest>(v).submit.sampling().speculative().method(), "ngram");
+  r.mutable_sampling()->mutable_speculative()->set_num_speculative_tokens(16);
+  EXPECT_EQ(Error(r), "sampling.speculative.num_speculative_tokens = 16 must be in [0, 15] (0 turns it off)");
+  r.mutable_sampling()->mutable_speculative()->set_num_speculative_tokens(-1);
+  EXPECT_EQ(Error(r), "sampling.speculative.num_speculative_tokens = -1 must be in [0, 15] (0 turns it off)");
+  r.mutable_sampling()->mutable_speculative()->set_num_speculative_tokens(0);
+  r.mutable_sampling()->mutable_speculative()->set_method("eagle");
+  EXPECT_EQ(Error(r), "sampling.speculative.method = \"eagle\" must be \"ngram\" or \"none\"");
 }
 
 TEST_F(ValidateRequestTest, AllowedTokenIdsAreCheckedAndReachTheScheduler) {

@@ -163,6 +163,29 @@ Error ParseAllowedTokenIds(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
+// Ferry's extension, vLLM's --speculative-config per request: {"method": "ngram" | "none",
+// "num_speculative_tokens": N}, both optional (the gateway checks names and range).
+Error ParseSpeculative(const json& body, SamplingParams& s) {
+  if (!body.contains("speculative") || body["speculative"].is_null()) return std::nullopt;
+  const json& spec = body["speculative"];
+  if (!spec.is_object()) return WrongType("speculative", spec, "an object");
+  for (const auto& [key, value] : spec.items()) {
+    if (key != "method" && key != "num_speculative_tokens") {
+      return InvalidField("speculative." + key, fmt::format("speculative.{} is not a field (method, "
+                                                            "num_speculative_tokens)", key));
+    }
+  }
+  // Read under their dotted names, so that an error names the field in full.
+  const json flat = {{"speculative.method", spec.value("method", json())},
+                     {"speculative.num_speculative_tokens", spec.value("num_speculative_tokens", json())}};
+  std::optional<std::string> method;
+  std::optional<int32_t> k;
+  if (Error e = GetString(flat, "speculative.method", method)) return e;
+  if (Error e = GetInt32(flat, "speculative.num_speculative_tokens", k)) return e;
+  if (method) s.mutable_speculative()->set_method(*method);
+  if (k) s.mutable_speculative()->set_num_speculative_tokens(*k);
+  return std::nullopt;
+}
 
 Error ParseSampling(const json& body, std::string_view body_text, SamplingParams& s) {
   if (Error e = ParseSamplingFloats(body, s)) return e;
@@ -183,6 +206,7 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
   if (min_tokens) s.set_min_tokens(*min_tokens);
   if (Error e = ParseLogitBias(body, s)) return e;
   if (Error e = ParseAllowedTokenIds(body, s)) return e;
+  if (Error e = ParseSpeculative(body, s)) return e;
   if (Error e = ParseGuided(body, body_text, s)) return e;
   if (Error e = ParseStop(body, s)) return e;
   return ParseStopTokenIds(body, s);

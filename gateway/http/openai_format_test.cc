@@ -507,6 +507,19 @@ TEST(ParseCompletion, AllowedTokenIds) {
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"allowed_token_ids", 3}}).param, "allowed_token_ids");
 }
 
+TEST(ParseCompletion, Speculative) {
+  const OpenAiRequest r =
+      ParseOk({{"prompt", "x"}, {"speculative", {{"method", "ngram"}, {"num_speculative_tokens", 6}}}});
+  EXPECT_EQ(r.generate.sampling().speculative().method(), "ngram");
+  EXPECT_EQ(r.generate.sampling().speculative().num_speculative_tokens(), 6);
+  EXPECT_FALSE(ParseOk({{"prompt", "x"}}).generate.sampling().has_speculative());
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", {{"method", 3}}}}).param, "speculative.method");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", {{"num_speculative_tokens", "4"}}}}).param,
+            "speculative.num_speculative_tokens");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", {{"model", "draft"}}}}).param, "speculative.model");
+  EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", 4}}).param, "speculative");
+}
+
 TEST(ParseCompletion, IncludeStopStrInOutput) {
   EXPECT_TRUE(ParseOk({{"prompt", "x"}, {"stop", "\n"}, {"include_stop_str_in_output", true}})
                   .generate.sampling()

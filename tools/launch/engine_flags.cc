@@ -36,6 +36,9 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
   app.add_option("--dtype", f.dtype, "Weights and activations (worker)")
       ->check(CLI::IsMember({"auto", "bfloat16", "float32"}))
       ->group(group);
+  app.add_option("--speculative-config", f.speculative_config,
+                 "Speculative decoding default, vLLM's JSON, e.g. {\"method\": \"ngram\", \"num_speculative_tokens\": 4} "
+                 "(worker; CPU engine)");
   app.add_option("--quantization", f.quantization, "int8: W8A8 matmuls on the CPU engine (worker)")
       ->check(CLI::IsMember({"none", "int8"}))
       ->group(group);
@@ -92,6 +95,7 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
   }
   if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
   if (!f.quantization.empty()) out.push_back("--quantization=" + f.quantization);
+  if (!f.speculative_config.empty()) out.push_back("--speculative-config=" + f.speculative_config);
   if (f.no_quantize_lm_head) out.push_back("--no-quantize-lm-head");
   if (!f.device.empty()) out.push_back("--device=" + f.device);
   if (f.enforce_eager) out.push_back("--enforce-eager");

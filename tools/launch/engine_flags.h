@@ -24,6 +24,7 @@ struct EngineFlags {
   bool prefix_caching_off = false;
   std::string dtype;
   std::string quantization;  // empty: the worker's default (none)
+  std::string speculative_config;  // vLLM's JSON; empty: the worker's default (off)
   bool no_quantize_lm_head = false;
   std::string device;
   std::string controller_mode;

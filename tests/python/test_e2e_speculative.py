@@ -1,0 +1,124 @@
+"""Speculative decoding (prompt lookup) through the whole stack: the worker's --speculative-config
+default and the per-request override give exactly the tokens of plain decoding, greedy and seeded,
+alone and batched with prefix caching on; drafts are accepted (the worker's metrics say how many);
+bad values are refused naming the field; a backend without drafts refuses a request that asks."""
+import json
+import subprocess
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPO, Stack, binary
+
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+# Prompts that repeat a passage (copying is what prompt lookup feeds on), and some that do not.
+PASSAGE = list(range(40, 71))
+PROMPTS = [PASSAGE + PASSAGE[:n] for n in (3, 9, 20)] + [list(range(5, 5 + n)) for n in (6, 33)]
+PREFIXED = [PASSAGE * 2 + [7, n] for n in range(3)]  # share whole blocks: the prefix cache serves them
+
+
+def generate(stub, pb, ids, speculative=None, max_tokens=40, **sampling):
+    params = pb.gen.SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
+    if speculative is not None:
+        params.speculative.CopyFrom(speculative)
+    req = pb.gen.GenerateRequest(token_ids=pb.gen.TokenIds(ids=ids), sampling=params)
+    return list(stub.Generate(req, timeout=120).token_ids)
+
+
+def spec_counts(stack):
+    text = urllib.request.urlopen(stack.metrics_urls()["worker-0"], timeout=5).read().decode()
+    counts = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "ferry_worker_spec_decode_tokens":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["kind"]] = sample.value
+    return counts
+
+
+@pytest.fixture(scope="module")
+def spec_stack(tiny_model, tmp_path_factory):
+    s = Stack(tiny_model, tmp_path_factory.mktemp("spec"),
+              ["--speculative-config", NGRAM, "--enable-prefix-caching", "--max-num-batched-tokens", "48"])
+    yield s
+    assert s.stop() == 0, s.log_text()
+
+
+def test_tokens_equal_plain_decoding_alone_and_batched(spec_stack, ferry_pb):
+    cmdline = open(f"/proc/{spec_stack.ports['workers'][0]['pid']}/cmdline").read().split("\0")
+    assert f"--speculative-config={NGRAM}" in cmdline
+    stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
+    off = ferry_pb.gen.SpeculativeDecoding(method="none")
+    prompts = PROMPTS + PREFIXED
+    plain = [generate(stub, ferry_pb, p, off) for p in prompts]
+    before = spec_counts(spec_stack)
+    alone = [generate(stub, ferry_pb, p) for p in prompts]  # the server's default: ngram, 4
+    assert alone == plain
+    # Together, speculating and plain requests share steps, prefills chunked at 48 tokens.
+    with ThreadPoolExecutor(len(prompts) * 2) as pool:
+        mixed = list(pool.map(lambda i: generate(stub, ferry_pb, prompts[i % len(prompts)], None if i % 2 else off),
+                              range(len(prompts) * 2)))
+    assert mixed == plain * 2
+    after = spec_counts(spec_stack)
+    accepted = after["accepted"] - before["accepted"]
+    drafted = after["draft"] - before["draft"]
+    assert 0 < accepted < drafted, (accepted, drafted)
+    assert after["drafts"] > before["drafts"]
+
+
+def test_seeded_sampling_equal_plain_and_per_request_count(spec_stack, ferry_pb):
+    stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
+    sampling = dict(temperature=0.8, top_p=0.9, seed=42)
+    off = ferry_pb.gen.SpeculativeDecoding(method="none")
+    many = ferry_pb.gen.SpeculativeDecoding(method="ngram", num_speculative_tokens=15)
+    for p in PROMPTS:
+        plain = generate(stub, ferry_pb, p, off, **sampling)
+        assert generate(stub, ferry_pb, p, **sampling) == plain
+        assert generate(stub, ferry_pb, p, many, **sampling) == plain
+
+
+def test_bad_values_are_refused_naming_the_field(spec_stack, ferry_pb):
+    stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
+    for spec, message in [
+        (ferry_pb.gen.SpeculativeDecoding(num_speculative_tokens=16),
+         "sampling.speculative.num_speculative_tokens = 16 must be in [0, 15]"),
+        (ferry_pb.gen.SpeculativeDecoding(method="medusa"), 'sampling.speculative.method = "medusa"'),
+    ]:
+        with pytest.raises(grpc.RpcError) as e:
+            generate(stub, ferry_pb, PROMPTS[0], spec)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in e.value.details()
+    # The next request is served.
+    assert len(generate(stub, ferry_pb, PROMPTS[0])) == 40
+
+
+def test_bad_config_is_refused_at_start(tiny_model):
+    for config, message in [
+        ('{"method": "ngram"}', "num_speculative_tokens is required"),
+        ('{"method": "ngram", "num_speculative_tokens": 16}', "num_speculative_tokens = 16 must be in [1, 15]"),
+        ('{"method": "draft_model", "model": "/tmp/x", "num_speculative_tokens": 4}', "field 'model' is not supported"),
+        ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 3}',
+         "prompt_lookup_min = 5 must be in [1, 3]"),
+        ("ngram", "not JSON"),
+    ]:
+        out = subprocess.run([str(binary("ferry-worker")), "--model", str(tiny_model), "--port", "0",
+                              "--speculative-config", config], capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0, config
+        assert message in out.stdout + out.stderr, (config, out.stdout + out.stderr)
+
+
+def test_a_backend_without_drafts_refuses_a_request_that_asks(tiny_model, tmp_path, ferry_pb):
+    s = Stack(tiny_model, tmp_path, ["--worker-arg=--backend=sim",
+                                     f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_5ms.json'}"])
+    try:
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(s.gateway))
+        with pytest.raises(grpc.RpcError) as e:
+            generate(stub, ferry_pb, PROMPTS[0], ferry_pb.gen.SpeculativeDecoding(method="ngram"))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "sampling.speculative.method = 'ngram' is not supported by this replica's workers" in e.value.details()
+        assert len(generate(stub, ferry_pb, PROMPTS[0], max_tokens=4)) == 4
+    finally:
+        assert s.stop() == 0, s.log_text()
