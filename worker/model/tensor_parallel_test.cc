@@ -30,6 +30,7 @@ constexpr int32_t kNumNew = 6;
 struct Outcome {
   int32_t tp_rank = 0, tp_size = 0;
   int64_t kv_bytes_per_block = 0;
+  int64_t num_accepted = 0;  // speculative decoding: drafts accepted
   std::vector<std::vector<int32_t>> tokens;        // [seq][kNumNew]
   std::vector<std::vector<float>> logits;          // [seq][kNumNew * vocab]
 };
@@ -40,7 +41,10 @@ Qwen2Shape TpShape() {
   return shape;
 }
 
-Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std::string& quantization = "none") {
+// lookahead > 0: speculative decoding by prompt lookup with that many draft slots a step (the
+// logits are then not recorded: rows are verified positions, not samples).
+Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std::string& quantization = "none",
+                    int32_t lookahead = 0) {
   RunnerOptions options;
   options.model_dir = model_dir;
   options.dtype = "float32";
@@ -50,6 +54,7 @@ Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std:
   options.keep_logits = true;  // the test reads the logits
   options.num_threads = 1;  // two ranks share the machine's cores
   options.comm = comm;
+  options.speculative = {SpeculativeMethod::kNgram, lookahead, 1, 2};
   Qwen2Runner runner(options);
   Outcome out;
   out.tp_rank = runner.info().tp_rank;
@@ -60,12 +65,15 @@ Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std:
   for (int32_t i = 0; i < kNumSeqs; ++i) {
     std::vector<int32_t> prompt(3 + i * 5 % 23);
     for (size_t t = 0; t < prompt.size(); ++t) prompt[t] = (t * 131 + i * 977 + 3) % 2047;
-    sched.Add(i, prompt);
+    if (i % 2 == 0) prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // something to copy
+    sched.Add(i, prompt, {}, lookahead);
     ids.push_back(i);
   }
   sched.RunUntil(ids, kNumNew, 8);  // chunked prefill mixed with decodes
+  out.num_accepted = sched.speculation().num_accepted_tokens;
   for (uint64_t id : ids) {
     out.tokens.push_back(sched.Generated(id));
+    out.tokens.back().resize(kNumNew);  // a speculative step may bring more
     std::vector<float> all;
     for (const auto& row : sched.Logits(id)) all.insert(all.end(), row.begin(), row.end());
     out.logits.push_back(all);
@@ -78,6 +86,7 @@ void Save(const Outcome& o, const std::string& path) {
   f.write(reinterpret_cast<const char*>(&o.tp_rank), 4);
   f.write(reinterpret_cast<const char*>(&o.tp_size), 4);
   f.write(reinterpret_cast<const char*>(&o.kv_bytes_per_block), 8);
+  f.write(reinterpret_cast<const char*>(&o.num_accepted), 8);
   for (int32_t s = 0; s < kNumSeqs; ++s) {
     const int64_t nt = o.tokens[s].size(), nl = o.logits[s].size();
     f.write(reinterpret_cast<const char*>(&nt), 8);
@@ -93,6 +102,7 @@ Outcome Load(const std::string& path) {
   f.read(reinterpret_cast<char*>(&o.tp_rank), 4);
   f.read(reinterpret_cast<char*>(&o.tp_size), 4);
   f.read(reinterpret_cast<char*>(&o.kv_bytes_per_block), 8);
+  f.read(reinterpret_cast<char*>(&o.num_accepted), 8);
   for (int32_t s = 0; s < kNumSeqs && f; ++s) {
     int64_t nt = 0, nl = 0;
     f.read(reinterpret_cast<char*>(&nt), 8);
@@ -107,7 +117,7 @@ Outcome Load(const std::string& path) {
 
 // Child body: join the group, run, save; the exit status reports success.
 [[noreturn]] void RunRank(const std::string& model_dir, const std::string& store, int rank,
-                          const std::string& out_path, const std::string& quantization = "none") {
+                          const std::string& out_path, const std::string& quantization, int32_t lookahead) {
   int status = 0;
   try {
     GlooOptions gloo;
@@ -116,7 +126,7 @@ Outcome Load(const std::string& path) {
     gloo.store_dir = store;
     gloo.timeout_s = 60;
     auto comm = CreateGlooCommunicator(gloo);
-    Save(RunWorkload(model_dir, comm.get(), quantization), out_path);
+    Save(RunWorkload(model_dir, comm.get(), quantization, lookahead), out_path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     status = 1;
@@ -129,7 +139,8 @@ Outcome Load(const std::string& path) {
 struct Runs {
   Outcome want, r0, r1;
 };
-Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization) {
+// lookahead: the two ranks' (one rank runs without, for the plain tokens).
+Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int32_t lookahead = 0) {
   const std::string model = dir.str() + "/model", store = dir.str() + "/store";
   std::filesystem::create_directories(store);
   WriteRandomQwen2Checkpoint(TpShape(), 21, "bfloat16", model, {});
@@ -137,7 +148,7 @@ Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization) {
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
     EXPECT_GE(pid, 0);
-    if (pid == 0) RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), quantization);
+    if (pid == 0) RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), quantization, lookahead);
     children.push_back(pid);
   }
   Runs runs;
@@ -202,6 +213,21 @@ TEST(TensorParallelTest, TwoRanksInt8AgreeAndStayCloseToOne) {
     }
   }
   EXPECT_GE(compared, kNumSeqs);  // at least the first sample of every sequence
+}
+
+// Both ranks propose the same drafts (from the same tokens) and verify them on the same logits, so
+// speculation under tensor parallelism keeps them in step and gives the plain tokens.
+TEST(TensorParallelTest, TwoRanksSpeculatingGiveThePlainTokens) {
+  TempDir dir("tp_spec_test");
+  const Runs runs = RunOneAndTwoRanks(dir, "none", /*lookahead=*/3);
+  if (::testing::Test::HasFailure()) return;
+  EXPECT_EQ(runs.want.num_accepted, 0);
+  for (const Outcome* r : {&runs.r0, &runs.r1}) {
+    SCOPED_TRACE("rank " + std::to_string(r->tp_rank));
+    EXPECT_EQ(r->tokens, runs.want.tokens);
+    EXPECT_GT(r->num_accepted, 0);
+  }
+  EXPECT_EQ(runs.r0.num_accepted, runs.r1.num_accepted);
 }
 
 TEST(TensorParallelTest, PlanShardSplitsHeadsAndPadsVocab) {
