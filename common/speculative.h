@@ -12,8 +12,9 @@ inline constexpr int32_t kMaxSpeculativeTokens = 15;
 // num_speculative_tokens when a request names a method and neither it nor the server gives one.
 inline constexpr int32_t kDefaultSpeculativeTokens = 4;
 
-// Method names on the wire: "" (the server's default), "none", "ngram".
+// Method names on the wire: "" (the server's default), "none", "ngram", "draft_model".
 inline constexpr std::string_view kSpeculativeNone = "none";
 inline constexpr std::string_view kSpeculativeNgram = "ngram";
+inline constexpr std::string_view kSpeculativeDraftModel = "draft_model";
 
 }  // namespace ferry

@@ -109,8 +109,8 @@ std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
 // check (SchedulerInfo.speculative_methods).
 std::string CheckSpeculative(const ferry::v1::SpeculativeDecoding& s) {
   const std::string& method = s.method();
-  if (!method.empty() && method != kSpeculativeNone && method != kSpeculativeNgram) {
-    return FieldMessage("sampling.speculative.method", method, "must be \"ngram\" or \"none\"");
+  if (!method.empty() && method != kSpeculativeNone && method != kSpeculativeNgram && method != kSpeculativeDraftModel) {
+    return FieldMessage("sampling.speculative.method", method, "must be \"ngram\", \"draft_model\" or \"none\"");
   }
   if (s.has_num_speculative_tokens() &&
       (s.num_speculative_tokens() < 0 || s.num_speculative_tokens() > kMaxSpeculativeTokens)) {

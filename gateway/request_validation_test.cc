@@ -204,7 +204,7 @@ TEST_F(ValidateRequestTest, SpeculativeNamesAndCountAreChecked) {
   EXPECT_EQ(Error(r), "sampling.speculative.num_speculative_tokens = -1 must be in [0, 15] (0 turns it off)");
   r.mutable_sampling()->mutable_speculative()->set_num_speculative_tokens(0);
   r.mutable_sampling()->mutable_speculative()->set_method("eagle");
-  EXPECT_EQ(Error(r), "sampling.speculative.method = \"eagle\" must be \"ngram\" or \"none\"");
+  EXPECT_EQ(Error(r), "sampling.speculative.method = \"eagle\" must be \"ngram\", \"draft_model\" or \"none\"");
 }
 
 TEST_F(ValidateRequestTest, AllowedTokenIdsAreCheckedAndReachTheScheduler) {

@@ -99,7 +99,10 @@ def test_bad_config_is_refused_at_start(tiny_model):
     for config, message in [
         ('{"method": "ngram"}', "num_speculative_tokens is required"),
         ('{"method": "ngram", "num_speculative_tokens": 16}', "num_speculative_tokens = 16 must be in [1, 15]"),
-        ('{"method": "draft_model", "model": "/tmp/x", "num_speculative_tokens": 4}', "field 'model' is not supported"),
+        ('{"method": "ngram", "model": "/tmp/x", "num_speculative_tokens": 4}', "model is for method draft_model"),
+        ('{"method": "draft_model", "num_speculative_tokens": 4}', "model (the draft checkpoint's directory) is required"),
+        ('{"method": "ngram", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1}',
+         "field 'draft_tensor_parallel_size' is not supported"),
         ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 3}',
          "prompt_lookup_min = 5 must be in [1, 3]"),
         ("ngram", "not JSON"),
@@ -108,6 +111,27 @@ def test_bad_config_is_refused_at_start(tiny_model):
                               "--speculative-config", config], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0, config
         assert message in out.stdout + out.stderr, (config, out.stdout + out.stderr)
+
+
+def test_draft_model_that_is_the_target_has_its_drafts_accepted(tiny_model, tmp_path, ferry_pb):
+    """The tiny model as its own draft: its greedy drafts are the target's tokens, so all are accepted
+    and the output is plain decoding's; a request may still choose prompt lookup or none."""
+    config = json.dumps({"method": "draft_model", "model": str(tiny_model), "num_speculative_tokens": 3})
+    s = Stack(tiny_model, tmp_path, ["--speculative-config", config, "--enable-prefix-caching"])
+    try:
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(s.gateway))
+        off = ferry_pb.gen.SpeculativeDecoding(method="none")
+        ngram = ferry_pb.gen.SpeculativeDecoding(method="ngram")
+        plain = [generate(stub, ferry_pb, p, off) for p in PROMPTS]
+        before = spec_counts(s)
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            assert list(pool.map(lambda p: generate(stub, ferry_pb, p), PROMPTS)) == plain
+        after = spec_counts(s)
+        assert after["draft"] > before["draft"]
+        assert after["accepted"] - before["accepted"] == after["draft"] - before["draft"]
+        assert [generate(stub, ferry_pb, p, ngram) for p in PROMPTS] == plain
+    finally:
+        assert s.stop() == 0, s.log_text()
 
 
 def test_a_backend_without_drafts_refuses_a_request_that_asks(tiny_model, tmp_path, ferry_pb):

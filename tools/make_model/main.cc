@@ -30,8 +30,10 @@ int main(int argc, char** argv) {
   std::string preset = "tiny", out_dir, dtype = "bfloat16";
   uint64_t seed = 0;
   int tokenizer_vocab = 0;
-  app.add_option("--preset", preset, "tiny (for tests) or qwen2.5-0.5b (the real shape)")
-      ->check(CLI::IsMember({"tiny", "qwen2.5-0.5b"}));
+  app.add_option("--preset", preset,
+                 "tiny (for tests), qwen2.5-0.5b (the real shape) or qwen2.5-draft (a small draft model sharing "
+                 "qwen2.5-0.5b's vocabulary and tokenizer, for --speculative-config draft_model)")
+      ->check(CLI::IsMember({"tiny", "qwen2.5-0.5b", "qwen2.5-draft"}));
   app.add_option("--out", out_dir, "Output directory")->required();
   app.add_option("--dtype", dtype, "Weight dtype on disk")->check(CLI::IsMember({"bfloat16", "float16", "float32"}));
   app.add_option("--seed", seed, "Random seed (same seed, same checkpoint)");
@@ -40,7 +42,9 @@ int main(int argc, char** argv) {
   ferry::InitLogging("make-model");
 
   try {
-    auto shape = preset == "tiny" ? ferry::worker::TinyShape() : ferry::worker::Qwen2_5_0_5BShape();
+    auto shape = preset == "tiny"           ? ferry::worker::TinyShape()
+                 : preset == "qwen2.5-draft" ? ferry::worker::Qwen2_5_DraftShape()
+                                             : ferry::worker::Qwen2_5_0_5BShape();
     if (tokenizer_vocab == 0) tokenizer_vocab = preset == "tiny" ? 1024 : 8192;
     tokenizer_vocab = std::min(tokenizer_vocab, shape.vocab_size - 3);
     fs::create_directories(out_dir);

@@ -19,7 +19,9 @@ class Communicator;  // worker/comm/communicator.h
 
 // Speculative decoding (docs/speculative_decoding.md). Drafts are proposed by the worker and
 // verified in the same forward pass; the scheduler reserves their KV slots.
-enum class SpeculativeMethod { kNone, kNgram };
+// kNgram: prompt lookup; kDraftModel: a small model sharing the vocabulary proposes its greedy
+// continuation (vLLM's "draft_model").
+enum class SpeculativeMethod { kNone, kNgram, kDraftModel };
 
 struct SpeculativeConfig {
   SpeculativeMethod method = SpeculativeMethod::kNone;
@@ -27,6 +29,7 @@ struct SpeculativeConfig {
   // Prompt lookup: the longest suffix of n tokens, n in [min, max], that occurred before.
   int32_t prompt_lookup_min = 1;
   int32_t prompt_lookup_max = 4;
+  std::string draft_model;  // kDraftModel: its Hugging Face checkpoint directory
 };
 
 struct RunnerOptions {

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "worker/model/draft_proposer.h"
 #include "worker/model/ngram_proposer.h"
 #include "worker/model/step_validation.h"
 
@@ -75,6 +76,11 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   info_.supports_guided_decoding = guided_vocab_ != nullptr;
   info_.speculative = options.speculative;
   info_.speculative_methods = {SpeculativeMethod::kNgram};
+  if (options.speculative.method == SpeculativeMethod::kDraftModel) {
+    draft_ = std::make_unique<DraftProposer>(options.speculative.draft_model, model_options, info_.num_kv_blocks,
+                                             info_.block_size, info_.vocab_size, info_.max_model_len);
+    info_.speculative_methods.push_back(SpeculativeMethod::kDraftModel);
+  }
 }
 
 std::vector<SampledTokenOut> Qwen2Runner::Step(const StepSpec& step) {
@@ -116,31 +122,35 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   batch_ = ForwardBatch{};
   prompt_logprobs_.clear();
   prompt_token_rows_.clear();
-  drafts_.clear();
   speculation_ = {};
+  // Drafts first, for every sequence whose step reaches its end with lookahead slots (a draft
+  // model proposes for all of them together); then one target pass computes and verifies them.
+  std::vector<Sampling> planned = ProposeDrafts(step);
   std::vector<Sampling> sampling;  // in scheduled order, matching the logits rows
   std::vector<PromptRows> prompt_rows;
   int32_t num_rows = 0;
-  for (const ScheduledSpec& s : step.scheduled) {
-    Sequence& seq = seqs_.at(s.seq_id);
+  for (size_t i = 0; i < step.scheduled.size(); ++i) {
+    const ScheduledSpec& s = step.scheduled[i];
+    Sampling& p = planned[i];
+    Sequence& seq = *p.seq;
     const auto known = static_cast<int32_t>(seq.token_ids.size());
     const bool reaches_end = seq.num_computed + s.num_tokens == known;
-    const int32_t num_drafts = reaches_end ? Propose(seq, s.num_lookahead_tokens) : 0;
-    const auto draft_begin = static_cast<int32_t>(drafts_.size()) - num_drafts;
     // The drafts follow the known tokens for this pass only, in the slots the scheduler reserved:
     // rows for the last known token and each draft give the distributions that verify them.
-    seq.token_ids.insert(seq.token_ids.end(), drafts_.end() - num_drafts, drafts_.end());
+    seq.token_ids.insert(seq.token_ids.end(), drafts_.begin() + p.draft_begin,
+                         drafts_.begin() + p.draft_begin + p.num_drafts);
     const int32_t first_token_row = batch_.num_tokens();
-    batch_.AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens + num_drafts, seq.num_computed,
-                       seq.block_table, info_.block_size, reaches_end ? 1 + num_drafts : 0);
+    batch_.AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens + p.num_drafts, seq.num_computed,
+                       seq.block_table, info_.block_size, reaches_end ? 1 + p.num_drafts : 0);
     seq.token_ids.resize(static_cast<size_t>(known));
     if (seq.prompt_logprobs >= 0) {
       AddPromptRows(s.seq_id, seq, seq.num_computed, s.num_tokens, first_token_row, prompt_rows);
     }
     seq.num_computed += s.num_tokens;
     if (reaches_end) {
-      sampling.push_back({s.seq_id, &seq, num_rows, draft_begin, num_drafts});
-      num_rows += 1 + num_drafts;
+      p.first_row = num_rows;
+      sampling.push_back(p);
+      num_rows += 1 + p.num_drafts;
     }
   }
   std::vector<SampledTokenOut> out;
@@ -149,9 +159,14 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   const std::vector<float>& logits = model_->Forward(batch_, *cache_);
   if (options_.keep_logits) last_logits_.assign(logits.begin(), logits.end());
   for (const Sampling& s : sampling) {
+    const auto known = static_cast<int32_t>(s.seq->token_ids.size());
     // An accepted draft's K/V, written this pass, is valid; a rejected one's slot is the
     // scheduler's to reuse.
-    s.seq->num_computed += SampleAndVerify(s, logits.data() + int64_t{s.first_row} * info_.vocab_size, out);
+    const int32_t accepted = SampleAndVerify(s, logits.data() + int64_t{s.first_row} * info_.vocab_size, out);
+    s.seq->num_computed += accepted;
+    if (s.seq->speculative == SpeculativeMethod::kDraftModel && s.num_drafts > 0) {
+      s.seq->draft_computed = DraftProposer::ComputedAfter(known, s.num_drafts, accepted);
+    }
   }
   // The scheduler takes back the blocks that held only rejected drafts (or unused slots): the
   // table keeps what the computed tokens need, as the scheduler's lease does.
@@ -167,12 +182,31 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   return out;
 }
 
-int32_t Qwen2Runner::Propose(const Sequence& seq, int32_t max) {
-  if (max <= 0 || seq.speculative != SpeculativeMethod::kNgram) return 0;
-  const SpeculativeConfig& c = options_.speculative;
-  const int32_t n = ProposeNgram(seq.token_ids, c.prompt_lookup_min, c.prompt_lookup_max, max, proposal_);
-  drafts_.insert(drafts_.end(), proposal_.begin(), proposal_.begin() + n);
-  return n;
+std::vector<Qwen2Runner::Sampling> Qwen2Runner::ProposeDrafts(const StepSpec& step) {
+  drafts_.clear();
+  std::vector<Sampling> planned;
+  std::vector<DraftProposer::Request> draft_requests;
+  for (const ScheduledSpec& s : step.scheduled) {
+    Sequence& seq = seqs_.at(s.seq_id);
+    Sampling p{s.seq_id, &seq, 0, static_cast<int32_t>(drafts_.size()), 0};
+    const bool reaches_end = seq.num_computed + s.num_tokens == static_cast<int32_t>(seq.token_ids.size());
+    if (reaches_end && s.num_lookahead_tokens > 0) {
+      if (seq.speculative == SpeculativeMethod::kNgram) {
+        const SpeculativeConfig& c = options_.speculative;
+        p.num_drafts =
+            ProposeNgram(seq.token_ids, c.prompt_lookup_min, c.prompt_lookup_max, s.num_lookahead_tokens, proposal_);
+        drafts_.insert(drafts_.end(), proposal_.begin(), proposal_.begin() + p.num_drafts);
+      } else if (seq.speculative == SpeculativeMethod::kDraftModel) {
+        p.num_drafts = s.num_lookahead_tokens;
+        draft_requests.push_back({&seq.token_ids, &seq.block_table, &seq.draft_computed, p.num_drafts,
+                                  static_cast<size_t>(p.draft_begin)});
+        drafts_.resize(drafts_.size() + static_cast<size_t>(p.num_drafts));
+      }
+    }
+    planned.push_back(p);
+  }
+  if (!draft_requests.empty()) draft_->Propose(draft_requests, drafts_);
+  return planned;
 }
 
 SampleResult Qwen2Runner::SampleNext(Sequence& seq, const float* row) {

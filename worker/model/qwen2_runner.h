@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/model/draft_proposer.h"
 #include "worker/model/guided_decoding.h"
 #include "worker/model/model_runner.h"
 #include "worker/model/qwen2_model.h"
@@ -48,6 +49,7 @@ class Qwen2Runner final : public ModelRunner {
     std::unique_ptr<GuidedMatcher> guided;
     std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
     SpeculativeMethod speculative = SpeculativeMethod::kNone;
+    int32_t draft_computed = 0;  // kDraftModel: positions whose K/V the draft model's cache holds
   };
   // A sequence that samples this step: its logits rows [first_row, first_row + 1 + drafts).
   struct Sampling {
@@ -70,8 +72,8 @@ class Qwen2Runner final : public ModelRunner {
   void Validate(const StepSpec& step) const;
   void Apply(const StepSpec& step);
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
-  // Proposes up to `max` drafts for `seq` into drafts_; returns how many.
-  int32_t Propose(const Sequence& seq, int32_t max);
+  // Per scheduled sequence, its drafts in drafts_ (none short of its end or without lookahead).
+  std::vector<Sampling> ProposeDrafts(const StepSpec& step);
   // Samples the sequence's rows in order from `logits` ([rows, vocab]), accepting each draft the
   // draw equals, stopping at the first it does not: the tokens of the accepted drafts and one more,
   // appended to `out` and to the sequence. Returns the number of drafts accepted.
@@ -90,6 +92,7 @@ class Qwen2Runner final : public ModelRunner {
   ModelInfo info_;
   std::unique_ptr<Qwen2Model> model_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<DraftProposer> draft_;  // --speculative-config draft_model; else null
   // The vocabulary's bytes for guided decoding (tokenizer.json); null when the checkpoint has
   // no byte-level tokenizer.json, and then guided decoding is not supported.
   std::unique_ptr<GuidedVocab> guided_vocab_;

@@ -149,6 +149,16 @@ Qwen2Shape Qwen2_5_0_5BShape() {
   return s;
 }
 
+Qwen2Shape Qwen2_5_DraftShape() {
+  Qwen2Shape s = Qwen2_5_0_5BShape();
+  s.hidden_size = 256;
+  s.intermediate_size = 1024;
+  s.num_hidden_layers = 4;
+  s.num_attention_heads = 4;
+  s.num_key_value_heads = 2;
+  return s;
+}
+
 void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
                            const std::string& dir, const std::vector<int32_t>& eos_token_ids) {
   SafetensorsDtypeFromTorch(dtype);  // validates the spelling

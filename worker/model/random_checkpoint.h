@@ -31,6 +31,10 @@ Qwen2Shape TinyShape();
 // Qwen2.5-0.5B's geometry (~494M parameters): 24 layers, hidden 896, 14 / 2 heads,
 // intermediate 4864, vocab 151936, 32768 positions, rope_theta 1e6, tied, bos 151643, eos 151645.
 Qwen2Shape Qwen2_5_0_5BShape();
+// A draft model for speculative decoding beside Qwen2.5-0.5B (~45M parameters, most in its tied
+// embedding): 4 layers, hidden 256, 4 / 2 heads, intermediate 1024, and 0.5B's vocabulary, positions,
+// rope_theta and special tokens, so that the two share a tokenizer.
+Qwen2Shape Qwen2_5_DraftShape();
 
 // Writes <dir>/config.json, <dir>/generation_config.json and <dir>/model.safetensors (creating
 // dir). dtype is the on-disk dtype: "bfloat16" | "float16" | "float32". eos_token_ids goes to

@@ -61,8 +61,10 @@ class MiniScheduler {
   // lookahead > 0: speculative decoding by prompt lookup, with that many draft slots whenever a
   // step reaches the end of its tokens (the blocks past what the computed tokens need go back to
   // the pool after the step, as the scheduler's rollback does).
-  void Add(uint64_t id, std::vector<int32_t> prompt, SamplingOptions sampling = {}, int32_t lookahead = 0) {
+  void Add(uint64_t id, std::vector<int32_t> prompt, SamplingOptions sampling = {}, int32_t lookahead = 0,
+           SpeculativeMethod method = SpeculativeMethod::kNgram) {
     Seq& s = seqs_[id];
+    s.method = lookahead > 0 ? method : SpeculativeMethod::kNone;
     s.tokens = std::move(prompt);
     s.prompt_len = static_cast<int32_t>(s.tokens.size());
     s.sampling = sampling;
@@ -81,7 +83,7 @@ class MiniScheduler {
       if (!s.sent) {
         spec.new_sequences.push_back({.seq_id = id, .token_ids = s.tokens, .num_generated = s.num_generated(),
                                       .sampling = s.sampling,
-                                      .speculative = s.lookahead > 0 ? SpeculativeMethod::kNgram : SpeculativeMethod::kNone});
+                                      .speculative = s.method});
         s.sent = true;
       }
       const int32_t n = std::min<int32_t>(max_tokens, int32_t(s.tokens.size()) - s.num_computed);
@@ -179,6 +181,7 @@ class MiniScheduler {
     std::vector<int32_t> blocks;
     SamplingOptions sampling;
     int32_t lookahead = 0;
+    SpeculativeMethod method = SpeculativeMethod::kNone;
     bool sent = false;
     std::vector<std::vector<float>> logits;  // one [vocab] row per sample
     int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }

@@ -24,13 +24,18 @@ int32_t IntField(const nlohmann::json& j, const char* field, int32_t lo, int32_t
 }  // namespace
 
 const char* SpeculativeMethodName(SpeculativeMethod method) {
-  return method == SpeculativeMethod::kNgram ? "ngram" : "none";
+  switch (method) {
+    case SpeculativeMethod::kNgram: return "ngram";
+    case SpeculativeMethod::kDraftModel: return "draft_model";
+    default: return "none";
+  }
 }
 
 SpeculativeMethod ParseSpeculativeMethod(const std::string& name) {
   if (name.empty() || name == kSpeculativeNone) return SpeculativeMethod::kNone;
   if (name == kSpeculativeNgram) return SpeculativeMethod::kNgram;
-  throw std::invalid_argument("speculative method '" + name + "' is not one of none, ngram");
+  if (name == kSpeculativeDraftModel) return SpeculativeMethod::kDraftModel;
+  throw std::invalid_argument("speculative method '" + name + "' is not one of none, ngram, draft_model");
 }
 
 SpeculativeConfig ParseSpeculativeConfig(const std::string& json) {
@@ -45,18 +50,28 @@ SpeculativeConfig ParseSpeculativeConfig(const std::string& json) {
   if (!j.is_object()) Bad("must be a JSON object, got " + j.dump());
   for (const auto& [key, value] : j.items()) {
     if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_max" &&
-        key != "prompt_lookup_min") {
+        key != "prompt_lookup_min" && key != "model") {
       Bad("field '" + key + "' is not supported (method, num_speculative_tokens, prompt_lookup_max, "
-          "prompt_lookup_min; draft models are not implemented yet)");
+          "prompt_lookup_min, model)");
     }
   }
-  if (!j.contains("method") || !j["method"].is_string()) Bad("method must be a string (\"ngram\" or \"none\")");
+  if (!j.contains("method") || !j["method"].is_string()) {
+    Bad("method must be a string (\"ngram\", \"draft_model\" or \"none\")");
+  }
   try {
     c.method = ParseSpeculativeMethod(j["method"].get<std::string>());
   } catch (const std::invalid_argument& e) {
     Bad(std::string("method: ") + e.what());
   }
   if (c.method == SpeculativeMethod::kNone) return c;
+  if (c.method == SpeculativeMethod::kDraftModel) {
+    if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty()) {
+      Bad("model (the draft checkpoint's directory) is required with method draft_model");
+    }
+    c.draft_model = j["model"].get<std::string>();
+  } else if (j.contains("model")) {
+    Bad("model is for method draft_model, not " + std::string(SpeculativeMethodName(c.method)));
+  }
   if (!j.contains("num_speculative_tokens")) Bad("num_speculative_tokens is required with a method");
   c.num_speculative_tokens = IntField(j, "num_speculative_tokens", 1, kMaxSpeculativeTokens);
   constexpr int32_t kMaxLookup = 64;

@@ -33,13 +33,18 @@ class SpeculativeRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/11, "float32", dir_.str(), {2});
+    MakeRunner({SpeculativeMethod::kNgram, 4, 1, 3});
+  }
+  void MakeRunner(const SpeculativeConfig& speculative) {
     RunnerOptions options;
     options.model_dir = dir_.str();
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 256;
-    options.speculative = {SpeculativeMethod::kNgram, 4, 1, 3};
+    options.speculative = speculative;
+    runner_.reset();
     runner_ = std::make_unique<Qwen2Runner>(options);
+    method_ = speculative.method;
   }
 
   // Generates kNew tokens for each prompt, together, prefills chunked by `chunk`; with lookahead
@@ -52,7 +57,7 @@ class SpeculativeRunnerTest : public ::testing::Test {
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < prompts.size(); ++i) {
       ids.push_back(i + 1);
-      sched.Add(i + 1, prompts[i], sampling, lookahead);
+      sched.Add(i + 1, prompts[i], sampling, lookahead, method_);
     }
     bool preempted = false;
     for (;;) {
@@ -80,6 +85,7 @@ class SpeculativeRunnerTest : public ::testing::Test {
 
   TempDir dir_{"speculative_runner_test"};
   std::unique_ptr<Qwen2Runner> runner_;
+  SpeculativeMethod method_ = SpeculativeMethod::kNgram;
 };
 
 TEST_F(SpeculativeRunnerTest, GreedyTokensUnchangedAloneAndBatched) {
@@ -143,6 +149,52 @@ TEST_F(SpeculativeRunnerTest, LookaheadIsValidated) {
   ASSERT_GE(out.size(), 1u);
   EXPECT_LE(out.size(), 5u);
   EXPECT_EQ(runner_->TakeSpeculationCounts().num_draft_tokens, 4);
+}
+
+// A draft model that is the target itself proposes exactly the target's greedy tokens: every draft
+// is accepted, which holds only if the draft's own KV cache (in the target's blocks, caught up and
+// rolled forward per step) is right at every position.
+TEST_F(SpeculativeRunnerTest, DraftModelThatIsTheTargetHasEveryDraftAccepted) {
+  MakeRunner({SpeculativeMethod::kDraftModel, 3, 1, 4, dir_.str()});
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(1, false), Prompt(2, true), Prompt(8, false)};
+  SpeculationCounts counts;
+  int64_t steps = 0;
+  const auto speculative = Run(prompts, {}, 3, 5, /*preempt_at=*/10, &counts, &steps);
+  MakeRunner({});
+  EXPECT_EQ(speculative, Run(prompts, {}, 0, 5, 10));
+  EXPECT_GT(counts.num_draft_tokens, 0);
+  EXPECT_EQ(counts.num_accepted_tokens, counts.num_draft_tokens);
+}
+
+// Another model's drafts are mostly wrong; the tokens are the target's all the same, greedy and seeded.
+TEST_F(SpeculativeRunnerTest, OtherDraftModelLeavesTokensUnchanged) {
+  TempDir draft("speculative_runner_test_draft");
+  WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/99, "float32", draft.str(), {2});
+  SamplingOptions seeded;
+  seeded.temperature = 0.9f;
+  seeded.seed = 77;
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(3, true), Prompt(4, false)};
+  MakeRunner({});
+  const auto greedy = Run(prompts, {}, 0, 6), sampled = Run(prompts, seeded, 0, 6);
+  MakeRunner({SpeculativeMethod::kDraftModel, 4, 1, 4, draft.str()});
+  SpeculationCounts counts;
+  EXPECT_EQ(Run(prompts, {}, 4, 6, 0, &counts), greedy);
+  EXPECT_EQ(Run(prompts, seeded, 4, 6), sampled);
+  EXPECT_GT(counts.num_draft_tokens, 0);
+}
+
+TEST_F(SpeculativeRunnerTest, DraftModelOfAnotherVocabularyIsRefused) {
+  TempDir draft("speculative_runner_test_vocab");
+  Qwen2Shape shape = TinyShape();
+  shape.vocab_size = 1024;
+  WriteRandomQwen2Checkpoint(shape, 5, "float32", draft.str(), {2});
+  try {
+    MakeRunner({SpeculativeMethod::kDraftModel, 4, 1, 4, draft.str()});
+    FAIL() << "a draft of another vocabulary was loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab_size 1024 differs from the target's 2048"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
