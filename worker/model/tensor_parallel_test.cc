@@ -44,7 +44,7 @@ Qwen2Shape TpShape() {
 // lookahead > 0: speculative decoding by prompt lookup with that many draft slots a step (the
 // logits are then not recorded: rows are verified positions, not samples).
 Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std::string& quantization = "none",
-                    int32_t lookahead = 0) {
+                    int32_t lookahead = 0, SpeculativeMethod method = SpeculativeMethod::kNgram) {
   RunnerOptions options;
   options.model_dir = model_dir;
   options.dtype = "float32";
@@ -54,7 +54,8 @@ Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std:
   options.keep_logits = true;  // the test reads the logits
   options.num_threads = 1;  // two ranks share the machine's cores
   options.comm = comm;
-  options.speculative = {SpeculativeMethod::kNgram, lookahead, 1, 2};
+  // A draft model: the target itself, unsharded on each rank.
+  options.speculative = {method, lookahead, 1, 2, method == SpeculativeMethod::kDraftModel ? model_dir : ""};
   Qwen2Runner runner(options);
   Outcome out;
   out.tp_rank = runner.info().tp_rank;
@@ -66,7 +67,7 @@ Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std:
     std::vector<int32_t> prompt(3 + i * 5 % 23);
     for (size_t t = 0; t < prompt.size(); ++t) prompt[t] = (t * 131 + i * 977 + 3) % 2047;
     if (i % 2 == 0) prompt.insert(prompt.end(), prompt.begin(), prompt.end());  // something to copy
-    sched.Add(i, prompt, {}, lookahead);
+    sched.Add(i, prompt, {}, lookahead, method);
     ids.push_back(i);
   }
   sched.RunUntil(ids, kNumNew, 8);  // chunked prefill mixed with decodes
@@ -117,7 +118,8 @@ Outcome Load(const std::string& path) {
 
 // Child body: join the group, run, save; the exit status reports success.
 [[noreturn]] void RunRank(const std::string& model_dir, const std::string& store, int rank,
-                          const std::string& out_path, const std::string& quantization, int32_t lookahead) {
+                          const std::string& out_path, const std::string& quantization, int32_t lookahead,
+                          SpeculativeMethod method) {
   int status = 0;
   try {
     GlooOptions gloo;
@@ -126,7 +128,7 @@ Outcome Load(const std::string& path) {
     gloo.store_dir = store;
     gloo.timeout_s = 60;
     auto comm = CreateGlooCommunicator(gloo);
-    Save(RunWorkload(model_dir, comm.get(), quantization, lookahead), out_path);
+    Save(RunWorkload(model_dir, comm.get(), quantization, lookahead, method), out_path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     status = 1;
@@ -140,7 +142,8 @@ struct Runs {
   Outcome want, r0, r1;
 };
 // lookahead: the two ranks' (one rank runs without, for the plain tokens).
-Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int32_t lookahead = 0) {
+Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int32_t lookahead = 0,
+                       SpeculativeMethod method = SpeculativeMethod::kNgram) {
   const std::string model = dir.str() + "/model", store = dir.str() + "/store";
   std::filesystem::create_directories(store);
   WriteRandomQwen2Checkpoint(TpShape(), 21, "bfloat16", model, {});
@@ -148,7 +151,9 @@ Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int3
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
     EXPECT_GE(pid, 0);
-    if (pid == 0) RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), quantization, lookahead);
+    if (pid == 0) {
+      RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), quantization, lookahead, method);
+    }
     children.push_back(pid);
   }
   Runs runs;
@@ -222,6 +227,20 @@ TEST(TensorParallelTest, TwoRanksSpeculatingGiveThePlainTokens) {
   const Runs runs = RunOneAndTwoRanks(dir, "none", /*lookahead=*/3);
   if (::testing::Test::HasFailure()) return;
   EXPECT_EQ(runs.want.num_accepted, 0);
+  for (const Outcome* r : {&runs.r0, &runs.r1}) {
+    SCOPED_TRACE("rank " + std::to_string(r->tp_rank));
+    EXPECT_EQ(r->tokens, runs.want.tokens);
+    EXPECT_GT(r->num_accepted, 0);
+  }
+  EXPECT_EQ(runs.r0.num_accepted, runs.r1.num_accepted);
+}
+
+// A draft model runs whole on each rank: the target as its own draft has every draft accepted (its
+// greedy tokens are the target's), and the ranks stay in step.
+TEST(TensorParallelTest, TwoRanksWithADraftModelGiveThePlainTokens) {
+  TempDir dir("tp_draft_test");
+  const Runs runs = RunOneAndTwoRanks(dir, "none", /*lookahead=*/3, SpeculativeMethod::kDraftModel);
+  if (::testing::Test::HasFailure()) return;
   for (const Outcome* r : {&runs.r0, &runs.r1}) {
     SCOPED_TRACE("rank " + std::to_string(r->tp_rank));
     EXPECT_EQ(r->tokens, runs.want.tokens);
