@@ -129,13 +129,18 @@ def main():
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--prompt-lookup-max", type=int, default=4)
     ap.add_argument("--prompt-lookup-min", type=int, default=2)
+    ap.add_argument("--draft-model", help="a draft checkpoint: method draft_model instead of ngram")
     ap.add_argument("--launch-arg", action="append", default=[], help="extra ferry-launch argument (repeatable)")
     args = ap.parse_args()
 
     import grpc
 
-    config = json.dumps({"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
-                         "prompt_lookup_max": args.prompt_lookup_max, "prompt_lookup_min": args.prompt_lookup_min})
+    if args.draft_model:
+        config = json.dumps({"method": "draft_model", "model": args.draft_model,
+                             "num_speculative_tokens": args.num_speculative_tokens})
+    else:
+        config = json.dumps({"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+                             "prompt_lookup_max": args.prompt_lookup_max, "prompt_lookup_min": args.prompt_lookup_min})
     with tempfile.TemporaryDirectory() as tmp:
         pb, pb_grpc = stubs(tmp)
         ready = Path(tmp) / "stack.json"
