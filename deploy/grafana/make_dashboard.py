@@ -167,6 +167,17 @@ LAYOUT = [
                          "scrape it.", max_=1), 12),
     (timeseries("Worker step time", quantiles("ferry_worker_step_duration_seconds", SCHED, "container", (0.5, 0.95)),
                 "s", "Time to execute one step on each worker."), 12),
+    (timeseries("Speculative decoding", [
+        q(f'sum by (replica) (rate(ferry_worker_spec_decode_tokens_total{{{SCHED}, kind="accepted"}}[{RI}])) / '
+          f'sum by (replica) (rate(ferry_worker_spec_decode_tokens_total{{{SCHED}, kind="draft"}}[{RI}]))',
+          "{{replica}} acceptance rate"),
+        q(f'(sum by (replica) (rate(ferry_worker_spec_decode_tokens_total{{{SCHED}, kind="accepted"}}[{RI}])) + '
+          f'sum by (replica) (rate(ferry_worker_spec_decode_tokens_total{{{SCHED}, kind="drafts"}}[{RI}]))) / '
+          f'sum by (replica) (rate(ferry_worker_spec_decode_tokens_total{{{SCHED}, kind="drafts"}}[{RI}]))',
+          "{{replica}} tokens per speculating step")], "short",
+        "Drafts accepted / drafts verified, and tokens a speculating sequence gets per step (1 = no gain; at most "
+        "1 + num_speculative_tokens). Empty without --speculative-config or a request that asks "
+        "(docs/speculative_decoding.md)."), 12),
 
     # Losses are rare: counts over fixed windows read as "in the last 5 minutes / hour" at any zoom.
     (row("Worker failures and recovery"), 24),
