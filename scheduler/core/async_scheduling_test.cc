@@ -15,6 +15,7 @@ namespace ferry::scheduler {
 namespace {
 
 using testing::FakeWorker;
+using testing::Find;
 using testing::Harness;
 using testing::MakeBudget;
 using testing::MakeConfig;
@@ -25,12 +26,6 @@ SchedulerConfig AsyncConfig(int32_t num_kv_blocks = 64, int32_t block_size = 4) 
   SchedulerConfig cfg = MakeConfig(num_kv_blocks, block_size, /*max_model_len=*/128);
   cfg.max_steps_in_flight = 2;
   return cfg;
-}
-
-const ScheduledSequence* Find(const StepPlan& plan, uint64_t id) {
-  auto it = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
-                         [&](const ScheduledSequence& s) { return s.seq_id == id; });
-  return it == plan.scheduled.end() ? nullptr : &*it;
 }
 
 bool Has(const std::vector<uint64_t>& ids, uint64_t id) {

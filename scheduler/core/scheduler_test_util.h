@@ -40,6 +40,13 @@ inline SchedulerConfig MakeConfig(int32_t num_kv_blocks = 256, int32_t block_siz
 
 inline TimePoint Ms(int64_t ms) { return TimePoint(std::chrono::milliseconds(ms)); }
 
+// The plan's entry for `id`; nullptr when it is not scheduled.
+inline const ScheduledSequence* Find(const StepPlan& plan, uint64_t id) {
+  auto it = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
+                         [&](const ScheduledSequence& s) { return s.seq_id == id; });
+  return it == plan.scheduled.end() ? nullptr : &*it;
+}
+
 inline Budget MakeBudget(int32_t max_num_seqs = 256, int32_t max_num_batched_tokens = 8192) {
   return Budget{.max_num_seqs = max_num_seqs, .max_num_batched_tokens = max_num_batched_tokens};
 }

@@ -16,6 +16,7 @@ namespace ferry::scheduler {
 namespace {
 
 using testing::FakeWorker;
+using testing::Find;
 using testing::Harness;
 using testing::MakeBudget;
 using testing::MakeConfig;
@@ -27,12 +28,6 @@ RequestSpec Speculating(uint64_t id, int32_t k, RequestOptions o) {
   r.sampling.speculative_method = "ngram";
   r.sampling.num_speculative_tokens = k;
   return r;
-}
-
-const ScheduledSequence* Find(const StepPlan& plan, uint64_t id) {
-  auto it = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
-                         [&](const ScheduledSequence& s) { return s.seq_id == id; });
-  return it == plan.scheduled.end() ? nullptr : &*it;
 }
 
 TEST(SpeculativeSchedulingTest, DecodesGetSlotsWithinEveryLimit) {

@@ -37,6 +37,7 @@ def load_stubs():
 
 
 def start_stack(args):
+    """ferry-launch on args.model from args.build_dir with args.launch_arg; (process, its ready file's ports)."""
     run = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
     ready = run / "stack.json"
     cmd = [str(Path(args.build_dir) / "bin" / "ferry-launch"), "--model", args.model, "--port", "0",
@@ -46,8 +47,7 @@ def start_stack(args):
         if proc.poll() is not None:
             sys.exit(f"ferry-launch failed; see {run / 'launch.log'}")
         time.sleep(0.1)
-    ports = json.loads(ready.read_text())
-    return proc, f"127.0.0.1:{ports['gateway']['grpc_port']}"
+    return proc, json.loads(ready.read_text())
 
 
 def percentile(values, p):
@@ -73,7 +73,10 @@ def main():
         ap.error("give --model or --target")
 
     pb, pb_grpc = load_stubs()
-    proc, target = (None, args.target) if args.target else start_stack(args)
+    proc, target = None, args.target
+    if not target:
+        proc, ports = start_stack(args)
+        target = f"127.0.0.1:{ports['gateway']['grpc_port']}"
     try:
         stub = pb_grpc.GenerationStub(grpc.insecure_channel(target))
         rng = random.Random(args.seed)

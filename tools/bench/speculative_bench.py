@@ -13,20 +13,19 @@ documents (README.md and docs/*.md: English prose with code and identifiers), an
 sources: tasks whose answer naturally copies long spans of the prompt. How it is built is fixed here
 (PROMPT_TEMPLATES, the paragraph rule in paragraphs()), never tuned on the results.
 
-    python3 tools/bench/speculative_bench.py --bin-dir build/bin --model /tmp/q05 --max-tokens 128
+    python3 tools/bench/speculative_bench.py --build-dir build --model /tmp/q05 --max-tokens 128
 """
 import argparse
 import json
+import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from e2e_load import REPO, load_stubs, start_stack  # tools/bench/e2e_load.py, beside this file
 
 PROMPT_TEMPLATES = [
     "Fix the spelling and grammar in the text below. Return the whole text, otherwise unchanged.\n\n"
@@ -65,17 +64,6 @@ def prompt_set(num_docs):
         prompts.append(PROMPT_TEMPLATES[i % 3].format(doc=doc))
     prompts += [PROMPT_TEMPLATES[3].format(code=c) for c in code]
     return prompts
-
-
-def stubs(tmp):
-    from grpc_tools import protoc
-
-    protos = sorted(str(p.relative_to(REPO / "proto")) for p in (REPO / "proto").rglob("*.proto"))
-    if protoc.main(["protoc", f"-I{REPO / 'proto'}", f"--python_out={tmp}", f"--grpc_python_out={tmp}", *protos]):
-        sys.exit("protoc failed")
-    sys.path.insert(0, str(tmp))
-    from ferry.v1 import generation_pb2, generation_pb2_grpc
-    return generation_pb2, generation_pb2_grpc
 
 
 def spec_counts(metrics_url):
@@ -122,7 +110,7 @@ def run_one(stub, pb, prompt, max_tokens, method):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin-dir", default=str(REPO / "build/bin"))
+    ap.add_argument("--build-dir", default=os.environ.get("FERRY_BUILD_DIR", str(REPO / "build")))
     ap.add_argument("--model", required=True)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-docs", type=int, default=12, help="paragraphs (plus a third as many code snippets)")
@@ -141,26 +129,16 @@ def main():
     else:
         config = json.dumps({"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
                              "prompt_lookup_max": args.prompt_lookup_max, "prompt_lookup_min": args.prompt_lookup_min})
-    with tempfile.TemporaryDirectory() as tmp:
-        pb, pb_grpc = stubs(tmp)
-        ready = Path(tmp) / "stack.json"
-        log = open(Path(tmp) / "launch.log", "wb")
-        cmd = [f"{args.bin_dir}/ferry-launch", "--model", args.model, "--port", "0", "--run-dir", tmp,
-               "--ready-file", str(ready), "--speculative-config", config, *args.launch_arg]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + 600
-            while not ready.exists():
-                if proc.poll() is not None or time.time() > deadline:
-                    sys.exit("the stack did not start:\n" + (Path(tmp) / "launch.log").read_text()[-3000:])
-                time.sleep(0.2)
-            ports = json.loads(ready.read_text())
-            metrics = f"http://127.0.0.1:{ports['workers'][0]['metrics_port']}/metrics"
-            stub = pb_grpc.GenerationStub(grpc.insecure_channel(f"127.0.0.1:{ports['gateway']['grpc_port']}"))
-            return measure(stub, pb, metrics, args, config)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+    pb, pb_grpc = load_stubs()
+    args.launch_arg = ["--speculative-config", config, *args.launch_arg]
+    proc, ports = start_stack(args)
+    try:
+        metrics = f"http://127.0.0.1:{ports['workers'][0]['metrics_port']}/metrics"
+        stub = pb_grpc.GenerationStub(grpc.insecure_channel(f"127.0.0.1:{ports['gateway']['grpc_port']}"))
+        return measure(stub, pb, metrics, args, config)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 def measure(stub, pb, metrics, args, config):
