@@ -189,11 +189,6 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.now_s = Seconds(now);
   obs.num_running = core_.num_running();
   obs.num_waiting = core_.num_waiting();
-  if (controller_.options().mode == ControllerMode::kSlo) {  // a scan of the queue only slo reads
-    const auto oldest = core_.OldestWaitingArrival(controller_.options().slo.lanes);
-    // Arrival was read before the request entered the inbox, `now` after: never negative.
-    obs.oldest_wait_s = oldest ? std::chrono::duration<double>(now - *oldest).count() : 0.0;
-  }
   if (controller_.ReadsQueueAt(obs.now_s)) {  // a scan of the queue only goodput reads, when it adjusts
     obs.num_waiting_slo = core_.NumWaitingIn(controller_.options().slo.lanes);
   }

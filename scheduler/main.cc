@@ -44,12 +44,12 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
-  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: static, load-level, slo, goodput")
+  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: static, load-level, goodput (slo: the same as goodput)")
       ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
-  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "slo mode: time-to-first-token target");
-  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: time-per-output-token target");
-  app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");
-  app.add_option("--slo-lane", f.slo_lanes, "slo mode: only these lanes' requests count (repeatable; default all)");
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target");
+  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target");
+  app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
+  app.add_option("--slo-lane", f.slo_lanes, "goodput and load-level modes: only these lanes' requests count toward the targets; the others are batch work (repeatable; default all)");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "Share full KV blocks of identical prefixes (default on)");
   app.add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,

@@ -28,12 +28,6 @@ std::deque<double> Values(const Deque& d) {
   return out;
 }
 
-std::string Fmt(const char* format, double a, double b = 0, double c = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), format, a, b, c);
-  return buf;
-}
-
 void Validate(const ControllerOptions& o) {
   if (o.min_num_seqs < 1) throw std::invalid_argument("controller min_num_seqs must be >= 1");
   if (o.max_num_seqs < o.min_num_seqs) {
@@ -53,9 +47,6 @@ void Validate(const ControllerOptions& o) {
   if (!(o.slo.percentile > 0 && o.slo.percentile <= 100)) {
     throw std::invalid_argument("controller SLO percentile must be in (0, 100]");
   }
-  if (!(o.slo.decrease_factor > 0 && o.slo.decrease_factor < 1)) {
-    throw std::invalid_argument("controller decrease_factor must be in (0, 1)");
-  }
 }
 
 }  // namespace
@@ -64,7 +55,6 @@ const char* ControllerModeName(ControllerMode mode) {
   switch (mode) {
     case ControllerMode::kStatic: return "static";
     case ControllerMode::kLoadLevel: return "load-level";
-    case ControllerMode::kSlo: return "slo";
     case ControllerMode::kGoodput: return "goodput";
   }
   return "?";
@@ -73,10 +63,11 @@ const char* ControllerModeName(ControllerMode mode) {
 ControllerMode ParseControllerMode(const std::string& name) {
   if (name == "static") return ControllerMode::kStatic;
   if (name == "load-level") return ControllerMode::kLoadLevel;
-  if (name == "slo") return ControllerMode::kSlo;
-  if (name == "goodput") return ControllerMode::kGoodput;
+  // "slo" named a rule-based controller that failed on traces it was not
+  // tuned on; configurations that name it get the model (controller.h).
+  if (name == "goodput" || name == "slo") return ControllerMode::kGoodput;
   throw std::invalid_argument("controller mode \"" + name +
-                              "\" is not one of static, load-level, slo, goodput");
+                              "\" is not one of static, load-level, goodput (slo: the same as goodput)");
 }
 
 static std::vector<LoadLevel> DefaultLoadLevels(int32_t min_num_seqs, int32_t max_num_seqs) {
@@ -112,13 +103,12 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
   switch (options_.mode) {
     case ControllerMode::kStatic: num_seqs_ = options_.max_num_seqs; break;
     case ControllerMode::kLoadLevel: {
-      // The level nearest a quarter of the bound (slo's start) until the model has data.
+      // The level nearest a quarter of the bound (goodput's start) until the model has data.
       const auto& levels = options_.load.levels;
       for (level_ = 0; level_ + 1 < levels.size() && levels[level_ + 1].num_seqs <= options_.max_num_seqs / 4;) ++level_;
       num_seqs_ = clamp(levels[level_].num_seqs);
       break;
     }
-    case ControllerMode::kSlo:
     case ControllerMode::kGoodput:
       num_seqs_ = clamp(options_.initial_num_seqs > 0 ? options_.initial_num_seqs
                                                       : options_.max_num_seqs / 4);
@@ -127,7 +117,7 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
 }
 
 void Controller::OnCompletion(const RequestCompletion& done) {
-  if (options_.mode != ControllerMode::kSlo && !UsesModel()) return;
+  if (!UsesModel()) return;
   if (done.num_output_tokens > 0) outputs_.push_back({done.now_s, static_cast<double>(done.num_output_tokens)});
   // KV is shared by every lane, so the context estimate counts them all.
   if (done.num_tokens > 0) {
@@ -140,7 +130,7 @@ void Controller::OnCompletion(const RequestCompletion& done) {
     held_weights_.push_back({done.now_s, weight});
   }
   if (!CountsLane(done.lane)) return;
-  if (UsesModel() && done.num_output_tokens > 0) {
+  if (done.num_output_tokens > 0) {
     slo_outputs_.push_back({done.now_s, static_cast<double>(done.num_output_tokens)});
   }
   ttft_.push_back({done.now_s, done.ttft_s});
@@ -185,14 +175,12 @@ int32_t Controller::Step(const StepObservation& obs) {
   if (obs.last_step_s > 0 && obs.last_step_tokens > 0) {
     steps_.Add(obs.now_s, obs.last_step_s,
                obs.last_step_seqs > 0 ? obs.last_step_seqs : obs.num_running, obs.last_step_tokens);
-    ++steps_since_change_;
   }
   preemptions_since_adjust_ += obs.num_preemptions;
   Expire(obs.now_s);
   switch (options_.mode) {
     case ControllerMode::kStatic: break;
     case ControllerMode::kLoadLevel: StepLoadLevel(obs); break;
-    case ControllerMode::kSlo: StepSlo(obs); break;
     case ControllerMode::kGoodput: StepGoodput(obs); break;
   }
   return num_seqs_;
@@ -200,9 +188,8 @@ int32_t Controller::Step(const StepObservation& obs) {
 
 void Controller::Expire(double now_s) {
   // The model reads the other lanes' arrivals over a longer window.
-  const double rate_from = now_s - (UsesModel()
-                                        ? std::max(options_.load.rate_window_s, options_.goodput.other_rate_window_s)
-                                        : options_.load.rate_window_s);
+  const double rate_from =
+      now_s - std::max(options_.load.rate_window_s, options_.goodput.other_rate_window_s);
   for (auto* d : {&arrivals_, &slo_arrivals_}) {
     while (!d->empty() && d->front().time_s < rate_from) d->pop_front();
   }
@@ -230,131 +217,6 @@ double Controller::RateOver(const std::deque<TimedValue>& d, double now_s, doubl
   return n / std::clamp(now_s - first_step_s_, time_unit_s_, window_s);
 }
 
-double Controller::SeatsFor(const Batch& batch, double target_s, double now_s) const {
-  if (now_s <= 0) return options_.max_num_seqs;
-  // The fitted cost of one more sequence when the window supports a fit;
-  // otherwise step time in proportion to the batch (an upper bound: a fixed
-  // part of the step does not grow at all).
-  const double seats = batch.per_seq_s ? batch.running + (target_s - now_s) / *batch.per_seq_s
-                                       : batch.running * target_s / now_s;
-  return std::min<double>(seats, options_.max_num_seqs);
-}
-
-void Controller::ForgetPastCap() {
-  ttft_.clear();
-  tpot_.clear();
-  steps_since_change_ = 0;
-}
-
-void Controller::StepSlo(const StepObservation& obs) {
-  const SloOptions& o = options_.slo;
-  if (obs.now_s - last_adjust_s_ < o.adjust_interval_s) return;
-  // Too few steps under the current cap to judge it (idle, or just changed).
-  if (steps_since_change_ < kMinStepsToJudge) return;
-  const bool has_samples = static_cast<int32_t>(ttft_.size()) >= o.min_samples;
-  ttft_p_s_ = has_samples ? Percentile(Values(ttft_), o.percentile) : 0.0;
-  tpot_p_s_ = has_samples ? Percentile(Values(tpot_), o.percentile) : 0.0;
-  // The mean of the latest steps under the current cap leads per-request
-  // TPOT (a request's TPOT averages its steps). Not a percentile of steps:
-  // one step that carries a long prefill chunk is several decode steps long,
-  // yet it adds only one token's delay to each running request.
-  const int32_t num_recent = std::min(steps_since_change_, std::max(1, o.step_window));
-  const Batch batch{std::max(1, std::min(num_seqs_, obs.num_running)),
-                    steps_.RecentMean(static_cast<size_t>(num_recent)), steps_.MarginalSeqCost()};
-  const double step_mean = batch.step_mean_s;
-  const int32_t preempted = preemptions_since_adjust_;
-  preemptions_since_adjust_ = 0;
-  last_adjust_s_ = obs.now_s;
-  const size_t changes_before = changes_.size();
-  bool is_backlog_raise = false;
-  // A full pool costs nothing by itself when a preempted sequence resumes
-  // from the cache; without the cache, high usage foretells recomputes.
-  const bool is_pool_full = !obs.resumes_from_cache && obs.kv_usage > o.kv_high_usage;
-  if (preempted > 0 || is_pool_full) {
-    // KV pressure: preemption by recompute is the pool's normal overflow
-    // valve, so step down gently (a multiplicative cut here oscillates
-    // around the cap that fits and starves queued work).
-    const int32_t kv_cut = std::max(options_.min_num_seqs, num_seqs_ - std::max(1, num_seqs_ / 8));
-    if (kv_cut < num_seqs_) {
-      Change(obs.now_s, kv_cut, "cut",
-             Fmt("kv pressure: %.0f preemptions, kv usage %.2f (limit %.2f)", preempted,
-                 obs.kv_usage, o.kv_high_usage));
-    }
-  } else if (IsBacklogged(obs) && RaiseLimit(obs, batch) <= num_seqs_) {
-    RaiseForBacklog(obs, batch);
-    is_backlog_raise = true;
-  } else if (tpot_p_s_ > o.tpot_target_s || step_mean > o.tpot_target_s) {
-    // Cut to the seats whose predicted step time meets the target, by at
-    // least one seat and at most down to decrease_factor of the cap. (Of the
-    // cap, not of the batch running now: between bursts one sequence may
-    // run, and a TPOT percentile of the burst before would cut to 1.)
-    const double fit = SeatsFor(batch, o.tpot_target_s, std::max(step_mean, tpot_p_s_));
-    const int32_t cut = std::max(
-        {options_.min_num_seqs, KeepUpFloor(obs.now_s),
-         std::clamp(static_cast<int32_t>(std::floor(fit)),
-                    static_cast<int32_t>(std::floor(num_seqs_ * o.decrease_factor)), num_seqs_ - 1)});
-    if (cut < num_seqs_) {
-      Change(obs.now_s, cut, "cut",
-             Fmt("tpot p%.0f %.1f ms (steps %.1f ms) > target", o.percentile,
-                 1e3 * tpot_p_s_, 1e3 * step_mean) +
-                 Fmt(" %.1f ms", 1e3 * o.tpot_target_s));
-    }
-  } else {
-    MaybeRaise(obs, batch);
-  }
-  // Completions and steps so far ran under the old cap; judging the new one
-  // by them would repeat a cut (or a raise) that has already been made.
-  if (changes_.size() != changes_before) ForgetPastCap();
-  in_backlog_ = is_backlog_raise;
-}
-
-bool Controller::IsBacklogged(const StepObservation& obs) const {
-  if (obs.num_running < num_seqs_ || obs.num_waiting == 0) return false;
-  return ttft_p_s_ > options_.slo.ttft_target_s || obs.oldest_wait_s > options_.slo.ttft_target_s;
-}
-
-bool Controller::IsQueueBuilding(const StepObservation& obs) const {
-  const SloOptions& o = options_.slo;
-  if (obs.oldest_wait_s >= 0) return obs.oldest_wait_s > o.queue_wait_share * o.ttft_target_s;
-  return ttft_p_s_ > o.ttft_target_s;
-}
-
-int32_t Controller::KeepUpFloor(double now_s) const {
-  if (keep_up_seats_ == 0 || keep_up_rate_ <= 0) return 0;
-  // The seats a queue needs to keep up grow with the arrival rate (Little's
-  // law at a given step time), so the floor follows the rate down.
-  const double share = std::min(1.0, ArrivalRate(now_s) / keep_up_rate_);
-  return static_cast<int32_t>(std::floor(keep_up_seats_ * share));
-}
-
-void Controller::RaiseForBacklog(const StepObservation& obs, const Batch& batch) {
-  // Requests miss TTFT in the queue behind a full cap: the cap that holds the
-  // TPOT target does not keep up with the arrivals, and the queue grows until
-  // every request misses. Keeping up comes first: a sequence a little over
-  // the TPOT target may still meet it, one that waits in a growing queue
-  // cannot. Only the KV pool bounds this raise. Its steps drain the backlog
-  // (they overshoot: TTFT lags the queue); the seat after the cap where the
-  // queue grew (the first raise of a run, not the overshoot) becomes a floor
-  // for TPOT cuts, scaled with the arrival rate, so the cap does not fall
-  // back to where the queue grew (docs/benchmarks/scheduler.md 3f, 3g).
-  const int32_t limit = KvRaiseLimit(obs);
-  if (num_seqs_ >= limit) return;
-  int32_t step = std::max(1, num_seqs_ / 8);
-  if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 4);  // deep queue: faster
-  const int32_t to = std::min(limit, num_seqs_ + step);
-  if (!in_backlog_ && num_seqs_ + 1 > KeepUpFloor(obs.now_s)) {
-    keep_up_seats_ = num_seqs_ + 1;
-    keep_up_rate_ = ArrivalRate(obs.now_s);
-  }
-  Change(obs.now_s, to, "raise",
-         Fmt("backlog: %.0f waiting, ", obs.num_waiting) +
-             (obs.oldest_wait_s >= 0 ? Fmt("oldest waited %.0f ms", 1e3 * obs.oldest_wait_s)
-                                     : std::string("oldest wait not measured")) +
-             Fmt(", ttft p%.0f", options_.slo.percentile) +
-             Fmt(" %.0f ms (target %.0f ms)", 1e3 * ttft_p_s_, 1e3 * options_.slo.ttft_target_s) +
-             Fmt("; keeping up before tpot %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s)));
-}
-
 int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
   const SloOptions& o = options_.slo;
   int32_t limit = options_.max_num_seqs;
@@ -362,7 +224,7 @@ int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
     // What the whole pool holds at the KV each running sequence holds now.
     // The rule below undercounts seats here: shared prefix blocks are held
     // once. On a long-context trace at saturation that rule (then on final
-    // contexts) held slo at 0.70-0.97 of the best static cap
+    // contexts) held the controller at 0.70-0.97 of the best static cap
     // (docs/benchmarks/scheduler.md 3e).
     const double held = obs.kv_usage / static_cast<double>(obs.num_running);
     limit = std::min(limit, std::max(obs.num_running, static_cast<int32_t>(1.0 / held)));
@@ -382,53 +244,13 @@ int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
   return std::max(limit, options_.min_num_seqs);
 }
 
-int32_t Controller::RaiseLimit(const StepObservation& obs, const Batch& batch) const {
-  const SloOptions& o = options_.slo;
-  int32_t limit = KvRaiseLimit(obs);
-  // Never past the seats whose predicted mean step time reaches the aim
-  // (raise_headroom of the target), nor those whose predicted TPOT
-  // percentile reaches half that headroom: a percentile already includes
-  // most of the spread the headroom on the mean allows for. So a raise does
-  // not overshoot the target on its own.
-  const double headroom = IsQueueBuilding(obs) ? o.queue_headroom : o.raise_headroom;
-  double fit = SeatsFor(batch, headroom * o.tpot_target_s, batch.step_mean_s);
-  if (tpot_p_s_ > 0) {
-    const double percentile_aim = 0.5 * (1.0 + headroom) * o.tpot_target_s;
-    fit = std::min(fit, SeatsFor(batch, percentile_aim, tpot_p_s_));
-  }
-  limit = std::min(limit, static_cast<int32_t>(std::floor(std::max(0.0, fit))));
-  return std::max(limit, options_.min_num_seqs);
-}
-
-void Controller::MaybeRaise(const StepObservation& obs, const Batch& batch) {
-  const SloOptions& o = options_.slo;
-  // Work waiting behind a full cap: more seats. (A TTFT miss with a full cap
-  // and a queue is queueing, which more seats relieve; with seats free, a
-  // smaller cap would not help TTFT either.)
-  const bool is_cap_full = obs.num_running >= num_seqs_ && obs.num_waiting > 0;
-  if (!is_cap_full || (!obs.resumes_from_cache && obs.kv_usage >= o.kv_raise_limit)) return;
-  const int32_t limit = RaiseLimit(obs, batch);
-  if (num_seqs_ >= limit) return;
-  int32_t step = o.increase_step > 0 ? o.increase_step : std::max(1, num_seqs_ / 8);
-  if (obs.num_waiting > num_seqs_) step = std::max(step, num_seqs_ / 2);  // deep queue: faster
-  const int32_t to = std::min(limit, num_seqs_ + step);
-  std::string why = Fmt("%.0f waiting behind a full cap; ttft p%.0f %.0f ms", obs.num_waiting,
-                        o.percentile, 1e3 * ttft_p_s_);
-  if (IsQueueBuilding(obs) && obs.oldest_wait_s >= 0) {
-    why += Fmt(", oldest waited %.0f ms (aim %.0f%% of tpot)", 1e3 * obs.oldest_wait_s,
-               100 * o.queue_headroom);
-  }
-  Change(obs.now_s, to, "raise",
-         why + Fmt(", tpot %.1f ms <= %.1f ms", 1e3 * std::max(tpot_p_s_, batch.step_mean_s),
-                   1e3 * o.tpot_target_s));
-}
-
 void Controller::Set(int32_t num_seqs, double now_s) {
   const int32_t to = std::clamp(num_seqs, options_.min_num_seqs, options_.max_num_seqs);
   last_adjust_s_ = now_s;
   Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + ")");
-  keep_up_seats_ = 0;  // the operator's cap replaces what a backlog taught
-  ForgetPastCap();
+  // The reported percentiles describe the cap the operator replaced.
+  ttft_.clear();
+  tpot_.clear();
 }
 
 void Controller::Change(double now_s, int32_t to, std::string level, std::string reason) {

@@ -424,14 +424,6 @@ int32_t SchedulerCore::RequeueAll() {
   return static_cast<int32_t>(state_.sequences.size());
 }
 
-std::optional<TimePoint> SchedulerCore::OldestWaitingArrival(const std::vector<std::string>& lanes) const {
-  const TimePoint oldest = state_.waiting.OldestUnstartedArrival([&](const Sequence& s) {
-    return lanes.empty() || std::find(lanes.begin(), lanes.end(), s.spec.lane) != lanes.end();
-  });
-  if (oldest == TimePoint::max()) return std::nullopt;
-  return oldest;
-}
-
 int32_t SchedulerCore::NumWaitingIn(const std::vector<std::string>& lanes) const {
   if (lanes.empty()) return num_waiting();
   int32_t n = 0;

@@ -99,11 +99,6 @@ class SchedulerCore {
 
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
-  // The earliest arrival among waiting requests that have no token yet, of the
-  // lanes in `lanes` (empty: every lane); nullopt when none waits. How long
-  // the head of the queue has waited is a TTFT being missed now, long before
-  // the request completes (the slo controller's queue signal).
-  std::optional<TimePoint> OldestWaitingArrival(const std::vector<std::string>& lanes) const;
   // Waiting requests of the lanes in `lanes` (empty: every lane): a scan of
   // the queue (the goodput controller's demand per lane class).
   int32_t NumWaitingIn(const std::vector<std::string>& lanes) const;

@@ -113,26 +113,6 @@ TEST(SchedulerCoreTest, EmptyWhenIdle) {
   EXPECT_FALSE(core.is_step_in_flight());
 }
 
-// The slo controller's queue signal: the oldest waiting request of the given
-// lanes that has no token yet (a preempted one already had its first token).
-TEST(SchedulerCoreTest, OldestWaitingArrivalCountsOnlyUnstartedRequestsOfTheLanes) {
-  SchedulerCore core(MakeConfig());
-  EXPECT_FALSE(core.OldestWaitingArrival({}).has_value());
-  core.Add(MakeRequest(1, {.priority = 1, .arrival_ms = 100, .lane = "interactive"}));
-  core.Add(MakeRequest(2, {.arrival_ms = 50, .lane = "batch"}));
-  core.Add(MakeRequest(3, {.priority = 1, .arrival_ms = 200, .lane = "interactive"}));
-  EXPECT_EQ(core.OldestWaitingArrival({}), testing::Ms(50));
-  EXPECT_EQ(core.OldestWaitingArrival({"interactive"}), testing::Ms(100));
-  EXPECT_EQ(core.OldestWaitingArrival({"batch"}), testing::Ms(50));
-  EXPECT_FALSE(core.OldestWaitingArrival({"other"}).has_value());
-  // Seq 1 runs and gets its first token: seq 3 is the oldest interactive one.
-  StepPlan plan = core.Plan(MakeBudget(/*max_num_seqs=*/1), testing::Ms(300));
-  ASSERT_EQ(plan.scheduled.size(), 1u);
-  ASSERT_EQ(plan.scheduled[0].seq_id, 1u);
-  core.Commit(plan, {{1, 50}});
-  EXPECT_EQ(core.OldestWaitingArrival({"interactive"}), testing::Ms(200));
-}
-
 TEST(SchedulerCoreTest, FirstPlanSendsPromptAndBlocks) {
   SchedulerCore core(MakeConfig(/*num_kv_blocks=*/16, /*block_size=*/4));
   RequestSpec r = MakeRequest(7, {.prompt_len = 10});

@@ -82,19 +82,6 @@ bool WaitingQueue::Remove(const Sequence* seq) {
   return true;
 }
 
-TimePoint WaitingQueue::OldestUnstartedArrival(const std::function<bool(const Sequence&)>& counts) const {
-  TimePoint oldest = TimePoint::max();
-  for (const auto& [priority, queue] : by_priority_) {
-    for (const Sequence* s : queue) {
-      if (s->num_generated() > 0 || !counts(*s)) continue;
-      oldest = std::min(oldest, s->spec.arrival);
-      // Only preempted sequences are out of arrival order, and they sit in front.
-      if (!s->has_started()) break;
-    }
-  }
-  return oldest;
-}
-
 Sequence* WaitingQueue::NextInOrder(TimePoint now, int32_t aging_interval_ms) const {
   Cursor* best = nullptr;
   int64_t best_priority = 0;

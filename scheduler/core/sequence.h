@@ -99,10 +99,6 @@ class WaitingQueue {
     return lane_index >= 0 && static_cast<size_t>(lane_index) < lane_counts_.size()
                ? lane_counts_[static_cast<size_t>(lane_index)] : 0;
   }
-  // The earliest arrival among waiting sequences without a generated token
-  // that `counts`; TimePoint::max() when there is none. Stops in each
-  // priority at the first match never admitted (arrival order from there on).
-  TimePoint OldestUnstartedArrival(const std::function<bool(const Sequence&)>& counts) const;
   // Visits waiting sequences in queue order at `now` until `fn(Sequence&)` returns false.
   // `fn` must not change the queue. (A template, not a std::function: the planner's
   // closure would be allocated every step.)

@@ -106,8 +106,6 @@ std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<
   for (size_t i = 0; i < out.size(); ++i) {
     const double tpot = o.tpot_slos_s[i];
     if (!o.only_goodput) {
-      const SimOptions so = CellOptions(cost, ControllerMode::kSlo, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
-      out[i].slo_good = Good(RunSimulation(trace, cost, so), o.ttft_slo_s, tpot);
       const SimOptions lo = CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
       out[i].load_level_good = Good(RunSimulation(trace, cost, lo), o.ttft_slo_s, tpot);
     }
@@ -242,11 +240,10 @@ std::string Stats(const RatioStats& s) {
 }
 
 // Ratios of one mode over the traces of `cells` (only the hard ones if asked).
-enum class Mode { kSlo, kLoadLevel, kGoodput };
+enum class Mode { kLoadLevel, kGoodput };
 
 int64_t GoodOf(const TraceOutcome& t, Mode mode) {
   switch (mode) {
-    case Mode::kSlo: return t.slo_good;
     case Mode::kLoadLevel: return t.load_level_good;
     case Mode::kGoodput: return t.goodput_good;
   }
@@ -276,7 +273,7 @@ std::string Row(const std::string& label, const std::vector<const HeldOutCell*>&
   std::snprintf(buf, sizeof(buf), "| %s | %zu (%zu) | %s | %zu | ", label.c_str(), traces, none, one_cap.c_str(), hard);
   std::string row = buf;
   for (bool hard_only : {false, true}) {
-    for (Mode mode : {Mode::kGoodput, Mode::kSlo, Mode::kLoadLevel}) {
+    for (Mode mode : {Mode::kGoodput, Mode::kLoadLevel}) {
       row += Stats(ComputeRatioStats(Ratios(cells, mode, hard_only))) + " | ";
     }
   }
@@ -289,10 +286,10 @@ std::string Row(const std::string& label, const std::vector<const HeldOutCell*>&
 std::string FormatHeldOut(const std::vector<HeldOutCell>& cells) {
   std::string out =
       "| cell | traces (no goodput) | one static cap | hard | goodput min | p5 | median | >= 0.95 "
-      "| slo min | p5 | median | >= 0.95 | load-level min | p5 | median | >= 0.95 "
-      "| goodput on hard: min | p5 | median | >= 0.95 | slo on hard: min | p5 | median | >= 0.95 "
+      "| load-level min | p5 | median | >= 0.95 "
+      "| goodput on hard: min | p5 | median | >= 0.95 "
       "| load-level on hard: min | p5 | median | >= 0.95 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::vector<const HeldOutCell*> all;
   for (const HeldOutCell& c : cells) {
     char label[128];
@@ -310,19 +307,18 @@ std::string FormatWeakTraces(const std::vector<HeldOutCell>& cells, double below
   for (const HeldOutCell& c : cells) {
     for (size_t i = 0; i < c.traces.size(); ++i) {
       const TraceOutcome& t = c.traces[i];
-      // only_goodput leaves slo and load-level at 0: a mode that did not run is not weak.
-      const bool others_ran = t.slo_good > 0 || t.load_level_good > 0;
+      // only_goodput leaves load-level at 0: a mode that did not run is not weak.
       const bool weak = t.ratio(t.goodput_good) < below ||
-                        (others_ran && (t.ratio(t.slo_good) < below || t.ratio(t.load_level_good) < below));
+                        (t.load_level_good > 0 && t.ratio(t.load_level_good) < below);
       if (!weak) continue;
       char buf[320];
       std::snprintf(buf, sizeof(buf),
                     "seed %llu %s %s TPOT %.1f ms%s: best cap %d (%lld good), one cap %d %.3f, goodput %.3f, "
-                    "slo %.3f, load-level %.3f\n",
+                    "load-level %.3f\n",
                     static_cast<unsigned long long>(t.seed), c.preset.c_str(), c.prefix_caching ? "caching" : "no-caching",
                     1e3 * c.tpot_slo_s, c.is_hard[i] ? " hard" : "", t.best_cap,
                     static_cast<long long>(t.best_static_good), c.one_cap,
-                    t.ratio(t.static_good.at(c.one_cap)), t.ratio(t.goodput_good), t.ratio(t.slo_good),
+                    t.ratio(t.static_good.at(c.one_cap)), t.ratio(t.goodput_good),
                     t.ratio(t.load_level_good));
       out += buf;
     }

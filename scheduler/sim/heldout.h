@@ -63,7 +63,6 @@ struct TraceOutcome {
   std::map<int32_t, int64_t> static_good;  // cap -> good requests
   int64_t best_static_good = 0;
   int32_t best_cap = 0;  // the smallest cap reaching best_static_good
-  int64_t slo_good = 0;
   int64_t load_level_good = 0;
   int64_t goodput_good = 0;
   double ratio(int64_t good) const { return static_cast<double>(good) / best_static_good; }
@@ -92,11 +91,11 @@ struct RatioStats {
 // Nearest-rank percentiles; zeros for an empty input.
 RatioStats ComputeRatioStats(std::vector<double> ratios);
 
-// Markdown: one row per cell and an overall row, goodput, slo and
-// load-level, over all traces and over the hard ones.
+// Markdown: one row per cell and an overall row, goodput and load-level,
+// over all traces and over the hard ones.
 std::string FormatHeldOut(const std::vector<HeldOutCell>& cells);
 // One line per trace where a mode that ran is under `below`: seed, cell,
-// best cap and goodput, the one cap's, goodput's, slo's and load-level's.
+// best cap and goodput, the one cap's, goodput's and load-level's.
 std::string FormatWeakTraces(const std::vector<HeldOutCell>& cells, double below);
 
 }  // namespace ferry::sim

@@ -33,14 +33,14 @@ struct Flags {
   std::string static_cache;
   double list_below = 0;
   bool only_goodput = false;
-  std::string controller_mode = "slo";
+  std::string controller_mode = "goodput";
   int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
   int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
   double slo_ttft_ms = 1000, slo_tpot_ms = 50, slo_percentile = 95;  // milliseconds, as ferry-scheduler takes them
   bool sweep = false, compare = false, enable_prefix_caching = false;
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
-  // One pair of targets says what the slo controller aims at and what counts as good.
+  // One pair of targets says what the adaptive modes aim at and what counts as good.
   std::vector<LaneConfig> lanes() const { return LanesWithSlo(slo_ttft_ms / 1000.0, slo_tpot_ms / 1000.0); }
 };
 
@@ -116,7 +116,6 @@ int RunCompareMode(const Flags& f, const ferry::CostModel& cost, const std::vect
   };
   for (int32_t cap : f.caps) row("static " + std::to_string(cap), ControllerMode::kStatic, cap);
   row("load-level", ControllerMode::kLoadLevel, f.max_num_seqs);
-  row("slo", ControllerMode::kSlo, f.max_num_seqs);
   row("goodput", ControllerMode::kGoodput, f.max_num_seqs);
   return 0;
 }
@@ -207,19 +206,19 @@ int main(int argc, char** argv) {
   app.add_flag("--only-goodput", f.only_goodput, "--heldout/--tuning: run only the goodput mode (quicker)");
   app.add_option("--list-below", f.list_below,
                  "--heldout/--tuning: list the traces where an adaptive mode is under this ratio");
-  app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, slo, goodput");
+  app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, goodput (slo: the same as goodput)");
   app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");
   app.add_option("--min-num-seqs", f.min_num_seqs, "lower bound for adaptive modes");
-  app.add_option("--initial-num-seqs", f.initial_num_seqs, "slo mode's starting cap (0: max/4)");
+  app.add_option("--initial-num-seqs", f.initial_num_seqs, "goodput mode's cap until its model has data (0: max/4)");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step");
   app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "reuse the KV of shared prompt prefixes (trace prefix_id; default off)");
-  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "slo mode: TTFT target; also the interactive and default lanes' SLO");
-  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "slo mode: TPOT target; also the interactive and default lanes' SLO");
-  app.add_option("--slo-percentile", f.slo_percentile, "slo mode: percentile the targets apply to");
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "adaptive modes: TTFT target; also the interactive and default lanes' SLO");
+  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "adaptive modes: TPOT target; also the interactive and default lanes' SLO");
+  app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
   app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
-  app.add_flag("--compare", f.compare, "goodput of every static cap, load-level, slo and goodput");
+  app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and goodput");
   app.add_option("--caps", f.caps, "caps for --sweep/--compare")->delimiter(',');
   app.add_option("--timeout-s", f.timeout_s, "--sweep success: e2e latency within this");
   app.add_option("--json", f.json_path, "write the report as JSON");

@@ -1,8 +1,10 @@
 // Acceptance of the max_num_seqs work (issue "Scheduler"): (a) the fitted
-// RTX 4090D preset reproduces the seed's sweep; (b) the slo controller is
-// within 95% of the best static cap on four traces at every TPOT SLO from 2
-// to 50 ms, where no single static cap is, and keeps the interactive lane's
-// TTFT through a 3x spike. Tables go to stdout for the docs
+// RTX 4090D preset reproduces the seed's sweep; (b) the SLO controller
+// (goodput mode, which --controller-mode slo also selects) is within 95% of
+// the best static cap on four traces at every TPOT SLO from 2 to 50 ms, where
+// no single static cap is, and keeps the interactive lane's TTFT through a 3x
+// spike. These traces are the ones the former rule-based slo mode was tuned
+// on; the model passes them unchanged. Tables go to stdout for the docs
 // (docs/benchmarks/scheduler.md).
 #include <gtest/gtest.h>
 
@@ -57,7 +59,7 @@ SimOptions TraceOptions(const CostModel& cost, ControllerMode mode, int32_t cap,
   return o;
 }
 
-// Interactive TPOT SLOs (also the slo controller's target), from 4x the
+// Interactive TPOT SLOs (also the controller's target), from 4x the
 // seed's single-stream time per token (0.54 ms) to the issue's example.
 const std::vector<double> kTpotSlos = {0.002, 0.0025, 0.003, 0.004, 0.005, 0.050};
 
@@ -67,21 +69,21 @@ std::vector<int32_t> StaticCaps() {
   return caps;
 }
 
-// Goodput of every static cap and of slo, per trace and TPOT SLO.
+// Goodput of every static cap and of the goodput mode, per trace and TPOT SLO.
 struct Cell {
   std::string trace;
   double tpot_slo_s = 0;
   std::map<int32_t, int64_t> static_good;  // cap -> requests meeting the SLO
   int64_t best = 0;
   int32_t best_cap = 0;
-  int64_t slo_good = 0;
+  int64_t adaptive_good = 0;
   double ratio(int32_t cap) const { return static_cast<double>(static_good.at(cap)) / best; }
-  double slo_ratio() const { return static_cast<double>(slo_good) / best; }
+  double adaptive_ratio() const { return static_cast<double>(adaptive_good) / best; }
   bool within_95(int32_t cap) const { return ratio(cap) >= 0.95; }
 };
 
 // One trace's cells: every static cap run once (a static cap does not depend
-// on the SLO, so one run serves every SLO), and slo run at each SLO.
+// on the SLO, so one run serves every SLO), and goodput run at each SLO.
 // `rate_per_s` > 0 replaces the scenario's arrival rate.
 std::vector<Cell> MeasureTrace(const CostModel& cost, const std::string& name, const std::vector<double>& slos,
                                double rate_per_s = 0) {
@@ -100,8 +102,8 @@ std::vector<Cell> MeasureTrace(const CostModel& cost, const std::string& name, c
       c.static_good[cap] = Summarize(run, lanes).all().num_good;
       if (c.static_good[cap] > c.best) c.best = c.static_good[cap], c.best_cap = cap;
     }
-    const SimOptions o = TraceOptions(cost, ControllerMode::kSlo, 64, slo);
-    c.slo_good = Summarize(RunSimulation(trace, cost, o), lanes).all().num_good;
+    const SimOptions o = TraceOptions(cost, ControllerMode::kGoodput, 64, slo);
+    c.adaptive_good = Summarize(RunSimulation(trace, cost, o), lanes).all().num_good;
     out.push_back(std::move(c));
   }
   return out;
@@ -120,7 +122,7 @@ const std::vector<Cell>& Grid() {
 }
 
 void PrintGrid() {
-  std::printf("| trace | TPOT SLO ms | requests within SLO: best static (cap) | static caps within 95%% | slo | slo / best |\n"
+  std::printf("| trace | TPOT SLO ms | requests within SLO: best static (cap) | static caps within 95%% | goodput | goodput / best |\n"
               "|---|---|---|---|---|---|\n");
   for (const Cell& c : Grid()) {
     std::string within;
@@ -129,7 +131,7 @@ void PrintGrid() {
     }
     std::printf("| %s | %.1f | %lld (%d) | %s | %lld | %.3f |\n", c.trace.c_str(), 1e3 * c.tpot_slo_s,
                 static_cast<long long>(c.best), c.best_cap, within.c_str(),
-                static_cast<long long>(c.slo_good), c.slo_ratio());
+                static_cast<long long>(c.adaptive_good), c.adaptive_ratio());
   }
 }
 
@@ -144,7 +146,7 @@ std::vector<int32_t> CapsGoodOnEveryTrace(double slo) {
   return out;
 }
 
-// slo is within 95% of the best static cap chosen in hindsight on every trace
+// goodput is within 95% of the best static cap chosen in hindsight on every trace
 // at every TPOT SLO, with nothing tuned per cell; no static cap is within 95%
 // in every cell (the best one moves from 12 to 20 to 24-28 as the SLO
 // loosens from 2 to 3 ms). At any one SLO a cap at the knee is within 95% on
@@ -154,7 +156,7 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
   PrintGrid();
   std::map<int32_t, size_t> cells_within;
   for (const Cell& c : Grid()) {
-    EXPECT_GE(c.slo_good, 0.95 * c.best) << c.trace << " at TPOT " << c.tpot_slo_s;
+    EXPECT_GE(c.adaptive_good, 0.95 * c.best) << c.trace << " at TPOT " << c.tpot_slo_s;
     for (int32_t cap : StaticCaps()) cells_within[cap] += c.within_95(cap);
   }
   for (int32_t cap : StaticCaps()) {
@@ -166,7 +168,7 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
     std::printf("TPOT SLO %.1f ms: static caps within 95%% on all four traces:%s\n", 1e3 * slo,
                 caps.empty() ? " none" : caps.c_str());
     // The gap to the criterion as written: the single static cap whose worst
-    // trace is best, against slo's worst trace.
+    // trace is best, against goodput's worst trace.
     auto worst = [&](auto ratio_of) {
       double w = 1e9;
       for (const Cell& c : Grid()) {
@@ -180,28 +182,29 @@ TEST(SimAcceptanceTest, SloControllerMatchesTheBestStaticCapAtEveryTpotSlo) {
       const double w = worst([&](const Cell& c) { return c.ratio(cap); });
       if (w > one_worst) one_worst = w, one_cap = cap;
     }
-    const double slo_worst = worst([](const Cell& c) { return c.slo_ratio(); });
-    std::printf("  one static cap for all four: %d, worst trace at %.3f of its best; slo's worst trace %.3f\n",
+    const double slo_worst = worst([](const Cell& c) { return c.adaptive_ratio(); });
+    std::printf("  one static cap for all four: %d, worst trace at %.3f of its best; goodput's worst trace %.3f\n",
                 one_cap, one_worst, slo_worst);
   }
 }
 
-// Runs `trace` at each SLO and expects slo within 95% of the best static cap.
+// Runs `trace` at each SLO and expects goodput within 95% of the best static cap.
 void ExpectSloNearTheBestStaticCap(const std::string& trace, const std::vector<double>& slos) {
   const CostModel cost(LoadPreset("rtx4090d-tp4"));
   for (const Cell& c : MeasureTrace(cost, trace, slos)) {
-    std::printf("%s, TPOT SLO %.1f ms: best static %lld (cap %d), slo %lld (%.3f)\n", trace.c_str(),
+    std::printf("%s, TPOT SLO %.1f ms: best static %lld (cap %d), goodput %lld (%.3f)\n", trace.c_str(),
                 1e3 * c.tpot_slo_s, static_cast<long long>(c.best), c.best_cap,
-                static_cast<long long>(c.slo_good), c.slo_ratio());
-    EXPECT_GE(c.slo_good, 0.95 * c.best) << trace << " at TPOT SLO " << c.tpot_slo_s;
+                static_cast<long long>(c.adaptive_good), c.adaptive_ratio());
+    EXPECT_GE(c.adaptive_good, 0.95 * c.best) << trace << " at TPOT SLO " << c.tpot_slo_s;
   }
 }
 
 // Beyond the four traces: a long-context service at saturation, where the
 // pool bounds the batch and the best static caps run it over-full (a
-// preempted sequence resumes from its cached blocks). slo used to stop at the
-// seats the pool holds at the mean final context and cut on usage alone
-// (0.93-0.97 of the best static cap on this trace); it now fills the pool.
+// preempted sequence resumes from its cached blocks). The slo rules once
+// stopped at the seats the pool holds at the mean final context and cut on
+// usage alone (0.93-0.97 of the best static cap on this trace); the
+// controller fills the pool.
 // At 2.5 ms the TPOT target cannot be held at the arrival rate (section 3f).
 TEST(SimAcceptanceTest, SloFillsThePoolOnALongContextTrace) {
   ExpectSloNearTheBestStaticCap("long-context", {0.0025, 0.003, 0.050});
@@ -209,15 +212,15 @@ TEST(SimAcceptanceTest, SloFillsThePoolOnALongContextTrace) {
 
 // Chat alone near saturation (70 req/s): at 2.5 ms the cap that holds the
 // TPOT target does not keep up with the arrivals, and at 3 ms only caps
-// 31-33 serve 95%. slo used to hold TPOT while the queue grew (0.15 and 0.82
-// of the best static cap); it now raises to keep up (section 3f).
+// 31-33 serve 95%. The slo rules once held TPOT while the queue grew (0.15 and
+// 0.82 of the best static cap); the controller keeps up (section 3f).
 TEST(SimAcceptanceTest, SloKeepsUpWithAChatTraceAtSaturation) {
   ExpectSloNearTheBestStaticCap("chat", {0.0025, 0.003, 0.004});
 }
 
 // p99 TTFT of the interactive lane under an adaptive mode (cap up to 64).
 double InteractiveTtftP99(const CostModel& cost, const std::vector<TraceRequest>& trace,
-                          double tpot_slo_s = 0.050, ControllerMode mode = ControllerMode::kSlo) {
+                          double tpot_slo_s = 0.050, ControllerMode mode = ControllerMode::kGoodput) {
   const SimOptions o = TraceOptions(cost, mode, 64, tpot_slo_s);
   for (const LaneReport& l : Summarize(RunSimulation(trace, cost, o), o.lanes).lanes) {
     if (l.lane == "interactive") return l.ttft_s.p99;
@@ -225,20 +228,11 @@ double InteractiveTtftP99(const CostModel& cost, const std::vector<TraceRequest>
   return 0;
 }
 
-// "Unloaded" here is the same trace generator with the spike removed (its
-// base load), the service the interactive lane gets without the overload.
-TEST(SimAcceptanceTest, SpikeKeepsInteractiveTtft) {
-  const CostModel cost(LoadPreset("rtx4090d-tp4"));
-  const double base = InteractiveTtftP99(cost, GenerateWorkload(ScenarioWorkload("spike", 1.0)));
-  const double spike = InteractiveTtftP99(cost, GenerateWorkload(ScenarioWorkload("spike", 3.0)));
-  std::printf("interactive TTFT p99: %.1f ms without the spike, %.1f ms with it (%.2fx)\n", 1e3 * base,
-              1e3 * spike, spike / base);
-  EXPECT_LE(spike, 1.5 * base);
-}
-
-// The same through the goodput mode (#30's acceptance: interactive p99 TTFT
-// through spikes within 1.5x of its unloaded value), at the 50 ms TPOT target
-// and at 2.5 ms, where the cap that holds TPOT is tight.
+// #30's acceptance: interactive p99 TTFT through spikes within 1.5x of its
+// unloaded value, at the 50 ms TPOT target and at 2.5 ms, where the cap that
+// holds TPOT is tight. "Unloaded" is the same trace generator with the spike
+// removed (its base load), the service the interactive lane gets without the
+// overload.
 TEST(SimAcceptanceTest, GoodputKeepsInteractiveTtftThroughTheSpike) {
   const CostModel cost(LoadPreset("rtx4090d-tp4"));
   for (double tpot : {0.050, 0.0025}) {
@@ -255,7 +249,7 @@ TEST(SimAcceptanceTest, GoodputKeepsInteractiveTtftThroughTheSpike) {
 // Acceptance 5 as written, in one cell: the four traces at 56 req/s instead
 // of 40 and a 2.5 ms TPOT SLO. The static cap each trace needs differs
 // (diurnal's peak needs 24 seats, the spike's bulk flood at most 20), so no
-// single static cap is within 95% on all four; slo is within 95% of the best
+// single static cap is within 95% on all four; goodput is within 95% of the best
 // on each, and keeps the interactive lane's p99 TTFT through the 3x spike
 // within 1.5x of its value without it (docs/benchmarks/scheduler.md 3g).
 TEST(SimAcceptanceTest, SloBeatsEveryStaticCapOnTheFourTracesAtAHeavierLoad) {
@@ -271,9 +265,9 @@ TEST(SimAcceptanceTest, SloBeatsEveryStaticCapOnTheFourTracesAtAHeavierLoad) {
       within += " " + std::to_string(cap);
     }
     std::printf("%s at %.0f req/s, TPOT SLO %.1f ms: best static %lld (cap %d), caps within 95%%:%s; "
-                "slo %lld (%.3f)\n", name.c_str(), kRate, 1e3 * kSlo, static_cast<long long>(c.best),
-                c.best_cap, within.c_str(), static_cast<long long>(c.slo_good), c.slo_ratio());
-    EXPECT_GE(c.slo_good, 0.95 * c.best) << name;
+                "goodput %lld (%.3f)\n", name.c_str(), kRate, 1e3 * kSlo, static_cast<long long>(c.best),
+                c.best_cap, within.c_str(), static_cast<long long>(c.adaptive_good), c.adaptive_ratio());
+    EXPECT_GE(c.adaptive_good, 0.95 * c.best) << name;
   }
   for (int32_t cap : StaticCaps()) {
     EXPECT_LT(traces_within[cap], 4) << "static " << cap << " is within 95% on all four traces";

@@ -85,7 +85,7 @@ SimOptions Options(const CostModel& cost, scheduler::ControllerMode mode, int32_
 TEST(SimulatorTest, EveryRequestFinishesWithItsOutputAndSaneTimes) {
   const CostModel cost(LoadPreset("rtx4090d-tp4"));
   const auto trace = GenerateWorkload(ScenarioWorkload("steady"));
-  const SimResult r = RunSimulation(trace, cost, Options(cost, scheduler::ControllerMode::kSlo, 64));
+  const SimResult r = RunSimulation(trace, cost, Options(cost, scheduler::ControllerMode::kGoodput, 64));
   int64_t tokens = 0;
   for (const RequestResult& q : r.requests) {
     ASSERT_TRUE(q.is_finished());

@@ -16,10 +16,6 @@ scheduler::TimePoint ToTimePoint(double t) {
   return scheduler::TimePoint(std::chrono::nanoseconds(static_cast<int64_t>(t * 1e9)));
 }
 
-double ToSeconds(scheduler::TimePoint t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
-}
-
 // What the simulated worker knows of a sequence.
 struct WorkerSeq {
   int32_t num_known = 0;     // tokens the worker has (prompt + generated)
@@ -151,10 +147,6 @@ class Simulation {
     obs.now_s = now_;
     obs.num_running = core_.num_running();
     obs.num_waiting = core_.num_waiting();
-    if (options_.controller.mode == scheduler::ControllerMode::kSlo) {  // a scan only slo reads
-      const auto oldest = core_.OldestWaitingArrival(options_.controller.slo.lanes);
-      obs.oldest_wait_s = oldest ? now_ - ToSeconds(*oldest) : 0.0;  // a waiting request arrived by now
-    }
     if (controller_.ReadsQueueAt(now_)) {  // a scan only goodput reads, when it adjusts
       obs.num_waiting_slo = core_.NumWaitingIn(options_.controller.slo.lanes);
     }

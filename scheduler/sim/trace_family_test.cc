@@ -158,7 +158,7 @@ TEST(HeldOutTest, ReducedEvaluationIsWellFormed) {
       EXPECT_EQ(t.ratio(t.static_good.at(t.best_cap)), 1.0);
       EXPECT_LE(t.static_good.rbegin()->first, 64);  // the preset's bound
       for (const auto& [cap, good] : t.static_good) EXPECT_LE(t.ratio(good), 1.0) << "cap " << cap;
-      for (int64_t good : {t.slo_good, t.load_level_good, t.goodput_good}) {
+      for (int64_t good : {t.load_level_good, t.goodput_good}) {
         EXPECT_GT(t.ratio(good), 0.0);
         EXPECT_LE(t.ratio(good), 1.2);
       }
@@ -202,7 +202,7 @@ TEST(HeldOutTest, TheStaticCacheGivesTheSameOutcomes) {
   std::filesystem::remove(path);
 }
 
-// Two tuning traces where the slo rules fail and the goodput model does not
+// Two tuning traces where the former slo rules failed and the goodput model does not
 // (docs/benchmarks/scheduler.md, section 7): goodput within 5% of the best of
 // a few static caps, which bracket the best of the full sweep.
 int64_t GoodOf(const std::vector<TraceRequest>& trace, const CostModel& cost, scheduler::ControllerMode mode,
@@ -224,16 +224,15 @@ void ExpectGoodputNearTheBestStaticCap(const std::string& preset, uint64_t seed,
   for (int32_t cap : caps) best = std::max(best, GoodOf(trace, cost, scheduler::ControllerMode::kStatic, cap, tpot_s, true));
   const int32_t bound = EvalMaxNumSeqs(cost.params());
   const int64_t goodput = GoodOf(trace, cost, scheduler::ControllerMode::kGoodput, bound, tpot_s, true);
-  const int64_t slo = GoodOf(trace, cost, scheduler::ControllerMode::kSlo, bound, tpot_s, true);
-  std::printf("%s seed %llu TPOT %.1f ms: best static %lld, goodput %lld, slo %lld\n", preset.c_str(),
+  std::printf("%s seed %llu TPOT %.1f ms: best static %lld, goodput %lld\n", preset.c_str(),
               static_cast<unsigned long long>(seed), 1e3 * tpot_s, static_cast<long long>(best),
-              static_cast<long long>(goodput), static_cast<long long>(slo));
+              static_cast<long long>(goodput));
   EXPECT_GE(goodput, 0.95 * best);
 }
 
 // h200 at 2.5 ms: the fixed 2.2 ms step leaves the interactive lane (19%)
-// almost no room; the best cap serves the batch lane in full. slo chases the
-// interactive TPOT and starves the batch lane (0.48 of the best).
+// almost no room; the best cap serves the batch lane in full. The former slo
+// rules chased the interactive TPOT and starved the batch lane (0.48 of the best).
 TEST(GoodputModeTest, ServesTheBatchLaneWhenTheTpotTargetBarelyHolds) {
   ExpectGoodputNearTheBestStaticCap("h200", 1, 0.0025, {16, 40, 96, 192});
 }
