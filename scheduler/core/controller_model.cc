@@ -14,10 +14,18 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return std::nullopt;
   // The batch must have varied for a fit (it does on its own as requests
   // come and go below the cap). A cap that stays full stops it varying: the
-  // latest fit stands in. Before any, step time in proportion to the tokens
-  // a step computes, which overstates what more seats cost (the fixed part
-  // does not grow): raises then come only as the demand needs them.
-  if (std::optional<StepFit> fit = steps_.Fit()) last_fit_ = fit;
+  // latest fit stands in. Until the first such fit, the fit at one batch
+  // size (a seat costs its tokens only; optimistic). Step time in proportion
+  // to the tokens, the guess before that, is a trap: it makes a step's fixed
+  // part grow with the batch, so no cap completes more than another, a small
+  // one wins on TPOT, and the batch never varies enough for a fit (tuning
+  // seed 115: cap 1 for a minute of rising load, 0.30 of the best static cap).
+  if (std::optional<StepFit> fit = steps_.Fit()) {
+    last_fit_ = fit;
+    fit_has_seqs_ = true;
+  } else if (!fit_has_seqs_) {
+    if (std::optional<StepFit> one = steps_.FitAtOneBatchSize()) last_fit_ = one;
+  }
   const double step_mean = steps_.RecentMean(steps_.size());
   const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
   if (step_mean <= 0 || tokens_per_step <= 0) return std::nullopt;

@@ -49,26 +49,6 @@ StepTimeModel::Moments StepTimeModel::CentredMoments() const {
   return m;
 }
 
-std::optional<double> StepTimeModel::MarginalSeqCost(size_t min_steps) const {
-  if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
-  const Moments m = CentredMoments();
-  // The sequence count must vary (a standard deviation of half a sequence).
-  if (m.s11 < static_cast<double>(size_) * 0.25) return std::nullopt;
-  const double det = m.s11 * m.s22 - m.s12 * m.s12;
-  double cost = 0;
-  if (det <= 1e-6 * m.s11 * m.s22) {
-    // Tokens move with sequences (a window of pure decode steps has tokens ==
-    // seqs): the slope on sequences alone is already b + c.
-    cost = m.s1y / m.s11;
-  } else {
-    const double b = (m.s1y * m.s22 - m.s2y * m.s12) / det;
-    const double c = (m.s2y * m.s11 - m.s1y * m.s12) / det;
-    cost = b + c;
-  }
-  if (!std::isfinite(cost) || cost <= 0) return std::nullopt;
-  return cost;
-}
-
 double StepTimeModel::TokensPerSeq() const {
   double seqs = 0, tokens = 0;
   for (size_t i = 0; i < size_; ++i) seqs += at(i).seqs, tokens += at(i).tokens;
@@ -111,6 +91,23 @@ std::optional<StepFit> StepTimeModel::Fit(size_t min_steps) const {
   if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
   const Moments m = CentredMoments();
   if (m.s11 < static_cast<double>(size_) * 0.25) return std::nullopt;  // the sequence count must vary
+  // Subsets in order of preference on a tie (collinear seqs and tokens in a
+  // pure decode window: the slope goes to the sequences).
+  static constexpr int kSubsets[] = {0b111, 0b011, 0b101, 0b110, 0b010, 0b100, 0b001};
+  return BestFit(m, kSubsets, sizeof(kSubsets) / sizeof(kSubsets[0]));
+}
+
+std::optional<StepFit> StepTimeModel::FitAtOneBatchSize(size_t min_steps) const {
+  if (size_ < std::max<size_t>(min_steps, 3)) return std::nullopt;
+  const Moments m = CentredMoments();
+  // The tokens must vary (prefill chunks among decodes): they alone separate
+  // a step's constant from its per-token cost.
+  if (m.s22 < static_cast<double>(size_) * 0.25) return std::nullopt;
+  static constexpr int kSubsets[] = {0b101, 0b100, 0b001};  // no seqs term: it does not vary
+  return BestFit(m, kSubsets, sizeof(kSubsets) / sizeof(kSubsets[0]));
+}
+
+std::optional<StepFit> StepTimeModel::BestFit(const Moments& m, const int* subsets, size_t num_subsets) const {
   // Least squares with every coefficient >= 0 (a step cannot take less time
   // for more work): the optimum has some coefficients at 0 and the others at
   // the unconstrained fit on those regressors alone, so try every subset of
@@ -125,12 +122,10 @@ std::optional<StepFit> StepTimeModel::Fit(size_t min_steps) const {
                              {n * m.m2, m.s12 + n * m.m1 * m.m2, m.s22 + n * m.m2 * m.m2}};
   const double cross[3] = {n * m.my, m.s1y + n * m.m1 * m.my, m.s2y + n * m.m2 * m.my};
   const double total = m.syy + n * m.my * m.my;  // sum of squared durations
-  // Subsets in order of preference on a tie (collinear seqs and tokens in a
-  // pure decode window: the slope goes to the sequences).
-  static constexpr int kSubsets[] = {0b111, 0b011, 0b101, 0b110, 0b010, 0b100, 0b001};
   std::optional<StepFit> best;
   double best_sse = 0;
-  for (int subset : kSubsets) {
+  for (size_t s = 0; s < num_subsets; ++s) {
+    const int subset = subsets[s];
     int idx[3], k = 0;
     for (int j = 0; j < 3; ++j)
       if (subset & (1 << j)) idx[k++] = j;

@@ -1,9 +1,9 @@
-// What the recent engine steps say about step time, for the slo controller:
-// the mean of the latest steps (which per-request TPOT follows) and the
-// marginal cost of one more running sequence, fitted by least squares
+// What the recent engine steps say about step time, for the goodput
+// controller: the mean of the latest steps and a least-squares fit
 //   step_s ~ a + b * seqs + c * tokens
-// over a sliding window. One more decoding sequence adds a seat and a token
-// to every step, so it costs b + c. Pure: times are passed in.
+// over a sliding window, which predicts other batch shapes (one more decoding
+// sequence adds a seat and a token to every step: b + c). Pure: times are
+// passed in.
 #pragma once
 
 #include <cstddef>
@@ -33,17 +33,23 @@ class StepTimeModel {
   double RecentMean(size_t n) const;
   // Mean tokens of the latest `n` steps (0 without steps).
   double RecentTokensMean(size_t n) const;
-  // Seconds one more running sequence adds to a step (b + c above; the slope
-  // on sequences alone when tokens move with them). Empty with fewer than
-  // `min_steps` steps, when the sequence count hardly varies (standard
-  // deviation under half a sequence), or when the fit is not positive.
-  std::optional<double> MarginalSeqCost(size_t min_steps = 64) const;
   // The whole fit, for predicting other batch shapes: least squares with
   // every coefficient non-negative (a negative one, from collinear seqs and
   // tokens or noise, is held at 0 and the rest refitted; the constant too,
-  // so such a fit runs through the origin). Empty like MarginalSeqCost, or
-  // when the fit does not predict the window's mean step within 50%.
+  // so such a fit runs through the origin). Empty with fewer than
+  // `min_steps` steps, when the sequence count hardly varies (standard
+  // deviation under half a sequence), or when the fit does not predict the
+  // window's mean step within 50%.
   std::optional<StepFit> Fit(size_t min_steps = 64) const;
+  // For a window where the batch size hardly varies (a cap of one, or a
+  // light load): step_s ~ fixed_s + per_token_s * tokens, per_seq_s = 0, from
+  // the tokens that vary between prefill and decode steps. The constant holds
+  // the seats' cost at this batch, so more seats are predicted to cost only
+  // their tokens: an optimistic guess, which lets a cap grow until the batch
+  // varies and Fit() can measure what a seat costs. Empty with fewer than
+  // `min_steps` steps, when the tokens hardly vary, or like Fit() when the
+  // fit misses the window's mean.
+  std::optional<StepFit> FitAtOneBatchSize(size_t min_steps = 64) const;
   // Tokens computed per sequence-step over the window (1 for pure decode;
   // prefill chunks raise it): sum of tokens / sum of seqs. 0 without steps.
   double TokensPerSeq() const;
@@ -61,6 +67,9 @@ class StepTimeModel {
     double s11 = 0, s22 = 0, s12 = 0, s1y = 0, s2y = 0, syy = 0;
   };
   Moments CentredMoments() const;
+  // Non-negative least squares (see Fit) over the regressor subsets given,
+  // bits 0/1/2 for the constant, seqs and tokens, in order of preference.
+  std::optional<StepFit> BestFit(const Moments& m, const int* subsets, size_t num_subsets) const;
   double RecentMeanOf(size_t n, double Step::*field) const;
   // The i-th step of the window, oldest first.
   const Step& at(size_t i) const { return ring_[(head_ + i) & (ring_.size() - 1)]; }

@@ -16,28 +16,35 @@ TEST(StepTimeModelTest, SeparatesSequenceAndTokenCosts) {
     const int32_t tokens = seqs + (i % 4 == 0 ? 500 + 7 * (i % 13) : 0);
     m.Add(0.01 * i, Cost(seqs, tokens), seqs, tokens);
   }
-  ASSERT_TRUE(m.MarginalSeqCost().has_value());
+  const std::optional<StepFit> fit = m.Fit();
+  ASSERT_TRUE(fit.has_value());
   // One more decoding sequence: a seat and a token.
-  EXPECT_NEAR(*m.MarginalSeqCost(), 1e-4 + 5e-6, 1e-9);
+  EXPECT_NEAR(fit->Seconds(21, 21) - fit->Seconds(20, 20), 1e-4 + 5e-6, 1e-9);
 }
 
 TEST(StepTimeModelTest, PureDecodeWindowUsesTheSlopeOnSequences) {
   StepTimeModel m;
   for (int i = 0; i < 100; ++i) m.Add(0.01 * i, Cost(8 + i % 9, 8 + i % 9), 8 + i % 9, 8 + i % 9);
-  ASSERT_TRUE(m.MarginalSeqCost().has_value());
-  EXPECT_NEAR(*m.MarginalSeqCost(), 1e-4 + 5e-6, 1e-9);
+  // Seqs and tokens are collinear: the slope goes to the sequences.
+  const std::optional<StepFit> fit = m.Fit();
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_NEAR(fit->per_seq_s, 1e-4 + 5e-6, 1e-9);
+  EXPECT_EQ(fit->per_token_s, 0.0);
 }
 
 TEST(StepTimeModelTest, NoFitWithoutVarietyOrSamples) {
   StepTimeModel m;
   for (int i = 0; i < 10; ++i) m.Add(0.01 * i, Cost(8 + i, 8 + i), 8 + i, 8 + i);
-  EXPECT_FALSE(m.MarginalSeqCost().has_value());  // fewer than 64 steps
+  EXPECT_FALSE(m.Fit().has_value());  // fewer than 64 steps
   StepTimeModel flat;
   for (int i = 0; i < 200; ++i) flat.Add(0.01 * i, Cost(16, 16 + i), 16, 16 + i);
-  EXPECT_FALSE(flat.MarginalSeqCost().has_value());  // the sequence count never moves
+  EXPECT_FALSE(flat.Fit().has_value());  // the sequence count never moves
   StepTimeModel falling;  // longer steps with fewer sequences: no positive cost to fit
   for (int i = 0; i < 200; ++i) falling.Add(0.01 * i, 0.01 - 1e-4 * (i % 20), 1 + i % 20, 1 + i % 20);
-  EXPECT_FALSE(falling.MarginalSeqCost().has_value());
+  const std::optional<StepFit> fit = falling.Fit();  // the mean: a seat costs nothing, never less
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->per_seq_s, 0.0);
+  EXPECT_EQ(fit->per_token_s, 0.0);
 }
 
 TEST(StepTimeModelTest, RecentMeanAndExpiry) {
@@ -97,6 +104,30 @@ TEST(StepTimeModelTest, ANegativeConstantIsRefittedThroughTheOrigin) {
   EXPECT_EQ(fit->fixed_s, 0.0);
   EXPECT_EQ(fit->per_token_s, 0.0);  // tokens == seqs: the slope goes to the sequences
   EXPECT_NEAR(fit->per_seq_s, sxy / sxx, 1e-12);
+}
+
+// One sequence at a time (a cap of 1): Fit() has no batch variety, but the
+// prefill and decode steps separate the constant (here the fixed cost and one
+// seat's) from the per-token cost.
+TEST(StepTimeModelTest, AtOneBatchSizeTheTokensGiveTheConstantAndTheTokenCost) {
+  StepTimeModel m;
+  for (int i = 0; i < 200; ++i) {
+    const int32_t tokens = i % 20 == 0 ? 2000 : 1;  // a 2,000-token prefill, then decodes
+    m.Add(0.01 * i, Cost(1, tokens), 1, tokens);
+  }
+  EXPECT_FALSE(m.Fit().has_value());
+  const std::optional<StepFit> fit = m.FitAtOneBatchSize();
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_NEAR(fit->fixed_s, 1e-3 + 1e-4, 1e-9);
+  EXPECT_EQ(fit->per_seq_s, 0.0);
+  EXPECT_NEAR(fit->per_token_s, 5e-6, 1e-12);
+  // Pure decode at one batch size: nothing separates a constant from a token.
+  StepTimeModel decode;
+  for (int i = 0; i < 200; ++i) decode.Add(0.01 * i, Cost(4, 4), 4, 4);
+  EXPECT_FALSE(decode.FitAtOneBatchSize().has_value());
+  StepTimeModel few;
+  for (int i = 0; i < 10; ++i) few.Add(0.01 * i, Cost(1, 1 + 100 * (i % 2)), 1, 1 + 100 * (i % 2));
+  EXPECT_FALSE(few.FitAtOneBatchSize().has_value());  // fewer than 64 steps
 }
 
 }  // namespace

@@ -154,6 +154,47 @@ std::vector<uint64_t> TuningSeeds(uint64_t count) {
   return seeds;
 }
 
+// The window's arrivals played twice: the same requests again, one window later.
+std::vector<TraceRequest> ArrivalsTwice(const std::vector<TraceRequest>& trace) {
+  std::vector<TraceRequest> out = trace;
+  for (const TraceRequest& r : trace) {
+    out.push_back(r);
+    out.back().arrival_s += kFamilyDurationS;
+  }
+  return out;
+}
+
+// HeldOutOptions::twice_below for one trace's outcomes (one per SLO).
+void CheckArrivalsTwice(const CostModel& cost, const std::vector<TraceRequest>& trace, bool prefix_caching,
+                        const HeldOutOptions& o, std::vector<TraceOutcome>& out) {
+  std::vector<size_t> weak;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].best_static_good > 0 && out[i].ratio(out[i].goodput_good) < o.twice_below) weak.push_back(i);
+  }
+  if (weak.empty()) return;
+  const std::vector<TraceRequest> twice = ArrivalsTwice(trace);
+  const int32_t max_seqs = EvalMaxNumSeqs(cost.params());
+  std::vector<std::map<int32_t, int64_t>> good(weak.size());
+  for (int32_t cap : o.static_caps) {
+    if (cap > max_seqs) continue;
+    const SimResult run =
+        RunSimulation(twice, cost, CellOptions(cost, ControllerMode::kStatic, cap, o.ttft_slo_s, 0.05, prefix_caching));
+    for (size_t w = 0; w < weak.size(); ++w) good[w][cap] = Good(run, o.ttft_slo_s, o.tpot_slos_s[weak[w]]);
+  }
+  for (size_t w = 0; w < weak.size(); ++w) {
+    TraceOutcome& t = out[weak[w]];
+    const double tpot = o.tpot_slos_s[weak[w]];
+    int64_t best = 0;
+    for (const auto& [cap, g] : good[w]) {
+      if (g > best) best = g, t.twice_best_cap = cap;
+    }
+    if (best <= 0) continue;
+    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+    t.twice_goodput_ratio = static_cast<double>(Good(RunSimulation(twice, cost, go), o.ttft_slo_s, tpot)) / best;
+    t.twice_best_cap_ratio = static_cast<double>(good[w][t.best_cap]) / best;
+  }
+}
+
 std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
   const StaticCache cache = o.static_cache_path.empty() ? StaticCache{} : ReadCache(o.static_cache_path);
   StaticCache measured;
@@ -180,6 +221,7 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
           const FamilyMember m = DrawFamilyMember(o.seeds[k], cost.params());
           const std::vector<TraceRequest> trace = GenerateFamilyTrace(m);
           per_seed[k] = MeasureTrace(cost, trace, o.seeds[k], caching, o, cache, measured_per_seed[k]);
+          if (o.twice_below > 0) CheckArrivalsTwice(cost, trace, caching, o, per_seed[k]);
           if (o.progress) {
             std::lock_guard<std::mutex> lock(progress_mu);
             o.progress(preset + (caching ? ", prefix caching" : ", no prefix caching") + ": seed " +
@@ -304,26 +346,39 @@ std::string FormatHeldOut(const std::vector<HeldOutCell>& cells) {
 
 std::string FormatWeakTraces(const std::vector<HeldOutCell>& cells, double below) {
   std::string out;
+  size_t under_90 = 0, twice_run = 0, twice_at_90 = 0;
   for (const HeldOutCell& c : cells) {
     for (size_t i = 0; i < c.traces.size(); ++i) {
       const TraceOutcome& t = c.traces[i];
+      if (t.ratio(t.goodput_good) < 0.90) {
+        ++under_90;
+        twice_run += t.twice_goodput_ratio >= 0;
+        twice_at_90 += t.twice_goodput_ratio >= 0.90;
+      }
       // only_goodput leaves load-level at 0: a mode that did not run is not weak.
       const bool weak = t.ratio(t.goodput_good) < below ||
                         (t.load_level_good > 0 && t.ratio(t.load_level_good) < below);
       if (!weak) continue;
-      char buf[320];
-      std::snprintf(buf, sizeof(buf),
-                    "seed %llu %s %s TPOT %.1f ms%s: best cap %d (%lld good), one cap %d %.3f, goodput %.3f, "
-                    "load-level %.3f\n",
-                    static_cast<unsigned long long>(t.seed), c.preset.c_str(), c.prefix_caching ? "caching" : "no-caching",
-                    1e3 * c.tpot_slo_s, c.is_hard[i] ? " hard" : "", t.best_cap,
-                    static_cast<long long>(t.best_static_good), c.one_cap,
-                    t.ratio(t.static_good.at(c.one_cap)), t.ratio(t.goodput_good),
-                    t.ratio(t.load_level_good));
-      out += buf;
+      char buf[480];
+      int n = std::snprintf(buf, sizeof(buf),
+                            "seed %llu %s %s TPOT %.1f ms%s: best cap %d (%lld good), one cap %d %.3f, goodput %.3f, "
+                            "load-level %.3f",
+                            static_cast<unsigned long long>(t.seed), c.preset.c_str(),
+                            c.prefix_caching ? "caching" : "no-caching", 1e3 * c.tpot_slo_s, c.is_hard[i] ? " hard" : "",
+                            t.best_cap, static_cast<long long>(t.best_static_good), c.one_cap,
+                            t.ratio(t.static_good.at(c.one_cap)), t.ratio(t.goodput_good), t.ratio(t.load_level_good));
+      if (t.twice_goodput_ratio >= 0 && n > 0 && static_cast<size_t>(n) < sizeof(buf)) {
+        std::snprintf(buf + n, sizeof(buf) - static_cast<size_t>(n),
+                      "; arrivals twice: goodput %.3f of the best cap there (%d), cap %d %.3f",
+                      t.twice_goodput_ratio, t.twice_best_cap, t.best_cap, t.twice_best_cap_ratio);
+      }
+      out += std::string(buf) + "\n";
     }
   }
-  return out;
+  char buf[240];
+  std::snprintf(buf, sizeof(buf), "goodput under 0.90: %zu trace-cells; arrivals twice run on %zu, goodput at 0.90 "
+                "or more there on %zu\n", under_90, twice_run, twice_at_90);
+  return out + buf;
 }
 
 }  // namespace ferry::sim

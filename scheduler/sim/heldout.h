@@ -53,8 +53,14 @@ struct HeldOutOptions {
   // exists (entries for other caps, seeds or cells are ignored and
   // remeasured), then rewritten with every entry. Empty: measure all.
   std::string static_cache_path;
-  // Run only the goodput mode (slo and load-level read 0): quicker while tuning it.
+  // Run only the goodput mode (load-level reads 0): quicker while tuning it.
   bool only_goodput = false;
+  // For each trace-cell where goodput is under this ratio, the same trace
+  // with its window's arrivals played twice (TraceOutcome::twice_*): a
+  // causal controller acts the same on both for the first window, so where
+  // the hindsight-best cap differs between them, no controller that sees
+  // only the past is near both. 0: not run.
+  double twice_below = 0;
 };
 
 // One trace in one cell: requests that met their lane's SLO (every lane).
@@ -65,6 +71,12 @@ struct TraceOutcome {
   int32_t best_cap = 0;  // the smallest cap reaching best_static_good
   int64_t load_level_good = 0;
   int64_t goodput_good = 0;
+  // HeldOutOptions::twice_below: on the trace with its arrivals played twice,
+  // goodput's ratio to that trace's best static cap (twice_best_cap), and
+  // the ratio there of this trace's best cap. Negative: not run.
+  double twice_goodput_ratio = -1;
+  int32_t twice_best_cap = 0;
+  double twice_best_cap_ratio = -1;
   double ratio(int64_t good) const { return static_cast<double>(good) / best_static_good; }
 };
 
@@ -95,7 +107,9 @@ RatioStats ComputeRatioStats(std::vector<double> ratios);
 // over all traces and over the hard ones.
 std::string FormatHeldOut(const std::vector<HeldOutCell>& cells);
 // One line per trace where a mode that ran is under `below`: seed, cell,
-// best cap and goodput, the one cap's, goodput's and load-level's.
+// best cap and goodput, the one cap's, goodput's and load-level's, and the
+// arrivals-twice check when it ran; then a count of the trace-cells under
+// 0.90 and of those where goodput is at 0.90 or more with arrivals twice.
 std::string FormatWeakTraces(const std::vector<HeldOutCell>& cells, double below);
 
 }  // namespace ferry::sim

@@ -31,7 +31,7 @@ struct Flags {
   uint64_t tuning_num_seeds = 0;  // --tuning N: the evaluation on tuning seeds instead
   int32_t jobs = 1;
   std::string static_cache;
-  double list_below = 0;
+  double list_below = 0, twice_below = 0;
   bool only_goodput = false;
   std::string controller_mode = "goodput";
   int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
@@ -144,7 +144,15 @@ int RunHeldOutMode(const Flags& f, const CLI::App& app) {
   o.jobs = f.jobs;
   o.static_cache_path = f.static_cache;
   o.only_goodput = f.only_goodput;
+  o.twice_below = f.twice_below;
   if (app.count("--caps") > 0) o.static_caps = f.caps;
+  // A cell flag given explicitly keeps only its cells (a quicker look at one
+  // kind of trace-cell while tuning).
+  if (app.count("--preset") > 0) o.presets = {f.preset};
+  if (app.count("--enable-prefix-caching") + app.count("--no-enable-prefix-caching") > 0) {
+    o.prefix_caching = {f.enable_prefix_caching};
+  }
+  if (app.count("--slo-tpot-ms") > 0) o.tpot_slos_s = {f.slo_tpot_ms / 1000.0};
   o.ttft_slo_s = f.slo_ttft_ms / 1000.0;
   o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   std::printf("%s seeds %llu..%llu, TTFT SLO %.0f ms, static caps", f.tuning_num_seeds > 0 ? "tuning" : "held-out",
@@ -199,11 +207,15 @@ int main(int argc, char** argv) {
                "the held-out evaluation: goodput, slo, load-level and static caps on the held-out family members");
   app.add_option("--heldout-num-seeds", f.heldout_num_seeds, "--heldout: the first N held-out seeds");
   app.add_option("--tuning", f.tuning_num_seeds,
-                 "the held-out evaluation's cells and report on the first N tuning seeds (what to tune on)");
+                 "the held-out evaluation's cells and report on the first N tuning seeds (what to tune on); "
+                 "--preset, --[no-]enable-prefix-caching and --slo-tpot-ms, when given, keep only their cells");
   app.add_option("--jobs", f.jobs, "--heldout/--tuning: traces measured at once")->check(CLI::Range(1, 256));
   app.add_option("--static-cache", f.static_cache,
                  "--heldout/--tuning: keep static caps' goodput in this file between runs");
   app.add_flag("--only-goodput", f.only_goodput, "--heldout/--tuning: run only the goodput mode (quicker)");
+  app.add_option("--twice-below", f.twice_below,
+                 "--heldout/--tuning: where goodput is under this ratio, also run the trace with its arrivals "
+                 "played twice (listed by --list-below)");
   app.add_option("--list-below", f.list_below,
                  "--heldout/--tuning: list the traces where an adaptive mode is under this ratio");
   app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, goodput (slo: the same as goodput)");
