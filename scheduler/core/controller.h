@@ -205,6 +205,9 @@ class Controller {
   // What the goodput model plans with, from the window; empty until enough
   // completions and steps have been seen (controller_model.cc).
   std::optional<PlannerInputs> ModelInputs(const StepObservation& obs);
+  // The step-time model to plan with now (updates last_fit_); the tokens'
+  // share of the mean step when nothing could be fitted yet.
+  StepFit CurrentFit(double seconds_per_token);
   bool UsesModel() const {
     return options_.mode == ControllerMode::kGoodput || options_.mode == ControllerMode::kLoadLevel;
   }

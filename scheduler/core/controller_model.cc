@@ -8,10 +8,7 @@
 
 namespace ferry::scheduler {
 
-std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs) {
-  const GoodputOptions& g = options_.goodput;
-  const SloOptions& o = options_.slo;
-  if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return std::nullopt;
+StepFit Controller::CurrentFit(double seconds_per_token) {
   // The batch must have varied for a fit (it does on its own as requests
   // come and go below the cap). A cap that stays full stops it varying: the
   // latest fit stands in. Until the first such fit, the fit at one batch
@@ -26,11 +23,19 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   } else if (!fit_has_seqs_) {
     if (std::optional<StepFit> one = steps_.FitAtOneBatchSize()) last_fit_ = one;
   }
+  // Nothing fitted yet (too few steps, or pure decode at one batch size): the tokens' share.
+  return last_fit_ ? *last_fit_ : StepFit{0, 0, seconds_per_token};
+}
+
+std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs) {
+  const GoodputOptions& g = options_.goodput;
+  const SloOptions& o = options_.slo;
+  if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return std::nullopt;
   const double step_mean = steps_.RecentMean(steps_.size());
   const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
   if (step_mean <= 0 || tokens_per_step <= 0) return std::nullopt;
   PlannerInputs in;
-  in.step = last_fit_ ? *last_fit_ : StepFit{0, 0, step_mean / tokens_per_step};
+  in.step = CurrentFit(step_mean / tokens_per_step);
   double out_sum = 0;
   for (const TimedValue& v : outputs_) out_sum += v.value;
   in.output_tokens = std::max(1.0, out_sum / static_cast<double>(outputs_.size()));
