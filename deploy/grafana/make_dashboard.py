@@ -131,7 +131,7 @@ LAYOUT = [
                 "Sequences in the batch and in the queue, against the controller's cap."), 12),
     (state_timeline("Load level", q(f"max by (replica, level) (ferry_scheduler_load_level{{{SCHED}}})",
                                     "{{replica}} {{level}}"),
-                    "The controller's level over time (static, slo, or a load level)."), 12),
+                    "The controller's level over time (static, goodput, or a load level)."), 12),
     (heatmap("Batch size (sequences per step)", "ferry_scheduler_step_sequences", SCHED,
              "How many sequences each step ran."), 8),
     (timeseries("Tokens per step", [q(f"sum(rate(ferry_scheduler_step_tokens_sum{{{SCHED}}}[{RI}])) / "
