@@ -253,6 +253,40 @@ TEST(GoodputModeTest, LearnsWhatASeatCostsWhenTheLoadStartsLight) {
   ExpectGoodputNearTheBestStaticCap("rtx4090d-tp4", 115, 0.0025, {4, 8, 12, 16}, /*caching=*/false);
 }
 
+// --twice-below: a steady 1.36x Poisson overload (tuning seed 193, RAG, 39%
+// interactive, no prefix caching, 2.5 ms). Over the 60 s trace the best cap
+// (12) serves the batch lane and leaves a backlog that the trace's end lets
+// it drain; with the arrivals played twice that cap falls to under half of
+// the best there, and goodput, which serves the interactive lane, is near it.
+TEST(HeldOutTest, ArrivalsTwiceShowsAHindsightCapThatWinsOnTheTracesEnd) {
+  HeldOutOptions o;
+  o.seeds = {193};
+  o.presets = {"rtx4090d-tp4"};
+  o.prefix_caching = {false};
+  o.tpot_slos_s = {0.0025};
+  o.static_caps = {4, 6, 8, 12, 16};
+  o.only_goodput = true;
+  o.twice_below = 0.9;
+  const std::vector<HeldOutCell> cells = RunHeldOut(o);
+  ASSERT_EQ(cells.size(), 1u);
+  ASSERT_EQ(cells[0].traces.size(), 1u);
+  const TraceOutcome& t = cells[0].traces[0];
+  std::printf("seed 193: best cap %d, goodput %.3f; arrivals twice: best cap %d, goodput %.3f, cap %d %.3f\n",
+              t.best_cap, t.ratio(t.goodput_good), t.twice_best_cap, t.twice_goodput_ratio, t.best_cap,
+              t.twice_best_cap_ratio);
+  EXPECT_EQ(t.best_cap, 12);
+  EXPECT_LT(t.ratio(t.goodput_good), 0.9);
+  EXPECT_NE(t.twice_best_cap, t.best_cap);
+  EXPECT_GE(t.twice_goodput_ratio, 0.95);
+  EXPECT_LT(t.twice_best_cap_ratio, 0.5);
+  const std::string listing = FormatWeakTraces(cells, 0.9);
+  EXPECT_NE(listing.find("arrivals twice: goodput"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("goodput under 0.90: 1 trace-cells; arrivals twice run on 1, goodput at 0.90 or more "
+                         "there on 1"),
+            std::string::npos)
+      << listing;
+}
+
 // The model modes keep time in units of the TTFT target (controller.h): the
 // trace, the cost model and every SLO dilated x4 (exact in binary floating
 // point) give the same decisions at 4x the times and the same good requests.
