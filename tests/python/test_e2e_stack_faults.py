@@ -66,6 +66,11 @@ def test_tp2_rank_killed_the_group_restarts_and_every_request_ends_as_without_it
     def kill(metrics):
         before = losses(metrics)
         assert chaos(tp2, "kill-worker", 1).wait(30) == 0
+        # The scheduler counts the loss when a step fails or the process exit is seen, after the kill
+        # returns: until then "recovering" still reads 0 (a CI run read it there and found no loss).
+        deadline = time.time() + 30
+        while losses(metrics) == before and time.time() < deadline:
+            time.sleep(0.05)
         wait_metric(metrics, "ferry_scheduler_worker_recovering", lambda v: v == 0, timeout_s=90)
         return losses(metrics) - before
 
