@@ -229,6 +229,7 @@ class Controller {
   std::deque<TimedValue> slo_arrivals_;  // (time, count) of the SLO lanes (goodput mode)
   std::deque<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
   std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
+  bool draining_ = false;            // the latest plan drained (PlannerInputs::draining)
   bool fit_has_seqs_ = false;        // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
   std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
   bool seen_step_ = false;

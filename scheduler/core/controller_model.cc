@@ -85,10 +85,12 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
 
 void Controller::StepGoodput(const StepObservation& obs) {
   if (obs.now_s - last_adjust_s_ < options_.goodput.adjust_interval_s) return;
-  const std::optional<PlannerInputs> in = ModelInputs(obs);
+  std::optional<PlannerInputs> in = ModelInputs(obs);
   if (!in) return;
   last_adjust_s_ = obs.now_s;
+  in->draining = draining_;
   const PlannerChoice choice = PlanCap(*in);
+  draining_ = choice.drains;
   // A raise of a sixteenth of the cap or less is noise in the window's
   // estimates (it flaps at a TPOT bound that falls between two caps); cuts
   // are always taken.
@@ -106,7 +108,9 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
   // The pool may bound every level above the smallest: that one stays a choice.
   in->max_num_seqs = std::max(in->max_num_seqs, std::min(levels.front().num_seqs, options_.max_num_seqs));
   in->min_num_seqs = std::min(in->min_num_seqs, levels.front().num_seqs);
+  in->draining = draining_;
   const PlannerChoice choice = PlanCap(*in);
+  draining_ = choice.drains;
   size_t target = 0;
   while (target + 1 < levels.size() && levels[target].num_seqs != choice.cap) ++target;
   if (target == level_) return;

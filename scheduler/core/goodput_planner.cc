@@ -130,6 +130,45 @@ CapForecast Forecast(const PlannerInputs& in, int32_t cap, double needed_batch) 
   return f;
 }
 
+// The smallest cap within tie_share of the most completions: it drains a
+// queue of the SLO lanes older than their TTFT target as fast as any.
+const CapForecast* DrainCap(const PlannerInputs& in, const std::vector<CapForecast>& all) {
+  double most = 0;
+  for (const CapForecast& f : all) most = std::max(most, f.completions_per_s);
+  for (const CapForecast& f : all) {
+    if (f.completions_per_s >= (1.0 - in.tie_share) * most) return &f;
+  }
+  return &all.front();
+}
+
+// Whether every SLO-lane arrival of the horizon meets the TTFT target at
+// `f`'s cap (within tie_share): the queue stays under what drains in time.
+bool KeepsTtft(const PlannerInputs& in, const CapForecast& f) {
+  if (in.slo_rate_per_s <= 0) return in.slo_queue <= f.completions_per_s * in.ttft_target_s;
+  return SloTtftGoodPerSecond(in, f.completions_per_s) >= (1.0 - in.tie_share) * in.slo_rate_per_s;
+}
+
+// Among the caps about as good as the best: the largest that stays so even
+// when it fills (a burst then costs queueing, not TPOT); else the smallest
+// that reaches the best almost in full (more seats would only let a burst
+// stretch the steps of everything running).
+const CapForecast* BestCap(const PlannerInputs& in, const std::vector<CapForecast>& all, double best,
+                           const char** why) {
+  const double tie = (1.0 - in.tie_share) * best;
+  const CapForecast* chosen = nullptr;
+  *why = "the largest cap as good as the best even when full";
+  for (const CapForecast& f : all) {
+    if (f.good_per_s >= tie && f.full_good_per_s >= tie) chosen = &f;
+  }
+  if (chosen != nullptr) return chosen;
+  *why = "the smallest cap reaching the best";
+  const double near = (1.0 - in.tie_share / 4) * best;
+  for (const CapForecast& f : all) {
+    if (f.good_per_s >= near) return &f;
+  }
+  return &all.back();
+}
+
 }  // namespace
 
 PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts) {
@@ -150,41 +189,24 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
     }
     if (all.empty()) throw std::invalid_argument("goodput planner: no candidate cap within the bounds");
   }
-  const double tie = (1.0 - in.tie_share) * best;
-  // Among the caps about as good as the best: the largest that stays so even
-  // when it fills (a burst then costs queueing, not TPOT); else the smallest
-  // that reaches the best almost in full (more seats would only let a burst
-  // stretch the steps of everything running).
+  const char* why = "nothing meets the targets: drain at the most completions";
   const CapForecast* chosen = nullptr;
-  const char* why = "the largest cap as good as the best even when full";
-  if (best <= 0) {
-    // Every request now in view misses (a queue of the SLO lanes older than
-    // their TTFT target takes every seat): drain it as fast as possible, the
-    // smallest cap within tie_share of the most completions.
-    double most = 0;
-    for (const CapForecast& f : all) most = std::max(most, f.completions_per_s);
-    for (const CapForecast& f : all) {
-      if (chosen == nullptr && f.completions_per_s >= (1.0 - in.tie_share) * most) chosen = &f;
+  bool drains = best <= 0;
+  if (!drains) {
+    chosen = BestCap(in, all, best, &why);
+    if (in.draining && !KeepsTtft(in, *chosen)) {
+      drains = true;
+      why = "still draining: the best cap lets the SLO lanes' queue regrow past their TTFT target";
     }
-    why = "nothing meets the targets: drain at the most completions";
   }
-  for (const CapForecast& f : all) {
-    if (best > 0 && f.good_per_s >= tie && f.full_good_per_s >= tie) chosen = &f;
-  }
-  if (chosen == nullptr) {
-    const double near = (1.0 - in.tie_share / 4) * best;
-    for (const CapForecast& f : all) {
-      if (f.good_per_s >= near) {
-        chosen = &f;
-        break;
-      }
-    }
-    why = "the smallest cap reaching the best";
-  }
+  // Every request now in view misses (a queue of the SLO lanes older than
+  // their TTFT target takes every seat): drain it as fast as possible.
+  if (drains) chosen = DrainCap(in, all);
   PlannerChoice out;
   out.cap = chosen->cap;
   out.best_good_per_s = best;
   out.chosen = *chosen;
+  out.drains = drains;
   char buf[480];
   std::snprintf(buf, sizeof(buf),
                 "%s: %.1f good/s of %.1f demanded (slo lanes %.1f/s, %.0f waiting), step %.2f ms (full %.2f ms, fit %.3f ms + "

@@ -63,6 +63,11 @@ struct PlannerInputs {
   // A cap whose expected goodput is within this share of the best counts as
   // best; among those the choice prefers TPOT safety at full load.
   double tie_share = 0.02;
+  // The previous choice drained (PlannerChoice::drains). Draining goes on
+  // until a cap keeps every SLO-lane arrival of the horizon within the TTFT
+  // target: back at a cap that holds TPOT while the queue regrows past the
+  // target, the requests it admits lose their TPOT when the drain resumes.
+  bool draining = false;
 };
 
 struct CapForecast {
@@ -79,6 +84,7 @@ struct PlannerChoice {
   int32_t cap = 1;
   double best_good_per_s = 0;
   CapForecast chosen;
+  bool drains = false;  // no cap meets the targets now: the most completions, whatever the TPOT
   std::string reason;  // with the numbers behind the choice, for the change log
 };
 

@@ -86,7 +86,35 @@ TEST(GoodputPlannerTest, DrainsAtTheMostCompletionsWhenNothingCanMeetTheTargets)
   std::vector<CapForecast> f;
   const PlannerChoice c = PlanCap(in, &f);
   EXPECT_EQ(c.best_good_per_s, 0);
+  EXPECT_TRUE(c.drains);
   EXPECT_GE(c.chosen.completions_per_s, 0.98 * f.back().completions_per_s) << c.reason;
+}
+
+TEST(GoodputPlannerTest, KeepsDrainingWhileTheQueueWouldRegrowPastTheTtftTarget) {
+  PlannerInputs in = DecodeOnly();
+  in.ttft_target_s = 1;
+  // Cap 20 holds TPOT and completes 50/s, under the 60/s arriving: 20 waiting
+  // reach the 50 that drain in a second after 3 s, so 3 of the horizon's 5 s
+  // of arrivals meet TTFT there, and no larger cap meets TPOT.
+  in.slo_rate_per_s = 60;
+  in.slo_queue = 20;
+  const PlannerChoice fresh = PlanCap(in);
+  EXPECT_EQ(fresh.cap, 20) << fresh.reason;
+  EXPECT_FALSE(fresh.drains);
+  EXPECT_NEAR(fresh.best_good_per_s, 36, 1e-9);
+  // After a drain the same cap would admit requests whose TPOT the next
+  // drain (in 3 s) breaks: draining goes on at the most completions.
+  in.draining = true;
+  std::vector<CapForecast> f;
+  const PlannerChoice still = PlanCap(in, &f);
+  EXPECT_TRUE(still.drains) << still.reason;
+  EXPECT_GE(still.chosen.completions_per_s, 0.98 * f.back().completions_per_s) << still.reason;
+  // Once cap 20 keeps up (45/s arriving) with the queue drained, it ends.
+  in.slo_rate_per_s = 45;
+  in.slo_queue = 0;
+  const PlannerChoice done = PlanCap(in);
+  EXPECT_FALSE(done.drains) << done.reason;
+  EXPECT_EQ(done.cap, 20) << done.reason;
 }
 
 TEST(GoodputPlannerTest, RefusesInputsItCannotPlanWith) {

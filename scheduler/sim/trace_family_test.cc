@@ -253,6 +253,17 @@ TEST(GoodputModeTest, LearnsWhatASeatCostsWhenTheLoadStartsLight) {
   ExpectGoodputNearTheBestStaticCap("rtx4090d-tp4", 115, 0.0025, {4, 8, 12, 16}, /*caching=*/false);
 }
 
+// An on/off chat trace (tuning seed 135, 52% interactive, no prefix caching,
+// 2.5 ms): each on-period brings more interactive requests than the caps that
+// hold TPOT complete, so their queue passes the TTFT target and the planner
+// drains it. Going back to the TPOT-safe cap as soon as the queue dipped
+// under the target admitted requests whose TPOT the next drain, 0.5 s later,
+// broke: the cap flapped between 28 and 48 (0.807 of the best static cap).
+// Draining now lasts until that cap keeps the horizon's arrivals in time.
+TEST(GoodputModeTest, KeepsDrainingUntilTheQueueStaysUnderItsTtftTarget) {
+  ExpectGoodputNearTheBestStaticCap("rtx4090d-tp4", 135, 0.0025, {24, 28, 48, 56}, /*caching=*/false);
+}
+
 // --twice-below: a steady 1.36x Poisson overload (tuning seed 193, RAG, 39%
 // interactive, no prefix caching, 2.5 ms). Over the 60 s trace the best cap
 // (12) serves the batch lane and leaves a backlog that the trace's end lets
