@@ -217,6 +217,13 @@ int main(int argc, char** argv) {
     for (int k = 0; k < connections; ++k) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      // A scheduler restarted by its supervisor is back within about a second. gRPC's default
+      // reconnect backoff (1 s growing 1.6x to 120 s) kept a replica out of rotation for 3 s
+      // after it served again, past the 5 s a request that had sent nothing may wait for one
+      // (test_e2e_worker_loss); after a minute's outage it would be tens of seconds. Retry
+      // every 250 ms growing to 1 s: a connect attempt a second to a dead address is nothing.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       out.push_back(ferry::InternalChannel(address, flags.service.tls, args));
     }
     return out;

@@ -109,6 +109,22 @@ def run_streams(gateway, pb, requests, timeout_s=300):
     return results
 
 
+def wait_serving(gateway, pb, timeout_s=60):
+    """Sends a one-token request through the gateway until one ends OK: the gateway has the scheduler it
+    was started with (or one restarted on its address) in rotation. A test that restarts a service with
+    new flags waits for this, so that its requests' queue timeouts do not start while the gateway is
+    still reconnecting."""
+    probe = pb.gen.GenerateRequest(request_id="serving-probe", text=b"probe",
+                                   sampling=pb.gen.SamplingParams(max_tokens=1, ignore_eos=True))
+    deadline = time.time() + timeout_s
+    while True:
+        code = run_streams(gateway, pb, [probe], timeout_s=30)["serving-probe"][2]
+        if code == grpc.StatusCode.OK:
+            return
+        assert time.time() < deadline, f"the gateway did not serve within {timeout_s} s: {code}"
+        time.sleep(0.2)
+
+
 def wait_metric(port, name, predicate, timeout_s=60):
     deadline = time.time() + timeout_s
     while True:

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from conftest import binary
-from faults import Proc, requests_mix, run_streams, scrape, wait_metric
+from faults import Proc, requests_mix, run_streams, scrape, wait_metric, wait_serving
 
 # Above the longest step: the 0.5B shape's prefill of 8,192 batched tokens takes over 10 s on 2 cores.
 STEP_TIMEOUT_S = int(os.environ.get("FERRY_FAULT_STEP_TIMEOUT_S", "10"))
@@ -138,6 +138,7 @@ def test_scheduler_killed_requests_not_started_are_retried_and_every_request_end
     scheduler.stop()
     scheduler.argv += ["--max-num-seqs", "8"]
     scheduler.start()
+    wait_serving(gateway.address, ferry_pb)
     requests = requests_mix(ferry_pb, 24, 24, max_tokens=200)
     killed = threading.Event()
 
@@ -180,6 +181,7 @@ def test_worker_not_back_in_time_requests_end_unavailable_and_health_says_so(ser
     recovery_s = 3
     scheduler.argv[scheduler.argv.index("--worker-recovery-timeout-s") + 1] = str(recovery_s)
     scheduler.start()
+    wait_serving(gateway.address, ferry_pb)
     requests = requests_mix(ferry_pb, 8, 8, max_tokens=1500)
     ended_at = {}
 
