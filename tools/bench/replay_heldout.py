@@ -190,6 +190,8 @@ def main():
     ap.add_argument("--min-load", type=float, default=0.9)
     ap.add_argument("--max-diff-pp", type=float, default=5.0)
     ap.add_argument("--sim-only", action="store_true", help="choose the traces and print ferry-sim's ratios only")
+    ap.add_argument("--only-seed", type=int, default=0,
+                    help="of the chosen traces, replay only this seed's (a rerun after a controller change)")
     a = ap.parse_args()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     bin_dir, d = a.bin_dir.resolve(), a.dilation
@@ -197,6 +199,8 @@ def main():
     modes = [m for m in a.modes.split(",") if m]
     rows, worst = [], 0.0
     for (seed, raw, line), (tpot_ms, caching) in zip(choose_seeds(bin_dir, a.out_dir, a.min_load, len(CELLS)), CELLS):
+        if a.only_seed and seed != a.only_seed:
+            continue
         print(f"== {line}; TPOT SLO {tpot_ms} ms, prefix caching {'on' if caching else 'off'}", flush=True)
         trace, preset = a.out_dir / f"trace-{seed}-x{d:g}.jsonl", a.out_dir / f"preset-x{d:g}.json"
         n = dilate(raw, trace, preset, d)
