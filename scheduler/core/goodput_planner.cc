@@ -200,7 +200,8 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
     }
   }
   // Every request now in view misses (a queue of the SLO lanes older than
-  // their TTFT target takes every seat): drain it as fast as possible.
+  // their TTFT target takes every seat), or a drain under way would only
+  // pause: drain as fast as possible.
   if (drains) chosen = DrainCap(in, all);
   PlannerChoice out;
   out.cap = chosen->cap;
