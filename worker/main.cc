@@ -90,10 +90,13 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
                  "Fraction of the GPU's memory for weights, activations and KV cache (--device cuda)")
       ->check(CLI::Range(0.01f, 1.0f));
-  app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in a step the GPU buffers hold (--device cuda)")
+  app.add_option("--max-num-seqs", f.max_num_seqs,
+                 "Most sequences in a step the GPU buffers hold (--device cuda); the CPU engine reserves its "
+                 "logits workspace for this many at start")
       ->check(CLI::Range(1, 4096));
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
-                 "Most tokens in a step the GPU buffers hold (--device cuda)")->check(CLI::Range(1, 1 << 20));
+                 "Most tokens in a step the GPU buffers hold (--device cuda); the CPU engine reserves its "
+                 "activation workspace for a step this large at start")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs for decode steps (--device cuda)");
   app.add_option("--gpu-plugin", f.gpu_plugin, "The GPU engine library for --device cuda (default: "
                  "libferry-gpu.so beside ferry-worker)");
@@ -130,6 +133,8 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prome
   if (flags.backend == "cpu") {
     ferry::worker::RunnerOptions runner = flags.runner;
     runner.speculative = ferry::worker::ParseSpeculativeConfig(flags.speculative_config);
+    runner.reserve_tokens = flags.max_num_batched_tokens;
+    runner.reserve_logits_rows = flags.max_num_seqs;
     return ferry::worker::ModelRunner::Create(runner);
   }
   if (flags.cost_model.empty()) throw std::invalid_argument("--backend sim needs --cost-model");

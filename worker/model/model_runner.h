@@ -57,6 +57,12 @@ struct RunnerOptions {
   // vLLM's --speculative-config: the default for sequences whose NewSequenceSpec says nothing is
   // the scheduler's to apply (it is reported in ModelInfo); the runner reads the n-gram limits.
   SpeculativeConfig speculative;
+  // The CPU engine's activation workspace is reserved (and its pages touched) at start for a
+  // step of this many tokens and sampled rows, so the process's memory is known from the start
+  // and a larger step later does not grow it (a grow-only workspace reaching a new largest
+  // step read as a leak in the soak test). 0: grown on demand. A step beyond them still runs.
+  int32_t reserve_tokens = 0;
+  int32_t reserve_logits_rows = 0;
 };
 
 // Sampling defaults from generation_config.json; unset fields fall back to

@@ -335,5 +335,29 @@ TEST(RandomCheckpointTest, DeterministicAndEveryDtypeLoads) {
   EXPECT_EQ(Argmax(logits["float16"].data(), 2048), Argmax(logits["float32"].data(), 2048));
 }
 
+// The runner reserves the workspace for its largest step at start (RunnerOptions::
+// reserve_tokens), so serving never grows it: a step of that size allocates nothing more, and
+// a larger one still runs (it grows the buffers).
+TEST(RandomCheckpointTest, AReservedWorkspaceHoldsItsLargestStep) {
+  TempDir dir("reserved_workspace");
+  WriteRandomQwen2Checkpoint(TinyShape(), 3, "float32", dir.str(), {});
+  auto model = Qwen2Model::Load(dir.str());
+  KvCache cache(model->config(), 8, 16);
+  model->Reserve(/*num_tokens=*/32, /*logits_rows=*/4);
+  const size_t reserved = model->workspace_bytes();
+  ASSERT_GT(reserved, 0u);
+  std::vector<int32_t> prompt(33);
+  for (int32_t i = 0; i < 33; ++i) prompt[i] = 7 * i + 1;
+  ForwardBatch full;
+  full.AddSequence(prompt.data(), 32, 0, {0, 1}, 16, /*num_last_logits=*/0);
+  full.logits_rows = {28, 29, 30, 31};
+  EXPECT_EQ(model->Forward(full, cache).size(), 4u * model->config().vocab_size);
+  EXPECT_EQ(model->workspace_bytes(), reserved);
+  ForwardBatch larger;
+  larger.AddSequence(prompt.data(), 33, 0, {2, 3, 4}, 16, /*num_last_logits=*/1);
+  EXPECT_EQ(model->Forward(larger, cache).size(), size_t{1} * model->config().vocab_size);
+  EXPECT_GT(model->workspace_bytes(), reserved);
+}
+
 }  // namespace
 }  // namespace ferry::worker

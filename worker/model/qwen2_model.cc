@@ -116,9 +116,8 @@ KvCacheLayout Qwen2Model::kv_layout() const {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-const std::vector<float>& Qwen2Model::Forward(const ForwardBatch& batch, KvCache& cache) {
-  const Qwen2Config& c = config_;
-  const int64_t n = batch.num_tokens(), hidden = c.hidden_size, d = c.head_dim;
+void Qwen2Model::GrowForTokens(int64_t n) {
+  const int64_t hidden = config_.hidden_size, d = config_.head_dim;
   const int64_t qkv_dim = int64_t{shard_.num_q_heads + 2 * shard_.num_kv_heads} * d;
   Workspace& ws = *ws_;
   Grow(ws.x, n * hidden);
@@ -129,6 +128,39 @@ const std::vector<float>& Qwen2Model::Forward(const ForwardBatch& batch, KvCache
   Grow(ws.attn, n * shard_.num_q_heads * d);
   Grow(ws.gate_up, n * 2 * shard_.inter_size);
   Grow(ws.act, n * shard_.inter_size);
+}
+
+void Qwen2Model::GrowForLogits(int64_t rows) {
+  Workspace& ws = *ws_;
+  Grow(ws.last, rows * config_.hidden_size);
+  Grow(ws.logits, rows * config_.vocab_size);
+  if (options_.comm != nullptr) {
+    Grow(ws.local_logits, rows * shard_.vocab_rows);
+    Grow(ws.gathered, shard_.size * rows * shard_.vocab_rows);
+  }
+}
+
+void Qwen2Model::Reserve(int64_t num_tokens, int64_t logits_rows) {
+  // std::vector's resize value-initialises: every page is written, so resident from here.
+  GrowForTokens(num_tokens);
+  GrowForLogits(logits_rows);
+}
+
+size_t Qwen2Model::workspace_bytes() const {
+  const Workspace& w = *ws_;
+  size_t floats = 0;
+  for (const std::vector<float>* b : {&w.x, &w.h, &w.partial, &w.rope, &w.qkv, &w.attn, &w.gate_up, &w.act, &w.last,
+                                      &w.local_logits, &w.gathered, &w.logits}) {
+    floats += b->capacity();
+  }
+  return floats * sizeof(float);
+}
+
+const std::vector<float>& Qwen2Model::Forward(const ForwardBatch& batch, KvCache& cache) {
+  const Qwen2Config& c = config_;
+  const int64_t n = batch.num_tokens();
+  Workspace& ws = *ws_;
+  GrowForTokens(n);
   Embed(batch);
   // Every layer rotates by the same positions: the cos/sin table is computed once per step.
   kc::RotaryTable(batch.positions.data(), n, c.head_dim, c.rope_theta, ws.rope.data());
@@ -227,8 +259,8 @@ void Qwen2Model::ComputeLogits(std::span<const int32_t> token_rows) {
   const int64_t rows = static_cast<int64_t>(token_rows.size());
   const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;
   Workspace& ws = *ws_;
-  Grow(ws.last, rows * hidden);
-  ws.logits.resize(rows * vocab);
+  GrowForLogits(rows);
+  ws.logits.resize(rows * vocab);  // the caller reads its size: [rows, vocab]
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(ws.last.data() + r * hidden, ws.x.data() + int64_t{token_rows[r]} * hidden,
                 hidden * sizeof(float));
@@ -242,8 +274,6 @@ void Qwen2Model::ComputeLogits(std::span<const int32_t> token_rows) {
   // Vocab-parallel: each rank computes its (padded) slice, then every rank gathers all slices
   // and drops the padding. Copies only, so the logits are bitwise identical on every rank.
   const int64_t slice = shard_.vocab_rows, size = shard_.size;
-  Grow(ws.local_logits, rows * slice);
-  Grow(ws.gathered, size * rows * slice);
   if (rows == 0) return;
   lm_head_->Forward(ws.last.data(), ws.local_logits.data(), rows);
   options_.comm->AllGather(ws.local_logits.data(), static_cast<size_t>(rows * slice),

@@ -124,6 +124,11 @@ class Qwen2Model {
   // previous call returned. Lets a caller that needs many rows (prompt logprobs) take them a
   // slice at a time, bounding the logits buffer. Every rank must make the same calls.
   const std::vector<float>& Logits(std::span<const int32_t> token_rows);
+  // Sizes the activation workspace for a step of `num_tokens` tokens sampling `logits_rows`
+  // rows, touching every page (RunnerOptions::reserve_tokens). Buffers only grow.
+  void Reserve(int64_t num_tokens, int64_t logits_rows);
+  // Bytes the activation workspace holds (its buffers' capacities).
+  size_t workspace_bytes() const;
 
  private:
   struct Layer;
@@ -137,6 +142,8 @@ class Qwen2Model {
   void Attention(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void AddToResidual(Linear& proj, const float* in, int64_t num_tokens);
   void ComputeLogits(std::span<const int32_t> token_rows);
+  void GrowForTokens(int64_t num_tokens);   // the per-token buffers of the workspace
+  void GrowForLogits(int64_t logits_rows);  // the logits buffers
 
   Qwen2Config config_;
   ModelOptions options_;

@@ -54,6 +54,7 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
     openblas_set_num_threads(options.num_threads);
   }
   model_ = Qwen2Model::Load(options.model_dir, model_options);
+  model_->Reserve(options.reserve_tokens, options.reserve_logits_rows);
   const Qwen2Config& c = model_->config();
   info_.model = c.name;
   info_.dtype = options_.dtype;
