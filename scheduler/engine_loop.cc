@@ -72,10 +72,10 @@ uint64_t EngineLoop::Submit(RequestSpec spec, std::shared_ptr<EventSink> sink, u
 
 void EngineLoop::Cancel(uint64_t seq_id) { Push(CancelCommand{seq_id}); }
 
-LoopState EngineLoop::SetMaxNumSeqs(int32_t max_num_seqs) {
+LoopState EngineLoop::SetMaxNumSeqs(int32_t max_num_seqs, bool hold) {
   auto done = std::make_shared<std::promise<void>>();
   auto applied = done->get_future();
-  Push(SetCapCommand{max_num_seqs, done});
+  Push(SetCapCommand{max_num_seqs, hold, done});
   applied.wait();
   return State();
 }
@@ -176,7 +176,7 @@ void EngineLoop::Apply(Command& command) {
     Dispatch({SeqEvent{.seq_id = cancel->seq_id, .finish = FinishKind::kCancelled}}, now);
   } else {
     auto& set = std::get<SetCapCommand>(command);
-    controller_.Set(set.max_num_seqs, Seconds(now));
+    controller_.Set(set.max_num_seqs, Seconds(now), set.hold);
     NextCap(now);  // log and export the change now, not at the next step
     Publish();
     set.done->set_value();
@@ -448,6 +448,7 @@ void EngineLoop::Publish() {
   state_.prefix_cache_queries = core_.num_prefix_cache_queries();
   state_.prefix_cache_hits = core_.num_prefix_cache_hits();
   state_.num_cap_changes = status.num_changes;
+  state_.cap_held = status.held;
   state_.workers_lost = lost_;
 }
 

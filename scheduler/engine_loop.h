@@ -113,6 +113,7 @@ struct LoopState {
   uint64_t prefix_cache_queries = 0;
   uint64_t prefix_cache_hits = 0;
   uint64_t num_cap_changes = 0;
+  bool cap_held = false;  // an admin Set holds the cap (Controller::Set)
   // The worker group was lost and is not back: steps wait (health says NOT_SERVING).
   bool workers_lost = false;
 };
@@ -134,8 +135,9 @@ class EngineLoop {
   uint64_t Submit(RequestSpec spec, std::shared_ptr<EventSink> sink, uint64_t tag);
   // The sequence leaves the batch at the next step and its blocks are freed.
   void Cancel(uint64_t seq_id);
-  // Admin: sets the cap (clamped to the controller's bounds); returns once applied.
-  LoopState SetMaxNumSeqs(int32_t max_num_seqs);
+  // Admin: sets the cap (clamped to the controller's bounds), held there or
+  // for the adaptive modes to move (Controller::Set); returns once applied.
+  LoopState SetMaxNumSeqs(int32_t max_num_seqs, bool hold);
   LoopState State() const;
 
   const SchedulerConfig& config() const { return config_; }
@@ -153,6 +155,7 @@ class EngineLoop {
   };
   struct SetCapCommand {
     int32_t max_num_seqs;
+    bool hold;
     std::shared_ptr<std::promise<void>> done;
   };
   using Command = std::variant<AddCommand, CancelCommand, SetCapCommand>;

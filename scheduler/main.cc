@@ -20,7 +20,9 @@ struct Flags {
   std::vector<std::string> workers;
   int max_num_seqs = 256;
   int min_num_seqs = 1;
-  std::string controller_mode = "static";
+  // The mode that holds the held-out criterion best (docs/benchmarks/scheduler.md section 7);
+  // --max-num-seqs is its upper bound, and static keeps the cap there (vLLM's fixed cap).
+  std::string controller_mode = "goodput";
   double slo_ttft_ms = 1000;
   double slo_tpot_ms = 50;
   double slo_percentile = 95;
@@ -44,7 +46,7 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
-  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: static, load-level, goodput (slo: the same as goodput)")
+  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
       ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
   app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target");
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target");

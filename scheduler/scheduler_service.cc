@@ -57,6 +57,7 @@ void ToProto(const LoopState& s, ferry::v1::SchedulerState* out) {
   out->set_prefix_cache_queries(s.prefix_cache_queries);
   out->set_prefix_cache_hits(s.prefix_cache_hits);
   out->set_num_cap_changes(s.num_cap_changes);
+  out->set_cap_held(s.cap_held);
 }
 
 ferry::v1::FinishKind ToProto(FinishKind kind) {
@@ -492,8 +493,9 @@ grpc::Status SchedulerService::SetMaxNumSeqs(grpc::ServerContext*, const ferry::
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "max_num_seqs = " + std::to_string(request->max_num_seqs()) + " must be > 0");
   }
-  spdlog::info("admin: max_num_seqs set to {}", request->max_num_seqs());
-  ToProto(loop_.SetMaxNumSeqs(request->max_num_seqs()), out);
+  spdlog::info("admin: max_num_seqs set to {}{}", request->max_num_seqs(),
+               request->adapt() ? " (the controller may move it)" : " (held)");
+  ToProto(loop_.SetMaxNumSeqs(request->max_num_seqs(), !request->adapt()), out);
   return grpc::Status::OK;
 }
 

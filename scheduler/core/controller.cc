@@ -178,6 +178,7 @@ int32_t Controller::Step(const StepObservation& obs) {
   }
   preemptions_since_adjust_ += obs.num_preemptions;
   Expire(obs.now_s);
+  if (held_) return num_seqs_;  // observed above, so the model is current when released
   switch (options_.mode) {
     case ControllerMode::kStatic: break;
     case ControllerMode::kLoadLevel: StepLoadLevel(obs); break;
@@ -244,10 +245,11 @@ int32_t Controller::KvRaiseLimit(const StepObservation& obs) const {
   return std::max(limit, options_.min_num_seqs);
 }
 
-void Controller::Set(int32_t num_seqs, double now_s) {
+void Controller::Set(int32_t num_seqs, double now_s, bool hold) {
   const int32_t to = std::clamp(num_seqs, options_.min_num_seqs, options_.max_num_seqs);
   last_adjust_s_ = now_s;
-  Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + ")");
+  held_ = hold;
+  Change(now_s, to, "admin", "Set(" + std::to_string(num_seqs) + (hold ? ", held)" : ")"));
   // The reported percentiles describe the cap the operator replaced.
   ttft_.clear();
   tpot_.clear();
@@ -269,6 +271,7 @@ ControllerStatus Controller::status() const {
   s.tpot_p_s = tpot_p_s_;
   s.arrival_rate_per_s = ArrivalRate(last_step_s_);
   s.num_changes = changes_.size();
+  s.held = held_;
   return s;
 }
 

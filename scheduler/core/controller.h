@@ -164,6 +164,7 @@ struct ControllerStatus {
   double tpot_p_s = 0;
   double arrival_rate_per_s = 0;
   uint64_t num_changes = 0;
+  bool held = false;  // an admin Set holds the cap (Controller::Set)
 };
 
 class Controller {
@@ -176,9 +177,11 @@ class Controller {
   void OnCompletion(const RequestCompletion& done);
   // Returns the cap for the next Plan. Observations must come in time order.
   int32_t Step(const StepObservation& obs);
-  // Admin override: the cap becomes `num_seqs` clamped to [min, max], and in
-  // static mode stays there; adaptive modes continue from it.
-  void Set(int32_t num_seqs, double now_s);
+  // Admin override: the cap becomes `num_seqs` clamped to [min, max]. With
+  // `hold` it stays there until a Set without it (an operator's or a sweep's
+  // exact cap; the model modes keep learning meanwhile); without, adaptive
+  // modes continue from it. Static mode never moves it either way.
+  void Set(int32_t num_seqs, double now_s, bool hold);
 
   int32_t num_seqs() const { return num_seqs_; }
   // goodput mode: the next Step at `now_s` may change the cap, so it reads
@@ -230,6 +233,7 @@ class Controller {
   std::deque<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
   std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
   bool draining_ = false;            // the latest plan drained (PlannerInputs::draining)
+  bool held_ = false;                // an admin Set holds the cap: adaptive modes do not move it
   bool fit_has_seqs_ = false;        // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
   std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
   bool seen_step_ = false;

@@ -36,9 +36,9 @@ ControllerOptions Options(ControllerMode mode) {
 TEST(ControllerTest, StaticKeepsMaxUntilSet) {
   Controller c(Options(ControllerMode::kStatic));
   for (int i = 0; i < 100; ++i) EXPECT_EQ(c.Step(Obs(i * 0.1, 64, 500, 0.99, 1.0)), 64);
-  c.Set(1000, 10.0);
+  c.Set(1000, 10.0, false);
   EXPECT_EQ(c.num_seqs(), 64);  // clamped, no change
-  c.Set(1, 11.0);
+  c.Set(1, 11.0, false);
   EXPECT_EQ(c.Step(Obs(12, 2, 0)), 2);  // clamped to min
   ASSERT_EQ(c.changes().size(), 1u);
   EXPECT_EQ(c.changes()[0].level, "admin");
@@ -134,6 +134,25 @@ TEST(ControllerTest, GoodputSettlesOnTheLargestCapWhoseTpotHoldsWhenFull) {
   const size_t changes = c.changes().size();
   r.Run(c, 60);
   EXPECT_EQ(c.changes().size(), changes);
+}
+
+// An operator's (or a sweep's) exact cap: a held Set stays through load the
+// model would answer with another cap; released, the model moves it again.
+TEST(ControllerTest, GoodputKeepsAHeldCapUntilASetReleasesIt) {
+  Controller c(ModelOptions(ControllerMode::kGoodput));
+  Replica r;
+  r.Run(c, 20);
+  ASSERT_LE(c.num_seqs(), 20);
+  c.Set(40, r.now, /*hold=*/true);
+  EXPECT_TRUE(c.status().held);
+  r.Run(c, 40);
+  EXPECT_EQ(c.num_seqs(), 40);
+  EXPECT_EQ(c.changes().back().reason, "Set(40, held)");
+  c.Set(40, r.now, /*hold=*/false);
+  EXPECT_FALSE(c.status().held);
+  r.Run(c, 60);
+  EXPECT_GE(c.num_seqs(), 19);  // the TPOT-bound cap again (19 or 20, as in the test above)
+  EXPECT_LE(c.num_seqs(), 20);
 }
 
 TEST(ControllerTest, RefusesAnObservationThatBreaksItsInvariants) {

@@ -150,8 +150,11 @@ def test_a_trace_is_replayed_open_loop(sim_stack, tmp_path):
 
 
 def test_sweep_sets_the_cap_through_the_admin_rpc(sim_stack, tmp_path, ferry_pb):
+    """The sweep holds each cap (the stack runs the default goodput controller, which would otherwise
+    move it under the measurement) and leaves the cap as it found it: held at 12 here."""
     sched = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(sim_stack.scheduler))
-    before = sched.GetState(ferry_pb.sched.GetStateRequest(), timeout=10)
+    before = sched.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=12), timeout=10)
+    assert (before.controller_mode, before.max_num_seqs, before.cap_held) == ("goodput", 12, True)
     out = tmp_path / "sweep"
     proc = bench("sweep", "--stack-file", sim_stack.ready_file, "--no-progress", "--max-num-seqs", "1,4,8",
                  "--concurrency", "cap", "--num-requests", 16, "--input-len", 64, "--output-len", 16,
@@ -167,7 +170,7 @@ def test_sweep_sets_the_cap_through_the_admin_rpc(sim_stack, tmp_path, ferry_pb)
         assert p["mean_num_running"] <= p["max_num_seqs"] + 1e-9
     assert s["recommendation"]["max_num_seqs"] in caps
     after = sched.GetState(ferry_pb.sched.GetStateRequest(), timeout=10)
-    assert after.max_num_seqs == before.max_num_seqs  # restored
+    assert (after.max_num_seqs, after.cap_held) == (12, True)  # restored
     assert after.num_cap_changes >= before.num_cap_changes + 4  # three points and the restore
     md = (out / "sweep.md").read_text()
     assert "| max_num_seqs | engine util | tokens/s (output) | P99 ms (E2EL) | memory | success |" in md
@@ -175,3 +178,17 @@ def test_sweep_sets_the_cap_through_the_admin_rpc(sim_stack, tmp_path, ferry_pb)
     for chart in ["throughput_vs_cap.svg", "p99_vs_cap.svg", "throughput_vs_p99.svg"]:
         assert (out / chart).read_text().startswith("<svg")
     assert len((out / "sweep.csv").read_text().splitlines()) == 4
+
+
+def test_sweep_leaves_an_adapting_controller_adapting(sim_stack, tmp_path, ferry_pb):
+    sched = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(sim_stack.scheduler))
+    state = sched.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=12, adapt=True), timeout=10)
+    assert not state.cap_held
+    bench("sweep", "--stack-file", sim_stack.ready_file, "--no-progress", "--max-num-seqs", "4",
+          "--concurrency", "cap", "--num-requests", 8, "--input-len", 64, "--output-len", 16,
+          "--out-dir", tmp_path / "sweep")
+    point, = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["points"]
+    assert point["applied_max_num_seqs"] == point["read_max_num_seqs"] == 4  # held while measured
+    after = sched.GetState(ferry_pb.sched.GetStateRequest(), timeout=10)
+    assert (after.controller_mode, after.cap_held) == ("goodput", False)
+

@@ -21,7 +21,8 @@ from conftest import REPO, Stack
 def sim_stack(tiny_model, tmp_path_factory):
     s = Stack(tiny_model, tmp_path_factory.mktemp("prio-stack"), [
         "--worker-arg=--backend=sim", f"--worker-arg=--cost-model={REPO / 'tests/fixtures/sim_5ms.json'}",
-        "--worker-arg=--sim-live-tokens=1000", "--scheduler-arg=--max-num-seqs=4"])
+        "--worker-arg=--sim-live-tokens=1000", "--scheduler-arg=--max-num-seqs=4",
+        "--scheduler-arg=--controller-mode=static"])  # seats for exactly 4: the tests count them
     yield s
     assert s.stop() == 0
 

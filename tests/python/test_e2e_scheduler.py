@@ -61,7 +61,8 @@ def test_admin_sets_max_num_seqs(stack, ferry_pb):
 
     admin = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(stack.scheduler))
     state = admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=3))
-    assert state.max_num_seqs == 3 and state.controller_mode == "static"
+    # The default mode adapts; an admin Set holds its cap until one with adapt = true.
+    assert (state.max_num_seqs, state.controller_mode, state.cap_held) == (3, "goodput", True)
     assert admin.GetState(ferry_pb.sched.GetStateRequest()).max_num_seqs == 3
     text = urllib.request.urlopen(stack.metrics_urls()["scheduler"], timeout=5).read().decode()
     cap = [s.value for f in text_string_to_metric_families(text) if f.name == "ferry_scheduler_max_num_seqs"
@@ -70,4 +71,5 @@ def test_admin_sets_max_num_seqs(stack, ferry_pb):
     with pytest.raises(grpc.RpcError) as err:
         admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=0))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_num_seqs = 0" in err.value.details()
-    admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=256))
+    state = admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=64, adapt=True))
+    assert (state.max_num_seqs, state.cap_held) == (64, False)

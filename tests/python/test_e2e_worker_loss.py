@@ -136,7 +136,7 @@ def test_scheduler_killed_requests_not_started_are_retried_and_every_request_end
     afterwards."""
     gateway, scheduler = services["gateway"], services["scheduler"]
     scheduler.stop()
-    scheduler.argv += ["--max-num-seqs", "8"]
+    scheduler.argv += ["--max-num-seqs", "8", "--controller-mode", "static"]  # 8 running, 40 queued
     scheduler.start()
     wait_serving(gateway.address, ferry_pb)
     requests = requests_mix(ferry_pb, 24, 24, max_tokens=200)

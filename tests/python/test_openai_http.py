@@ -39,7 +39,9 @@ def slow_http_stack(tiny_model, tmp_path_factory):
     (run_dir / "cost.json").write_text(json.dumps(cost))
     yield from serve(Stack(tiny_model, run_dir, ["--http-port", "0", "--served-model-name", "m", "--worker-arg=--backend=sim",
                                     f"--worker-arg=--cost-model={run_dir / 'cost.json'}",
-                                    "--worker-arg=--sim-live-tokens=1000"]))
+                                    "--worker-arg=--sim-live-tokens=1000",
+                                    # The tests count seats: a fixed cap of 256, not an adapting one.
+                                    "--scheduler-arg=--controller-mode=static"]))
 
 
 @pytest.fixture(scope="module")

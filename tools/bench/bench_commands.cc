@@ -273,7 +273,8 @@ SweepPoint SweepOnePoint(const BenchFlags& f, SchedulerAdmin& admin, int32_t cap
                          const std::vector<BenchRequest>& requests, const ClientFactory& factory) {
   SweepPoint p;
   p.max_num_seqs = cap;
-  p.applied_max_num_seqs = admin.SetMaxNumSeqs(cap).max_num_seqs;
+  // Held: an adaptive controller would otherwise move the cap under the measurement.
+  p.applied_max_num_seqs = admin.SetMaxNumSeqs(cap, /*adapt=*/false).max_num_seqs;
   if (p.applied_max_num_seqs != cap) {
     std::fprintf(stderr, "the scheduler clamped max_num_seqs %d to %d (its --max-num-seqs bounds the sweep)\n", cap,
                  p.applied_max_num_seqs);
@@ -315,7 +316,7 @@ int SweepCommand(BenchFlags f) {
   if (f.caps.empty()) throw std::invalid_argument("--max-num-seqs lists no cap");
   std::filesystem::create_directories(f.out_dir);
   SchedulerAdmin admin(f.scheduler);
-  const int32_t initial_cap = admin.GetState().max_num_seqs;
+  const SchedulerSnapshot initial = admin.GetState();
   const std::vector<BenchRequest> requests = MakeRequests(f);
   const ClientFactory factory = MakeClientFactory(f);
   Warmup(f, requests, factory);
@@ -327,7 +328,8 @@ int SweepCommand(BenchFlags f) {
                  s.output_throughput, s.e2el_ms.p99, static_cast<long long>(s.num_completed),
                  static_cast<long long>(s.num_sent));
   }
-  admin.SetMaxNumSeqs(initial_cap);  // leave the deployment as found
+  // Leave the deployment as found: an adaptive mode adapts again from the cap it had.
+  admin.SetMaxNumSeqs(initial.max_num_seqs, /*adapt=*/!initial.cap_held);
   WriteSweepOutputs(f, points);
   return 0;
 }

@@ -198,6 +198,7 @@ SchedulerSnapshot FromProto(const ferry::v1::SchedulerState& s) {
   out.kv_cache_usage = s.kv_cache_usage();
   out.num_preemptions = s.num_preemptions();
   out.num_cap_changes = s.num_cap_changes();
+  out.cap_held = s.cap_held();
   return out;
 }
 
@@ -210,11 +211,12 @@ SchedulerAdmin::SchedulerAdmin(const std::string& address, double timeout_s)
 
 SchedulerAdmin::~SchedulerAdmin() = default;
 
-SchedulerSnapshot SchedulerAdmin::SetMaxNumSeqs(int32_t max_num_seqs) {
+SchedulerSnapshot SchedulerAdmin::SetMaxNumSeqs(int32_t max_num_seqs, bool adapt) {
   grpc::ClientContext context;
   impl_->Prepare(context);
   ferry::v1::SetMaxNumSeqsRequest request;
   request.set_max_num_seqs(max_num_seqs);
+  request.set_adapt(adapt);
   ferry::v1::SchedulerState state;
   impl_->Check(impl_->stub->SetMaxNumSeqs(&context, request, &state), "SetMaxNumSeqs");
   return FromProto(state);

@@ -36,6 +36,7 @@ struct SchedulerSnapshot {
   double kv_cache_usage = 0;
   uint64_t num_preemptions = 0;
   uint64_t num_cap_changes = 0;
+  bool cap_held = false;  // an admin Set holds the cap (SetMaxNumSeqsRequest.adapt)
 };
 
 struct SchedulerFacts {
@@ -51,7 +52,8 @@ class SchedulerAdmin {
  public:
   explicit SchedulerAdmin(const std::string& address, double timeout_s = 10);
   ~SchedulerAdmin();
-  SchedulerSnapshot SetMaxNumSeqs(int32_t max_num_seqs);
+  // Held there (adapt = false) or a start the adaptive modes move from (adapt = true).
+  SchedulerSnapshot SetMaxNumSeqs(int32_t max_num_seqs, bool adapt = false);
   SchedulerSnapshot GetState();
   SchedulerFacts Info();
 
