@@ -190,7 +190,9 @@ int32_t EngineLoop::NextCap(TimePoint now) {
   obs.num_running = core_.num_running();
   obs.num_waiting = core_.num_waiting();
   if (controller_.ReadsQueueAt(obs.now_s)) {  // a scan of the queue only goodput reads, when it adjusts
-    obs.num_waiting_slo = core_.NumWaitingIn(controller_.options().slo.lanes);
+    const auto waiting = core_.NumWaitingIn(controller_.options().slo.lanes, now);
+    obs.num_waiting_slo = waiting.on_time;
+    obs.num_waiting_slo_late = waiting.late;
   }
   obs.num_arrivals_slo = std::exchange(slo_arrivals_since_step_, 0);
   const double total = core_.num_total_blocks();

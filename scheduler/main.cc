@@ -27,11 +27,13 @@ struct Flags {
   double slo_tpot_ms = 50;
   double slo_percentile = 95;
   std::vector<std::string> slo_lanes;
+  bool serve_late_last = true;  // scheduler.md 7g: in an overload, on-time requests first
   bool enable_prefix_caching = true;  // vLLM V1's default: a preempted sequence resumes from cache
   bool async_scheduling = true;       // plan step N+1 while the workers run step N
   int aging_interval_ms = 0;
   int debug_leak_kv_every = 0;
   std::vector<std::string> lane_reservations;
+  std::vector<std::string> lane_ttft;
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;
   int worker_timeout_s = 600;
@@ -48,10 +50,17 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
   app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
       ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
-  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target");
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target; --serve-late-last: the target of each named --slo-lane");
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target");
   app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
   app.add_option("--slo-lane", f.slo_lanes, "goodput and load-level modes: only these lanes' requests count toward the targets; the others are batch work (repeatable; default all)");
+  app.add_flag("--serve-late-last,!--no-serve-late-last", f.serve_late_last,
+               "Within a priority, serve a request still waiting past its lane's first-token target (--lane-ttft-ms, "
+               "or --slo-ttft-ms for a named --slo-lane) after those that can still meet theirs, each in arrival "
+               "order (default on; lanes without a target are first come, first served)");
+  app.add_option("--lane-ttft-ms", f.lane_ttft,
+                 "LANE=MS: the time to first token this lane's requests aim at, for --serve-late-last (repeatable; "
+                 "a lane not given one: --slo-ttft-ms if it is a named --slo-lane, else never late)");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "Share full KV blocks of identical prefixes (default on)");
   app.add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
@@ -77,6 +86,34 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(0.0, 86400.0));
 }
 
+// --lane-ttft-ms, then the --slo-lane lanes not in it at --slo-ttft-ms.
+void SetLaneTtft(const Flags& f, ferry::scheduler::SchedulerConfig& config) {
+  for (const std::string& spec : f.lane_ttft) {
+    const auto eq = spec.find('=');
+    size_t end = 0;
+    double ms = 0;
+    try {
+      if (eq != std::string::npos) ms = std::stod(spec.substr(eq + 1), &end);
+    } catch (const std::exception&) {
+      end = 0;
+    }
+    if (eq == std::string::npos || eq == 0 || end == 0 || eq + 1 + end != spec.size()) {
+      throw std::invalid_argument("--lane-ttft-ms " + spec + ": want LANE=MS");
+    }
+    config.lane_ttft.push_back({spec.substr(0, eq), ms});
+  }
+  const auto listed = [&](const std::string& lane) {
+    return std::any_of(config.lane_ttft.begin(), config.lane_ttft.end(),
+                       [&](const ferry::scheduler::LaneTtft& t) { return t.lane == lane; });
+  };
+  // Only lanes named here have a target: without one no request is late, and the order is first come,
+  // first served. (A late request waits behind every on-time one; in an overload that lasts it may reach
+  // its lane's queue timeout, a trade the operator makes by stating the target.)
+  for (const std::string& lane : f.slo_lanes) {
+    if (!listed(lane)) config.lane_ttft.push_back({lane, f.slo_ttft_ms});
+  }
+}
+
 std::vector<ferry::scheduler::LaneReservation> ParseReservations(const std::vector<std::string>& specs) {
   std::vector<ferry::scheduler::LaneReservation> out;
   for (const std::string& spec : specs) {
@@ -98,6 +135,7 @@ ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
   c.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
   c.slo.percentile = f.slo_percentile;
   c.slo.lanes = f.slo_lanes;
+  c.goodput.late_last = f.serve_late_last;
   return c;
 }
 
@@ -112,6 +150,8 @@ ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1
   config.num_kv_blocks = worker_info.num_kv_blocks();
   config.enable_prefix_caching = flags.enable_prefix_caching;
   config.aging_interval_ms = flags.aging_interval_ms;
+  config.serve_late_last = flags.serve_late_last;
+  SetLaneTtft(flags, config);
   config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   config.debug_leak_kv_every = flags.debug_leak_kv_every;
   config.lane_reservations = ParseReservations(flags.lane_reservations);

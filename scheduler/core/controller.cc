@@ -155,6 +155,11 @@ static void CheckObservation(const StepObservation& obs, bool uses_model) {
     refuse("num_waiting_slo = " + std::to_string(obs.num_waiting_slo) + " exceeds num_waiting = " +
            std::to_string(obs.num_waiting));
   }
+  if (obs.num_waiting_slo_late < 0 || obs.num_waiting_slo + obs.num_waiting_slo_late > obs.num_waiting) {
+    refuse("num_waiting_slo_late = " + std::to_string(obs.num_waiting_slo_late) +
+           " is negative or, with num_waiting_slo = " + std::to_string(obs.num_waiting_slo) +
+           ", exceeds num_waiting = " + std::to_string(obs.num_waiting));
+  }
   if (obs.last_step_tokens > 0 && obs.last_step_tokens < obs.last_step_seqs) {
     refuse("last_step_tokens = " + std::to_string(obs.last_step_tokens) + " is below last_step_seqs = " +
            std::to_string(obs.last_step_seqs) + " (every scheduled sequence computes a token)");

@@ -102,6 +102,9 @@ struct GoodputOptions {
   double tie_share = 0.02;         // PlannerInputs::tie_share
   double horizon_s = 5.0;          // PlannerInputs::horizon_s: how far ahead the rates are taken to hold
   int32_t min_completions = 20;    // before the first choice (output lengths)
+  // The scheduler serves waiting requests already past their TTFT target after the rest
+  // (SchedulerConfig::serve_late_last): PlannerInputs::late_last.
+  bool late_last = false;
 };
 
 struct ControllerOptions {
@@ -126,8 +129,10 @@ struct StepObservation {
   int32_t num_arrivals = 0;        // requests added since the previous observation
   // Of those, the SLO lanes' (SloOptions::lanes); negative: not counted.
   int32_t num_arrivals_slo = -1;
-  // Waiting requests of the SLO lanes; negative: not counted.
+  // Waiting requests of the SLO lanes; negative: not counted. With late_last, only those
+  // that can still meet their TTFT target; the late ones are num_waiting_slo_late.
   int32_t num_waiting_slo = -1;
+  int32_t num_waiting_slo_late = 0;
   int32_t num_preemptions = 0;     // preemptions since the previous observation
   int64_t kv_capacity_tokens = 0;  // KV pool size in tokens (0: unknown)
   int32_t max_num_batched_tokens = 0;  // the step's token budget (0: unknown)

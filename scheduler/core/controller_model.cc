@@ -53,7 +53,7 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
     // each observation), so neither difference is negative.
     const double other_rate = RateOver(arrivals_, obs.now_s, g.other_rate_window_s) -
                               RateOver(slo_arrivals_, obs.now_s, g.other_rate_window_s);
-    const double other_queue = obs.num_waiting - obs.num_waiting_slo;
+    const double other_queue = obs.num_waiting - obs.num_waiting_slo - obs.num_waiting_slo_late;
     in.other_demand_per_s = (other_queue + other_rate * g.horizon_s) / (g.horizon_s + g.other_wait_s);
   }
   // Idle: nothing to plan for; the cap stays where the last load left it.
@@ -75,6 +75,7 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
     in.max_num_seqs = std::max(options_.min_num_seqs, std::min(in.max_num_seqs, num_seqs_ - 1));
   }
   in.tie_share = g.tie_share;
+  in.late_last = g.late_last;
   // For status(): the windowed percentiles, as slo mode reports them.
   if (static_cast<int32_t>(tpot_.size()) >= o.min_samples) {
     tpot_p_s_ = PercentileOf(tpot_, o.percentile);

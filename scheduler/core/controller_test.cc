@@ -163,6 +163,12 @@ TEST(ControllerTest, RefusesAnObservationThatBreaksItsInvariants) {
   EXPECT_THROW(c.Step(o), std::invalid_argument);
   o.num_arrivals_slo = 1, o.num_waiting_slo = 3;
   EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.num_waiting_slo = 1, o.num_waiting_slo_late = 2;  // 3 of the 2 waiting
+  EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.num_waiting_slo_late = -1;
+  EXPECT_THROW(c.Step(o), std::invalid_argument);
+  o.num_waiting_slo_late = 1;
+  EXPECT_NO_THROW(c.Step(o));
   o.num_waiting_slo = 1, o.last_step_tokens = 3;  // fewer tokens than sequences
   EXPECT_THROW(c.Step(o), std::invalid_argument);
   o.last_step_tokens = 4, o.last_step_seqs = 0;  // the model needs the step's batch

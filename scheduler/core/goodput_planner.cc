@@ -93,6 +93,13 @@ double TpotShare(const PlannerInputs& in, double running, double start_rate) {
 double SloTtftGoodPerSecond(const PlannerInputs& in, double mu) {
   const double lambda = in.slo_rate_per_s, q0 = in.slo_queue, h = in.horizon_s;
   const double backlog = mu * in.ttft_target_s;  // the most a request may find ahead of it
+  if (in.late_last) {
+    // The on-time queue fills to the backlog at lambda - mu; from then on mu a second meet.
+    // (Within the target is not within reach: q0 may already hold more than mu * T.)
+    if (lambda <= mu) return lambda;
+    const double filling = q0 >= backlog ? 0.0 : std::min(h, (backlog - q0) / (lambda - mu));
+    return (lambda * filling + mu * (h - filling)) / h;
+  }
   double good_from = 0, good_until = h;          // arrivals in [from, until) meet the target
   if (mu > lambda) {
     good_from = q0 > backlog ? (q0 - backlog) / (mu - lambda) : 0.0;
@@ -194,7 +201,7 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
   bool drains = best <= 0;
   if (!drains) {
     chosen = BestCap(in, all, best, &why);
-    if (in.draining && !KeepsTtft(in, *chosen)) {
+    if (in.draining && !in.late_last && !KeepsTtft(in, *chosen)) {
       drains = true;
       why = "still draining: the best cap lets the SLO lanes' queue regrow past their TTFT target";
     }

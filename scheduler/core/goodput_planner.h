@@ -68,6 +68,11 @@ struct PlannerInputs {
   // target: back at a cap that holds TPOT while the queue regrows past the
   // target, the requests it admits lose their TPOT when the drain resumes.
   bool draining = false;
+  // The scheduler serves SLO-lane requests already past the TTFT target after
+  // the rest, and slo_queue counts only those still within it: a queue past
+  // mu * T then costs the excess arrivals, not every one behind it (the queue
+  // stays at mu * T and mu a second meet the target), so nothing drains.
+  bool late_last = false;
 };
 
 struct CapForecast {

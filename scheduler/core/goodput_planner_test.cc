@@ -117,6 +117,25 @@ TEST(GoodputPlannerTest, KeepsDrainingWhileTheQueueWouldRegrowPastTheTtftTarget)
   EXPECT_EQ(done.cap, 20) << done.reason;
 }
 
+TEST(GoodputPlannerTest, ServedLateLastAnOverloadKeepsTheCapThatHoldsTpot) {
+  PlannerInputs in = DecodeOnly();
+  in.ttft_target_s = 1;
+  in.late_last = true;
+  // As above, 60/s arriving at a cap that completes 50/s, 20 on time waiting. Late requests go
+  // to the back: the on-time queue fills to the 50 that drain in a second after 3 s, and then
+  // 50 of the 60 arriving each second still meet TTFT. (60 * 3 + 50 * 2) / 5 = 56 a second.
+  in.slo_rate_per_s = 60;
+  in.slo_queue = 20;
+  in.draining = true;  // nothing to drain: the queue in front never outgrows the target
+  const PlannerChoice c = PlanCap(in);
+  EXPECT_EQ(c.cap, 20) << c.reason;
+  EXPECT_FALSE(c.drains) << c.reason;
+  EXPECT_NEAR(c.best_good_per_s, 56, 1e-9);
+  // An on-time queue already past what drains in time: 50 a second meet from now.
+  in.slo_queue = 80;
+  EXPECT_NEAR(PlanCap(in).best_good_per_s, 50, 1e-9);
+}
+
 TEST(GoodputPlannerTest, RefusesInputsItCannotPlanWith) {
   PlannerInputs in = DecodeOnly();
   in.max_num_seqs = 0;

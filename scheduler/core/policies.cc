@@ -184,7 +184,7 @@ Sequence* StepPlanner::AdmitPass() {
   std::vector<Sequence*>& admitted = buffers_.admitted;
   admitted.clear();
   Sequence* blocked = nullptr;
-  state_.waiting.VisitInOrder(now_, aging, [&](Sequence& seq) {
+  state_.waiting.VisitInOrder(now_, aging, state_.config.serve_late_last, [&](Sequence& seq) {
     if (tokens_left_ <= 0) return false;
     // After a preemption blocks are short: admitting a sequence not above the
     // preempted ones would only be undone (and a victim never resumes in the

@@ -1,6 +1,8 @@
 #include "scheduler/core/scheduler_core.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -71,6 +73,35 @@ void ValidateLanes(const std::vector<LaneReservation>& lanes) {
   }
 }
 
+void ValidateLaneTtft(const SchedulerConfig& config) {
+  for (size_t i = 0; i < config.lane_ttft.size(); ++i) {
+    const LaneTtft& t = config.lane_ttft[i];
+    const std::string name = "lane_ttft[" + Num(static_cast<int64_t>(i)) + "]";
+    if (t.lane.empty()) throw std::invalid_argument(name + ".lane is empty");
+    if (!(t.ttft_ms > 0) || !std::isfinite(t.ttft_ms)) {
+      throw std::invalid_argument(name + " (" + t.lane + ").ttft_ms = " + std::to_string(t.ttft_ms) +
+                                  ", must be > 0 and finite");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (config.lane_ttft[j].lane == t.lane) throw std::invalid_argument(name + ": lane " + t.lane + " appears twice");
+    }
+  }
+  if (!(config.default_ttft_ms >= 0) || !std::isfinite(config.default_ttft_ms)) {
+    throw std::invalid_argument("default_ttft_ms = " + std::to_string(config.default_ttft_ms) +
+                                ", must be >= 0 and finite");
+  }
+}
+
+// serve_late_last: arrival + the lane's target; max when it has none.
+TimePoint FirstTokenTarget(const RequestSpec& r, const SchedulerConfig& config) {
+  double ms = config.default_ttft_ms;
+  for (const LaneTtft& t : config.lane_ttft) {
+    if (t.lane == r.lane) ms = t.ttft_ms;
+  }
+  if (!config.serve_late_last || ms <= 0) return TimePoint::max();
+  return r.arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+}
+
 // The last sampled token is never computed, so total - 1 positions need KV.
 int64_t BlocksNeeded(int64_t total_tokens, int32_t block_size) {
   return (total_tokens - 1 + block_size - 1) / block_size;
@@ -88,6 +119,7 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
                                 ", must be in [1, 4]");
   }
   ValidateLanes(config.lane_reservations);
+  ValidateLaneTtft(config);
   RequirePositive("max_step_sent_tokens", config.max_step_sent_tokens);
   RequireNonNegative("debug_leak_kv_every", config.debug_leak_kv_every);
   if (config.max_model_len > config.max_step_sent_tokens) {
@@ -110,6 +142,7 @@ void SchedulerCore::Add(RequestSpec request) {
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   const int64_t blocks_needed = BlocksNeeded(total, cfg.block_size);
   const uint64_t seq_id = request.seq_id;
+  if (request.first_token_target == TimePoint::max()) request.first_token_target = FirstTokenTarget(request, cfg);
   auto seq = std::make_unique<Sequence>(std::move(request), state_.blocks.NewLease());
   // Room for all its tokens and blocks now, so that its steps do not grow them.
   seq->tokens.reserve(static_cast<size_t>(total));
@@ -424,11 +457,17 @@ int32_t SchedulerCore::RequeueAll() {
   return static_cast<int32_t>(state_.sequences.size());
 }
 
-int32_t SchedulerCore::NumWaitingIn(const std::vector<std::string>& lanes) const {
-  if (lanes.empty()) return num_waiting();
-  int32_t n = 0;
+SchedulerCore::WaitingCount SchedulerCore::NumWaitingIn(const std::vector<std::string>& lanes,
+                                                        TimePoint now) const {
+  WaitingCount n;
+  const bool late_last = state_.config.serve_late_last;
+  if (lanes.empty() && !late_last) {
+    n.on_time = num_waiting();
+    return n;
+  }
   state_.waiting.ForEach([&](const Sequence* s) {
-    n += std::find(lanes.begin(), lanes.end(), s->spec.lane) != lanes.end();
+    if (!lanes.empty() && std::find(lanes.begin(), lanes.end(), s->spec.lane) == lanes.end()) return;
+    ++(late_last && s->IsLate(now) ? n.late : n.on_time);
   });
   return n;
 }

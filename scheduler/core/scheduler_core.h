@@ -100,8 +100,14 @@ class SchedulerCore {
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
   // Waiting requests of the lanes in `lanes` (empty: every lane): a scan of
-  // the queue (the goodput controller's demand per lane class).
-  int32_t NumWaitingIn(const std::vector<std::string>& lanes) const;
+  // the queue (the goodput controller's demand per lane class). With
+  // serve_late_last, those past their first_token_target at `now` are counted
+  // apart, as late (they are served after the rest).
+  struct WaitingCount {
+    int32_t on_time = 0;
+    int32_t late = 0;
+  };
+  WaitingCount NumWaitingIn(const std::vector<std::string>& lanes, TimePoint now) const;
   // Allocatable blocks: free plus cached ones no sequence holds.
   int32_t num_free_blocks() const { return state_.blocks.num_free_blocks(); }
   int32_t num_total_blocks() const { return state_.blocks.num_total_blocks(); }

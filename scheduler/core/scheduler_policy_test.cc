@@ -263,6 +263,103 @@ TEST(DeadlineTest, AQueueDeadlineEndsOnlyARequestNeverSent) {
 
 // The first scheduling of a sequence is one event from Plan, with Plan's time and the prompt
 // tokens found in the prefix cache; the final event carries the request's account.
+// One seat, taken by request 1 for 10 steps of 1 ms. Request 2 arrives at 0 with a 3 ms
+// first-token target, request 3 at 5 ms with a 500 ms one. Returns the order they start in.
+std::vector<uint64_t> StartOrderBehindALongRequest(bool serve_late_last) {
+  SchedulerConfig cfg = MakeConfig();
+  cfg.serve_late_last = serve_late_last;
+  Harness h(cfg);
+  const Budget one_seat = MakeBudget(/*max_num_seqs=*/1);
+  h.Add(MakeRequest(1, {.prompt_len = 4, .max_tokens = 10}));
+  h.Add(MakeRequest(2, {.prompt_len = 4, .max_tokens = 4, .first_token_target_ms = 3}));
+  std::vector<uint64_t> started;
+  for (int i = 0; h.core.has_work(); ++i) {
+    SCOPED_TRACE(Iteration(i));
+    if (i > 200) {
+      ADD_FAILURE() << "did not finish";
+      break;
+    }
+    h.now = Ms(i);
+    if (i == 5) h.Add(MakeRequest(3, {.prompt_len = 4, .max_tokens = 4, .arrival_ms = 5, .first_token_target_ms = 505}));
+    if (i == 6) {
+      // Counted apart from the on-time queue only when served last.
+      const SchedulerCore::WaitingCount n = h.core.NumWaitingIn({}, h.now);
+      EXPECT_EQ(n.on_time, serve_late_last ? 1 : 2);
+      EXPECT_EQ(n.late, serve_late_last ? 1 : 0);
+    }
+    for (const auto& n : h.Step(one_seat).new_sequences) started.push_back(n.seq_id);
+  }
+  h.ExpectOutcomesMatchReference();
+  return started;
+}
+
+TEST(ServeLateLastTest, AnOnTimeRequestStartsBeforeOneAlreadyLate) {
+  EXPECT_EQ(StartOrderBehindALongRequest(/*serve_late_last=*/true), (std::vector<uint64_t>{1, 3, 2}));
+}
+
+TEST(ServeLateLastTest, OffItIsFirstComeFirstServed) {
+  EXPECT_EQ(StartOrderBehindALongRequest(/*serve_late_last=*/false), (std::vector<uint64_t>{1, 2, 3}));
+}
+
+TEST(ServeLateLastTest, APreemptedSequenceIsNeverLate) {
+  // 2 starts on time, is preempted for a higher-priority 3 past its target, and resumes ahead of
+  // 4, which arrived later and is still on time: what started keeps its place.
+  SchedulerConfig cfg = MakeConfig();
+  cfg.serve_late_last = true;
+  Harness h(cfg);
+  const Budget one_seat = MakeBudget(/*max_num_seqs=*/1);
+  h.Add(MakeRequest(2, {.prompt_len = 4, .max_tokens = 20, .first_token_target_ms = 3}));
+  std::vector<uint64_t> started;
+  for (int i = 0; h.core.has_work(); ++i) {
+    SCOPED_TRACE(Iteration(i));
+    ASSERT_LT(i, 300) << "did not finish";
+    h.now = Ms(i);
+    if (i == 5) h.Add(MakeRequest(3, {.prompt_len = 4, .max_tokens = 4, .priority = 1, .arrival_ms = 5}));
+    if (i == 6) h.Add(MakeRequest(4, {.prompt_len = 4, .max_tokens = 4, .arrival_ms = 6, .first_token_target_ms = 900}));
+    for (const auto& n : h.Step(one_seat).new_sequences) started.push_back(n.seq_id);
+  }
+  EXPECT_EQ(started, (std::vector<uint64_t>{2, 3, 2, 4}));
+  h.ExpectOutcomesMatchReference();
+}
+
+// Targets from the config: lane "fast" at 3 ms, the rest at default_ttft_ms.
+std::vector<uint64_t> StartOrderWithLaneTargets(double default_ttft_ms) {
+  SchedulerConfig cfg = MakeConfig();
+  cfg.serve_late_last = true;
+  cfg.lane_ttft = {{"fast", 3.0}};
+  cfg.default_ttft_ms = default_ttft_ms;
+  Harness h(cfg);
+  h.Add(MakeRequest(1, {.prompt_len = 4, .max_tokens = 10}));
+  h.Add(MakeRequest(2, {.prompt_len = 4, .max_tokens = 4, .lane = "fast"}));  // late at 3 ms
+  h.Add(MakeRequest(3, {.prompt_len = 4, .max_tokens = 4, .arrival_ms = 1, .lane = "slow"}));
+  std::vector<uint64_t> started;
+  for (int i = 0; h.core.has_work() && i < 200; ++i) {
+    h.now = Ms(i);
+    for (const auto& n : h.Step(MakeBudget(/*max_num_seqs=*/1)).new_sequences) started.push_back(n.seq_id);
+  }
+  EXPECT_FALSE(h.core.has_work());
+  h.ExpectOutcomesMatchReference();
+  return started;
+}
+
+TEST(ServeLateLastTest, TheConfigGivesEachLaneItsTarget) {
+  // "slow" has no target: never late, so the late "fast" request goes after it.
+  EXPECT_EQ(StartOrderWithLaneTargets(/*default_ttft_ms=*/0), (std::vector<uint64_t>{1, 3, 2}));
+  // Both late by the time the seat frees (default 2 ms): arrival order again.
+  EXPECT_EQ(StartOrderWithLaneTargets(/*default_ttft_ms=*/2), (std::vector<uint64_t>{1, 2, 3}));
+}
+
+TEST(ServeLateLastTest, RefusesATargetItCannotUse) {
+  for (const auto& [targets, default_ms] : std::vector<std::pair<std::vector<LaneTtft>, double>>{
+           {{{"", 5.0}}, 0.0}, {{{"a", 0.0}}, 0.0}, {{{"a", -1.0}}, 0.0}, {{{"a", 5.0}, {"a", 6.0}}, 0.0},
+           {{}, -1.0}}) {
+    SchedulerConfig cfg = MakeConfig();
+    cfg.lane_ttft = targets;
+    cfg.default_ttft_ms = default_ms;
+    EXPECT_THROW(SchedulerCore{cfg}, std::invalid_argument);
+  }
+}
+
 TEST(SeqEventTest, TheFirstSchedulingAndTheEndAreOnTheEvents) {
   SchedulerConfig cfg = MakeConfig();
   cfg.enable_prefix_caching = true;

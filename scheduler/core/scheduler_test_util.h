@@ -62,6 +62,7 @@ struct RequestOptions {
   std::string lane = "";
   int64_t deadline_ms = -1;          // -1: none
   int64_t queue_deadline_ms = -1;    // -1: none
+  int64_t first_token_target_ms = -1;  // -1: none
   std::vector<int32_t> prefix = {};  // shared tokens placed before the prompt_len own ones
 };
 
@@ -84,6 +85,9 @@ inline RequestSpec MakeRequest(uint64_t seq_id, const RequestOptions& o = {}) {
   r.lane = o.lane;
   if (o.deadline_ms >= 0) r.deadline = TimePoint(std::chrono::milliseconds(o.deadline_ms));
   if (o.queue_deadline_ms >= 0) r.queue_deadline = TimePoint(std::chrono::milliseconds(o.queue_deadline_ms));
+  if (o.first_token_target_ms >= 0) {
+    r.first_token_target = TimePoint(std::chrono::milliseconds(o.first_token_target_ms));
+  }
   return r;
 }
 

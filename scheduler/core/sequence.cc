@@ -82,11 +82,23 @@ bool WaitingQueue::Remove(const Sequence* seq) {
   return true;
 }
 
-Sequence* WaitingQueue::NextInOrder(TimePoint now, int32_t aging_interval_ms) const {
+bool WaitingQueue::SeekHead(Cursor& c, TimePoint now, bool late_last) {
+  const std::deque<Sequence*>& q = *c.queue;
+  if (!late_last) return c.next < q.size();
+  while (true) {
+    while (c.next < q.size() && q[c.next]->IsLate(now) != c.late_pass) ++c.next;
+    if (c.next < q.size()) return true;
+    if (c.late_pass) return false;
+    c.late_pass = true;
+    c.next = 0;
+  }
+}
+
+Sequence* WaitingQueue::NextInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last) const {
   Cursor* best = nullptr;
   int64_t best_priority = 0;
   for (Cursor& c : cursors_) {
-    if (c.next >= c.queue->size()) continue;
+    if (!SeekHead(c, now, late_last)) continue;
     const Sequence& head = *(*c.queue)[c.next];
     const int64_t p = EffectivePriority(head, now, aging_interval_ms);
     const Sequence* best_head = best == nullptr ? nullptr : (*best->queue)[best->next];

@@ -33,6 +33,8 @@ struct Sequence {
   bool is_decode() const { return num_uncomputed() == 1; }
   bool has_started() const { return start_order != 0; }
   // When it ends unless it finished first; the queue deadline holds until it is first sent.
+  // Never started and already past its first-token target (SchedulerConfig::serve_late_last).
+  bool IsLate(TimePoint now) const { return !is_sent && now > spec.first_token_target; }
   TimePoint deadline() const { return is_sent ? spec.deadline : std::min(spec.deadline, spec.queue_deadline); }
   // Its pending tokens already end it by length: it must not run again (the
   // commit that brings them retires it).
@@ -85,7 +87,10 @@ int64_t EffectivePriority(const Sequence& seq, TimePoint now, int32_t aging_inte
 
 // Waiting sequences. Holds no blocks. Order: effective priority (larger first),
 // then arrival; within one base priority the deque order (arrival, preempted
-// sequences in front) is kept. Also counts waiting sequences per reserved lane.
+// sequences in front) is kept, except that with late_last (SchedulerConfig::
+// serve_late_last) the sequences already late at `now` (Sequence::IsLate) come
+// after the rest of their priority, in the same order among themselves. Also
+// counts waiting sequences per reserved lane.
 class WaitingQueue {
  public:
   bool empty() const { return size_ == 0; }
@@ -103,7 +108,7 @@ class WaitingQueue {
   // `fn` must not change the queue. (A template, not a std::function: the planner's
   // closure would be allocated every step.)
   template <typename Fn>
-  void VisitInOrder(TimePoint now, int32_t aging_interval_ms, Fn&& fn) const;
+  void VisitInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last, Fn&& fn) const;
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (const auto& [priority, queue] : by_priority_) {
@@ -118,9 +123,12 @@ class WaitingQueue {
   struct Cursor {
     const std::deque<Sequence*>* queue;
     size_t next;
+    bool late_pass;  // serve_late_last: visiting the late ones, after the rest
   };
   // The merge of the deques by their heads' effective priority; the visited one advances.
-  Sequence* NextInOrder(TimePoint now, int32_t aging_interval_ms) const;
+  Sequence* NextInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last) const;
+  // Moves c.next to the next sequence of c's pass (the late pass after the first); false at the end.
+  static bool SeekHead(Cursor& c, TimePoint now, bool late_last);
 
   std::map<int32_t, std::deque<Sequence*>, std::greater<>> by_priority_;
   std::vector<int32_t> lane_counts_;
@@ -129,10 +137,10 @@ class WaitingQueue {
 };
 
 template <typename Fn>
-void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms, Fn&& fn) const {
+void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last, Fn&& fn) const {
   cursors_.clear();
-  for (const auto& [priority, queue] : by_priority_) cursors_.push_back(Cursor{&queue, 0});
-  while (Sequence* seq = NextInOrder(now, aging_interval_ms)) {
+  for (const auto& [priority, queue] : by_priority_) cursors_.push_back(Cursor{&queue, 0, false});
+  while (Sequence* seq = NextInOrder(now, aging_interval_ms, late_last)) {
     if (!fn(*seq)) return;
   }
 }

@@ -32,6 +32,12 @@ struct LaneReservation {
   double min_blocks_fraction = 0.0;  // of num_kv_blocks, rounded down
 };
 
+// The time to first token a lane's requests aim at (SchedulerConfig::lane_ttft).
+struct LaneTtft {
+  std::string lane;
+  double ttft_ms = 0;  // > 0
+};
+
 struct SchedulerConfig {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
@@ -43,6 +49,14 @@ struct SchedulerConfig {
   // Each full interval waited since arrival raises a sequence's effective
   // priority by one. 0: no aging (strict priority).
   int32_t aging_interval_ms = 0;
+  // Within a priority, waiting sequences already past their first_token_target go after
+  // those that can still meet it (in arrival order each). In an overload, first come first
+  // served spends every seat on requests that are already late.
+  bool serve_late_last = false;
+  // serve_late_last: a request's first_token_target, when it has none, is its arrival plus
+  // its lane's ttft_ms here, or plus default_ttft_ms for a lane not listed (0: never late).
+  std::vector<LaneTtft> lane_ttft;
+  double default_ttft_ms = 0;
   // Fractions summing to at most 1; lanes without an entry reserve nothing.
   std::vector<LaneReservation> lane_reservations;
   // Plans that may be out (planned, not yet committed) at once, 1..4. 1: the
@@ -114,6 +128,10 @@ struct RequestSpec {
   TimePoint deadline = TimePoint::max();
   // Not yet sent to the worker at this time: ends with kQueueTimeout (a lane's queue timeout).
   TimePoint queue_deadline = TimePoint::max();
+  // Its first token is late after this time. A never-started sequence still waiting past it
+  // is served after those of its priority that can still be on time (SchedulerConfig::
+  // serve_late_last). max: Add sets it from the lane's target (SchedulerConfig::lane_ttft).
+  TimePoint first_token_target = TimePoint::max();
 };
 
 // A sequence the worker has no state for, sent in full once (ferry.v1.NewSequence).

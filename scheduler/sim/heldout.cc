@@ -21,12 +21,14 @@ using scheduler::ControllerMode;
 static_assert(kTuningSeedEnd <= kHeldOutSeedBegin, "the tuning and held-out seed ranges overlap");
 
 // How a cell runs: the sim's default scheduler config with the cell's
-// prefix caching; the controller's targets are the cell's SLO.
-SimOptions CellOptions(const CostModel& cost, ControllerMode mode, int32_t cap, double ttft_s, double tpot_s,
-                       bool prefix_caching) {
+// prefix caching and queue order; the controller's targets are the cell's SLO.
+SimOptions CellOptions(const CostModel& cost, ControllerMode mode, int32_t cap, double tpot_s, bool prefix_caching,
+                       const HeldOutOptions& eval) {
+  const double ttft_s = eval.ttft_slo_s;
   SimOptions o;
   o.scheduler = DefaultSchedulerConfig(cost.params());
   o.scheduler.enable_prefix_caching = prefix_caching;
+  o.scheduler.serve_late_last = eval.serve_late_last;
   o.controller = ControllerFor(mode, cap);
   o.controller.slo.ttft_target_s = ttft_s;
   o.controller.slo.tpot_target_s = tpot_s;
@@ -39,14 +41,14 @@ int64_t Good(const SimResult& run, double ttft_s, double tpot_s) {
 }
 
 // Static goodput kept between runs (HeldOutOptions::static_cache_path),
-// keyed by preset, caching, seed, cap and the two SLOs.
+// keyed by preset, caching, seed, cap, the two SLOs and the queue order.
 using StaticCache = std::map<std::string, int64_t>;
 
 std::string CacheKey(const std::string& preset, bool caching, uint64_t seed, int32_t cap, double ttft_s,
-                     double tpot_s) {
+                     double tpot_s, bool late_last) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "%s %d %llu %d %.6g %.6g", preset.c_str(), caching ? 1 : 0,
-                static_cast<unsigned long long>(seed), cap, ttft_s, tpot_s);
+  std::snprintf(buf, sizeof(buf), "%s %d %llu %d %.6g %.6g %s", preset.c_str(), caching ? 1 : 0,
+                static_cast<unsigned long long>(seed), cap, ttft_s, tpot_s, late_last ? "late-last" : "fcfs");
   return buf;
 }
 
@@ -86,14 +88,14 @@ std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<
     std::vector<std::string> keys;
     std::vector<int64_t> goods;
     for (double tpot : o.tpot_slos_s) {
-      keys.push_back(CacheKey(preset, prefix_caching, seed, cap, o.ttft_slo_s, tpot));
+      keys.push_back(CacheKey(preset, prefix_caching, seed, cap, o.ttft_slo_s, tpot, o.serve_late_last));
       const auto it = cache.find(keys.back());
       if (it != cache.end()) goods.push_back(it->second);
     }
     if (goods.size() != keys.size()) {
       goods.clear();
       const SimResult run = RunSimulation(
-          trace, cost, CellOptions(cost, ControllerMode::kStatic, cap, o.ttft_slo_s, 0.05, prefix_caching));
+          trace, cost, CellOptions(cost, ControllerMode::kStatic, cap, 0.05, prefix_caching, o));
       each_slo(run, [&](TraceOutcome&, int64_t good) { goods.push_back(good); });
     }
     for (size_t i = 0; i < out.size(); ++i) {
@@ -106,10 +108,10 @@ std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<
   for (size_t i = 0; i < out.size(); ++i) {
     const double tpot = o.tpot_slos_s[i];
     if (!o.only_goodput) {
-      const SimOptions lo = CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+      const SimOptions lo = CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, tpot, prefix_caching, o);
       out[i].load_level_good = Good(RunSimulation(trace, cost, lo), o.ttft_slo_s, tpot);
     }
-    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, tpot, prefix_caching, o);
     out[i].goodput_good = Good(RunSimulation(trace, cost, go), o.ttft_slo_s, tpot);
   }
   return out;
@@ -178,7 +180,7 @@ void CheckArrivalsTwice(const CostModel& cost, const std::vector<TraceRequest>& 
   for (int32_t cap : o.static_caps) {
     if (cap > max_seqs) continue;
     const SimResult run =
-        RunSimulation(twice, cost, CellOptions(cost, ControllerMode::kStatic, cap, o.ttft_slo_s, 0.05, prefix_caching));
+        RunSimulation(twice, cost, CellOptions(cost, ControllerMode::kStatic, cap, 0.05, prefix_caching, o));
     for (size_t w = 0; w < weak.size(); ++w) good[w][cap] = Good(run, o.ttft_slo_s, o.tpot_slos_s[weak[w]]);
   }
   for (size_t w = 0; w < weak.size(); ++w) {
@@ -189,7 +191,7 @@ void CheckArrivalsTwice(const CostModel& cost, const std::vector<TraceRequest>& 
       if (g > best) best = g, t.twice_best_cap = cap;
     }
     if (best <= 0) continue;
-    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, o.ttft_slo_s, tpot, prefix_caching);
+    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, tpot, prefix_caching, o);
     t.twice_goodput_ratio = static_cast<double>(Good(RunSimulation(twice, cost, go), o.ttft_slo_s, tpot)) / best;
     t.twice_best_cap_ratio = static_cast<double>(good[w][t.best_cap]) / best;
   }

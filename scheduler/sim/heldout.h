@@ -44,6 +44,9 @@ struct HeldOutOptions {
   // (long RAG prompts at a tight TPOT) and the RTX preset's knee (12-32).
   std::vector<int32_t> static_caps = {1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128, 192, 256};
   double ttft_slo_s = 1.0;  // the interactive and default lanes' TTFT SLO (batch keeps its own)
+  // SchedulerConfig::serve_late_last in every run, static caps included (the scheduler's
+  // default); false: first come, first served (docs/benchmarks/scheduler.md 7g).
+  bool serve_late_last = true;
   // Called after each trace with a one-line note (progress for the CLI).
   std::function<void(const std::string&)> progress;
   // Traces measured at once (threads); the result does not depend on it.

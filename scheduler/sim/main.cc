@@ -38,6 +38,7 @@ struct Flags {
   int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
   double slo_ttft_ms = 1000, slo_tpot_ms = 50, slo_percentile = 95;  // milliseconds, as ferry-scheduler takes them
   bool sweep = false, compare = false, enable_prefix_caching = false;
+  bool serve_late_last = true;  // the scheduler's default (--serve-late-last)
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
   // One pair of targets says what the adaptive modes aim at and what counts as good.
@@ -71,6 +72,7 @@ SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, Controll
   if (f.max_num_batched_tokens > 0) sim.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   if (f.num_kv_blocks > 0) sim.scheduler.num_kv_blocks = f.num_kv_blocks;
   sim.scheduler.enable_prefix_caching = f.enable_prefix_caching;
+  sim.scheduler.serve_late_last = f.serve_late_last;
   sim.controller = ControllerFor(mode, cap);
   sim.controller.min_num_seqs = std::min(f.min_num_seqs, cap);
   sim.controller.initial_num_seqs = f.initial_num_seqs;
@@ -154,10 +156,11 @@ int RunHeldOutMode(const Flags& f, const CLI::App& app) {
   }
   if (app.count("--slo-tpot-ms") > 0) o.tpot_slos_s = {f.slo_tpot_ms / 1000.0};
   o.ttft_slo_s = f.slo_ttft_ms / 1000.0;
+  o.serve_late_last = f.serve_late_last;
   o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  std::printf("%s seeds %llu..%llu, TTFT SLO %.0f ms, static caps", f.tuning_num_seeds > 0 ? "tuning" : "held-out",
-              static_cast<unsigned long long>(o.seeds.front()),
-              static_cast<unsigned long long>(o.seeds.back()), f.slo_ttft_ms);
+  std::printf("%s seeds %llu..%llu, TTFT SLO %.0f ms, %s, static caps", f.tuning_num_seeds > 0 ? "tuning" : "held-out",
+              static_cast<unsigned long long>(o.seeds.front()), static_cast<unsigned long long>(o.seeds.back()),
+              f.slo_ttft_ms, f.serve_late_last ? "late requests last" : "first come, first served");
   for (int32_t cap : o.static_caps) std::printf(" %d", cap);
   std::printf(" (up to each preset's bound: rtx4090d-tp4 %d, h200 %d)\n", EvalMaxNumSeqs(LoadPreset("rtx4090d-tp4")),
               EvalMaxNumSeqs(LoadPreset("h200")));
@@ -226,6 +229,9 @@ int main(int argc, char** argv) {
   app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "reuse the KV of shared prompt prefixes (trace prefix_id; default off)");
+  app.add_flag("--serve-late-last,!--no-serve-late-last", f.serve_late_last,
+               "within a priority, requests waiting past their lane's TTFT SLO go after the rest, as the scheduler's "
+               "--serve-late-last does (default on; off: first come, first served)");
   app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "adaptive modes: TTFT target; also the interactive and default lanes' SLO");
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "adaptive modes: TPOT target; also the interactive and default lanes' SLO");
   app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");

@@ -32,6 +32,7 @@ scheduler::SchedulerConfig DefaultSchedulerConfig(const CostModelParams& params)
   const int64_t tokens = params.kv_capacity_tokens > 0 ? params.kv_capacity_tokens : 1 << 20;
   cfg.num_kv_blocks = static_cast<int32_t>(std::min<int64_t>(tokens / cfg.block_size, 1 << 24));
   cfg.max_num_seqs = 1024;
+  cfg.serve_late_last = true;  // ferry-scheduler's default
   return cfg;
 }
 

@@ -42,10 +42,25 @@ scheduler::RequestSpec MakeSpec(const TraceRequest& r, size_t index, const LaneC
   return spec;
 }
 
+// Each lane's TTFT SLO is its requests' first-token target, as ferry-scheduler's
+// --lane-ttft-ms gives it.
+scheduler::SchedulerConfig WithLaneTargets(const SimOptions& o) {
+  scheduler::SchedulerConfig c = o.scheduler;
+  for (const LaneConfig& lane : o.lanes) c.lane_ttft.push_back({lane.name, 1e3 * lane.ttft_slo_s});
+  return c;
+}
+
+// The controller plans for the queue order the scheduler keeps.
+scheduler::ControllerOptions QueueOrderTold(const SimOptions& o) {
+  scheduler::ControllerOptions c = o.controller;
+  c.goodput.late_last = o.scheduler.serve_late_last;
+  return c;
+}
+
 class Simulation {
  public:
   Simulation(const std::vector<TraceRequest>& trace, const CostModel& cost, const SimOptions& o)
-      : trace_(trace), cost_(cost), options_(o), core_(o.scheduler), controller_(o.controller) {
+      : trace_(trace), cost_(cost), options_(o), core_(WithLaneTargets(o)), controller_(QueueOrderTold(o)) {
     result_.requests.resize(trace.size());
     for (size_t i = 0; i < trace.size(); ++i) result_.requests[i].request = trace[i];
     const bool closed = o.closed_loop_concurrency > 0;
@@ -90,14 +105,15 @@ class Simulation {
       const auto [arrival_s, i] = pending_[next_pending_++];
       const TraceRequest& r = trace_[i];
       const LaneConfig& lane = FindLane(options_.lanes, r.lane);
+      const auto& slo_lanes = options_.controller.slo.lanes;
+      const bool is_slo_lane =
+          slo_lanes.empty() || std::find(slo_lanes.begin(), slo_lanes.end(), r.lane) != slo_lanes.end();
       core_.Add(MakeSpec(r, i, lane, arrival_s));
       // The request arrived at arrival_s (during the step that just ended):
       // its TTFT counts from then, not from when the loop noticed it.
       result_.requests[i].arrival_s = arrival_s;
       ++arrivals_since_obs_;
-      const auto& slo_lanes = options_.controller.slo.lanes;
-      slo_arrivals_since_obs_ +=
-          slo_lanes.empty() || std::find(slo_lanes.begin(), slo_lanes.end(), r.lane) != slo_lanes.end();
+      slo_arrivals_since_obs_ += is_slo_lane;
     }
   }
 
@@ -148,7 +164,9 @@ class Simulation {
     obs.num_running = core_.num_running();
     obs.num_waiting = core_.num_waiting();
     if (controller_.ReadsQueueAt(now_)) {  // a scan only goodput reads, when it adjusts
-      obs.num_waiting_slo = core_.NumWaitingIn(options_.controller.slo.lanes);
+      const auto waiting = core_.NumWaitingIn(options_.controller.slo.lanes, ToTimePoint(now_));
+      obs.num_waiting_slo = waiting.on_time;
+      obs.num_waiting_slo_late = waiting.late;
     }
     obs.num_arrivals_slo = std::exchange(slo_arrivals_since_obs_, 0);
     const int32_t total = core_.num_total_blocks();

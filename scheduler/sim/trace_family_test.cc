@@ -265,12 +265,15 @@ TEST(GoodputModeTest, KeepsDrainingUntilTheQueueStaysUnderItsTtftTarget) {
 }
 
 // --twice-below: a steady 1.36x Poisson overload (tuning seed 193, RAG, 39%
-// interactive, no prefix caching, 2.5 ms). Over the 60 s trace the best cap
-// (12) serves the batch lane and leaves a backlog that the trace's end lets
-// it drain; with the arrivals played twice that cap falls to under half of
-// the best there, and goodput, which serves the interactive lane, is near it.
+// interactive, no prefix caching, 2.5 ms), first come, first served. Over the
+// 60 s trace the best cap (12) serves the batch lane and leaves a backlog that
+// the trace's end lets it drain; with the arrivals played twice that cap falls
+// to under half of the best there, and goodput, which serves the interactive
+// lane, is near it. (Late requests served last, goodput is at 0.98 of the best
+// here: there is no weak trace-cell to check.)
 TEST(HeldOutTest, ArrivalsTwiceShowsAHindsightCapThatWinsOnTheTracesEnd) {
   HeldOutOptions o;
+  o.serve_late_last = false;
   o.seeds = {193};
   o.presets = {"rtx4090d-tp4"};
   o.prefix_caching = {false};

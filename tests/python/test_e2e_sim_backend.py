@@ -3,6 +3,7 @@ for the cost model's step time and returns tokens that depend only on each
 sequence's own tokens, so batching cannot change them."""
 import concurrent.futures as cf
 import json
+import time
 
 import grpc
 import pytest
@@ -67,3 +68,50 @@ def test_overlapping_worker_serves_the_same_tokens(sim_stack, tiny_model, tmp_pa
         assert got == want
     finally:
         assert overlapped.stop() == 0
+
+
+def _late_last_order(tiny_model, run_dir, ferry_pb, serve_late_last):
+    """One seat (static cap 1). A long request A holds it for 1,000 steps (>= 2 s of the preset's step
+    time). B (lane "fast", a 200 ms first-token target) arrives 0.1 s in and is late long before the seat
+    frees; C (lane "slow", 60 s) arrives 0.5 s in and is still on time then. Returns the order B and C
+    end in: each runs alone once it has the seat."""
+    lanes = run_dir / "lanes.json"
+    lanes.write_text(json.dumps({"lanes": [{"name": "fast", "priority": 0, "max_queued": 0},
+                                           {"name": "slow", "priority": 0, "max_queued": 0}],
+                                 "default": "slow"}))
+    stack = Stack(tiny_model, run_dir,
+                  ["--worker-arg=--backend=sim", f"--worker-arg=--cost-model={PRESET}",
+                   "--worker-arg=--sim-live-tokens=1000", f"--gateway-arg=--lanes-file={lanes}",
+                   "--scheduler-arg=--controller-mode=static", "--scheduler-arg=--max-num-seqs=1",
+                   "--scheduler-arg=--lane-ttft-ms=fast=200", "--scheduler-arg=--lane-ttft-ms=slow=60000",
+                   "--scheduler-arg=--" + ("" if serve_late_last else "no-") + "serve-late-last"])
+    try:
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(stack.gateway))
+        ended = []
+
+        def ask(name, lane, max_tokens, delay_s):
+            time.sleep(delay_s)
+            req = ferry_pb.gen.GenerateRequest(text=f"late last {name}".encode(), lane=lane,
+                                               sampling=ferry_pb.gen.SamplingParams(max_tokens=max_tokens,
+                                                                                    ignore_eos=True))
+            r = stub.Generate(req, timeout=60)
+            assert len(r.token_ids) == max_tokens
+            ended.append(name)
+
+        with cf.ThreadPoolExecutor(max_workers=3) as pool:
+            futures = [pool.submit(ask, "A", "slow", 1000, 0.0), pool.submit(ask, "B", "fast", 20, 0.1),
+                       pool.submit(ask, "C", "slow", 20, 0.5)]
+            for f in futures:
+                f.result()
+        assert ended[0] == "A", ended
+        return ended[1:]
+    finally:
+        assert stack.stop() == 0
+
+
+def test_a_late_request_is_served_after_one_still_on_time(tiny_model, tmp_path, ferry_pb):
+    """--serve-late-last (the default) through the real gateway and scheduler; off, first come first served."""
+    (tmp_path / "late-last").mkdir()
+    (tmp_path / "fcfs").mkdir()
+    assert _late_last_order(tiny_model, tmp_path / "late-last", ferry_pb, serve_late_last=True) == ["C", "B"]
+    assert _late_last_order(tiny_model, tmp_path / "fcfs", ferry_pb, serve_late_last=False) == ["B", "C"]

@@ -127,6 +127,10 @@ def replay(bin_dir, run_dir, model, trace, preset, mode, cap, tpot_ms, caching, 
             "--scheduler-arg=--max-num-batched-tokens=2048", "--scheduler-arg=--max-model-len=4096",
             f"--scheduler-arg=--slo-ttft-ms={TTFT_SLO_MS * d:g}", f"--scheduler-arg=--slo-tpot-ms={tpot_ms * d:g}",
             "--scheduler-arg=--slo-lane=interactive", "--scheduler-arg=--slo-percentile=95",
+            # Each lane's first-token target for --serve-late-last, as ferry-sim sets them from its lanes
+            # (LanesWithSlo: the batch lane keeps its 30 s undilated).
+            f"--scheduler-arg=--lane-ttft-ms=interactive={TTFT_SLO_MS * d:g}",
+            f"--scheduler-arg=--lane-ttft-ms=default={TTFT_SLO_MS * d:g}", "--scheduler-arg=--lane-ttft-ms=batch=30000",
             "--scheduler-arg=--" + ("" if caching else "no-") + "enable-prefix-caching"]
     log = open(run_dir / "launch.log", "wb")
     proc = subprocess.Popen([str(a) for a in args], stdout=log, stderr=subprocess.STDOUT)
