@@ -135,7 +135,10 @@ ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
   c.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
   c.slo.percentile = f.slo_percentile;
   c.slo.lanes = f.slo_lanes;
-  c.goodput.late_last = f.serve_late_last;
+  // The planner counts on late-last order for its SLO lanes only when each has a target: a named
+  // --slo-lane always does (SetLaneTtft); with none named every lane counts, and one without a
+  // target is first come, first served.
+  c.goodput.late_last = f.serve_late_last && !f.slo_lanes.empty();
   return c;
 }
 
