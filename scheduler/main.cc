@@ -60,7 +60,9 @@ void AddFlags(CLI::App& app, Flags& f) {
                "order (default on; lanes without a target are first come, first served)");
   app.add_option("--lane-ttft-ms", f.lane_ttft,
                  "LANE=MS: the time to first token this lane's requests aim at, for --serve-late-last (repeatable; "
-                 "a lane not given one: --slo-ttft-ms if it is a named --slo-lane, else never late)");
+                 "a lane not given one: --slo-ttft-ms if it is a named --slo-lane, else never late). For a lane "
+                 "outside --slo-lane it is also the wait the goodput planner lets that lane's queue take (0.85 of "
+                 "the tightest such target; without one, 20x --slo-ttft-ms)");
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "Share full KV blocks of identical prefixes (default on)");
   app.add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
@@ -126,7 +128,7 @@ std::vector<ferry::scheduler::LaneReservation> ParseReservations(const std::vect
   return out;
 }
 
-ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
+ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f, const ferry::scheduler::SchedulerConfig& config) {
   ferry::scheduler::ControllerOptions c;
   c.mode = ferry::scheduler::ParseControllerMode(f.controller_mode);
   c.min_num_seqs = std::min(f.min_num_seqs, f.max_num_seqs);
@@ -139,6 +141,8 @@ ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
   // --slo-lane always does (SetLaneTtft); with none named every lane counts, and one without a
   // target is first come, first served.
   c.goodput.late_last = f.serve_late_last && !f.slo_lanes.empty();
+  // The other lanes wait up to a share of their own target when --lane-ttft-ms states one.
+  c.goodput.other_ttft_target_s = ferry::scheduler::OtherLanesTtftTarget(config.lane_ttft, f.slo_lanes);
   return c;
 }
 
@@ -219,7 +223,7 @@ int main(int argc, char** argv) {
   ferry::scheduler::ControllerOptions controller;
   try {
     config = ConfigFrom(flags, worker_info);
-    controller = ControllerFlags(flags);
+    controller = ControllerFlags(flags, config);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 2;

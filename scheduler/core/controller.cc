@@ -47,6 +47,15 @@ void Validate(const ControllerOptions& o) {
   if (!(o.slo.percentile > 0 && o.slo.percentile <= 100)) {
     throw std::invalid_argument("controller SLO percentile must be in (0, 100]");
   }
+  const GoodputOptions& g = o.goodput;
+  if (!std::isfinite(g.other_ttft_target_s) || g.other_ttft_target_s < 0) {
+    throw std::invalid_argument("controller other lanes' TTFT target = " + std::to_string(g.other_ttft_target_s) +
+                                " s: want a finite value >= 0 (0: not known)");
+  }
+  if (!(g.other_wait_share > 0 && g.other_wait_share <= 1)) {
+    throw std::invalid_argument("controller other_wait_share = " + std::to_string(g.other_wait_share) +
+                                ": want a share in (0, 1]");
+  }
 }
 
 }  // namespace
@@ -84,6 +93,16 @@ static std::vector<LoadLevel> DefaultLoadLevels(int32_t min_num_seqs, int32_t ma
   return levels;
 }
 
+double OtherLanesTtftTarget(const std::vector<LaneTtft>& lane_ttft, const std::vector<std::string>& slo_lanes) {
+  if (slo_lanes.empty()) return 0;
+  double tightest_ms = 0;
+  for (const LaneTtft& t : lane_ttft) {
+    if (std::find(slo_lanes.begin(), slo_lanes.end(), t.lane) != slo_lanes.end()) continue;
+    if (tightest_ms == 0 || t.ttft_ms < tightest_ms) tightest_ms = t.ttft_ms;
+  }
+  return tightest_ms / 1000.0;
+}
+
 Controller::Controller(ControllerOptions options) : options_(std::move(options)) {
   if (options_.load.levels.empty() && options_.min_num_seqs >= 1 && options_.max_num_seqs >= options_.min_num_seqs) {
     options_.load.levels = DefaultLoadLevels(options_.min_num_seqs, options_.max_num_seqs);
@@ -96,6 +115,8 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
                       &options_.load.rate_window_s, &options_.slo.window_s}) {
       *t *= time_unit_s_;
     }
+    // A target the other lanes state is their own, in seconds: it does not scale.
+    if (g.other_ttft_target_s > 0) g.other_wait_s = g.other_wait_share * g.other_ttft_target_s;
   }
   auto clamp = [&](int32_t n) {
     return std::clamp(n, options_.min_num_seqs, options_.max_num_seqs);

@@ -33,6 +33,7 @@
 
 #include "scheduler/core/goodput_planner.h"
 #include "scheduler/core/step_time_model.h"
+#include "scheduler/core/types.h"
 
 namespace ferry::scheduler {
 
@@ -41,6 +42,11 @@ enum class ControllerMode { kStatic, kLoadLevel, kGoodput };
 const char* ControllerModeName(ControllerMode mode);
 // "static", "load-level", "goodput" ("slo" is goodput); throws std::invalid_argument otherwise.
 ControllerMode ParseControllerMode(const std::string& name);
+
+// GoodputOptions::other_ttft_target_s from the scheduler's lane targets: the
+// tightest target of a lane outside `slo_lanes`, in seconds; 0 when no such
+// lane has one or `slo_lanes` is empty (then every lane is an SLO lane).
+double OtherLanesTtftTarget(const std::vector<LaneTtft>& lane_ttft, const std::vector<std::string>& slo_lanes);
 
 // A named cap. load-level moves between levels only, choosing the one the
 // goodput model (goodput_planner.h) predicts serves best.
@@ -98,6 +104,16 @@ struct GoodputOptions {
   //   (queue + rate * horizon) / (horizon + other_wait_s)
   // so a burst of them waits for seats rather than stretching every step.
   double other_wait_s = 20.0;
+  // The other lanes' own TTFT target when the scheduler knows it (the
+  // tightest of them, in seconds, not scaled with the SLO lanes' target; 0:
+  // not known). They then wait up to other_wait_share of it in place of
+  // other_wait_s: a batch lane with 30 s of slack that is served within 20 s
+  // takes seats, and with them the SLO lanes' TPOT, that it could have left
+  // for a trough (h200 without caching at 2.5 ms, tuning seeds 1-200: 178 ->
+  // 188 of 200 at >= 0.95 of the best static cap; scheduler.md 7h). The
+  // share leaves room for the fluid estimate's error.
+  double other_ttft_target_s = 0;
+  double other_wait_share = 0.85;
   double other_rate_window_s = 30.0;
   double tie_share = 0.02;         // PlannerInputs::tie_share
   double horizon_s = 5.0;          // PlannerInputs::horizon_s: how far ahead the rates are taken to hold

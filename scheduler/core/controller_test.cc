@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -57,6 +59,16 @@ TEST(ControllerTest, RejectsBadOptions) {
   o.load.levels = {{"a", 32}, {"b", 8}};  // unsorted
   EXPECT_THROW(Controller{o}, std::invalid_argument);
   EXPECT_THROW(ParseControllerMode("fast"), std::invalid_argument);
+  for (double bad : {-1.0, std::nan("")}) {
+    o = Options(ControllerMode::kGoodput);
+    o.goodput.other_ttft_target_s = bad;
+    EXPECT_THROW(Controller{o}, std::invalid_argument) << bad;
+  }
+  for (double bad : {0.0, 1.5}) {
+    o = Options(ControllerMode::kGoodput);
+    o.goodput.other_wait_share = bad;
+    EXPECT_THROW(Controller{o}, std::invalid_argument) << bad;
+  }
 }
 
 // "slo" named rules that failed on unseen traces (docs/benchmarks/scheduler.md
@@ -256,6 +268,46 @@ TEST(ControllerTest, GoodputWithPrefixCachingFillsThePool) {
   EXPECT_EQ((DeepQueue{.cached = true, .preemptions_at_end = 2}).Run(cached), 33);  // 20,000 / 600
   Controller uncached(DeepQueueOptions());
   EXPECT_EQ(DeepQueue{}.Run(uncached), 17);
+}
+
+TEST(ControllerTest, TheOtherLanesTargetIsTheTightestOutsideTheSloLanes) {
+  const std::vector<LaneTtft> targets = {{"interactive", 1000}, {"bulk", 60000}, {"batch", 30000}};
+  EXPECT_DOUBLE_EQ(OtherLanesTtftTarget(targets, {"interactive"}), 30.0);
+  EXPECT_DOUBLE_EQ(OtherLanesTtftTarget(targets, {"interactive", "batch"}), 60.0);
+  EXPECT_EQ(OtherLanesTtftTarget(targets, {"interactive", "batch", "bulk"}), 0.0);  // no other lane has one
+  EXPECT_EQ(OtherLanesTtftTarget(targets, {}), 0.0);  // every lane is an SLO lane
+}
+
+// The demand the goodput planner sees from 300 batch requests waiting (no
+// arrivals, the SLO lane idle): the queue over the 5 s horizon plus the wait
+// the batch lane tolerates, read from the reason of the cap change it makes.
+double OtherDemandSeen(double other_ttft_target_s) {
+  ControllerOptions o = DeepQueueOptions();
+  o.slo.lanes = {"interactive"};
+  o.goodput.other_ttft_target_s = other_ttft_target_s;
+  Controller c(o);
+  for (int i = 0; i < 400; ++i) {
+    const double now = 0.05 * (i + 1);
+    StepObservation obs = Obs(now, c.num_seqs(), 300, 0.1, 0.005);
+    obs.last_step_seqs = obs.num_running;
+    obs.num_arrivals_slo = 0;
+    obs.num_waiting_slo = 0;
+    if (i % 10 == 0) c.OnCompletion({now, 0.1, 0.005, "batch", 1000, 100});
+    c.Step(obs);
+  }
+  if (c.changes().empty()) return -1;
+  const std::string& why = c.changes().back().reason;
+  const size_t of = why.find(" good/s of ");
+  return of == std::string::npos ? -1 : std::stod(why.substr(of + 11));
+}
+
+// Without a target the batch lane is served within 20 s (x the SLO lanes'
+// 1 s TTFT target): 300 / (5 + 20) = 12 a second. Told its 30 s target, it
+// waits up to 0.85 of it: 300 / (5 + 25.5) = 9.8 a second, and the seats it
+// leaves serve the SLO lanes' TPOT.
+TEST(ControllerTest, TheOtherLanesWaitWhatTheirOwnTargetAllows) {
+  EXPECT_NEAR(OtherDemandSeen(0), 12.0, 0.051);
+  EXPECT_NEAR(OtherDemandSeen(30), 9.8, 0.051);
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 // virtual time over a generated or replayed workload. See
 // docs/benchmarks/scheduler.md for the commands behind the published tables.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,8 +43,33 @@ struct Flags {
   bool serve_late_last = true;  // the scheduler's default (--serve-late-last)
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
-  // One pair of targets says what the adaptive modes aim at and what counts as good.
-  std::vector<LaneConfig> lanes() const { return LanesWithSlo(slo_ttft_ms / 1000.0, slo_tpot_ms / 1000.0); }
+  std::vector<std::string> lane_ttft;  // LANE=MS, as ferry-scheduler's --lane-ttft-ms
+  // One pair of targets says what the adaptive modes aim at and what counts
+  // as good; --lane-ttft-ms replaces a lane's TTFT SLO (a time-dilated replay
+  // scales the batch lane's 30 s too).
+  std::vector<LaneConfig> lanes() const {
+    std::vector<LaneConfig> out = LanesWithSlo(slo_ttft_ms / 1000.0, slo_tpot_ms / 1000.0);
+    for (const std::string& spec : lane_ttft) {
+      const size_t eq = spec.find('=');
+      size_t end = 0;
+      double ms = 0;
+      try {
+        if (eq != std::string::npos) ms = std::stod(spec.substr(eq + 1), &end);
+      } catch (const std::exception&) {
+        end = 0;
+      }
+      LaneConfig* lane = nullptr;
+      for (LaneConfig& l : out) {
+        if (eq != std::string::npos && l.name == spec.substr(0, eq)) lane = &l;
+      }
+      if (lane == nullptr || end == 0 || eq + 1 + end != spec.size() || !(ms > 0) || !std::isfinite(ms)) {
+        throw std::invalid_argument("--lane-ttft-ms " + spec +
+                                    ": want LANE=MS, MS > 0, LANE one of interactive, batch, default");
+      }
+      lane->ttft_slo_s = ms / 1000.0;
+    }
+    return out;
+  }
 };
 
 double WallSeconds(std::chrono::steady_clock::time_point start) {
@@ -127,6 +154,16 @@ bool FlagsAreValid(const Flags& f) {
   if (f.has_family_seed && !f.trace.empty()) {
     std::fprintf(stderr, "ferry-sim: --family-seed %llu and --trace %s both name a workload; give one\n",
                  static_cast<unsigned long long>(f.family_seed), f.trace.c_str());
+    return false;
+  }
+  try {
+    f.lanes();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "ferry-sim: %s\n", e.what());
+    return false;
+  }
+  if (!f.lane_ttft.empty() && (f.heldout || f.tuning_num_seeds > 0)) {
+    std::fprintf(stderr, "ferry-sim: --lane-ttft-ms is for one run; --heldout and --tuning keep the lanes' SLOs\n");
     return false;
   }
   if (f.heldout_num_seeds < 1 || f.heldout_num_seeds > kHeldOutNumSeeds) {
@@ -234,6 +271,9 @@ int main(int argc, char** argv) {
                "--serve-late-last does (default on; off: first come, first served)");
   app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "adaptive modes: TTFT target; also the interactive and default lanes' SLO");
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "adaptive modes: TPOT target; also the interactive and default lanes' SLO");
+  app.add_option("--lane-ttft-ms", f.lane_ttft,
+                 "LANE=MS: this lane's TTFT SLO in place of the default (batch 30 s; interactive and default "
+                 "--slo-ttft-ms), as ferry-scheduler's --lane-ttft-ms; not with --heldout or --tuning (repeatable)");
   app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
   app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
   app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and goodput");

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <utility>
+#include <set>
 #include <unordered_map>
+#include <utility>
 
 #include "scheduler/core/scheduler_core.h"
 
@@ -50,17 +51,27 @@ scheduler::SchedulerConfig WithLaneTargets(const SimOptions& o) {
   return c;
 }
 
-// The controller plans for the queue order the scheduler keeps.
-scheduler::ControllerOptions QueueOrderTold(const SimOptions& o) {
+// The controller plans for the queue order the scheduler keeps, and lets the
+// other lanes wait as long as their own TTFT SLO allows: the targets of the
+// lanes the trace uses, as an operator's --lane-ttft-ms names the lanes it
+// serves (a lane with an SLO but no requests would only bind the wait).
+scheduler::ControllerOptions ControllerTold(const SimOptions& o, const std::vector<TraceRequest>& trace) {
   scheduler::ControllerOptions c = o.controller;
   c.goodput.late_last = o.scheduler.serve_late_last;
+  std::set<std::string> used;
+  for (const TraceRequest& r : trace) used.insert(r.lane);
+  std::vector<scheduler::LaneTtft> targets;
+  for (const scheduler::LaneTtft& t : WithLaneTargets(o).lane_ttft) {
+    if (used.count(t.lane) > 0) targets.push_back(t);
+  }
+  c.goodput.other_ttft_target_s = scheduler::OtherLanesTtftTarget(targets, c.slo.lanes);
   return c;
 }
 
 class Simulation {
  public:
   Simulation(const std::vector<TraceRequest>& trace, const CostModel& cost, const SimOptions& o)
-      : trace_(trace), cost_(cost), options_(o), core_(WithLaneTargets(o)), controller_(QueueOrderTold(o)) {
+      : trace_(trace), cost_(cost), options_(o), core_(WithLaneTargets(o)), controller_(ControllerTold(o, trace)) {
     result_.requests.resize(trace.size());
     for (size_t i = 0; i < trace.size(); ++i) result_.requests[i].request = trace[i];
     const bool closed = o.closed_loop_concurrency > 0;

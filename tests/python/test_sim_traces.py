@@ -79,3 +79,23 @@ def test_diurnal_mix_trace_shifts_the_lane_mix(tmp_path):
     lanes = {lane["lane"]: lane for lane in report["lanes"]}  # each lane and "all"
     assert lanes["all"]["num_finished"] == len(requests)
     assert lanes["batch"]["num_requests"] + lanes["interactive"]["num_requests"] == len(requests)
+
+
+def test_lane_ttft_ms_sets_a_lanes_slo_and_bad_ones_are_refused(tmp_path):
+    """--lane-ttft-ms replaces a lane's TTFT SLO (a time-dilated replay scales the batch lane's 30 s with
+    the rest): what counts as good follows it; a malformed one or an unknown lane is refused by name."""
+    def batch_good(*extra):
+        report = tmp_path / "report.json"
+        subprocess.run([str(binary("ferry-sim")), "--family-seed", "6", "--controller-mode", "static",
+                        "--max-num-seqs", "16", "--json", str(report), *extra],
+                       check=True, capture_output=True, timeout=120)
+        lanes = {lane["lane"]: lane for lane in json.loads(report.read_text())["lanes"]}
+        return lanes["batch"]["num_good"], lanes["batch"]["num_requests"]
+
+    good, requests = batch_good()
+    assert requests > 100 and good > requests // 2
+    assert batch_good("--lane-ttft-ms", "batch=1") == (0, requests)  # no first token within 1 ms
+    for spec in ["batch=x", "bulk=5", "batch=-3", "batch"]:
+        out = subprocess.run([str(binary("ferry-sim")), "--family-seed", "6", "--lane-ttft-ms", spec],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"--lane-ttft-ms {spec}: want LANE=MS" in out.stderr, out.stderr
