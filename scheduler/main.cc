@@ -62,7 +62,15 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "LANE=MS: the time to first token this lane's requests aim at, for --serve-late-last (repeatable; "
                  "a lane not given one: --slo-ttft-ms if it is a named --slo-lane, else never late). For a lane "
                  "outside --slo-lane it is also the wait the goodput planner lets that lane's queue take (0.85 of "
-                 "the tightest such target; without one, 20x --slo-ttft-ms)");
+                 "the tightest such target; without one, 20x --slo-ttft-ms)")
+      ->check([](const std::string& spec) {  // refused before the scheduler waits for its workers
+        try {
+          ferry::scheduler::ParseLaneTtft(spec);
+          return std::string();
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        }
+      });
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
                "Share full KV blocks of identical prefixes (default on)");
   app.add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
@@ -90,20 +98,7 @@ void AddFlags(CLI::App& app, Flags& f) {
 
 // --lane-ttft-ms, then the --slo-lane lanes not in it at --slo-ttft-ms.
 void SetLaneTtft(const Flags& f, ferry::scheduler::SchedulerConfig& config) {
-  for (const std::string& spec : f.lane_ttft) {
-    const auto eq = spec.find('=');
-    size_t end = 0;
-    double ms = 0;
-    try {
-      if (eq != std::string::npos) ms = std::stod(spec.substr(eq + 1), &end);
-    } catch (const std::exception&) {
-      end = 0;
-    }
-    if (eq == std::string::npos || eq == 0 || end == 0 || eq + 1 + end != spec.size()) {
-      throw std::invalid_argument("--lane-ttft-ms " + spec + ": want LANE=MS");
-    }
-    config.lane_ttft.push_back({spec.substr(0, eq), ms});
-  }
+  for (const std::string& spec : f.lane_ttft) config.lane_ttft.push_back(ferry::scheduler::ParseLaneTtft(spec));
   const auto listed = [&](const std::string& lane) {
     return std::any_of(config.lane_ttft.begin(), config.lane_ttft.end(),
                        [&](const ferry::scheduler::LaneTtft& t) { return t.lane == lane; });

@@ -132,6 +132,22 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
 
 }  // namespace
 
+LaneTtft ParseLaneTtft(const std::string& spec) {
+  const size_t eq = spec.find('=');
+  size_t end = 0;
+  double ms = 0;
+  try {
+    if (eq != std::string::npos) ms = std::stod(spec.substr(eq + 1), &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  if (eq == std::string::npos || eq == 0 || end == 0 || eq + 1 + end != spec.size() || !(ms > 0) ||
+      !std::isfinite(ms)) {
+    throw std::invalid_argument("--lane-ttft-ms " + spec + ": want LANE=MS with MS > 0");
+  }
+  return {spec.substr(0, eq), ms};
+}
+
 SchedulerCore::SchedulerCore(const SchedulerConfig& config) : state_(Validated(config)) {}
 
 void SchedulerCore::Add(RequestSpec request) {

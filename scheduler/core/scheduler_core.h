@@ -29,6 +29,11 @@
 
 namespace ferry::scheduler {
 
+// One `LANE=MS` flag value (ferry-scheduler's and ferry-sim's --lane-ttft-ms).
+// Throws std::invalid_argument naming the value unless LANE is non-empty and
+// MS a number > 0.
+LaneTtft ParseLaneTtft(const std::string& spec);
+
 class SchedulerCore {
  public:
   // Throws std::invalid_argument on a non-positive size in `config`.

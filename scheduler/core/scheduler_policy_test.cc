@@ -360,6 +360,20 @@ TEST(ServeLateLastTest, RefusesATargetItCannotUse) {
   }
 }
 
+TEST(ServeLateLastTest, ParsesTheFlagsLaneAndTarget) {
+  const LaneTtft t = ParseLaneTtft("batch=30000.5");
+  EXPECT_EQ(t.lane, "batch");
+  EXPECT_DOUBLE_EQ(t.ttft_ms, 30000.5);
+  for (const std::string spec : {"batch", "=5", "batch=", "batch=x", "batch=5x", "batch=0", "batch=-3", "batch=inf"}) {
+    try {
+      ParseLaneTtft(spec);
+      ADD_FAILURE() << spec << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("--lane-ttft-ms " + spec + ": want LANE=MS"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SeqEventTest, TheFirstSchedulingAndTheEndAreOnTheEvents) {
   SchedulerConfig cfg = MakeConfig();
   cfg.enable_prefix_caching = true;

@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "scheduler/core/scheduler_core.h"
 #include "scheduler/sim/heldout.h"
 #include "scheduler/sim/report.h"
 #include "scheduler/sim/scenarios.h"
@@ -50,23 +51,15 @@ struct Flags {
   std::vector<LaneConfig> lanes() const {
     std::vector<LaneConfig> out = LanesWithSlo(slo_ttft_ms / 1000.0, slo_tpot_ms / 1000.0);
     for (const std::string& spec : lane_ttft) {
-      const size_t eq = spec.find('=');
-      size_t end = 0;
-      double ms = 0;
-      try {
-        if (eq != std::string::npos) ms = std::stod(spec.substr(eq + 1), &end);
-      } catch (const std::exception&) {
-        end = 0;
-      }
+      const ferry::scheduler::LaneTtft t = ferry::scheduler::ParseLaneTtft(spec);
       LaneConfig* lane = nullptr;
       for (LaneConfig& l : out) {
-        if (eq != std::string::npos && l.name == spec.substr(0, eq)) lane = &l;
+        if (l.name == t.lane) lane = &l;
       }
-      if (lane == nullptr || end == 0 || eq + 1 + end != spec.size() || !(ms > 0) || !std::isfinite(ms)) {
-        throw std::invalid_argument("--lane-ttft-ms " + spec +
-                                    ": want LANE=MS, MS > 0, LANE one of interactive, batch, default");
+      if (lane == nullptr) {
+        throw std::invalid_argument("--lane-ttft-ms " + spec + ": want LANE=MS, LANE one of interactive, batch, default");
       }
-      lane->ttft_slo_s = ms / 1000.0;
+      lane->ttft_slo_s = t.ttft_ms / 1000.0;
     }
     return out;
   }

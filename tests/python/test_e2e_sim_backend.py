@@ -3,12 +3,13 @@ for the cost model's step time and returns tokens that depend only on each
 sequence's own tokens, so batching cannot change them."""
 import concurrent.futures as cf
 import json
+import subprocess
 import time
 
 import grpc
 import pytest
 
-from conftest import REPO, Stack
+from conftest import REPO, Stack, binary
 
 PRESET = REPO / "scheduler" / "sim" / "presets" / "h200.json"
 
@@ -115,3 +116,12 @@ def test_a_late_request_is_served_after_one_still_on_time(tiny_model, tmp_path, 
     (tmp_path / "fcfs").mkdir()
     assert _late_last_order(tiny_model, tmp_path / "late-last", ferry_pb, serve_late_last=True) == ["C", "B"]
     assert _late_last_order(tiny_model, tmp_path / "fcfs", ferry_pb, serve_late_last=False) == ["B", "C"]
+
+
+def test_a_bad_lane_target_is_refused_before_the_scheduler_waits_for_workers():
+    """ferry-scheduler names the bad --lane-ttft-ms at once, not after --worker-timeout-s."""
+    for spec in ["batch=0", "batch=x", "batch", "=5"]:
+        out = subprocess.run([str(binary("ferry-scheduler")), "--worker", "127.0.0.1:1", "--worker-timeout-s", "30",
+                              "--lane-ttft-ms", spec], capture_output=True, text=True, timeout=10)
+        # CLI11 exits 105 on a value its check refuses; timeout=10 s < the 30 s it would wait for workers
+        assert out.returncode == 105 and f"--lane-ttft-ms {spec}: want LANE=MS" in out.stderr, out.stderr
