@@ -386,6 +386,7 @@ void EngineLoop::Dispatch(const std::vector<SeqEvent>& events, TimePoint now) {
     auto it = streams_.find(event.seq_id);
     if (it == streams_.end()) continue;
     if (!event.new_tokens.empty() && !it->second.first_token) it->second.first_token = now;
+    if (event.first_scheduled) it->second.num_cached_tokens = event.num_cached_tokens;
     // A few sessions carry every request: a linear look for the sink beats a set.
     if (std::find(touched_.begin(), touched_.end(), it->second.sink) == touched_.end()) {
       touched_.push_back(it->second.sink);
@@ -417,6 +418,7 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
     done.lane = last.lane;
     done.num_tokens = last.num_prompt_tokens + last.num_generated;
     done.num_output_tokens = last.num_generated;
+    done.num_cached_tokens = stream.num_cached_tokens;
     controller_.OnCompletion(done);
   }
   streams_.erase(it);

@@ -166,6 +166,7 @@ class EngineLoop {
     std::shared_ptr<EventSink> sink;
     uint64_t tag;
     std::optional<TimePoint> first_token;
+    int32_t num_cached_tokens = 0;  // at its first scheduling (RequestCompletion::num_cached_tokens)
   };
 
   // A step sent to the workers whose samples the loop has not taken yet.

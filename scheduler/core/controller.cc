@@ -140,6 +140,15 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
 void Controller::OnCompletion(const RequestCompletion& done) {
   if (!UsesModel()) return;
   if (done.num_output_tokens > 0) outputs_.push_back({done.now_s, static_cast<double>(done.num_output_tokens)});
+  if (done.num_tokens > 0 && done.num_output_tokens > 0) {
+    const int32_t computed = done.num_tokens - done.num_output_tokens - done.num_cached_tokens;
+    if (computed < 1 || done.num_cached_tokens < 0) {  // the cache never holds a prompt's last token
+      throw std::invalid_argument("controller completion: " + std::to_string(done.num_tokens) + " tokens, " +
+                                  std::to_string(done.num_output_tokens) + " generated and " +
+                                  std::to_string(done.num_cached_tokens) + " cached leave no prompt token computed");
+    }
+    prompts_.push_back({done.now_s, static_cast<double>(computed)});
+  }
   // KV is shared by every lane, so the context estimate counts them all.
   if (done.num_tokens > 0) {
     // The KV a running sequence holds, seen at a random step: its prompt and
@@ -222,7 +231,7 @@ void Controller::Expire(double now_s) {
   }
   const double slo_from = now_s - options_.slo.window_s;
   steps_.Expire(slo_from);
-  for (auto* d : {&ttft_, &tpot_, &outputs_, &slo_outputs_, &held_weighted_, &held_weights_}) {
+  for (auto* d : {&ttft_, &tpot_, &outputs_, &slo_outputs_, &prompts_, &held_weighted_, &held_weights_}) {
     while (!d->empty() && d->front().time_s < slo_from) d->pop_front();
   }
 }

@@ -166,6 +166,9 @@ struct RequestCompletion {
   std::string lane;
   int32_t num_tokens = 0;  // prompt + generated at the end: the KV it held (0: unknown)
   int32_t num_output_tokens = 0;  // generated (0: unknown)
+  // Prompt tokens the prefix cache held at its first scheduling: the prompt
+  // computed then is num_tokens - num_output_tokens - this.
+  int32_t num_cached_tokens = 0;
 };
 
 struct CapChange {
@@ -257,6 +260,7 @@ class Controller {
   bool held_ = false;                // an admin Set holds the cap: adaptive modes do not move it
   bool fit_has_seqs_ = false;        // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
   std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
+  std::deque<TimedValue> prompts_;  // (completion time, prompt tokens computed at admission), every lane
   bool seen_step_ = false;
   double time_unit_s_ = 1;           // model modes: slo.ttft_target_s / kReferenceTtftS (options scaled by it)
   double first_step_s_ = 0;          // time of the first Step

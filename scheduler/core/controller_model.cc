@@ -43,6 +43,13 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   // step per output token (prefill steps are few beside its decode steps).
   // At least 1: every scheduled sequence computes a token (Step checks it).
   in.prompt_tokens = (steps_.TokensPerSeq() - 1.0) * in.output_tokens;
+  // The prompts as admitted: P above also counts recompute after preemptions (at cap 256 in a burst, up to
+  // 1.4x the trace's mean prompt), which made every chunk look that much larger (scheduler.md 7i).
+  if (!prompts_.empty()) {
+    double sum = 0;
+    for (const TimedValue& v : prompts_) sum += v.value;
+    in.prompt_chunk_tokens = sum / static_cast<double>(prompts_.size());
+  }
   in.step_token_budget = obs.max_num_batched_tokens;
   // Demand. Without per-lane counts every request is the SLO lanes'.
   const bool counts_lanes = obs.num_arrivals_slo >= 0 && obs.num_waiting_slo >= 0 && !o.lanes.empty();
@@ -90,6 +97,7 @@ void Controller::StepGoodput(const StepObservation& obs) {
   if (!in) return;
   last_adjust_s_ = obs.now_s;
   in->draining = draining_;
+  in->current_cap = num_seqs_;
   const PlannerChoice choice = PlanCap(*in);
   draining_ = choice.drains;
   // A raise of a sixteenth of the cap or less is noise in the window's
@@ -110,6 +118,7 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
   in->max_num_seqs = std::max(in->max_num_seqs, std::min(levels.front().num_seqs, options_.max_num_seqs));
   in->min_num_seqs = std::min(in->min_num_seqs, levels.front().num_seqs);
   in->draining = draining_;
+  in->current_cap = num_seqs_;
   const PlannerChoice choice = PlanCap(*in);
   draining_ = choice.drains;
   size_t target = 0;

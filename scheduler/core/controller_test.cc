@@ -310,5 +310,25 @@ TEST(ControllerTest, TheOtherLanesWaitWhatTheirOwnTargetAllows) {
   EXPECT_NEAR(OtherDemandSeen(30), 9.8, 0.051);
 }
 
+// A prefill lands in chunks of one prompt as admitted, after the prefix cache:
+// 1,000 tokens at the end, 100 generated and 300 cached leave 600 computed.
+TEST(ControllerTest, APrefillIsThePromptAsAdmitted) {
+  ControllerOptions o = DeepQueueOptions();
+  Controller c(o);
+  for (int i = 0; i < 400; ++i) {
+    const double now = 0.05 * (i + 1);
+    StepObservation obs = Obs(now, c.num_seqs(), 300, 0.1, 0.005);
+    obs.last_step_seqs = obs.num_running;
+    if (i % 10 == 0) c.OnCompletion({now, 0.1, 0.005, "default", 1000, 100, 300});
+    c.Step(obs);
+  }
+  ASSERT_FALSE(c.changes().empty());
+  EXPECT_NE(c.changes().back().reason.find("(600 as admitted)"), std::string::npos) << c.changes().back().reason;
+  // The cache never holds a prompt's last token: a completion that says so is the caller's bug.
+  for (int32_t cached : {900, 901, -1}) {
+    EXPECT_THROW(c.OnCompletion({30, 0.1, 0.005, "default", 1000, 100, cached}), std::invalid_argument) << cached;
+  }
+}
+
 }  // namespace
 }  // namespace ferry::scheduler

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace ferry::scheduler {
@@ -14,7 +15,11 @@ void Validate(const PlannerInputs& in) {
     throw std::invalid_argument("goodput planner: caps " + std::to_string(in.min_num_seqs) + ".." +
                                 std::to_string(in.max_num_seqs) + " are not a range starting at 1 or more");
   }
-  for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.output_tokens, in.step_token_budget,
+  if (in.current_cap < 0) {
+    throw std::invalid_argument("goodput planner: current_cap = " + std::to_string(in.current_cap) + ", must be >= 0");
+  }
+  for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.prompt_chunk_tokens,
+                   in.output_tokens, in.step_token_budget,
                    in.slo_rate_per_s, in.slo_queue, in.other_demand_per_s, in.tpot_target_s, in.ttft_target_s, in.horizon_s}) {
     if (!std::isfinite(v) || v < 0) throw std::invalid_argument("goodput planner: an input is negative or not finite");
   }
@@ -71,8 +76,9 @@ double PoissonCdf(double k, double mean) {
 double TpotShare(const PlannerInputs& in, double running, double start_rate) {
   const double decode_s = in.step.fixed_s + (in.step.per_seq_s + in.step.per_token_s) * running;
   const double step_s = StepSeconds(in, running);
-  const double chunk = in.step_token_budget > 0 ? std::min(in.prompt_tokens, in.step_token_budget)
-                                                : in.prompt_tokens;
+  // Prefill tokens land at start_rate * P a second, in chunks of one prompt (or the budget).
+  const double prompt = in.prompt_chunk_tokens > 0 ? in.prompt_chunk_tokens : in.prompt_tokens;
+  const double chunk = in.step_token_budget > 0 ? std::min(prompt, in.step_token_budget) : prompt;
   const double chunk_s = in.step.per_token_s * chunk;
   auto share_at = [&](double output) {
     if (output <= 1) return 1.0;  // one token: no TPOT to miss
@@ -178,13 +184,34 @@ const CapForecast* BestCap(const PlannerInputs& in, const std::vector<CapForecas
 
 }  // namespace
 
+// SLO-lane requests running at the cap in force that a cap `f` fails,
+// per second of the horizon (PlannerInputs::current_cap).
+double InFlightLoss(const PlannerInputs& in, const CapForecast& now, const CapForecast& f) {
+  if (f.tpot_share >= now.tpot_share) return 0;
+  double output = in.output_tokens;
+  if (!in.slo_output_tokens.empty()) {
+    output = 0;
+    for (double o : in.slo_output_tokens) output += o;
+    output /= static_cast<double>(in.slo_output_tokens.size());
+  }
+  const double running = std::min(in.slo_rate_per_s, now.completions_per_s) * output * now.step_s;
+  return running * (now.tpot_share - f.tpot_share) / in.horizon_s;
+}
+
 PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts) {
   Validate(in);
   const double needed = BatchForDemand(in, Demand(in));
+  const std::optional<CapForecast> now =
+      in.current_cap > 0 ? std::optional<CapForecast>(Forecast(in, in.current_cap, needed)) : std::nullopt;
   std::vector<CapForecast> all;
   double best = 0;
   auto consider = [&](int32_t cap) {
     all.push_back(Forecast(in, cap, needed));
+    if (now) {
+      const double loss = InFlightLoss(in, *now, all.back());
+      all.back().good_per_s -= loss;
+      all.back().full_good_per_s -= loss;
+    }
     best = std::max(best, all.back().good_per_s);
   };
   if (in.candidates.empty()) {
@@ -218,11 +245,11 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
   char buf[480];
   std::snprintf(buf, sizeof(buf),
                 "%s: %.1f good/s of %.1f demanded (slo lanes %.1f/s, %.0f waiting), step %.2f ms (full %.2f ms, fit %.3f ms + "
-                "%.1f us/seq + %.2f us/token), %.0f%% meet the %.2f ms TPOT, %.0f prompt + %.0f output tokens",
+                "%.1f us/seq + %.2f us/token), %.0f%% meet the %.2f ms TPOT, %.0f prompt (%.0f as admitted) + %.0f output tokens",
                 why, chosen->good_per_s, Demand(in), in.slo_rate_per_s, in.slo_queue,
                 1e3 * chosen->step_s, 1e3 * chosen->full_step_s, 1e3 * in.step.fixed_s, 1e6 * in.step.per_seq_s,
                 1e6 * in.step.per_token_s, 100 * chosen->tpot_share, 1e3 * in.tpot_target_s, in.prompt_tokens,
-                in.output_tokens);
+                in.prompt_chunk_tokens > 0 ? in.prompt_chunk_tokens : in.prompt_tokens, in.output_tokens);
   out.reason = buf;
   if (forecasts != nullptr) *forecasts = std::move(all);
   return out;

@@ -44,6 +44,11 @@ namespace ferry::scheduler {
 struct PlannerInputs {
   StepFit step;                   // fitted step time
   double prompt_tokens = 0;       // P above: prompt tokens computed per request
+  // One prompt as computed at its admission (after the prefix cache): the
+  // size of its prefill, landing in chunks of min(this, B). P also counts
+  // prompts computed again after a preemption, which add chunks, not size.
+  // 0: P.
+  double prompt_chunk_tokens = 0;
   double output_tokens = 1;       // O above: mean output tokens per completed request, >= 1
   double step_token_budget = 0;   // B above (max_num_batched_tokens); 0: unbounded
   double slo_rate_per_s = 0;      // SLO lanes: arrivals per second
@@ -60,6 +65,14 @@ struct PlannerInputs {
   // The only caps to choose from (load-level's levels), ascending; those
   // outside min..max are skipped. Empty: every cap in min..max.
   std::vector<int32_t> candidates;
+  // The cap in force (0: none yet). The SLO-lane requests running under it
+  // (by Little's law, their completions times their life) were admitted at
+  // its TPOT; a cap that would run more and lower that share costs them too,
+  // beyond the horizon's arrivals. Without it the planner alternated, every
+  // 0.5 s, between a cap that holds TPOT and one that drains the batch lane
+  // at no TPOT, forecast within 5% of each other: each short burst failed the
+  // requests it overlapped, before as well as after (scheduler.md 7i).
+  int32_t current_cap = 0;
   // A cap whose expected goodput is within this share of the best counts as
   // best; among those the choice prefers TPOT safety at full load.
   double tie_share = 0.02;

@@ -136,6 +136,30 @@ TEST(GoodputPlannerTest, ServedLateLastAnOverloadKeepsTheCapThatHoldsTpot) {
   EXPECT_NEAR(PlanCap(in).best_good_per_s, 50, 1e-9);
 }
 
+TEST(GoodputPlannerTest, TheRequestsRunningAtTheCapInForceCountAgainstACapThatFailsThem) {
+  PlannerInputs in = DecodeOnly();
+  in.output_tokens = 1000;  // 20 seats complete 20 / (1000 * 4 ms) = 5 a second
+  in.horizon_s = 1;
+  in.slo_rate_per_s = 1;
+  in.other_demand_per_s = 6;
+  // Over the horizon alone, a cap that serves the other lanes' 6 a second and fails the SLO lanes'
+  // one (TPOT) beats 20 seats, which hold TPOT: 1 + 4 a second.
+  const PlannerChoice fresh = PlanCap(in);
+  EXPECT_GT(fresh.cap, 20) << fresh.reason;
+  EXPECT_NEAR(fresh.best_good_per_s, 6, 1e-9);
+  // At 20, 1/s x 1000 tokens x 4 ms = 4 SLO-lane requests are running, admitted at its TPOT; the
+  // larger cap would fail them too: 4 over the 1 s horizon, more than it gains.
+  in.current_cap = 20;
+  const PlannerChoice held = PlanCap(in);
+  EXPECT_EQ(held.cap, 20) << held.reason;
+  EXPECT_NEAR(held.best_good_per_s, 5, 1e-9);
+  // Already at the larger cap its running requests are failed anyway: nothing against staying.
+  in.current_cap = fresh.cap;
+  EXPECT_EQ(PlanCap(in).cap, fresh.cap);
+  in.current_cap = -1;
+  EXPECT_THROW(PlanCap(in), std::invalid_argument);
+}
+
 TEST(GoodputPlannerTest, RefusesInputsItCannotPlanWith) {
   PlannerInputs in = DecodeOnly();
   in.max_num_seqs = 0;

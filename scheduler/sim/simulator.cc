@@ -134,9 +134,11 @@ class Simulation {
     if (cap != result_.caps.back().num_seqs) result_.caps.push_back({now_, cap});
     const scheduler::Budget budget{cap, options_.scheduler.max_num_batched_tokens};
     const scheduler::StepPlan plan = core_.Plan(budget, ToTimePoint(now_));
-    // First schedulings carry nothing the report reads (TTFT counts from the first token), and
-    // the sim sets no deadlines.
-    core_.TakeEvents();
+    // First schedulings: the prompt tokens the cache held, for the controller (TTFT counts from the
+    // first token, and the sim sets no deadlines).
+    for (const scheduler::SeqEvent& e : core_.TakeEvents()) {
+      if (e.first_scheduled) result_.requests[e.seq_id - 1].num_cached_tokens = e.num_cached_tokens;
+    }
     if (plan.empty()) return false;
     for (uint64_t id : plan.finished_ids) worker_.erase(id);
     for (uint64_t id : plan.preempted_ids) {
@@ -214,7 +216,7 @@ class Simulation {
     r.end_s = now_;
     worker_.erase(e.seq_id);
     controller_.OnCompletion({now_, r.ttft_s(), r.tpot_s(), r.request.lane,
-                              r.request.prompt_tokens + r.num_output, r.num_output});
+                              r.request.prompt_tokens + r.num_output, r.num_output, r.num_cached_tokens});
     if (options_.closed_loop_concurrency > 0 && next_closed_ < trace_.size()) {
       pending_.push_back({now_, next_closed_++});
     }

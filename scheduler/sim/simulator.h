@@ -42,6 +42,7 @@ struct RequestResult {
   double end_s = -1;     // -1: unfinished when the simulation stopped
   int32_t num_output = 0;
   int32_t num_preemptions = 0;
+  int32_t num_cached_tokens = 0;  // prompt tokens the prefix cache held at its first scheduling
 
   bool is_finished() const { return end_s >= 0; }
   double ttft_s() const { return first_token_s - arrival_s; }
