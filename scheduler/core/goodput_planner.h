@@ -71,7 +71,7 @@ struct PlannerInputs {
   // beyond the horizon's arrivals. Without it the planner alternated, every
   // 0.5 s, between a cap that holds TPOT and one that drains the batch lane
   // at no TPOT, forecast within 5% of each other: each short burst failed the
-  // requests it overlapped, before as well as after (scheduler.md 7i).
+  // requests it overlapped, before as well as after (scheduler.md 7i, 7j).
   int32_t current_cap = 0;
   // A cap whose expected goodput is within this share of the best counts as
   // best; among those the choice prefers TPOT safety at full load.
