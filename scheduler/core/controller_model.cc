@@ -43,8 +43,9 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   // step per output token (prefill steps are few beside its decode steps).
   // At least 1: every scheduled sequence computes a token (Step checks it).
   in.prompt_tokens = (steps_.TokensPerSeq() - 1.0) * in.output_tokens;
-  // The prompts as admitted: P above also counts recompute after preemptions (at cap 256 in a burst, up to
-  // 1.4x the trace's mean prompt), which made every chunk look that much larger (scheduler.md 7i).
+  // The prompts as admitted, a prefill chunk's size: P above also counts recompute after preemptions (up to
+  // 2.2x the trace's mean prompt on tuning seed 140 bounded at 256), which adds chunks, not size
+  // (scheduler.md 7i).
   if (!prompts_.empty()) {
     double sum = 0;
     for (const TimedValue& v : prompts_) sum += v.value;
