@@ -95,13 +95,14 @@ TEST(GoodputPlannerTest, KeepsDrainingWhileTheQueueWouldRegrowPastTheTtftTarget)
   in.ttft_target_s = 1;
   // Cap 20 holds TPOT and completes 50/s, under the 60/s arriving: 20 waiting
   // reach the 50 that drain in a second after 3 s, so 3 of the horizon's 5 s
-  // of arrivals meet TTFT there, and no larger cap meets TPOT.
+  // of arrivals meet TTFT there, and no larger cap meets TPOT. The 20 waiting
+  // meet it too: (60 * 3 + 20) / 5 = 40 a second.
   in.slo_rate_per_s = 60;
   in.slo_queue = 20;
   const PlannerChoice fresh = PlanCap(in);
   EXPECT_EQ(fresh.cap, 20) << fresh.reason;
   EXPECT_FALSE(fresh.drains);
-  EXPECT_NEAR(fresh.best_good_per_s, 36, 1e-9);
+  EXPECT_NEAR(fresh.best_good_per_s, 40, 1e-9);
   // After a drain the same cap would admit requests whose TPOT the next
   // drain (in 3 s) breaks: draining goes on at the most completions.
   in.draining = true;
@@ -123,17 +124,42 @@ TEST(GoodputPlannerTest, ServedLateLastAnOverloadKeepsTheCapThatHoldsTpot) {
   in.late_last = true;
   // As above, 60/s arriving at a cap that completes 50/s, 20 on time waiting. Late requests go
   // to the back: the on-time queue fills to the 50 that drain in a second after 3 s, and then
-  // 50 of the 60 arriving each second still meet TTFT. (60 * 3 + 50 * 2) / 5 = 56 a second.
+  // 50 of the 60 arriving each second still meet TTFT, and so do the 20 waiting:
+  // (60 * 3 + 50 * 2 + 20) / 5 = 60 a second.
   in.slo_rate_per_s = 60;
   in.slo_queue = 20;
   in.draining = true;  // nothing to drain: the queue in front never outgrows the target
   const PlannerChoice c = PlanCap(in);
   EXPECT_EQ(c.cap, 20) << c.reason;
   EXPECT_FALSE(c.drains) << c.reason;
-  EXPECT_NEAR(c.best_good_per_s, 56, 1e-9);
-  // An on-time queue already past what drains in time: 50 a second meet from now.
+  EXPECT_NEAR(c.best_good_per_s, 60, 1e-9);
+  // An on-time queue already past what drains in time: its first 50 meet, and 50 a second of
+  // the arrivals: (50 + 50 * 5) / 5 = 60.
   in.slo_queue = 80;
-  EXPECT_NEAR(PlanCap(in).best_good_per_s, 50, 1e-9);
+  EXPECT_NEAR(PlanCap(in).best_good_per_s, 60, 1e-9);
+}
+
+TEST(GoodputPlannerTest, TheSloLanesWaitingRequestsCountAgainstACapThatFailsThem) {
+  PlannerInputs in = DecodeOnly();
+  in.output_tokens = 1000;  // 20 seats complete 20 / (1000 * 4 ms) = 5 a second
+  in.horizon_s = 1;
+  in.ttft_target_s = 1;
+  in.late_last = true;
+  in.other_demand_per_s = 6;
+  in.slo_queue = 3;  // no more arriving (a burst's tail)
+  // At 20 seats the 3 waiting start within the target and hold TPOT, and the other lanes get the
+  // 2 completions left: 5 a second. 64 seats complete 64 / (1000 * 8.4 ms) = 7.6 a second, 4.6
+  // of them the other lanes', and fail the 3 (TPOT). Counting only arrivals, the 3 took seats
+  // at 20 for nothing and 64 won, 4.6 to 2.
+  std::vector<CapForecast> f;
+  const PlannerChoice c = PlanCap(in, &f);
+  EXPECT_EQ(c.cap, 20) << c.reason;
+  EXPECT_NEAR(c.best_good_per_s, 5, 1e-9);
+  EXPECT_NEAR(f.back().good_per_s, 64 / 8.4 - 3, 1e-9);
+  // A queue larger than what drains within the target: only its head counts (5 of 8).
+  in.slo_queue = 8;
+  EXPECT_NEAR(PlanCap(in, &f).best_good_per_s, 5, 1e-9);
+  EXPECT_NEAR(f[19].good_per_s, 5, 1e-9);  // cap 20: 5 on time, nothing left for the others
 }
 
 TEST(GoodputPlannerTest, TheRequestsRunningAtTheCapInForceCountAgainstACapThatFailsThem) {
