@@ -63,6 +63,8 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
                               RateOver(slo_arrivals_, obs.now_s, g.other_rate_window_s);
     const double other_queue = obs.num_waiting - obs.num_waiting_slo - obs.num_waiting_slo_late;
     in.other_demand_per_s = (other_queue + other_rate * g.horizon_s) / (g.horizon_s + g.other_wait_s);
+    in.other_rate_per_s = other_rate;
+    in.waiting_behind = obs.num_waiting - obs.num_waiting_slo;
   }
   // Idle: nothing to plan for; the cap stays where the last load left it.
   if (in.slo_rate_per_s + in.slo_queue + in.other_demand_per_s <= 0) return std::nullopt;

@@ -12,7 +12,10 @@
 //   step time         s(C) = fixed + per_seq * C + per_token * T(C)
 //   completions/s     mu(C) = T(C) / ((P + O) * s(C))
 // Below saturation only n(C) = min(C, n*) sequences run, n* the batch at
-// which mu(n*) meets the demand. A request of the SLO lanes that generates o
+// which mu(n*) meets the demand, except while requests wait (the scheduler
+// fills every free seat from the queues) and when arrivals take every seat
+// (Erlang C with n* busy of C): then C run, and a reply's TPOT is the full
+// cap's. A request of the SLO lanes that generates o
 // tokens decodes for o steps of d = fixed + (per_seq + per_token) * n(C)
 // each, plus the prefill chunks that land meanwhile: requests start at
 // lambda = min(demand, mu(C)) per second, each bringing P tokens in chunks
@@ -27,7 +30,8 @@
 // and a request meets the TTFT target T while the queue ahead of it is under
 // mu * T (a queue already past that costs every request behind it, until it
 // drains). A cap's goodput is
-//   (SLO-lane arrivals in H that meet T) / H * share meeting the TPOT target
+//   (SLO-lane arrivals in H that meet T + the queue's first min(q0, mu * T))
+//     / H * share meeting the TPOT target
 //   + min(demand_other, mu - SLO-lane completions)   (other lanes: throughput)
 // The other lanes' demand is their arrival rate plus their queue drained
 // over the caller's horizon for them.
@@ -54,6 +58,11 @@ struct PlannerInputs {
   double slo_rate_per_s = 0;      // SLO lanes: arrivals per second
   double slo_queue = 0;           // SLO lanes: requests waiting now
   double other_demand_per_s = 0;  // every other lane: arrivals/s plus their queue over a horizon
+  double other_rate_per_s = 0;    // every other lane: arrivals per second
+  // Requests waiting behind the SLO lanes' on-time queue: the other lanes'
+  // and, served late last, the SLO lanes' late ones. The scheduler fills every
+  // free seat from them, so while any wait the cap runs full.
+  double waiting_behind = 0;
   double ttft_target_s = 1;       // T above
   double horizon_s = 5;           // H above
   // Output tokens of recent SLO-lane requests (the spread of reply lengths).

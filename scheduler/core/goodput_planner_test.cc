@@ -162,6 +162,28 @@ TEST(GoodputPlannerTest, TheSloLanesWaitingRequestsCountAgainstACapThatFailsThem
   EXPECT_NEAR(f[19].good_per_s, 5, 1e-9);  // cap 20: 5 on time, nothing left for the others
 }
 
+TEST(GoodputPlannerTest, ACapRunsFullWhileRequestsWaitAndWhenArrivalsTakeEverySeat) {
+  PlannerInputs in = DecodeOnly();  // TPOT holds up to 20 seats
+  in.slo_rate_per_s = 19 / 0.39;    // 19 seats at 3.9 ms a step complete this
+  std::vector<CapForecast> f;
+  PlanCap(in, &f);
+  // Nothing waits: 19 seats are busy on average. At 64 seats the 64 are
+  // almost never all taken; at 21 they often are (Erlang C), and then each
+  // step takes 4.1 ms, over the target.
+  EXPECT_GT(f[63].tpot_share, 0.99);
+  EXPECT_LT(f[20].tpot_share, 0.7);
+  EXPECT_GT(f[20].tpot_share, 0.1);
+  // 100 requests of the other lanes waiting: the scheduler fills every free
+  // seat from them, so 64 seats run full until the queue is gone. 64 seats
+  // complete 64 / (100 * 8.4 ms) = 76.2 a second, 48.7 arrive: 100 / 27.5 =
+  // 3.6 s of the 5 s horizon at 8.4 ms a step, every reply then failed.
+  in.waiting_behind = 100;
+  PlanCap(in, &f);
+  const double queued = 100 / (64 / 0.84 - in.slo_rate_per_s) / in.horizon_s;
+  EXPECT_NEAR(f[63].tpot_share, 1 - queued, 0.01);
+  EXPECT_EQ(f[19].tpot_share, 1.0);  // 20 seats hold TPOT full
+}
+
 TEST(GoodputPlannerTest, TheRequestsRunningAtTheCapInForceCountAgainstACapThatFailsThem) {
   PlannerInputs in = DecodeOnly();
   in.output_tokens = 1000;  // 20 seats complete 20 / (1000 * 4 ms) = 5 a second
