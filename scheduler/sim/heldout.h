@@ -20,8 +20,11 @@ inline constexpr uint64_t kTuningSeedEnd = 100000;
 // The held-out seeds: NEVER run, read or plot these while tuning a controller
 // (use the tuning range). They exist to say how a controller does on traces
 // it has never seen; once a change is chosen by looking at them, they no
-// longer can. Disjoint from the tuning range.
-inline constexpr uint64_t kHeldOutSeedBegin = 1000001;
+// longer can. Disjoint from the tuning range. Until 2026-12-05 the range
+// began at 1000001; two of its traces (1000024, 1000029) were then run to
+// find what the planner got wrong (scheduler.md 7k), so that range is spent
+// and this one replaced it, run once with the controller so chosen.
+inline constexpr uint64_t kHeldOutSeedBegin = 2000001;
 inline constexpr uint64_t kHeldOutNumSeeds = 64;
 std::vector<uint64_t> HeldOutSeeds();
 // The first `count` tuning seeds (kTuningSeedBegin on): what a controller is
