@@ -20,7 +20,8 @@ void Validate(const PlannerInputs& in) {
   }
   for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.prompt_chunk_tokens,
                    in.output_tokens, in.step_token_budget,
-                   in.slo_rate_per_s, in.slo_queue, in.other_demand_per_s, in.other_rate_per_s, in.waiting_behind, in.tpot_target_s, in.ttft_target_s, in.horizon_s}) {
+                   in.slo_rate_per_s, in.slo_queue, in.other_demand_per_s, in.other_rate_per_s, in.waiting_behind,
+                   in.tpot_target_s, in.ttft_target_s, in.horizon_s}) {
     if (!std::isfinite(v) || v < 0) throw std::invalid_argument("goodput planner: an input is negative or not finite");
   }
 }
@@ -168,9 +169,11 @@ CapForecast Forecast(const PlannerInputs& in, int32_t cap, double needed_batch) 
   // 22.5 forecast 100% and got 7%; at 38 the batch lane's queue filled it).
   const double queue = in.slo_queue + in.waiting_behind;
   const double inflow = in.slo_rate_per_s + in.other_rate_per_s;
-  const double queued_s = queue <= 0                           ? 0.0
-                          : f.completions_per_s > inflow ? std::min(in.horizon_s, queue / (f.completions_per_s - inflow))
-                                                         : in.horizon_s;
+  double queued_s = 0;  // of the horizon, until the queues are gone
+  if (queue > 0) {
+    const double drain = f.completions_per_s - inflow;
+    queued_s = drain > 0 ? std::min(in.horizon_s, queue / drain) : in.horizon_s;
+  }
   const double queued = queued_s / in.horizon_s;
   const double full = queued + (1 - queued) * AllSeatsTaken(cap, running);
   f.tpot_share = (1 - full) * TpotShare(in, running, start_rate) + full * TpotShare(in, cap, start_rate);
