@@ -36,6 +36,7 @@ CostModel::CostModel(CostModelParams params) : params_(std::move(params)) {
   RequireNonNegative("fixed_s", params_.fixed_s);
   RequireNonNegative("batched_step_s", params_.batched_step_s);
   RequireNonNegative("per_seq_s", params_.per_seq_s);
+  RequireNonNegative("per_context_token_s", params_.per_context_token_s);
   RequireNonNegative("weight_bytes", params_.weight_bytes);
   RequireNonNegative("kv_bytes_per_token", params_.kv_bytes_per_token);
   RequireNonNegative("flops_per_token", params_.flops_per_token);
@@ -57,6 +58,7 @@ double CostModel::StepSeconds(const StepShape& shape) const {
   if (shape.num_tokens <= 0 && shape.num_seqs <= 0) return 0.0;
   const double batched = shape.num_seqs > 1 ? params_.batched_step_s : 0.0;
   return params_.fixed_s + batched + params_.per_seq_s * shape.num_seqs +
+         params_.per_context_token_s * static_cast<double>(shape.num_kv_tokens) +
          std::max(MemorySeconds(shape), ComputeSeconds(shape));
 }
 
@@ -90,6 +92,7 @@ void ReadFields(const nlohmann::json& j, CostModelParams& p) {
     else if (key == "fixed_s") num(p.fixed_s);
     else if (key == "batched_step_s") num(p.batched_step_s);
     else if (key == "per_seq_s") num(p.per_seq_s);
+    else if (key == "per_context_token_s") num(p.per_context_token_s);
     else if (key == "weight_bytes") num(p.weight_bytes);
     else if (key == "kv_bytes_per_token") num(p.kv_bytes_per_token);
     else if (key == "bandwidth_bytes_per_s") num(p.bandwidth_bytes_per_s);
@@ -115,6 +118,7 @@ std::string CostModelParamsToJson(const CostModelParams& p) {
                       {"fixed_s", p.fixed_s},
                       {"batched_step_s", p.batched_step_s},
                       {"per_seq_s", p.per_seq_s},
+                      {"per_context_token_s", p.per_context_token_s},
                       {"weight_bytes", p.weight_bytes},
                       {"kv_bytes_per_token", p.kv_bytes_per_token},
                       {"bandwidth_bytes_per_s", p.bandwidth_bytes_per_s},

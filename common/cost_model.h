@@ -3,6 +3,7 @@
 // (virtual time) and by the `--backend sim` worker (which sleeps for it).
 //
 //   t = fixed_s + (num_seqs > 1 ? batched_step_s : 0) + per_seq_s * num_seqs
+//       + per_context_token_s * num_kv_tokens
 //       + max( (weight_bytes + kv_bytes_per_token * num_kv_tokens) / (bandwidth * bandwidth_efficiency),
 //              flops_per_token * num_tokens / (peak_flops * flops_efficiency) )
 //
@@ -37,6 +38,11 @@ struct CostModelParams {
   // smooth model cannot fit.
   double batched_step_s = 0.0;
   double per_seq_s = 0.0;
+  // Compute time per context token a step attends to, outside the roofline:
+  // 0 on a GPU, where attention reads KV at the memory side's bandwidth; the
+  // CPU engine's attention is arithmetic on two cores, and its step grows
+  // with the context beyond what the KV bytes explain (cpu-0.5b preset).
+  double per_context_token_s = 0.0;
   double weight_bytes = 0.0;        // read once per step (per tensor-parallel rank)
   double kv_bytes_per_token = 0.0;  // per context token read (per rank)
   double bandwidth_bytes_per_s = 1.0;

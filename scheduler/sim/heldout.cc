@@ -20,24 +20,65 @@ using scheduler::ControllerMode;
 
 static_assert(kTuningSeedEnd <= kHeldOutSeedBegin, "the tuning and held-out seed ranges overlap");
 
+// The evaluation for one preset: HeldOutOptions with its time scale k
+// applied to every SLO (the batch lane's in Lanes). `scale` is k.
+struct PresetEval {
+  HeldOutOptions o;
+  double scale = 1;
+};
+
+PresetEval ForPreset(const HeldOutOptions& o, const std::string& preset) {
+  PresetEval e{o, 1};
+  const auto it = o.time_scale.find(preset);
+  if (it != o.time_scale.end()) e.scale = it->second;
+  e.o.ttft_slo_s *= e.scale;
+  for (double& t : e.o.tpot_slos_s) t *= e.scale;
+  return e;
+}
+
+// The lanes at a cell's (scaled) SLO; the batch lane keeps its own, scaled too.
+std::vector<LaneConfig> Lanes(double ttft_s, double tpot_s, double scale) {
+  std::vector<LaneConfig> lanes = LanesWithSlo(ttft_s, tpot_s);
+  for (LaneConfig& l : lanes) {
+    if (l.name == "batch") l.ttft_slo_s *= scale, l.tpot_slo_s *= scale;
+  }
+  return lanes;
+}
+
 // How a cell runs: the sim's default scheduler config with the cell's
 // prefix caching and queue order; the controller's targets are the cell's SLO.
 SimOptions CellOptions(const CostModel& cost, ControllerMode mode, int32_t cap, double tpot_s, bool prefix_caching,
-                       const HeldOutOptions& eval) {
-  const double ttft_s = eval.ttft_slo_s;
+                       const PresetEval& eval) {
+  const double ttft_s = eval.o.ttft_slo_s;
   SimOptions o;
   o.scheduler = DefaultSchedulerConfig(cost.params());
   o.scheduler.enable_prefix_caching = prefix_caching;
-  o.scheduler.serve_late_last = eval.serve_late_last;
+  o.scheduler.serve_late_last = eval.o.serve_late_last;
   o.controller = ControllerFor(mode, cap);
   o.controller.slo.ttft_target_s = ttft_s;
   o.controller.slo.tpot_target_s = tpot_s;
-  o.lanes = LanesWithSlo(ttft_s, tpot_s);
+  o.controller.goodput.reach_share = eval.o.reach_share;
+  o.lanes = Lanes(ttft_s, tpot_s, eval.scale);
   return o;
 }
 
-int64_t Good(const SimResult& run, double ttft_s, double tpot_s) {
-  return Summarize(run, LanesWithSlo(ttft_s, tpot_s)).all().num_good;
+int64_t Good(const SimResult& run, const PresetEval& eval, double tpot_s) {
+  return Summarize(run, Lanes(eval.o.ttft_slo_s, tpot_s, eval.scale)).all().num_good;
+}
+
+// The preset k times faster (HeldOutOptions::time_scale): every time term / k.
+CostModelParams Faster(CostModelParams p, double k) {
+  p.fixed_s /= k, p.batched_step_s /= k, p.per_seq_s /= k, p.per_context_token_s /= k;
+  p.bandwidth_bytes_per_s *= k, p.peak_flops *= k;
+  return p;
+}
+
+// Member `seed` for a preset dilated by k: drawn for the preset k times
+// faster, its arrivals k times later (k = 1: the member as drawn).
+std::vector<TraceRequest> DilatedTrace(const FamilyMember& m, double k) {
+  std::vector<TraceRequest> trace = GenerateFamilyTrace(m);
+  for (TraceRequest& r : trace) r.arrival_s *= k;
+  return trace;
 }
 
 // Static goodput kept between runs (HeldOutOptions::static_cache_path),
@@ -74,14 +115,15 @@ void WriteCache(const std::string& path, const StaticCache& cache) {
 // adaptive modes run once per SLO. Static goodput found in `cache` is not
 // remeasured; what is measured goes to `measured`.
 std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<TraceRequest>& trace,
-                                       uint64_t seed, bool prefix_caching, const HeldOutOptions& o,
+                                       uint64_t seed, bool prefix_caching, const PresetEval& eval,
                                        const StaticCache& cache, StaticCache& measured) {
+  const HeldOutOptions& o = eval.o;
   const int32_t max_seqs = EvalMaxNumSeqs(cost.params());
   const std::string& preset = cost.params().name;
   std::vector<TraceOutcome> out(o.tpot_slos_s.size());
   for (size_t i = 0; i < out.size(); ++i) out[i].seed = seed;
   auto each_slo = [&](const SimResult& run, auto record) {
-    for (size_t i = 0; i < out.size(); ++i) record(out[i], Good(run, o.ttft_slo_s, o.tpot_slos_s[i]));
+    for (size_t i = 0; i < out.size(); ++i) record(out[i], Good(run, eval, o.tpot_slos_s[i]));
   };
   for (int32_t cap : o.static_caps) {
     if (cap > max_seqs) continue;
@@ -95,7 +137,7 @@ std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<
     if (goods.size() != keys.size()) {
       goods.clear();
       const SimResult run = RunSimulation(
-          trace, cost, CellOptions(cost, ControllerMode::kStatic, cap, 0.05, prefix_caching, o));
+          trace, cost, CellOptions(cost, ControllerMode::kStatic, cap, 0.05, prefix_caching, eval));
       each_slo(run, [&](TraceOutcome&, int64_t good) { goods.push_back(good); });
     }
     for (size_t i = 0; i < out.size(); ++i) {
@@ -108,11 +150,11 @@ std::vector<TraceOutcome> MeasureTrace(const CostModel& cost, const std::vector<
   for (size_t i = 0; i < out.size(); ++i) {
     const double tpot = o.tpot_slos_s[i];
     if (!o.only_goodput) {
-      const SimOptions lo = CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, tpot, prefix_caching, o);
-      out[i].load_level_good = Good(RunSimulation(trace, cost, lo), o.ttft_slo_s, tpot);
+      const SimOptions lo = CellOptions(cost, ControllerMode::kLoadLevel, max_seqs, tpot, prefix_caching, eval);
+      out[i].load_level_good = Good(RunSimulation(trace, cost, lo), eval, tpot);
     }
-    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, tpot, prefix_caching, o);
-    out[i].goodput_good = Good(RunSimulation(trace, cost, go), o.ttft_slo_s, tpot);
+    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, tpot, prefix_caching, eval);
+    out[i].goodput_good = Good(RunSimulation(trace, cost, go), eval, tpot);
   }
   return out;
 }
@@ -157,31 +199,32 @@ std::vector<uint64_t> TuningSeeds(uint64_t count) {
 }
 
 // The window's arrivals played twice: the same requests again, one window later.
-std::vector<TraceRequest> ArrivalsTwice(const std::vector<TraceRequest>& trace) {
+std::vector<TraceRequest> ArrivalsTwice(const std::vector<TraceRequest>& trace, double window_s) {
   std::vector<TraceRequest> out = trace;
   for (const TraceRequest& r : trace) {
     out.push_back(r);
-    out.back().arrival_s += kFamilyDurationS;
+    out.back().arrival_s += window_s;
   }
   return out;
 }
 
 // HeldOutOptions::twice_below for one trace's outcomes (one per SLO).
 void CheckArrivalsTwice(const CostModel& cost, const std::vector<TraceRequest>& trace, bool prefix_caching,
-                        const HeldOutOptions& o, std::vector<TraceOutcome>& out) {
+                        const PresetEval& eval, std::vector<TraceOutcome>& out) {
+  const HeldOutOptions& o = eval.o;
   std::vector<size_t> weak;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].best_static_good > 0 && out[i].ratio(out[i].goodput_good) < o.twice_below) weak.push_back(i);
   }
   if (weak.empty()) return;
-  const std::vector<TraceRequest> twice = ArrivalsTwice(trace);
+  const std::vector<TraceRequest> twice = ArrivalsTwice(trace, kFamilyDurationS * eval.scale);
   const int32_t max_seqs = EvalMaxNumSeqs(cost.params());
   std::vector<std::map<int32_t, int64_t>> good(weak.size());
   for (int32_t cap : o.static_caps) {
     if (cap > max_seqs) continue;
     const SimResult run =
-        RunSimulation(twice, cost, CellOptions(cost, ControllerMode::kStatic, cap, 0.05, prefix_caching, o));
-    for (size_t w = 0; w < weak.size(); ++w) good[w][cap] = Good(run, o.ttft_slo_s, o.tpot_slos_s[weak[w]]);
+        RunSimulation(twice, cost, CellOptions(cost, ControllerMode::kStatic, cap, 0.05, prefix_caching, eval));
+    for (size_t w = 0; w < weak.size(); ++w) good[w][cap] = Good(run, eval, o.tpot_slos_s[weak[w]]);
   }
   for (size_t w = 0; w < weak.size(); ++w) {
     TraceOutcome& t = out[weak[w]];
@@ -191,8 +234,8 @@ void CheckArrivalsTwice(const CostModel& cost, const std::vector<TraceRequest>& 
       if (g > best) best = g, t.twice_best_cap = cap;
     }
     if (best <= 0) continue;
-    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, tpot, prefix_caching, o);
-    t.twice_goodput_ratio = static_cast<double>(Good(RunSimulation(twice, cost, go), o.ttft_slo_s, tpot)) / best;
+    const SimOptions go = CellOptions(cost, ControllerMode::kGoodput, max_seqs, tpot, prefix_caching, eval);
+    t.twice_goodput_ratio = static_cast<double>(Good(RunSimulation(twice, cost, go), eval, tpot)) / best;
     t.twice_best_cap_ratio = static_cast<double>(good[w][t.best_cap]) / best;
   }
 }
@@ -203,9 +246,11 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
   std::vector<HeldOutCell> cells;
   for (const std::string& preset : o.presets) {
     const CostModel cost(LoadPreset(preset));
+    const PresetEval eval = ForPreset(o, preset);
+    const CostModelParams drawn_for = Faster(cost.params(), eval.scale);
     for (bool caching : o.prefix_caching) {
       const size_t first = cells.size();
-      for (double slo : o.tpot_slos_s) {
+      for (double slo : eval.o.tpot_slos_s) {
         HeldOutCell cell;
         cell.preset = preset;
         cell.tpot_slo_s = slo;
@@ -220,10 +265,10 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
       std::mutex progress_mu;
       auto work = [&] {
         for (size_t k; (k = next.fetch_add(1)) < o.seeds.size();) {
-          const FamilyMember m = DrawFamilyMember(o.seeds[k], cost.params());
-          const std::vector<TraceRequest> trace = GenerateFamilyTrace(m);
-          per_seed[k] = MeasureTrace(cost, trace, o.seeds[k], caching, o, cache, measured_per_seed[k]);
-          if (o.twice_below > 0) CheckArrivalsTwice(cost, trace, caching, o, per_seed[k]);
+          const FamilyMember m = DrawFamilyMember(o.seeds[k], drawn_for);
+          const std::vector<TraceRequest> trace = DilatedTrace(m, eval.scale);
+          per_seed[k] = MeasureTrace(cost, trace, o.seeds[k], caching, eval, cache, measured_per_seed[k]);
+          if (o.twice_below > 0) CheckArrivalsTwice(cost, trace, caching, eval, per_seed[k]);
           if (o.progress) {
             std::lock_guard<std::mutex> lock(progress_mu);
             o.progress(preset + (caching ? ", prefix caching" : ", no prefix caching") + ": seed " +

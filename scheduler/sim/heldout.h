@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/cost_model.h"
+#include "scheduler/core/controller.h"
 
 namespace ferry::sim {
 
@@ -39,7 +40,18 @@ int32_t EvalMaxNumSeqs(const CostModelParams& preset);
 
 struct HeldOutOptions {
   std::vector<uint64_t> seeds = HeldOutSeeds();
-  std::vector<std::string> presets = {"rtx4090d-tp4", "h200"};
+  std::vector<std::string> presets = {"rtx4090d-tp4", "h200", "cpu-0.5b"};
+  // A preset whose steps are k times a GPU's runs its cells dilated by k
+  // (issue #52): every SLO below, the batch lane's, the arrival window and
+  // the member's rates are drawn for the preset k times faster and played k
+  // times slower, so a cell asks of it what the GPU cells ask of a GPU, at
+  // its own step-time shape. cpu-0.5b at 20: TPOT 50, 60 and 80 ms, TTFT
+  // 20 s (a decode step there takes 40 ms at 1-4 sequences, 73 ms at 16).
+  // The controller keeps time in units of the TTFT target (controller.h),
+  // so the dilation itself changes no decision. Presets not named: 1.
+  std::map<std::string, double> time_scale = {{"cpu-0.5b", 20}};
+  // The adaptive modes' GoodputOptions::reach_share (0: goodput in every regime, the planner before #52).
+  double reach_share = scheduler::GoodputOptions{}.reach_share;
   std::vector<double> tpot_slos_s = {0.0025, 0.003, 0.004};
   std::vector<bool> prefix_caching = {true, false};
   // The hindsight sweep; caps above a preset's EvalMaxNumSeqs are skipped.
@@ -88,7 +100,7 @@ struct TraceOutcome {
 
 struct HeldOutCell {
   std::string preset;
-  double tpot_slo_s = 0;
+  double tpot_slo_s = 0;  // as the preset runs it (HeldOutOptions::time_scale applied)
   bool prefix_caching = false;
   std::vector<TraceOutcome> traces;  // those where some static cap served a request
   int32_t num_no_goodput = 0;        // traces where no static cap served one (no ratio)

@@ -30,6 +30,7 @@ struct Flags {
   uint64_t seed = 0;
   uint64_t family_seed = 0;
   bool has_family_seed = false, heldout = false;
+  double reach_share = ferry::scheduler::GoodputOptions{}.reach_share;
   uint64_t heldout_num_seeds = kHeldOutNumSeeds;
   uint64_t tuning_num_seeds = 0;  // --tuning N: the evaluation on tuning seeds instead
   int32_t jobs = 1;
@@ -99,6 +100,7 @@ SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, Controll
   sim.controller.slo.ttft_target_s = f.slo_ttft_ms / 1000.0;
   sim.controller.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
   sim.controller.slo.percentile = f.slo_percentile;
+  sim.controller.goodput.reach_share = f.reach_share;
   sim.lanes = f.lanes();
   return sim;
 }
@@ -181,6 +183,7 @@ int RunHeldOutMode(const Flags& f, const CLI::App& app) {
   // A cell flag given explicitly keeps only its cells (a quicker look at one
   // kind of trace-cell while tuning).
   if (app.count("--preset") > 0) o.presets = {f.preset};
+  o.reach_share = f.reach_share;
   if (app.count("--enable-prefix-caching") + app.count("--no-enable-prefix-caching") > 0) {
     o.prefix_caching = {f.enable_prefix_caching};
   }
@@ -245,6 +248,10 @@ int main(int argc, char** argv) {
   app.add_option("--jobs", f.jobs, "--heldout/--tuning: traces measured at once")->check(CLI::Range(1, 256));
   app.add_option("--static-cache", f.static_cache,
                  "--heldout/--tuning: keep static caps' goodput in this file between runs");
+  app.add_option("--reach-share", f.reach_share,
+                 "adaptive modes: the share of the SLO lanes' work some cap must serve within the targets for the "
+                 "planner to plan for goodput; below it, the most completions (0: always goodput)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--only-goodput", f.only_goodput, "--heldout/--tuning: run only the goodput mode (quicker)");
   app.add_option("--twice-below", f.twice_below,
                  "--heldout/--tuning: where goodput is under this ratio, also run the trace with its arrivals "
