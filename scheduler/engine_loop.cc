@@ -34,9 +34,7 @@ EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& c
       core_(config),
       controller_(controller) {
   // The cap and the level show from the start, not only once the first step ran.
-  metrics_->max_num_seqs.Set(controller_.num_seqs());
-  const std::string level = controller_.status().level;
-  metrics_->SetLevel(level.empty() ? ControllerModeName(controller_.options().mode) : level);
+  ExportCap(controller_.num_seqs());
   Publish();
   thread_ = std::thread([this] { Run(); });
 }
@@ -218,10 +216,15 @@ int32_t EngineLoop::NextCap(TimePoint now) {
     spdlog::info("max_num_seqs {} -> {} ({}): {}", change.from, change.to, change.level, change.reason);
     metrics_->cap_changes.Add({{"kind", change.level}}).Increment();
   }
-  metrics_->max_num_seqs.Set(cap);
-  const std::string level = controller_.status().level;
-  metrics_->SetLevel(level.empty() ? ControllerModeName(controller_.options().mode) : level);
+  ExportCap(cap);
   return cap;
+}
+
+void EngineLoop::ExportCap(int32_t cap) {
+  metrics_->max_num_seqs.Set(cap);
+  const ControllerStatus status = controller_.status();
+  metrics_->SetLevel(status.level.empty() ? ControllerModeName(controller_.options().mode) : status.level);
+  metrics_->SetRegime(status.regime);
 }
 
 bool EngineLoop::LaunchStep() {

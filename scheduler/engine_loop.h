@@ -192,6 +192,8 @@ class EngineLoop {
   void Recover();
   void Resume(const Reconnection& back, TimePoint now);
   int32_t NextCap(TimePoint now);
+  // The cap, the controller's level and its regime on /metrics.
+  void ExportCap(int32_t cap);
   // Delivers events to their sinks (ending the requests they finish); FlushSinks, at the end of
   // the loop's turn, flushes each sink that got any once.
   void Dispatch(const std::vector<SeqEvent>& events, TimePoint now);

@@ -33,8 +33,13 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r, int32_t num_ranks)
                            .Help("Tokens scheduled for computation").Register(r).Add({})),
       max_num_seqs(BuildGauge().Name("ferry_scheduler_max_num_seqs").Help("Current cap on sequences per step")
                        .Register(r).Add({})),
-      level(BuildGauge().Name("ferry_scheduler_load_level").Help("1 for the controller's current level")
-                .Register(r)),
+      level_series(BuildGauge().Name("ferry_scheduler_load_level").Help("1 for the controller's current level")
+                       .Register(r)),
+      regime_series(BuildGauge().Name("ferry_scheduler_controller_regime")
+                        .Help("1 for what the cap controller optimises now: goodput (the targets are within reach), "
+                              "unreachable (no cap serves half the requests within them: the most completions), "
+                              "no-targets (none stated: the cap at its bound), static")
+                        .Register(r)),
       cap_changes(BuildCounter().Name("ferry_scheduler_cap_changes_total")
                       .Help("Changes of max_num_seqs by the controller or admin, by kind").Register(r)),
       preemptions(BuildCounter().Name("ferry_scheduler_preemptions_total")
@@ -69,11 +74,12 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r, int32_t num_ranks)
   }
 }
 
-void LoopMetrics::SetLevel(const std::string& name) {
-  if (name == current_level_) return;
-  if (!current_level_.empty()) level.Add({{"level", current_level_}}).Set(0);
-  level.Add({{"level", name}}).Set(1);
-  current_level_ = name;
+void LoopMetrics::SetOneHot(prometheus::Family<prometheus::Gauge>& family, const char* label, std::string& current,
+                            const std::string& name) {
+  if (name == current) return;
+  if (!current.empty()) family.Add({{label, current}}).Set(0);
+  family.Add({{label, name}}).Set(1);
+  current = name;
 }
 
 }  // namespace ferry::scheduler

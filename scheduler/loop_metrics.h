@@ -17,7 +17,9 @@ struct LoopMetrics {
 
   void Finished(FinishKind kind) { finished.Add({{"reason", FinishKindName(kind)}}).Increment(); }
   // Exactly one level series is 1 at a time.
-  void SetLevel(const std::string& level);
+  void SetLevel(const std::string& level) { SetOneHot(level_series, "level", current_level_, level); }
+  // The controller's regime (ControllerStatus::regime), one series at 1.
+  void SetRegime(const std::string& regime) { SetOneHot(regime_series, "regime", current_regime_, regime); }
 
   prometheus::Family<prometheus::Gauge>& requests;
   prometheus::Gauge& running;
@@ -33,7 +35,8 @@ struct LoopMetrics {
   prometheus::Histogram& step_tokens;
   prometheus::Counter& scheduled_tokens;
   prometheus::Gauge& max_num_seqs;
-  prometheus::Family<prometheus::Gauge>& level;
+  prometheus::Family<prometheus::Gauge>& level_series;
+  prometheus::Family<prometheus::Gauge>& regime_series;
   prometheus::Family<prometheus::Counter>& cap_changes;
   prometheus::Counter& preemptions;
   prometheus::Counter& prefix_queries;
@@ -48,7 +51,10 @@ struct LoopMetrics {
   prometheus::Gauge& recovering;
 
  private:
+  static void SetOneHot(prometheus::Family<prometheus::Gauge>& family, const char* label, std::string& current,
+                        const std::string& name);
   std::string current_level_;
+  std::string current_regime_;
 };
 
 }  // namespace ferry::scheduler

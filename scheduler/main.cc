@@ -27,6 +27,7 @@ struct Flags {
   double slo_tpot_ms = 50;
   double slo_percentile = 95;
   std::vector<std::string> slo_lanes;
+  bool targets_stated = false;  // --slo-ttft-ms, --slo-tpot-ms or --slo-lane given (SloOptions::targets_stated)
   bool serve_late_last = true;  // scheduler.md 7g: in an overload, on-time requests first
   bool enable_prefix_caching = true;  // vLLM V1's default: a preempted sequence resumes from cache
   bool async_scheduling = true;       // plan step N+1 while the workers run step N
@@ -48,10 +49,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
-  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
+  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs; the most completions when no cap serves half the requests within them; with no target stated, the largest cap the KV pool holds), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
       ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
-  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target; --serve-late-last: the target of each named --slo-lane");
-  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target");
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target (default 1000 once --slo-tpot-ms or --slo-lane is given; with no target stated these modes keep the cap at its bound); --serve-late-last: the target of each named --slo-lane");
+  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target (default 50 once --slo-ttft-ms or --slo-lane is given)");
   app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
   app.add_option("--slo-lane", f.slo_lanes, "goodput and load-level modes: only these lanes' requests count toward the targets; the others are batch work (repeatable; default all)");
   app.add_flag("--serve-late-last,!--no-serve-late-last", f.serve_late_last,
@@ -132,6 +133,7 @@ ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f, const ferry:
   c.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
   c.slo.percentile = f.slo_percentile;
   c.slo.lanes = f.slo_lanes;
+  c.slo.targets_stated = f.targets_stated;
   // The planner counts on late-last order for its SLO lanes only when each has a target: a named
   // --slo-lane always does (SetLaneTtft); with none named every lane counts, and one without a
   // target is first come, first served.
@@ -202,6 +204,7 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
+  flags.targets_stated = app.count("--slo-ttft-ms") + app.count("--slo-tpot-ms") + app.count("--slo-lane") > 0;
   ferry::InitLogging("scheduler", flags.service.log_level);
 
   const auto step_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.step_timeout_s * 1000));

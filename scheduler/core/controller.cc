@@ -52,6 +52,10 @@ void Validate(const ControllerOptions& o) {
     throw std::invalid_argument("controller other lanes' TTFT target = " + std::to_string(g.other_ttft_target_s) +
                                 " s: want a finite value >= 0 (0: not known)");
   }
+  if (!(g.reach_share >= 0 && g.reach_share <= 1)) {
+    throw std::invalid_argument("controller reach_share = " + std::to_string(g.reach_share) +
+                                ": want a share in [0, 1]");
+  }
   if (!(g.other_wait_share > 0 && g.other_wait_share <= 1)) {
     throw std::invalid_argument("controller other_wait_share = " + std::to_string(g.other_wait_share) +
                                 ": want a share in (0, 1]");
@@ -127,14 +131,18 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
       // The level nearest a quarter of the bound (goodput's start) until the model has data.
       const auto& levels = options_.load.levels;
       for (level_ = 0; level_ + 1 < levels.size() && levels[level_ + 1].num_seqs <= options_.max_num_seqs / 4;) ++level_;
+      if (!options_.slo.targets_stated) level_ = levels.size() - 1;  // kNoTargets: the top level
       num_seqs_ = clamp(levels[level_].num_seqs);
       break;
     }
     case ControllerMode::kGoodput:
+      // Without targets the cap starts where it stays, at the bound (kNoTargets).
       num_seqs_ = clamp(options_.initial_num_seqs > 0 ? options_.initial_num_seqs
-                                                      : options_.max_num_seqs / 4);
+                        : options_.slo.targets_stated ? options_.max_num_seqs / 4
+                                                      : options_.max_num_seqs);
       break;
   }
+  if (!options_.slo.targets_stated) regime_ = PlanRegime::kNoTargets;
 }
 
 void Controller::OnCompletion(const RequestCompletion& done) {
@@ -307,6 +315,7 @@ ControllerStatus Controller::status() const {
   s.arrival_rate_per_s = ArrivalRate(last_step_s_);
   s.num_changes = changes_.size();
   s.held = held_;
+  s.regime = UsesModel() ? PlanRegimeName(regime_) : "static";
   return s;
 }
 

@@ -78,6 +78,14 @@ struct SloOptions {
   // reach the seats the whole pool holds at the KV the running sequences
   // hold now (prefix-shared blocks counted once).
   double kv_raise_limit = 0.85;
+  // The operator stated the targets (ferry-scheduler: --slo-ttft-ms,
+  // --slo-tpot-ms or --slo-lane given). Without, the model modes have
+  // nothing to trade throughput for and hold the cap at the largest the KV
+  // pool allows, --max-num-seqs at most (PlanRegime::kNoTargets): a default
+  // TTFT and TPOT can be out of reach on the engine that runs (50 ms is
+  // below the CPU engine's step at 4 sequences), and vLLM and SGLang users
+  // expect a fixed cap unless they ask for SLOs (issue #52).
+  bool targets_stated = true;
   // Only completions and arrivals of these lanes count toward the targets
   // (empty: all); the other lanes are batch work (GoodputOptions::other_wait_s).
   std::vector<std::string> lanes;
@@ -116,6 +124,7 @@ struct GoodputOptions {
   double other_wait_share = 0.85;
   double other_rate_window_s = 30.0;
   double tie_share = 0.02;         // PlannerInputs::tie_share
+  double reach_share = 0.5;        // PlannerInputs::reach_share
   double horizon_s = 5.0;          // PlannerInputs::horizon_s: how far ahead the rates are taken to hold
   int32_t min_completions = 20;    // before the first choice (output lengths)
   // The scheduler serves waiting requests already past their TTFT target after the rest
@@ -189,6 +198,9 @@ struct ControllerStatus {
   double arrival_rate_per_s = 0;
   uint64_t num_changes = 0;
   bool held = false;  // an admin Set holds the cap (Controller::Set)
+  // The model modes' latest regime (goodput_planner.h): "goodput",
+  // "unreachable" or "no-targets"; static mode: "static".
+  std::string regime;
 };
 
 class Controller {
@@ -257,6 +269,7 @@ class Controller {
   std::deque<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
   std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
   bool draining_ = false;            // the latest plan drained (PlannerInputs::draining)
+  PlanRegime regime_ = PlanRegime::kGoodput;  // the latest plan's (status().regime)
   bool held_ = false;                // an admin Set holds the cap: adaptive modes do not move it
   bool fit_has_seqs_ = false;        // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
   std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)

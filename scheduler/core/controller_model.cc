@@ -56,6 +56,9 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   const bool counts_lanes = obs.num_arrivals_slo >= 0 && obs.num_waiting_slo >= 0 && !o.lanes.empty();
   in.slo_rate_per_s = RateOver(counts_lanes ? slo_arrivals_ : arrivals_, obs.now_s, g.rate_window_s);
   in.slo_queue = counts_lanes ? obs.num_waiting_slo : obs.num_waiting;
+  // The SLO lanes' share of the running batch, by their share of recent completions.
+  in.slo_running = obs.num_running;
+  if (counts_lanes) in.slo_running *= static_cast<double>(slo_outputs_.size()) / static_cast<double>(outputs_.size());
   if (counts_lanes) {
     // Subsets counted at the same steps over the same window (Step checks
     // each observation), so neither difference is negative.
@@ -65,6 +68,7 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
     in.other_demand_per_s = (other_queue + other_rate * g.horizon_s) / (g.horizon_s + g.other_wait_s);
     in.other_rate_per_s = other_rate;
     in.waiting_behind = obs.num_waiting - obs.num_waiting_slo;
+    in.slo_late_queue = obs.num_waiting_slo_late;
   }
   // Idle: nothing to plan for; the cap stays where the last load left it.
   if (in.slo_rate_per_s + in.slo_queue + in.other_demand_per_s <= 0) return std::nullopt;
@@ -85,6 +89,8 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
     in.max_num_seqs = std::max(options_.min_num_seqs, std::min(in.max_num_seqs, num_seqs_ - 1));
   }
   in.tie_share = g.tie_share;
+  in.reach_share = g.reach_share;
+  in.has_targets = o.targets_stated;
   in.late_last = g.late_last;
   // For status(): the windowed percentiles, as slo mode reports them.
   if (static_cast<int32_t>(tpot_.size()) >= o.min_samples) {
@@ -103,6 +109,7 @@ void Controller::StepGoodput(const StepObservation& obs) {
   in->current_cap = num_seqs_;
   const PlannerChoice choice = PlanCap(*in);
   draining_ = choice.drains;
+  regime_ = choice.regime;
   // A raise of a sixteenth of the cap or less is noise in the window's
   // estimates (it flaps at a TPOT bound that falls between two caps); cuts
   // are always taken.
@@ -124,6 +131,7 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
   in->current_cap = num_seqs_;
   const PlannerChoice choice = PlanCap(*in);
   draining_ = choice.drains;
+  regime_ = choice.regime;
   size_t target = 0;
   while (target + 1 < levels.size() && levels[target].num_seqs != choice.cap) ++target;
   if (target == level_) return;

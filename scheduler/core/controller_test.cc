@@ -332,3 +332,40 @@ TEST(ControllerTest, APrefillIsThePromptAsAdmitted) {
 
 }  // namespace
 }  // namespace ferry::scheduler
+
+namespace ferry::scheduler {
+namespace {
+
+// No target stated (issue #52): the model modes start and stay at the
+// largest cap the KV pool allows, and say so in status().regime; with
+// targets they move, as above.
+TEST(ControllerTest, WithoutTargetsTheCapStaysAtItsBound) {
+  for (ControllerMode mode : {ControllerMode::kGoodput, ControllerMode::kLoadLevel}) {
+    SCOPED_TRACE(ControllerModeName(mode));
+    ControllerOptions o = ModelOptions(mode);
+    o.initial_num_seqs = 0;
+    o.slo.targets_stated = false;
+    Controller c(o);
+    EXPECT_EQ(c.num_seqs(), 64);
+    EXPECT_EQ(c.status().regime, "no-targets");
+    Replica r;
+    r.Run(c, 20);  // the load that settles the stated 4 ms target at 19-20
+    EXPECT_EQ(c.num_seqs(), 64);
+    EXPECT_TRUE(c.changes().empty()) << c.changes().front().reason;
+    // The pool still bounds it: without prefix caching, at what 0.85 of it holds.
+    ControllerOptions deep = DeepQueueOptions();
+    deep.mode = mode;
+    deep.slo.targets_stated = false;
+    deep.initial_num_seqs = 0;
+    Controller d(deep);
+    EXPECT_EQ(d.num_seqs(), 256);
+    EXPECT_LE(DeepQueue{}.Run(d), 17);
+    EXPECT_EQ(d.status().regime, "no-targets");
+  }
+  Controller stated(ModelOptions(ControllerMode::kGoodput));
+  EXPECT_EQ(stated.status().regime, "goodput");
+  EXPECT_EQ(Controller(Options(ControllerMode::kStatic)).status().regime, "static");
+}
+
+}  // namespace
+}  // namespace ferry::scheduler

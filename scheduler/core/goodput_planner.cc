@@ -20,9 +20,13 @@ void Validate(const PlannerInputs& in) {
   }
   for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.prompt_chunk_tokens,
                    in.output_tokens, in.step_token_budget,
-                   in.slo_rate_per_s, in.slo_queue, in.other_demand_per_s, in.other_rate_per_s, in.waiting_behind,
-                   in.tpot_target_s, in.ttft_target_s, in.horizon_s}) {
+                   in.slo_rate_per_s, in.slo_queue, in.slo_late_queue, in.slo_running, in.other_demand_per_s, in.other_rate_per_s, in.waiting_behind,
+                   in.tpot_target_s, in.ttft_target_s, in.horizon_s, in.reach_share}) {
     if (!std::isfinite(v) || v < 0) throw std::invalid_argument("goodput planner: an input is negative or not finite");
+  }
+  if (in.reach_share > 1) {
+    throw std::invalid_argument("goodput planner: reach_share = " + std::to_string(in.reach_share) +
+                                ", want a share in [0, 1]");
   }
 }
 
@@ -129,16 +133,38 @@ double SloQueueGoodPerSecond(const PlannerInputs& in, double mu) {
 }
 
 // Goodput at a batch: the SLO lanes first, the others with what is left.
-double GoodPerSecond(const PlannerInputs& in, double completions_per_s, double tpot_share) {
+// The SLO lanes' part goes to `slo_good` when given.
+double GoodPerSecond(const PlannerInputs& in, double completions_per_s, double tpot_share,
+                     double* slo_good = nullptr) {
   const double served_slo = std::min(in.slo_rate_per_s + in.slo_queue / in.horizon_s, completions_per_s);
   const double served_other = std::min(in.other_demand_per_s, completions_per_s - served_slo);
-  const double slo_good = SloTtftGoodPerSecond(in, completions_per_s) + SloQueueGoodPerSecond(in, completions_per_s);
-  return slo_good * tpot_share + served_other;
+  const double slo = (SloTtftGoodPerSecond(in, completions_per_s) + SloQueueGoodPerSecond(in, completions_per_s)) *
+                     tpot_share;
+  if (slo_good != nullptr) *slo_good = slo;
+  return slo + served_other;
 }
 
 // All the work in view, per second: arrivals and both queues over the horizon.
 double Demand(const PlannerInputs& in) {
   return in.slo_rate_per_s + in.slo_queue / in.horizon_s + in.other_demand_per_s;
+}
+
+// The SLO lanes' work in view, per second of the horizon: their arrivals
+// and every request of theirs waiting now, late ones included (a request
+// that waits is work whatever its chance of meeting the target).
+double SloWork(const PlannerInputs& in) {
+  return in.slo_rate_per_s + (in.slo_queue + in.slo_late_queue + in.slo_running) / in.horizon_s;
+}
+
+// Of that work, what `f`'s cap serves within the targets: its goodput of
+// the SLO lanes, and the requests running now it keeps running (at most
+// its cap; the rest stall) at its TPOT share.
+double SloWorkGood(const PlannerInputs& in, const CapForecast& f) {
+  const double kept = std::min<double>(f.cap, in.slo_running);
+  if (kept <= 0) return f.slo_good_per_s;
+  // They run together: the batch is at least those kept, whatever the arrivals need.
+  const double share = TpotShare(in, kept, std::min(Demand(in), f.completions_per_s));
+  return f.slo_good_per_s + kept * share / in.horizon_s;
 }
 
 // Erlang C: the probability that all `seats` are taken when `busy` of them
@@ -177,20 +203,28 @@ CapForecast Forecast(const PlannerInputs& in, int32_t cap, double needed_batch) 
   const double queued = queued_s / in.horizon_s;
   const double full = queued + (1 - queued) * AllSeatsTaken(cap, running);
   f.tpot_share = (1 - full) * TpotShare(in, running, start_rate) + full * TpotShare(in, cap, start_rate);
-  f.good_per_s = GoodPerSecond(in, f.completions_per_s, f.tpot_share);
+  f.good_per_s = GoodPerSecond(in, f.completions_per_s, f.tpot_share, &f.slo_good_per_s);
   f.full_good_per_s = GoodPerSecond(in, f.completions_per_s, TpotShare(in, cap, f.completions_per_s));
   return f;
 }
 
 // The smallest cap within tie_share of the most completions: it drains a
 // queue of the SLO lanes older than their TTFT target as fast as any.
-const CapForecast* DrainCap(const PlannerInputs& in, const std::vector<CapForecast>& all) {
+// `largest`: the largest such cap instead, where no TPOT is left to protect
+// (PlanRegime::kUnreachable): a step-time fit from a window of few batch
+// sizes can make completions look flat in the cap (one such fit on the CPU
+// engine, 8 ms a sequence, sent the smallest to 1), and then an error costs
+// TPOT, not throughput.
+const CapForecast* DrainCap(const PlannerInputs& in, const std::vector<CapForecast>& all, bool largest = false) {
   double most = 0;
   for (const CapForecast& f : all) most = std::max(most, f.completions_per_s);
+  const CapForecast* chosen = nullptr;
   for (const CapForecast& f : all) {
-    if (f.completions_per_s >= (1.0 - in.tie_share) * most) return &f;
+    if (f.completions_per_s < (1.0 - in.tie_share) * most) continue;
+    chosen = &f;
+    if (!largest) break;
   }
-  return &all.front();
+  return chosen != nullptr ? chosen : &all.front();
 }
 
 // Whether every SLO-lane arrival of the horizon meets the TTFT target at
@@ -222,6 +256,15 @@ const CapForecast* BestCap(const PlannerInputs& in, const std::vector<CapForecas
 }
 
 }  // namespace
+
+const char* PlanRegimeName(PlanRegime regime) {
+  switch (regime) {
+    case PlanRegime::kGoodput: return "goodput";
+    case PlanRegime::kUnreachable: return "unreachable";
+    case PlanRegime::kNoTargets: return "no-targets";
+  }
+  return "?";
+}
 
 // SLO-lane requests running at the cap in force that a cap `f` fails,
 // per second of the horizon (PlannerInputs::current_cap).
@@ -262,10 +305,24 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
     }
     if (all.empty()) throw std::invalid_argument("goodput planner: no candidate cap within the bounds");
   }
+  PlannerChoice out;
   const char* why = "nothing meets the targets: drain at the most completions";
   const CapForecast* chosen = nullptr;
   bool drains = best <= 0;
-  if (!drains) {
+  double best_slo = 0;
+  for (const CapForecast& f : all) best_slo = std::max(best_slo, SloWorkGood(in, f));
+  if (!in.has_targets) {
+    out.regime = PlanRegime::kNoTargets;
+    why = "no targets stated: the largest cap the bound allows";
+    chosen = &all.back();
+    drains = false;
+  } else if (!in.late_last && SloWork(in) > 0 && best_slo < in.reach_share * SloWork(in)) {
+    // Most requests miss at every cap: clear the queue as fast as possible
+    // rather than protect the TPOT of the few a small cap would keep good.
+    out.regime = PlanRegime::kUnreachable;
+    why = "the targets are out of reach at every cap: the most completions";
+    drains = true;
+  } else if (!drains) {
     chosen = BestCap(in, all, best, &why);
     if (in.draining && !in.late_last && !KeepsTtft(in, *chosen)) {
       drains = true;
@@ -275,17 +332,18 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
   // Every request now in view misses (a queue of the SLO lanes older than
   // their TTFT target takes every seat), or a drain under way would only
   // pause: drain as fast as possible.
-  if (drains) chosen = DrainCap(in, all);
-  PlannerChoice out;
+  if (drains) chosen = DrainCap(in, all, out.regime == PlanRegime::kUnreachable);
   out.cap = chosen->cap;
   out.best_good_per_s = best;
   out.chosen = *chosen;
   out.drains = drains;
-  char buf[480];
+  char buf[560];
   std::snprintf(buf, sizeof(buf),
-                "%s: %.1f good/s of %.1f demanded (slo lanes %.1f/s, %.0f waiting), step %.2f ms (full %.2f ms, fit %.3f ms + "
+                "[%s] %s: %.1f good/s of %.1f demanded (slo lanes %.1f/s, %.0f waiting; at best %.1f/s within the "
+                "targets), step %.2f ms (full %.2f ms, fit %.3f ms + "
                 "%.1f us/seq + %.2f us/token), %.0f%% meet the %.2f ms TPOT, %.0f prompt (%.0f as admitted) + %.0f output tokens",
-                why, chosen->good_per_s, Demand(in), in.slo_rate_per_s, in.slo_queue,
+                PlanRegimeName(out.regime), why, chosen->good_per_s, Demand(in), in.slo_rate_per_s,
+                in.slo_queue + in.slo_late_queue, best_slo,
                 1e3 * chosen->step_s, 1e3 * chosen->full_step_s, 1e3 * in.step.fixed_s, 1e6 * in.step.per_seq_s,
                 1e6 * in.step.per_token_s, 100 * chosen->tpot_share, 1e3 * in.tpot_target_s, in.prompt_tokens,
                 in.prompt_chunk_tokens > 0 ? in.prompt_chunk_tokens : in.prompt_tokens, in.output_tokens);

@@ -35,6 +35,15 @@
 //   + min(demand_other, mu - SLO-lane completions)   (other lanes: throughput)
 // The other lanes' demand is their arrival rate plus their queue drained
 // over the caller's horizon for them.
+//
+// Regimes (PlanRegime): the cap with the most goodput is the choice only
+// while some cap serves most of the SLO lanes' work in view within the
+// targets (reach_share). Below that every cap fails most requests, and
+// goodput is a contest of a handful: the cap that protects TPOT for a few
+// (1 on the CPU engine, where every step above one sequence passes a 50 ms
+// TPOT) serves the rest so slowly that the queue, and every later TTFT,
+// grows without bound (issue #52: 5x less throughput than a fixed cap). The
+// planner then clears the queue as fast as it can: the most completions.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +53,15 @@
 #include "scheduler/core/step_time_model.h"
 
 namespace ferry::scheduler {
+
+// What the planner optimises (PlannerChoice::regime).
+enum class PlanRegime {
+  kGoodput,      // the targets are within reach: the most expected goodput
+  kUnreachable,  // no cap serves reach_share of the SLO lanes' work within the targets: the most completions
+  kNoTargets,    // no targets were stated: the largest cap the bound allows, as a fixed cap (vLLM's)
+};
+// "goodput", "unreachable", "no-targets": the metric's label and the log's word.
+const char* PlanRegimeName(PlanRegime regime);
 
 struct PlannerInputs {
   StepFit step;                   // fitted step time
@@ -57,6 +75,13 @@ struct PlannerInputs {
   double step_token_budget = 0;   // B above (max_num_batched_tokens); 0: unbounded
   double slo_rate_per_s = 0;      // SLO lanes: arrivals per second
   double slo_queue = 0;           // SLO lanes: requests waiting now
+  // SLO lanes: requests waiting past their TTFT target, served after the
+  // others (late_last); not in slo_queue. Work in view for reach_share.
+  double slo_late_queue = 0;
+  // SLO lanes: requests running now. Work in view for reach_share: a cap
+  // below them stalls the rest (a closed loop of clients shows its demand
+  // only here while every client is served: no queue, bursty arrivals).
+  double slo_running = 0;
   double other_demand_per_s = 0;  // every other lane: arrivals/s plus their queue over a horizon
   double other_rate_per_s = 0;    // every other lane: arrivals per second
   // Requests waiting behind the SLO lanes' on-time queue: the other lanes'
@@ -95,6 +120,25 @@ struct PlannerInputs {
   // mu * T then costs the excess arrivals, not every one behind it (the queue
   // stays at mu * T and mu a second meet the target), so nothing drains.
   bool late_last = false;
+  // The targets are within reach when some cap is expected to serve at least
+  // this share of the SLO lanes' work in view (their arrivals over the
+  // horizon, every request of theirs waiting now, late ones included, and
+  // those running now, of which a cap keeps at most its seats, at its TPOT
+  // share) within both targets; else PlanRegime::kUnreachable. A half:
+  // below it most requests miss whatever the cap, and a TPOT-safe cap keeps
+  // fewer good than it leaves waiting. 0: always within reach (goodput
+  // alone, as before issue #52). First come, first served only: there the
+  // queue a small cap leaves behind makes every later request late too,
+  // which the horizon does not see. Served late last, the on-time requests
+  // still meet their targets ahead of that queue, and the late ones wait for
+  // their queue timeout, the trade the operator made by stating the lane's
+  // target: goodput stays the objective (on the held-out evaluation's
+  // CPU-speed cells, where a cap of 1 is often the best static one, the
+  // fallback cost goodput there: docs/benchmarks/scheduler.md section 8).
+  double reach_share = 0.5;
+  // The operator stated no TTFT or TPOT target: nothing to trade
+  // throughput for, so the cap is the largest candidate (kNoTargets).
+  bool has_targets = true;
 };
 
 struct CapForecast {
@@ -103,6 +147,7 @@ struct CapForecast {
   double full_step_s = 0;        // with the cap full
   double completions_per_s = 0;  // mu with the cap full
   double good_per_s = 0;
+  double slo_good_per_s = 0;     // of which the SLO lanes' (within both targets)
   double tpot_share = 0;       // SLO-lane requests meeting the TPOT target, at the batch that runs
   double full_good_per_s = 0;  // goodput with the cap full (in a burst)
 };
@@ -112,6 +157,7 @@ struct PlannerChoice {
   double best_good_per_s = 0;
   CapForecast chosen;
   bool drains = false;  // no cap meets the targets now: the most completions, whatever the TPOT
+  PlanRegime regime = PlanRegime::kGoodput;
   std::string reason;  // with the numbers behind the choice, for the change log
 };
 

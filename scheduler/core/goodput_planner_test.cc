@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace ferry::scheduler {
@@ -214,6 +215,78 @@ TEST(GoodputPlannerTest, RefusesInputsItCannotPlanWith) {
   EXPECT_THROW(PlanCap(in), std::invalid_argument);
   in = DecodeOnly();
   in.output_tokens = -1;
+  EXPECT_THROW(PlanCap(in), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ferry::scheduler
+
+namespace ferry::scheduler {
+namespace {
+
+// The CPU engine on the 0.5B shape (issue #52): a step of one sequence takes
+// ~40 ms and each more adds ~2.2 ms, a prompt token 2 ms; 16 clients in a
+// closed loop of 128-token prompts and 64-token replies at the default
+// targets (1 s, 50 ms). No cap above 2 keeps a reply's TPOT under 50 ms, and
+// no cap keeps the queue's TTFT under 1 s: the targets are out of reach.
+PlannerInputs CpuClosedLoop(int32_t cap_now) {
+  PlannerInputs in;
+  in.step = StepFit{0.038, 0.0022, 0.002};
+  in.prompt_tokens = 128;
+  in.output_tokens = 64;
+  in.step_token_budget = 8192;
+  in.ttft_target_s = 1;
+  in.tpot_target_s = 0.050;
+  in.slo_rate_per_s = 3.4;
+  in.slo_queue = 16 - cap_now;
+  in.max_num_seqs = 16;
+  in.current_cap = cap_now;
+  return in;
+}
+
+TEST(GoodputPlannerTest, ClearsTheQueueWhenNoCapCanMeetTheTargets) {
+  for (int32_t cap_now : {1, 2, 4, 16}) {
+    SCOPED_TRACE(cap_now);
+    std::vector<CapForecast> f;
+    const PlannerChoice c = PlanCap(CpuClosedLoop(cap_now), &f);
+    // Before issue #52 the planner kept the cap that protected the TPOT of a
+    // handful (0.1 good/s of 3.4) and fell to 1, a fifth of the throughput.
+    EXPECT_EQ(c.regime, PlanRegime::kUnreachable) << c.reason;
+    EXPECT_TRUE(c.drains);
+    double most = 0;
+    for (const CapForecast& x : f) most = std::max(most, x.completions_per_s);
+    EXPECT_GE(c.chosen.completions_per_s, (1 - CpuClosedLoop(cap_now).tie_share) * most) << c.reason;
+    EXPECT_GE(c.cap, 15) << c.reason;
+    EXPECT_NE(c.reason.find("[unreachable]"), std::string::npos) << c.reason;
+  }
+}
+
+TEST(GoodputPlannerTest, TargetsWithinReachKeepTheGoodputChoice) {
+  // The same replica with targets it can meet for most of the demand: the
+  // goodput choice, not the throughput one.
+  PlannerInputs in = CpuClosedLoop(16);
+  in.slo_queue = 0;
+  in.slo_rate_per_s = 0.5;
+  in.tpot_target_s = 0.100;
+  in.ttft_target_s = 10;
+  const PlannerChoice c = PlanCap(in);
+  EXPECT_EQ(c.regime, PlanRegime::kGoodput) << c.reason;
+  EXPECT_FALSE(c.drains);
+  // reach_share 0 is the planner before #52: goodput whatever the share.
+  PlannerInputs old = CpuClosedLoop(4);
+  old.reach_share = 0;
+  EXPECT_LE(PlanCap(old).cap, 2);
+}
+
+TEST(GoodputPlannerTest, NoTargetsTakeTheLargestCapTheBoundAllows) {
+  PlannerInputs in = CpuClosedLoop(4);
+  in.has_targets = false;
+  const PlannerChoice c = PlanCap(in);
+  EXPECT_EQ(c.regime, PlanRegime::kNoTargets);
+  EXPECT_EQ(c.cap, 16) << c.reason;
+  in.candidates = {1, 2, 4, 8, 12};  // load-level: the top level within the bound
+  EXPECT_EQ(PlanCap(in).cap, 12);
+  in.reach_share = 1.5;
   EXPECT_THROW(PlanCap(in), std::invalid_argument);
 }
 

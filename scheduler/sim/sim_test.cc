@@ -161,3 +161,72 @@ TEST(ReportTest, PercentilesAndGoodput) {
 
 }  // namespace
 }  // namespace ferry::sim
+
+namespace ferry::sim {
+namespace {
+
+// Issue #52 in virtual time: the CPU engine's step times (cpu-0.5b, fitted
+// to ferry-engine-bench), ferry-scheduler's defaults (every lane counts,
+// first come, first served) with the targets a quickstart user would state,
+// 1 s and 50 ms. No cap above 2 keeps TPOT under 50 ms there, and 16
+// clients at cap 1 or 2 queue for tens of seconds: the targets are out of
+// reach, and the cap must clear the queue (the most completions), not
+// protect the TPOT of a handful. Before #52 it fell to 1 and served a fifth.
+struct CpuRun {
+  SimResult result;
+  double tokens_per_s = 0;
+  int32_t lowest_cap_after_warmup = 0;
+};
+
+CpuRun RunCpuQuickstart(scheduler::ControllerMode mode, int32_t clients, double open_rate_per_s) {
+  const CostModelParams cpu = LoadPreset("cpu-0.5b");
+  std::vector<TraceRequest> trace;
+  for (int i = 0; i < 320; ++i) trace.push_back(TraceRequest{open_rate_per_s > 0 ? i / open_rate_per_s : 0, 128, 64});
+  SimOptions o;
+  o.scheduler = DefaultSchedulerConfig(cpu);
+  o.scheduler.max_num_batched_tokens = 8192;
+  o.scheduler.serve_late_last = false;  // no lane has a target: first come, first served
+  o.controller = ControllerFor(mode, 16);
+  o.controller.slo.lanes.clear();       // no --slo-lane: every request counts
+  o.lanes = {LaneConfig{"default", 0, 1.0, 0.050}};
+  o.closed_loop_concurrency = clients;
+  CpuRun run;
+  run.result = RunSimulation(trace, CostModel(cpu), o);
+  // A closed loop's rate while every client waits (not its tail, where the clients run out of requests);
+  // an open loop's over the whole run.
+  double last_end = 0;
+  for (const RequestResult& r : run.result.requests) last_end = std::max(last_end, r.end_s);
+  run.tokens_per_s = clients > 0 ? static_cast<double>(run.result.steady_output_tokens) / run.result.steady_end_s
+                                 : static_cast<double>(run.result.num_output_tokens) / last_end;
+  // The cap from the model's first decision (it needs 20 completions) to the end of the load.
+  const double load_end = clients > 0 ? run.result.steady_end_s : trace.back().arrival_s;
+  run.lowest_cap_after_warmup = 1 << 30;
+  for (size_t i = 1; i < run.result.caps.size(); ++i) {
+    if (run.result.caps[i].time_s < load_end) {
+      run.lowest_cap_after_warmup = std::min(run.lowest_cap_after_warmup, run.result.caps[i].num_seqs);
+    }
+  }
+  return run;
+}
+
+TEST(CpuEngineTest, TheCapClearsTheQueueWhenNoCapMeetsTheTargets) {
+  for (auto [clients, rate] : {std::pair{16, 0.0}, std::pair{64, 0.0}, std::pair{0, 6.0}}) {
+    SCOPED_TRACE(testing::Message() << clients << " clients, open loop " << rate << "/s");
+    const CpuRun fixed = RunCpuQuickstart(scheduler::ControllerMode::kStatic, clients, rate);
+    for (auto mode : {scheduler::ControllerMode::kGoodput, scheduler::ControllerMode::kLoadLevel}) {
+      const CpuRun adaptive = RunCpuQuickstart(mode, clients, rate);
+      std::string changes;
+      for (const auto& c : adaptive.result.changes) {
+        changes += std::to_string(c.time_s) + " s: " + std::to_string(c.from) + " -> " + std::to_string(c.to) + " " +
+                   c.reason.substr(0, 140) + "\n";
+      }
+      EXPECT_GE(adaptive.tokens_per_s, 0.9 * fixed.tokens_per_s) << changes;
+      // The most completions within 2% is cap 15 or 16 here; load-level's top levels are 13 and 16.
+      EXPECT_GE(adaptive.lowest_cap_after_warmup, 13) << changes;
+      EXPECT_NE(changes.find("[unreachable]"), std::string::npos) << changes;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry::sim
