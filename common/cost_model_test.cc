@@ -63,5 +63,17 @@ TEST(CostModelTest, JsonRoundTripAndValidation) {
   EXPECT_THROW(LoadCostModelParams("/nonexistent/preset.json"), std::runtime_error);
 }
 
+// The CPU engine's attention is arithmetic outside the roofline: a step
+// grows with the context it attends to beyond what the KV bytes explain.
+TEST(CostModelTest, ContextTermAddsPerTokenAttendedAndRoundTrips) {
+  CostModelParams p = Roofline();
+  p.per_context_token_s = 1e-6;
+  const CostModel with(p), without(Roofline());
+  const StepShape decode{16, 16, 16 * 512};
+  EXPECT_NEAR(with.StepSeconds(decode) - without.StepSeconds(decode), 16 * 512 * 1e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(CostModelParamsFromJson(CostModelParamsToJson(p)).per_context_token_s, 1e-6);
+  EXPECT_THROW(CostModelParamsFromJson(R"({"peak_flops": 1e12, "per_context_token_s": -1})"), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -124,7 +124,7 @@ struct GoodputOptions {
   double other_wait_share = 0.85;
   double other_rate_window_s = 30.0;
   double tie_share = 0.02;         // PlannerInputs::tie_share
-  double reach_share = 0.5;        // PlannerInputs::reach_share
+  double reach_share = 0.25;       // PlannerInputs::reach_share
   double horizon_s = 5.0;          // PlannerInputs::horizon_s: how far ahead the rates are taken to hold
   int32_t min_completions = 20;    // before the first choice (output lengths)
   // The scheduler serves waiting requests already past their TTFT target after the rest

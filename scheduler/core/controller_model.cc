@@ -90,6 +90,13 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   }
   in.tie_share = g.tie_share;
   in.reach_share = g.reach_share;
+  if (!ttft_.empty()) {  // the SLO lanes' completions in the window, in the same order in both deques
+    size_t good = 0;
+    for (size_t i = 0; i < ttft_.size(); ++i) {
+      good += ttft_[i].value <= o.ttft_target_s && tpot_[i].value <= o.tpot_target_s;
+    }
+    in.measured_good_share = static_cast<double>(good) / static_cast<double>(ttft_.size());
+  }
   in.has_targets = o.targets_stated;
   in.late_last = g.late_last;
   // For status(): the windowed percentiles, as slo mode reports them.
@@ -106,6 +113,7 @@ void Controller::StepGoodput(const StepObservation& obs) {
   if (!in) return;
   last_adjust_s_ = obs.now_s;
   in->draining = draining_;
+  in->was_unreachable = regime_ == PlanRegime::kUnreachable;
   in->current_cap = num_seqs_;
   const PlannerChoice choice = PlanCap(*in);
   draining_ = choice.drains;
@@ -128,6 +136,7 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
   in->max_num_seqs = std::max(in->max_num_seqs, std::min(levels.front().num_seqs, options_.max_num_seqs));
   in->min_num_seqs = std::min(in->min_num_seqs, levels.front().num_seqs);
   in->draining = draining_;
+  in->was_unreachable = regime_ == PlanRegime::kUnreachable;
   in->current_cap = num_seqs_;
   const PlannerChoice choice = PlanCap(*in);
   draining_ = choice.drains;

@@ -78,7 +78,14 @@ double PoissonCdf(double k, double mean) {
 
 // Share of SLO-lane requests whose TPOT meets the target with `running`
 // sequences running and requests starting at `start_rate` per second.
-double TpotShare(const PlannerInputs& in, double running, double start_rate) {
+// `full`: every seat is taken, so another request starts in a reply's life
+// only when one of the other running - 1 ends: the starts it sees are
+// (running - 1) / running of them (none at a cap of 1, where a reply runs
+// alone; before, its forecast counted prefills that cannot land, and on the
+// CPU engine, where a prefill chunk is a 4 s step, a cap of 1 looked as bad
+// for TPOT as any: scheduler.md section 8).
+double TpotShare(const PlannerInputs& in, double running, double start_rate, bool full = false) {
+  if (full && running >= 1) start_rate *= (running - 1) / running;
   const double decode_s = in.step.fixed_s + (in.step.per_seq_s + in.step.per_token_s) * running;
   const double step_s = StepSeconds(in, running);
   // Prefill tokens land at start_rate * P a second, in chunks of one prompt (or the budget).
@@ -202,9 +209,9 @@ CapForecast Forecast(const PlannerInputs& in, int32_t cap, double needed_batch) 
   }
   const double queued = queued_s / in.horizon_s;
   const double full = queued + (1 - queued) * AllSeatsTaken(cap, running);
-  f.tpot_share = (1 - full) * TpotShare(in, running, start_rate) + full * TpotShare(in, cap, start_rate);
+  f.tpot_share = (1 - full) * TpotShare(in, running, start_rate) + full * TpotShare(in, cap, start_rate, true);
   f.good_per_s = GoodPerSecond(in, f.completions_per_s, f.tpot_share, &f.slo_good_per_s);
-  f.full_good_per_s = GoodPerSecond(in, f.completions_per_s, TpotShare(in, cap, f.completions_per_s));
+  f.full_good_per_s = GoodPerSecond(in, f.completions_per_s, TpotShare(in, cap, f.completions_per_s, true));
   return f;
 }
 
@@ -243,8 +250,14 @@ const CapForecast* BestCap(const PlannerInputs& in, const std::vector<CapForecas
   const double tie = (1.0 - in.tie_share) * best;
   const CapForecast* chosen = nullptr;
   *why = "the largest cap as good as the best even when full";
+  // With no SLO-lane request in view, "even when full" is vacuous: every cap
+  // that serves the other lanes ties, and the largest let their prefills run
+  // beside the SLO lanes' next arrivals (a diurnal trough on the CPU engine,
+  // where one chunk is a 4 s step, raised 1 -> 9 and failed the interactive
+  // requests that came next: scheduler.md section 8). Then the smallest.
+  const bool slo_in_view = in.slo_rate_per_s + in.slo_queue + in.slo_running > 0;
   for (const CapForecast& f : all) {
-    if (f.good_per_s >= tie && f.full_good_per_s >= tie) chosen = &f;
+    if (slo_in_view && f.good_per_s >= tie && f.full_good_per_s >= tie) chosen = &f;
   }
   if (chosen != nullptr) return chosen;
   *why = "the smallest cap reaching the best";
@@ -278,6 +291,15 @@ double InFlightLoss(const PlannerInputs& in, const CapForecast& now, const CapFo
   }
   const double running = std::min(in.slo_rate_per_s, now.completions_per_s) * output * now.step_s;
   return running * (now.tpot_share - f.tpot_share) / in.horizon_s;
+}
+
+// PlanRegime::kUnreachable (reach_share, was_unreachable), given the most
+// SLO-lane work in view any cap serves within the targets.
+static bool OutOfReach(const PlannerInputs& in, double best_slo) {
+  if (in.late_last || SloWork(in) <= 0) return false;
+  const bool forecast_out = best_slo < in.reach_share * SloWork(in);
+  const bool measured_out = in.measured_good_share < in.reach_share;
+  return in.was_unreachable ? forecast_out || measured_out : forecast_out && measured_out;
 }
 
 PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts) {
@@ -316,7 +338,7 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
     why = "no targets stated: the largest cap the bound allows";
     chosen = &all.back();
     drains = false;
-  } else if (!in.late_last && SloWork(in) > 0 && best_slo < in.reach_share * SloWork(in)) {
+  } else if (OutOfReach(in, best_slo)) {
     // Most requests miss at every cap: clear the queue as fast as possible
     // rather than protect the TPOT of the few a small cap would keep good.
     out.regime = PlanRegime::kUnreachable;

@@ -278,6 +278,30 @@ TEST(GoodputPlannerTest, TargetsWithinReachKeepTheGoodputChoice) {
   EXPECT_LE(PlanCap(old).cap, 2);
 }
 
+TEST(GoodputPlannerTest, TheRegimeChangesOnlyWhenTheForecastAndTheMeasuredShareAgree) {
+  PlannerInputs in = CpuClosedLoop(16);
+  // Recent completions met the targets: the forecast alone does not enter the regime.
+  in.measured_good_share = 0.9;
+  EXPECT_EQ(PlanCap(in).regime, PlanRegime::kGoodput);
+  in.measured_good_share = 0.1;
+  EXPECT_EQ(PlanCap(in).regime, PlanRegime::kUnreachable);
+  // In the regime, a forecast within reach (a closed loop between its cohorts: few arrivals, none
+  // waiting) does not leave it while what was measured still misses.
+  PlannerInputs gap = CpuClosedLoop(16);
+  gap.slo_queue = 0;
+  gap.slo_running = 0;
+  gap.slo_rate_per_s = 0.3;
+  gap.measured_good_share = 0.1;
+  EXPECT_EQ(PlanCap(gap).regime, PlanRegime::kGoodput);
+  gap.was_unreachable = true;
+  EXPECT_EQ(PlanCap(gap).regime, PlanRegime::kUnreachable);
+  gap.measured_good_share = 0.9;
+  EXPECT_EQ(PlanCap(gap).regime, PlanRegime::kGoodput);
+  // Served late last the regime never applies: the on-time requests go ahead of the late queue.
+  in.late_last = true;
+  EXPECT_EQ(PlanCap(in).regime, PlanRegime::kGoodput);
+}
+
 TEST(GoodputPlannerTest, NoTargetsTakeTheLargestCapTheBoundAllows) {
   PlannerInputs in = CpuClosedLoop(4);
   in.has_targets = false;

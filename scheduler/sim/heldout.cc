@@ -28,9 +28,7 @@ struct PresetEval {
 };
 
 PresetEval ForPreset(const HeldOutOptions& o, const std::string& preset) {
-  PresetEval e{o, 1};
-  const auto it = o.time_scale.find(preset);
-  if (it != o.time_scale.end()) e.scale = it->second;
+  PresetEval e{o, TimeScale(o, preset)};
   e.o.ttft_slo_s *= e.scale;
   for (double& t : e.o.tpot_slos_s) t *= e.scale;
   return e;
@@ -66,20 +64,8 @@ int64_t Good(const SimResult& run, const PresetEval& eval, double tpot_s) {
   return Summarize(run, Lanes(eval.o.ttft_slo_s, tpot_s, eval.scale)).all().num_good;
 }
 
-// The preset k times faster (HeldOutOptions::time_scale): every time term / k.
-CostModelParams Faster(CostModelParams p, double k) {
-  p.fixed_s /= k, p.batched_step_s /= k, p.per_seq_s /= k, p.per_context_token_s /= k;
-  p.bandwidth_bytes_per_s *= k, p.peak_flops *= k;
-  return p;
-}
 
-// Member `seed` for a preset dilated by k: drawn for the preset k times
-// faster, its arrivals k times later (k = 1: the member as drawn).
-std::vector<TraceRequest> DilatedTrace(const FamilyMember& m, double k) {
-  std::vector<TraceRequest> trace = GenerateFamilyTrace(m);
-  for (TraceRequest& r : trace) r.arrival_s *= k;
-  return trace;
-}
+
 
 // Static goodput kept between runs (HeldOutOptions::static_cache_path),
 // keyed by preset, caching, seed, cap, the two SLOs and the queue order.
@@ -181,6 +167,23 @@ double Percentile(const std::vector<double>& sorted, double pct) {
 
 }  // namespace
 
+CostModelParams Faster(CostModelParams p, double k) {
+  p.fixed_s /= k, p.batched_step_s /= k, p.per_seq_s /= k, p.per_context_token_s /= k;
+  p.bandwidth_bytes_per_s *= k, p.peak_flops *= k;
+  return p;
+}
+
+double TimeScale(const HeldOutOptions& o, const std::string& preset) {
+  const auto it = o.time_scale.find(preset);
+  return it != o.time_scale.end() ? it->second : 1.0;
+}
+
+std::vector<TraceRequest> EvalTrace(uint64_t seed, const CostModelParams& preset, double k) {
+  std::vector<TraceRequest> trace = GenerateFamilyTrace(DrawFamilyMember(seed, Faster(preset, k)));
+  for (TraceRequest& r : trace) r.arrival_s *= k;
+  return trace;
+}
+
 std::vector<uint64_t> HeldOutSeeds() {
   std::vector<uint64_t> seeds;
   for (uint64_t s = kHeldOutSeedBegin; s < kHeldOutSeedBegin + kHeldOutNumSeeds; ++s) seeds.push_back(s);
@@ -247,7 +250,6 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
   for (const std::string& preset : o.presets) {
     const CostModel cost(LoadPreset(preset));
     const PresetEval eval = ForPreset(o, preset);
-    const CostModelParams drawn_for = Faster(cost.params(), eval.scale);
     for (bool caching : o.prefix_caching) {
       const size_t first = cells.size();
       for (double slo : eval.o.tpot_slos_s) {
@@ -265,8 +267,8 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
       std::mutex progress_mu;
       auto work = [&] {
         for (size_t k; (k = next.fetch_add(1)) < o.seeds.size();) {
-          const FamilyMember m = DrawFamilyMember(o.seeds[k], drawn_for);
-          const std::vector<TraceRequest> trace = DilatedTrace(m, eval.scale);
+          const FamilyMember m = DrawFamilyMember(o.seeds[k], Faster(cost.params(), eval.scale));
+          const std::vector<TraceRequest> trace = EvalTrace(o.seeds[k], cost.params(), eval.scale);
           per_seed[k] = MeasureTrace(cost, trace, o.seeds[k], caching, eval, cache, measured_per_seed[k]);
           if (o.twice_below > 0) CheckArrivalsTwice(cost, trace, caching, eval, per_seed[k]);
           if (o.progress) {

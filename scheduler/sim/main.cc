@@ -73,9 +73,12 @@ double WallSeconds(std::chrono::steady_clock::time_point start) {
 std::vector<TraceRequest> LoadWorkload(const Flags& f, const ferry::CostModel& cost) {
   if (!f.trace.empty()) return ReadTrace(f.trace);
   if (f.has_family_seed) {
-    const FamilyMember m = DrawFamilyMember(f.family_seed, cost.params());
-    std::printf("trace family member (preset %s): %s\n", cost.params().name.c_str(), DescribeMember(m).c_str());
-    return GenerateFamilyTrace(m);
+    // As the held-out evaluation plays it: a slow preset's member dilated (HeldOutOptions::time_scale).
+    const double k = TimeScale(HeldOutOptions{}, cost.params().name);
+    const FamilyMember m = DrawFamilyMember(f.family_seed, k == 1 ? cost.params() : Faster(cost.params(), k));
+    std::printf("trace family member (preset %s, time scale %g): %s\n", cost.params().name.c_str(), k,
+                DescribeMember(m).c_str());
+    return EvalTrace(f.family_seed, cost.params(), k);
   }
   WorkloadOptions w = ScenarioWorkload(f.scenario, f.spike_multiplier);
   if (!f.arrival.empty()) w.arrivals.kind = ParseArrivalKind(f.arrival);

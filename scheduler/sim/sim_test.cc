@@ -230,3 +230,45 @@ TEST(CpuEngineTest, TheCapClearsTheQueueWhenNoCapMeetsTheTargets) {
 
 }  // namespace
 }  // namespace ferry::sim
+
+namespace ferry::sim {
+namespace {
+
+// test_e2e_slo_controller's stack in virtual time: 48 closed-loop clients on
+// a replica whose step is 2 ms + 0.5 ms a sequence, 64-token replies, a
+// 15 ms TPOT target (26 seats), first come, first served. 48 clients at 26
+// seats wait ~0.8 s, within the 1 s TTFT: the targets are within reach, and
+// the cap settles at the knee rather than flapping to the throughput regime.
+TEST(CpuEngineTest, ReachableTargetsKeepTheGoodputRegimeInAClosedLoop) {
+  CostModelParams p;
+  p.name = "linear-test";
+  p.fixed_s = 0.002, p.per_seq_s = 0.0005, p.bandwidth_bytes_per_s = 1e12, p.peak_flops = 1e15;
+  p.kv_capacity_tokens = 65536;
+  std::vector<TraceRequest> trace(2400, TraceRequest{0, 20, 64});
+  SimOptions o;
+  o.scheduler = DefaultSchedulerConfig(p);
+  o.scheduler.serve_late_last = false;
+  o.controller = ControllerFor(scheduler::ControllerMode::kGoodput, 64);
+  o.controller.slo.lanes.clear();
+  o.controller.slo.tpot_target_s = 0.015;
+  o.lanes = {LaneConfig{"default", 0, 1.0, 0.015}};
+  o.closed_loop_concurrency = 48;
+  const SimResult r = RunSimulation(trace, CostModel(p), o);
+  std::string changes;
+  int32_t lo = 1 << 30, hi = 0;
+  for (const auto& c : r.changes) {
+    changes += std::to_string(c.time_s) + " s: " + std::to_string(c.from) + " -> " + std::to_string(c.to) + " " +
+               c.reason.substr(0, 160) + "\n";
+    if (c.time_s > 0.5 * r.steady_end_s && c.time_s < r.steady_end_s) lo = std::min(lo, c.to), hi = std::max(hi, c.to);
+  }
+  EXPECT_EQ(changes.find("[unreachable]"), std::string::npos) << changes;
+  if (hi > 0) {
+    EXPECT_GE(lo, 6) << changes;
+    EXPECT_LE(hi, 40) << changes;
+  }
+  EXPECT_GE(r.caps.back().num_seqs, 6) << changes;
+  EXPECT_LE(r.caps.back().num_seqs, 40) << changes;
+}
+
+}  // namespace
+}  // namespace ferry::sim

@@ -301,6 +301,33 @@ TEST(HeldOutTest, ArrivalsTwiceShowsAHindsightCapThatWinsOnTheTracesEnd) {
       << listing;
 }
 
+// A CPU-speed cell (issue #52): the preset's member drawn 20x faster and
+// played 20x slower, every SLO 20x (HeldOutOptions::time_scale): the cell
+// is reported at the CPU engine's own TPOT, and its traces span 20x the
+// window with the member's request count.
+TEST(HeldOutTest, ACpuCellRunsAtTheEnginesOwnTimeScale) {
+  const CostModelParams cpu = LoadPreset("cpu-0.5b");
+  HeldOutOptions o;
+  ASSERT_DOUBLE_EQ(TimeScale(o, "cpu-0.5b"), 20);
+  EXPECT_DOUBLE_EQ(TimeScale(o, "h200"), 1);
+  const std::vector<TraceRequest> fast = GenerateFamilyTrace(DrawFamilyMember(3, Faster(cpu, 20)));
+  const std::vector<TraceRequest> dilated = EvalTrace(3, cpu, 20);
+  ASSERT_EQ(fast.size(), dilated.size());
+  for (size_t i = 0; i < fast.size(); ++i) EXPECT_DOUBLE_EQ(20 * fast[i].arrival_s, dilated[i].arrival_s);
+  o.seeds = {3};
+  o.presets = {"cpu-0.5b"};
+  o.prefix_caching = {true};
+  o.tpot_slos_s = {0.0025};
+  o.static_caps = {1, 4, 16};
+  o.only_goodput = true;
+  const std::vector<HeldOutCell> cells = RunHeldOut(o);
+  ASSERT_EQ(cells.size(), 1u);
+  EXPECT_DOUBLE_EQ(cells[0].tpot_slo_s, 0.05);
+  ASSERT_EQ(cells[0].traces.size(), 1u);
+  EXPECT_GT(cells[0].traces[0].best_static_good, 0);
+  EXPECT_GT(cells[0].traces[0].goodput_good, 0);
+}
+
 // The model modes keep time in units of the TTFT target (controller.h): the
 // trace, the cost model and every SLO dilated x4 (exact in binary floating
 // point) give the same decisions at 4x the times and the same good requests.
