@@ -37,7 +37,7 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r, int32_t num_ranks)
                        .Register(r)),
       regime_series(BuildGauge().Name("ferry_scheduler_controller_regime")
                         .Help("1 for what the cap controller optimises now: goodput (the targets are within reach), "
-                              "unreachable (no cap serves half the requests within them: the most completions), "
+                              "unreachable (no cap serves a quarter of the requests within them: the most completions), "
                               "no-targets (none stated: the cap at its bound), static")
                         .Register(r)),
       cap_changes(BuildCounter().Name("ferry_scheduler_cap_changes_total")

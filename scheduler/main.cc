@@ -49,7 +49,7 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
-  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs; the most completions when no cap serves half the requests within them; with no target stated, the largest cap the KV pool holds), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
+  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs; the most completions when no cap serves a quarter of the requests within them, first come, first served; with no target stated, the largest cap the KV pool holds), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
       ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
   app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target (default 1000 once --slo-tpot-ms or --slo-lane is given; with no target stated these modes keep the cap at its bound); --serve-late-last: the target of each named --slo-lane");
   app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target (default 50 once --slo-ttft-ms or --slo-lane is given)");

@@ -73,3 +73,34 @@ def test_admin_sets_max_num_seqs(stack, ferry_pb):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_num_seqs = 0" in err.value.details()
     state = admin.SetMaxNumSeqs(ferry_pb.sched.SetMaxNumSeqsRequest(max_num_seqs=64, adapt=True))
     assert (state.max_num_seqs, state.cap_held) == (64, False)
+
+
+def test_without_targets_the_default_controller_plans_for_no_targets(stack, cached_stack):
+    """Issue #52: no --slo-ttft-ms, --slo-tpot-ms or --slo-lane (the quickstart): the default goodput mode has
+    nothing to trade throughput for and says so on /metrics; a stated target gives the goodput regime."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def regimes(s):
+        text = urllib.request.urlopen(s.metrics_urls()["scheduler"], timeout=5).read().decode()
+        return {x.labels["regime"]: x.value for f in text_string_to_metric_families(text)
+                if f.name == "ferry_scheduler_controller_regime" for x in f.samples}
+
+    assert regimes(stack) == {"no-targets": 1.0}
+    assert regimes(cached_stack) == {"no-targets": 1.0}
+
+
+def test_a_stated_target_plans_for_goodput(tiny_model, tmp_path_factory):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    s = Stack(tiny_model, tmp_path_factory.mktemp("targets-stack"), ["--scheduler-arg=--slo-tpot-ms=100"])
+    try:
+        text = urllib.request.urlopen(s.metrics_urls()["scheduler"], timeout=5).read().decode()
+        regime = {x.labels["regime"]: x.value for f in text_string_to_metric_families(text)
+                  if f.name == "ferry_scheduler_controller_regime" for x in f.samples}
+        assert regime == {"goodput": 1.0}
+    finally:
+        assert s.stop() == 0
