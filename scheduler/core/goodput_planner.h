@@ -20,7 +20,8 @@
 // each, plus the prefill chunks that land meanwhile: requests start at
 // lambda = min(demand, mu(C)) per second, each bringing P tokens in chunks
 // of min(P, B), so over its life L = o * s(n(C)) the chunks that land are
-// Poisson with mean lambda * L * P / chunk, and its TPOT is
+// Poisson with mean lambda * L * P / chunk (with every seat taken, only the
+// other C - 1 seats turn over: (C - 1) / C of it), and its TPOT is
 // d + per_token * chunk * chunks / o. The share meeting the target averages
 // that Poisson tail over the SLO lanes' recent output lengths: a short reply
 // that one long prefill lands in misses, a long one averages it away.
