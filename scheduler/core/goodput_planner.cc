@@ -20,8 +20,9 @@ void Validate(const PlannerInputs& in) {
   }
   for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.prompt_chunk_tokens,
                    in.output_tokens, in.step_token_budget,
-                   in.slo_rate_per_s, in.slo_queue, in.slo_late_queue, in.slo_running, in.other_demand_per_s, in.other_rate_per_s, in.waiting_behind,
-                   in.tpot_target_s, in.ttft_target_s, in.horizon_s, in.reach_share}) {
+                   in.slo_rate_per_s, in.slo_queue, in.slo_late_queue, in.slo_running, in.other_demand_per_s,
+                   in.other_rate_per_s, in.waiting_behind, in.tpot_target_s, in.ttft_target_s, in.horizon_s,
+                   in.reach_share}) {
     if (!std::isfinite(v) || v < 0) throw std::invalid_argument("goodput planner: an input is negative or not finite");
   }
   if (in.reach_share > 1) {
@@ -156,9 +157,9 @@ double Demand(const PlannerInputs& in) {
   return in.slo_rate_per_s + in.slo_queue / in.horizon_s + in.other_demand_per_s;
 }
 
-// The SLO lanes' work in view, per second of the horizon: their arrivals
-// and every request of theirs waiting now, late ones included (a request
-// that waits is work whatever its chance of meeting the target).
+// The SLO lanes' work in view, per second of the horizon: their arrivals,
+// every request of theirs waiting now, late ones included (a request that
+// waits is work whatever its chance of meeting the target), and those running.
 double SloWork(const PlannerInputs& in) {
   return in.slo_rate_per_s + (in.slo_queue + in.slo_late_queue + in.slo_running) / in.horizon_s;
 }

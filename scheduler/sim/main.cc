@@ -228,7 +228,8 @@ int RunOnce(const Flags& f, const ferry::CostModel& cost, const std::vector<Trac
 int main(int argc, char** argv) {
   CLI::App app{"ferry-sim: the Ferry scheduler and max_num_seqs controller in virtual time"};
   Flags f;
-  app.add_option("--preset", f.preset, "cost model: rtx4090d-tp4, h200, cpu-0.5b (the CPU engine, scheduler/sim/presets), or a JSON path");
+  app.add_option("--preset", f.preset,
+                 "cost model: rtx4090d-tp4, h200, cpu-0.5b (the CPU engine, scheduler/sim/presets), or a JSON path");
   app.add_option("--trace", f.trace, "replay a JSONL trace instead of generating");
   app.add_option("--write-trace", f.write_trace, "write the workload as a JSONL trace");
   app.add_option("--scenario", f.scenario, "steady, bursty, diurnal, spike, long-context, chat");
