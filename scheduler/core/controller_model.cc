@@ -91,11 +91,13 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   in.tie_share = g.tie_share;
   in.reach_share = g.reach_share;
   if (!ttft_.empty()) {  // the SLO lanes' completions in the window, in the same order in both deques
-    size_t good = 0;
+    size_t good = 0, in_time = 0;
     for (size_t i = 0; i < ttft_.size(); ++i) {
+      in_time += ttft_[i].value <= o.ttft_target_s;
       good += ttft_[i].value <= o.ttft_target_s && tpot_[i].value <= o.tpot_target_s;
     }
     in.measured_good_share = static_cast<double>(good) / static_cast<double>(ttft_.size());
+    in.ttft_good_share = static_cast<double>(in_time) / static_cast<double>(ttft_.size());
   }
   in.has_targets = o.targets_stated;
   in.late_last = g.late_last;

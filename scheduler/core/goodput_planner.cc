@@ -166,13 +166,14 @@ double SloWork(const PlannerInputs& in) {
 
 // Of that work, what `f`'s cap serves within the targets: its goodput of
 // the SLO lanes, and the requests running now it keeps running (at most
-// its cap; the rest stall) at its TPOT share.
+// its cap; the rest stall) at its TPOT share, those that started in time.
 double SloWorkGood(const PlannerInputs& in, const CapForecast& f) {
   const double kept = std::min<double>(f.cap, in.slo_running);
   if (kept <= 0) return f.slo_good_per_s;
   // They run together: the batch is at least those kept, whatever the arrivals need.
   const double share = TpotShare(in, kept, std::min(Demand(in), f.completions_per_s));
-  return f.slo_good_per_s + kept * share / in.horizon_s;
+  const double started_in_time = in.ttft_good_share < 0 ? 1.0 : in.ttft_good_share;
+  return f.slo_good_per_s + kept * started_in_time * share / in.horizon_s;
 }
 
 // Erlang C: the probability that all `seats` are taken when `busy` of them

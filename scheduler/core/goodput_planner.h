@@ -155,6 +155,13 @@ struct PlannerInputs {
   // (a closed loop's cohorts, a knee's rounding) and the cap flapped
   // between a small cap and the most completions every 0.5 s.
   bool was_unreachable = false;
+  // The share of the SLO lanes' recent completions whose TTFT met the target
+  // (negative: none yet, taken as all). The requests running now count as
+  // work served within the targets only in this share: one that started
+  // late is not made good by a TPOT-safe cap (the CPU engine at 1 s and
+  // 50 ms through the real stack: 16 clients at cap 6-9 met the TPOT and
+  // none the TTFT, and the running ones held the regime in goodput).
+  double ttft_good_share = -1;
   // The operator stated no TTFT or TPOT target: nothing to trade
   // throughput for, so the cap is the largest candidate (kNoTargets).
   bool has_targets = true;

@@ -302,6 +302,21 @@ TEST(GoodputPlannerTest, TheRegimeChangesOnlyWhenTheForecastAndTheMeasuredShareA
   EXPECT_EQ(PlanCap(in).regime, PlanRegime::kGoodput);
 }
 
+TEST(GoodputPlannerTest, RunningRequestsThatStartedLateDoNotKeepTheTargetsInReach) {
+  // The real stack's fit on a faster CPU (25 ms + 0.88 ms a token): caps up to ~9 keep a 50 ms TPOT,
+  // 16 clients wait seconds for a seat. The running ones meet the TPOT but started late.
+  PlannerInputs in = CpuClosedLoop(8);
+  in.step = StepFit{0.025, 0, 0.00088};
+  in.slo_running = 8;
+  in.slo_queue = 8;
+  in.slo_rate_per_s = 1.6;
+  in.measured_good_share = 0;
+  in.ttft_good_share = 1;  // as if they had started in time: the running ones hold the goodput regime
+  EXPECT_EQ(PlanCap(in).regime, PlanRegime::kGoodput);
+  in.ttft_good_share = 0;  // none did
+  EXPECT_EQ(PlanCap(in).regime, PlanRegime::kUnreachable);
+}
+
 TEST(GoodputPlannerTest, NoTargetsTakeTheLargestCapTheBoundAllows) {
   PlannerInputs in = CpuClosedLoop(4);
   in.has_targets = false;
