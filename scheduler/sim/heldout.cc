@@ -64,9 +64,6 @@ int64_t Good(const SimResult& run, const PresetEval& eval, double tpot_s) {
   return Summarize(run, Lanes(eval.o.ttft_slo_s, tpot_s, eval.scale)).all().num_good;
 }
 
-
-
-
 // Static goodput kept between runs (HeldOutOptions::static_cache_path),
 // keyed by preset, caching, seed, cap, the two SLOs and the queue order.
 using StaticCache = std::map<std::string, int64_t>;
@@ -178,8 +175,12 @@ double TimeScale(const HeldOutOptions& o, const std::string& preset) {
   return it != o.time_scale.end() ? it->second : 1.0;
 }
 
-std::vector<TraceRequest> EvalTrace(uint64_t seed, const CostModelParams& preset, double k) {
-  std::vector<TraceRequest> trace = GenerateFamilyTrace(DrawFamilyMember(seed, Faster(preset, k)));
+FamilyMember EvalMember(uint64_t seed, const CostModelParams& preset, double k) {
+  return DrawFamilyMember(seed, Faster(preset, k));
+}
+
+std::vector<TraceRequest> EvalTrace(const FamilyMember& member, double k) {
+  std::vector<TraceRequest> trace = GenerateFamilyTrace(member);
   for (TraceRequest& r : trace) r.arrival_s *= k;
   return trace;
 }
@@ -267,8 +268,8 @@ std::vector<HeldOutCell> RunHeldOut(const HeldOutOptions& o) {
       std::mutex progress_mu;
       auto work = [&] {
         for (size_t k; (k = next.fetch_add(1)) < o.seeds.size();) {
-          const FamilyMember m = DrawFamilyMember(o.seeds[k], Faster(cost.params(), eval.scale));
-          const std::vector<TraceRequest> trace = EvalTrace(o.seeds[k], cost.params(), eval.scale);
+          const FamilyMember m = EvalMember(o.seeds[k], cost.params(), eval.scale);
+          const std::vector<TraceRequest> trace = EvalTrace(m, eval.scale);
           per_seed[k] = MeasureTrace(cost, trace, o.seeds[k], caching, eval, cache, measured_per_seed[k]);
           if (o.twice_below > 0) CheckArrivalsTwice(cost, trace, caching, eval, per_seed[k]);
           if (o.progress) {

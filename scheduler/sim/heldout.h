@@ -12,6 +12,7 @@
 
 #include "common/cost_model.h"
 #include "scheduler/core/controller.h"
+#include "scheduler/sim/trace_family.h"
 #include "scheduler/sim/workload.h"
 
 namespace ferry::sim {
@@ -119,8 +120,10 @@ CostModelParams Faster(CostModelParams p, double k);
 // HeldOutOptions::time_scale's k for a preset (1 when not named).
 double TimeScale(const HeldOutOptions& options, const std::string& preset);
 // Member `seed` as the evaluation plays it on `preset` at time scale k:
-// drawn for the preset k times faster, its arrivals k times later.
-std::vector<TraceRequest> EvalTrace(uint64_t seed, const CostModelParams& preset, double k);
+// drawn for the preset k times faster (EvalMember), its arrivals k times
+// later (EvalTrace).
+FamilyMember EvalMember(uint64_t seed, const CostModelParams& preset, double k);
+std::vector<TraceRequest> EvalTrace(const FamilyMember& member, double k);
 
 struct RatioStats {
   size_t count = 0;

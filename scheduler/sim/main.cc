@@ -75,10 +75,10 @@ std::vector<TraceRequest> LoadWorkload(const Flags& f, const ferry::CostModel& c
   if (f.has_family_seed) {
     // As the held-out evaluation plays it: a slow preset's member dilated (HeldOutOptions::time_scale).
     const double k = TimeScale(HeldOutOptions{}, cost.params().name);
-    const FamilyMember m = DrawFamilyMember(f.family_seed, k == 1 ? cost.params() : Faster(cost.params(), k));
+    const FamilyMember m = EvalMember(f.family_seed, cost.params(), k);
     std::printf("trace family member (preset %s, time scale %g): %s\n", cost.params().name.c_str(), k,
                 DescribeMember(m).c_str());
-    return EvalTrace(f.family_seed, cost.params(), k);
+    return EvalTrace(m, k);
   }
   WorkloadOptions w = ScenarioWorkload(f.scenario, f.spike_multiplier);
   if (!f.arrival.empty()) w.arrivals.kind = ParseArrivalKind(f.arrival);

@@ -311,7 +311,7 @@ TEST(HeldOutTest, ACpuCellRunsAtTheEnginesOwnTimeScale) {
   ASSERT_DOUBLE_EQ(TimeScale(o, "cpu-0.5b"), 20);
   EXPECT_DOUBLE_EQ(TimeScale(o, "h200"), 1);
   const std::vector<TraceRequest> fast = GenerateFamilyTrace(DrawFamilyMember(3, Faster(cpu, 20)));
-  const std::vector<TraceRequest> dilated = EvalTrace(3, cpu, 20);
+  const std::vector<TraceRequest> dilated = EvalTrace(EvalMember(3, cpu, 20), 20);
   ASSERT_EQ(fast.size(), dilated.size());
   for (size_t i = 0; i < fast.size(); ++i) EXPECT_DOUBLE_EQ(20 * fast[i].arrival_s, dilated[i].arrival_s);
   o.seeds = {3};
