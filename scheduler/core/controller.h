@@ -126,7 +126,16 @@ struct GoodputOptions {
   double tie_share = 0.02;         // PlannerInputs::tie_share
   double reach_share = 0.25;       // PlannerInputs::reach_share
   double horizon_s = 5.0;          // PlannerInputs::horizon_s: how far ahead the rates are taken to hold
-  int32_t min_completions = 20;    // before the first choice (output lengths)
+  // Completions before the first choice (output lengths). A handful: until
+  // then the cap is a blind initial_num_seqs, which costs more than a noisy
+  // estimate that the next choices, every adjust_interval_s, refine as the
+  // window fills. At 20 the CPU-speed cells spent their first 5-15% at a
+  // quarter of the bound, where every TPOT failed (cpu-0.5b tuning seeds
+  // 1-16: 77/96 trace-cells at >= 0.95 of the best static cap with 20, 95/96
+  // with 3; 1-5 give 94-95/96), and a 64-request run through the real stack
+  // decided only at its end (docs/benchmarks/scheduler.md section 8). Three,
+  // not one: the TPOT forecast averages over the reply lengths' spread.
+  int32_t min_completions = 3;
   // The scheduler serves waiting requests already past their TTFT target after the rest
   // (SchedulerConfig::serve_late_last): PlannerInputs::late_last.
   bool late_last = false;

@@ -328,6 +328,30 @@ TEST(HeldOutTest, ACpuCellRunsAtTheEnginesOwnTimeScale) {
   EXPECT_GT(cells[0].traces[0].goodput_good, 0);
 }
 
+// A CPU-speed cell's cold start (tuning seeds 2 and 7, cpu-0.5b with prefix
+// caching, 50 ms): long RAG prompts, where cap 1 is the best static cap. The
+// cap sits at a quarter of the bound (16) until the model's first choice;
+// waiting for 20 completions kept it there for 165 s of a 1,500 s trace and
+// every TPOT in it failed (0.917 and 0.915 of the best static cap). The model
+// decides after 3 (GoodputOptions::min_completions).
+TEST(GoodputModeTest, DecidesAfterAHandfulOfCompletionsOnACpuCell) {
+  HeldOutOptions o;
+  o.seeds = {2, 7};
+  o.presets = {"cpu-0.5b"};
+  o.prefix_caching = {true};
+  o.tpot_slos_s = {0.0025};  // 50 ms at the preset's time scale
+  o.static_caps = {1, 2, 4, 16};
+  o.only_goodput = true;
+  const std::vector<HeldOutCell> cells = RunHeldOut(o);
+  ASSERT_EQ(cells.size(), 1u);
+  ASSERT_EQ(cells[0].traces.size(), 2u);
+  for (const TraceOutcome& t : cells[0].traces) {
+    SCOPED_TRACE(t.seed);
+    EXPECT_EQ(t.best_cap, 1);
+    EXPECT_GE(t.ratio(t.goodput_good), 0.95);
+  }
+}
+
 // The model modes keep time in units of the TTFT target (controller.h): the
 // trace, the cost model and every SLO dilated x4 (exact in binary floating
 // point) give the same decisions at 4x the times and the same good requests.
