@@ -250,6 +250,7 @@ class Controller {
   void Change(double now_s, int32_t to, std::string level, std::string reason);
   void StepLoadLevel(const StepObservation& obs);
   void StepGoodput(const StepObservation& obs);
+  void ColdStartBound(const StepObservation& obs);
   // What the goodput model plans with, from the window; empty until enough
   // completions and steps have been seen (controller_model.cc).
   std::optional<PlannerInputs> ModelInputs(const StepObservation& obs);

@@ -2,6 +2,7 @@
 // the goodput planner (goodput_planner.h), and how each mode takes its
 // choice. Pure, like the rest of the controller.
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "scheduler/core/controller.h"
@@ -109,8 +110,40 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
   return in;
 }
 
+// Before the model's first choice (GoodputOptions::min_completions) the
+// cap is a blind quarter of the bound: no reply length is known, so no
+// completion rate or goodput. One thing is known from the first steps: what
+// a decode step costs. A cap whose pure-decode step already misses the TPOT
+// target fails every request it admits, whatever the lengths, so the start
+// is cut to the largest cap whose decode step meets it (by the fit so far,
+// optimistic until the batch has varied). On the CPU engine at 50 ms that
+// is 4-6 sequences, not 16: with long RAG prompts a cold start at 16 failed
+// every TPOT for the first 170 s of a 1,500 s trace (cpu-0.5b tuning seed
+// 61). On a GPU a decode step at a quarter of the bound meets the target,
+// and nothing changes.
+void Controller::ColdStartBound(const StepObservation& obs) {
+  if (!options_.slo.targets_stated || options_.slo.tpot_target_s <= 0) return;
+  const double step_mean = steps_.RecentMean(steps_.size());
+  const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
+  if (step_mean <= 0 || tokens_per_step <= 0) return;
+  const StepFit fit = CurrentFit(step_mean / tokens_per_step);
+  if (fit.fixed_s <= 0 && fit.per_seq_s <= 0) return;  // the tokens' share: no step cost per sequence known yet
+  last_adjust_s_ = obs.now_s;
+  int32_t cap = num_seqs_;
+  while (cap > options_.min_num_seqs && fit.Seconds(cap, cap) > options_.slo.tpot_target_s) --cap;
+  if (cap >= num_seqs_) return;  // only cuts: the fit is refined as steps come
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                "[goodput] cold start: a decode step of %d sequences takes %.2f ms by the fit so far (%.3f ms + "
+                "%.1f us/seq + %.2f us/token), over the %.2f ms TPOT",
+                num_seqs_, 1e3 * fit.Seconds(num_seqs_, num_seqs_), 1e3 * fit.fixed_s, 1e6 * fit.per_seq_s,
+                1e6 * fit.per_token_s, 1e3 * options_.slo.tpot_target_s);
+  Change(obs.now_s, cap, "cut", buf);
+}
+
 void Controller::StepGoodput(const StepObservation& obs) {
   if (obs.now_s - last_adjust_s_ < options_.goodput.adjust_interval_s) return;
+  if (static_cast<int32_t>(outputs_.size()) < options_.goodput.min_completions) return ColdStartBound(obs);
   std::optional<PlannerInputs> in = ModelInputs(obs);
   if (!in) return;
   last_adjust_s_ = obs.now_s;

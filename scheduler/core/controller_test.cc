@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -339,6 +340,54 @@ namespace {
 // No target stated (issue #52): the model modes start and stay at the
 // largest cap the KV pool allows, and say so in status().regime; with
 // targets they move, as above.
+// Steps of a replica whose step takes `fixed` + `per_seq` a sequence +
+// `per_token` a token, at batches 1..cap with a 512-token prefill every fifth
+// step, and no completion: the cold start, before the model's first choice.
+void RunColdStart(Controller& c, double fixed, double per_seq, double per_token, int steps) {
+  double now = 0, last_step = 0;
+  int32_t last_seqs = 0, last_tokens = 0;
+  for (int i = 0; i < steps; ++i) {
+    StepObservation o;
+    o.now_s = now;
+    o.num_running = 1 + i % c.num_seqs();
+    o.num_waiting = 10;
+    o.kv_usage = 0.1;
+    o.last_step_s = last_step;
+    o.last_step_seqs = last_seqs;
+    o.last_step_tokens = last_tokens;
+    c.Step(o);
+    last_seqs = std::min(o.num_running, c.num_seqs());
+    last_tokens = last_seqs + (i % 5 == 0 ? 512 : 0);
+    last_step = fixed + per_seq * last_seqs + per_token * last_tokens;
+    now += last_step;
+  }
+}
+
+// Before its first choice the model knows no reply length, but it knows what
+// a decode step costs: a start whose decode step alone misses the TPOT target
+// fails every request it admits. On the CPU engine's shape (37 ms + 1.9 ms a
+// sequence + 2 ms a token, 50 ms TPOT) a decode step meets it up to 3
+// sequences; the start, a quarter of 64, is cut to that. A GPU's shape at a
+// quarter of the bound keeps it.
+TEST(ControllerTest, TheColdStartKeepsADecodeStepWithinTheTpotTarget) {
+  ControllerOptions o = Options(ControllerMode::kGoodput);
+  o.min_num_seqs = 1;
+  o.initial_num_seqs = 0;
+  o.slo.tpot_target_s = 0.050;
+  Controller cpu(o);
+  ASSERT_EQ(cpu.num_seqs(), 16);
+  RunColdStart(cpu, 0.037, 0.0019, 0.002, 200);
+  EXPECT_LE(cpu.num_seqs(), 3);
+  EXPECT_GE(cpu.num_seqs(), 1);
+  ASSERT_FALSE(cpu.changes().empty());
+  EXPECT_NE(cpu.changes().front().reason.find("cold start"), std::string::npos) << cpu.changes().front().reason;
+  o.slo.tpot_target_s = 0.004;  // 2 ms + 0.1 ms a sequence: 16 sequences take 3.6 ms
+  Controller gpu(o);
+  RunColdStart(gpu, 0.002, 0.0001, 0.000001, 200);
+  EXPECT_EQ(gpu.num_seqs(), 16);
+  EXPECT_TRUE(gpu.changes().empty()) << gpu.changes().front().reason;
+}
+
 TEST(ControllerTest, WithoutTargetsTheCapStaysAtItsBound) {
   for (ControllerMode mode : {ControllerMode::kGoodput, ControllerMode::kLoadLevel}) {
     SCOPED_TRACE(ControllerModeName(mode));

@@ -285,7 +285,11 @@ const char* PlanRegimeName(PlanRegime regime) {
 }
 
 // SLO-lane requests running at the cap in force that a cap `f` fails,
-// per second of the horizon (PlannerInputs::current_cap).
+// per second of the horizon (PlannerInputs::current_cap). Those running are
+// the measured ones (slo_running), or by Little's law those the arrival rate
+// keeps running, whichever is more: with no SLO-lane arrival in the rate's
+// window the law sees none, and a trough on the CPU engine raised 1 -> 64
+// beside a running interactive request (cpu-0.5b tuning seed 61).
 double InFlightLoss(const PlannerInputs& in, const CapForecast& now, const CapForecast& f) {
   if (f.tpot_share >= now.tpot_share) return 0;
   double output = in.output_tokens;
@@ -294,7 +298,8 @@ double InFlightLoss(const PlannerInputs& in, const CapForecast& now, const CapFo
     for (double o : in.slo_output_tokens) output += o;
     output /= static_cast<double>(in.slo_output_tokens.size());
   }
-  const double running = std::min(in.slo_rate_per_s, now.completions_per_s) * output * now.step_s;
+  const double running =
+      std::max(in.slo_running, std::min(in.slo_rate_per_s, now.completions_per_s) * output * now.step_s);
   return running * (now.tpot_share - f.tpot_share) / in.horizon_s;
 }
 

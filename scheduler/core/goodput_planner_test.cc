@@ -209,6 +209,23 @@ TEST(GoodputPlannerTest, TheRequestsRunningAtTheCapInForceCountAgainstACapThatFa
   EXPECT_THROW(PlanCap(in), std::invalid_argument);
 }
 
+// The SLO-lane requests running now count against a cap that fails them even
+// when no SLO-lane request arrived in the rate's window: Little's law from
+// the arrival rate saw none of them, every cap tied on the other lanes'
+// throughput, and the "largest as good even when full" took 64 beside a
+// running interactive request and a queue of the batch lane's long prompts
+// (cpu-0.5b tuning seed 61: 1 -> 64 -> 1 in a trough, its TPOT lost).
+TEST(GoodputPlannerTest, RunningSloRequestsCountWhenNoneArrivedInTheWindow) {
+  PlannerInputs in = DecodeOnly();
+  in.other_demand_per_s = 0.1;
+  in.other_rate_per_s = 0.05;
+  in.waiting_behind = 8;  // the batch lane's queue: a large cap runs full, past 20 its TPOT fails
+  in.slo_running = 1;
+  in.current_cap = 1;
+  const PlannerChoice choice = PlanCap(in);
+  EXPECT_LE(choice.cap, 20) << choice.reason;
+}
+
 TEST(GoodputPlannerTest, RefusesInputsItCannotPlanWith) {
   PlannerInputs in = DecodeOnly();
   in.max_num_seqs = 0;

@@ -198,7 +198,7 @@ CpuRun RunCpuQuickstart(scheduler::ControllerMode mode, int32_t clients, double 
   for (const RequestResult& r : run.result.requests) last_end = std::max(last_end, r.end_s);
   run.tokens_per_s = clients > 0 ? static_cast<double>(run.result.steady_output_tokens) / run.result.steady_end_s
                                  : static_cast<double>(run.result.num_output_tokens) / last_end;
-  // The cap from the model's first decision (it needs 20 completions) to the end of the load.
+  // The cap from the model's first decision (after 3 completions) to the end of the load.
   const double load_end = clients > 0 ? run.result.steady_end_s : trace.back().arrival_s;
   run.lowest_cap_after_warmup = 1 << 30;
   for (size_t i = 1; i < run.result.caps.size(); ++i) {
