@@ -33,6 +33,13 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+void IgnoreBrokenPipes() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  if (sigaction(SIGPIPE, &ignore, nullptr) != 0) throw std::runtime_error("cannot ignore SIGPIPE");
+}
+
 int WaitForShutdownSignal() {
   sigset_t set = ShutdownSet();
   int sig = 0;

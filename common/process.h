@@ -18,4 +18,14 @@ void WriteReadyFile(const std::string& path, const nlohmann::json& content);
 void BlockShutdownSignals();
 int WaitForShutdownSignal();
 
+// Ignores SIGPIPE for the whole process (call first in main, with
+// BlockShutdownSignals): a write to a socket or pipe whose reader is gone then
+// fails with EPIPE in the code that wrote it, which reports it, instead of
+// killing the process, SIGPIPE's default. Not every writer can say
+// MSG_NOSIGNAL: Gloo's TCP transport writes with writev, and a CPU
+// tensor-parallel rank whose peer died was killed that way (exit 141) where it
+// should have thrown CommError (issue #53). The ignored disposition survives
+// exec, so ferry-launch's children start with it too.
+void IgnoreBrokenPipes();
+
 }  // namespace ferry

@@ -190,6 +190,7 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
 
 int main(int argc, char** argv) {
   ferry::BlockShutdownSignals();
+  ferry::IgnoreBrokenPipes();
   CLI::App app{"ferry-gateway: public gRPC API of Ferry"};
   Flags flags;
   AddFlags(app, flags);

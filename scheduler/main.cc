@@ -200,6 +200,7 @@ std::vector<prometheus::Gauge*> WorkerUpGauges(prometheus::Registry& registry, s
 
 int main(int argc, char** argv) {
   ferry::BlockShutdownSignals();
+  ferry::IgnoreBrokenPipes();
   CLI::App app{"ferry-scheduler: continuous batching over Ferry workers"};
   Flags flags;
   AddFlags(app, flags);

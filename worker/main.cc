@@ -153,6 +153,7 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prome
 
 int main(int argc, char** argv) {
   ferry::BlockShutdownSignals();
+  ferry::IgnoreBrokenPipes();
   CLI::App app{"ferry-worker: executes engine steps for a Ferry scheduler"};
   Flags flags;
   AddFlags(app, flags);

@@ -65,3 +65,15 @@ def test_vllm_engine_flags_reach_the_services_that_own_them(tiny_model, tmp_path
         assert "--dtype=float32" in with_cli and "--max-num-batched-tokens=256" in with_cli
     finally:
         assert s.stop() == 0, s.log_text()
+
+
+def test_no_process_of_the_stack_dies_of_a_broken_pipe(stack):
+    """Every Ferry process ignores SIGPIPE (issue #53): a write to a peer that died is an error its
+    code reports, not the process's death (a CPU tensor-parallel rank exited 141 that way)."""
+    pids = {"ferry-launch": stack.proc.pid, "gateway": stack.ports["gateway"]["pid"],
+            "scheduler": stack.ports["scheduler"]["pid"]}
+    pids.update({f"worker-{i}": w["pid"] for i, w in enumerate(stack.ports["workers"])})
+    for name, pid in pids.items():
+        status = open(f"/proc/{pid}/status").read()
+        ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+        assert ignored & (1 << (signal.SIGPIPE - 1)), f"{name} (pid {pid}) does not ignore SIGPIPE"

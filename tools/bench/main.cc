@@ -9,6 +9,7 @@
 #include <exception>
 #include <string>
 
+#include "common/process.h"
 #include "tools/bench/bench_commands.h"
 
 namespace {
@@ -80,6 +81,7 @@ void AddLoadFlags(CLI::App& app, BenchFlags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ferry::IgnoreBrokenPipes();  // a server that closes mid-request is an error to report, not a death
   CLI::App app{"ferry-bench: load generator and max_num_seqs capacity sweep for Ferry (and OpenAI-compatible "
                "servers)"};
   app.require_subcommand(1);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/process.h"
 #include "ferry/v1/generation.grpc.pb.h"
 
 namespace {
@@ -90,6 +91,7 @@ int CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
+  ferry::IgnoreBrokenPipes();  // a server that closes mid-request is an error to report, not a death
   CLI::App app{"ferry-client: send one prompt to a Ferry gateway and print the completion"};
   std::string target = "127.0.0.1:50051", prompt, lane;
   int max_tokens = 32;

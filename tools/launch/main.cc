@@ -231,6 +231,7 @@ ferry::launch::SupervisorOptions SupervisorOptionsFrom(const Flags& f) {
 
 int main(int argc, char** argv) {
   ferry::BlockShutdownSignals();
+  ferry::IgnoreBrokenPipes();
   CLI::App app{"ferry-launch: runs a Ferry stack (workers, scheduler, gateway) on this machine"};
   Flags flags;
   AddFlags(app, flags);

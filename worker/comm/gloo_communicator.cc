@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -224,6 +225,14 @@ std::shared_ptr<gloo::Context> Connect(const GlooOptions& o, std::chrono::millis
 std::unique_ptr<Communicator> CreateGlooCommunicator(const GlooOptions& options) {
   Validate(options);
   if (options.size == 1) return std::make_unique<LocalCommunicator>();
+  // A peer's death must reach the caller as CommError. Gloo writes with
+  // writev, which cannot pass MSG_NOSIGNAL, so a write to a dead peer raises
+  // SIGPIPE, whose default kills this rank (exit 141) before any error is seen
+  // (issue #53): ignored for the process, as ferry-worker's main does too.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
   const std::chrono::milliseconds timeout = std::chrono::seconds(options.timeout_s);
   try {
     return std::make_unique<GlooCommunicator>(Connect(options, timeout), timeout);
