@@ -6,6 +6,28 @@ import os
 import sys
 
 
+def load_runs(out, load, static):
+    """The static sweep's points and the default's run for a load; a load run in rounds (c1-r1, c1-r2,
+    ...) gives each cap's and the default's mean over its rounds (the report's "c1")."""
+    rounds = sorted(d[: -len("-static")] for d in os.listdir(out)
+                    if d.startswith(f"{static}-r") and d.endswith("-static"))
+    names = rounds or [static]
+    sweeps = [os.path.join(out, f"{n}-static", "sweep.json") for n in names]
+    defaults = [os.path.join(out, f"{n.replace(static, load, 1)}-default.json") for n in names]
+    if not all(os.path.exists(p) for p in sweeps + defaults):
+        return None, None
+    keys = ("output_throughput", "request_goodput", "median_ttft_ms")
+    mean = lambda runs: {k: sum(r[k] or 0 for r in runs) / len(runs) for k in keys}
+    by_cap = {}
+    for path in sweeps:
+        for p in json.load(open(path))["points"]:
+            by_cap.setdefault(p["max_num_seqs"], []).append(p)
+    points = [dict(mean(runs), max_num_seqs=cap) for cap, runs in sorted(by_cap.items())]
+    runs = [json.load(open(p)) for p in defaults]
+    default = dict(mean(runs), max_num_seqs_metric=runs[-1].get("max_num_seqs_metric"))
+    return points, default
+
+
 def main(out):
     print("| load | static caps: output tok/s (goodput/s, median TTFT s) | best static | default: output tok/s "
           "(goodput/s, median TTFT s) | tok/s ratio | goodput ratio | median TTFT ratio | default's cap |")
@@ -13,12 +35,9 @@ def main(out):
     loads = [(x, x) for x in ("c1", "c4", "c16", "c64", "open2x")]
     loads += [(f"stated-{x}", x) for x in ("c16", "c64", "open2x")]  # targets stated: 1 s, 50 ms
     for load, static in loads:
-        sweep = os.path.join(out, f"{static}-static", "sweep.json")
-        default = os.path.join(out, f"{load}-default.json")
-        if not (os.path.exists(sweep) and os.path.exists(default)):
+        points, d = load_runs(out, load, static)
+        if points is None:
             continue
-        points = json.load(open(sweep))["points"]
-        d = json.load(open(default))
         best = max(points, key=lambda p: p["output_throughput"])
         best_good = max(p["request_goodput"] or 0 for p in points)
         cells = ", ".join(f'{p["max_num_seqs"]}: {p["output_throughput"]:.1f} ({p["request_goodput"]:.2f}, '
