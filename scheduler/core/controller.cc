@@ -300,7 +300,9 @@ void Controller::Set(int32_t num_seqs, double now_s, bool hold) {
 
 void Controller::Change(double now_s, int32_t to, std::string level, std::string reason) {
   if (to == num_seqs_) return;
+  if (changes_.size() == kKeptChanges) changes_.pop_front();
   changes_.push_back(CapChange{now_s, num_seqs_, to, std::move(level), std::move(reason)});
+  ++num_changes_;
   num_seqs_ = to;
 }
 
@@ -313,15 +315,16 @@ ControllerStatus Controller::status() const {
   s.ttft_p_s = ttft_p_s_;
   s.tpot_p_s = tpot_p_s_;
   s.arrival_rate_per_s = ArrivalRate(last_step_s_);
-  s.num_changes = changes_.size();
+  s.num_changes = num_changes_;
   s.held = held_;
   s.regime = UsesModel() ? PlanRegimeName(regime_) : "static";
   return s;
 }
 
 std::vector<CapChange> Controller::TakeChanges() {
-  std::vector<CapChange> out(changes_.begin() + static_cast<ptrdiff_t>(num_taken_), changes_.end());
-  num_taken_ = changes_.size();
+  const uint64_t pending = std::min<uint64_t>(num_changes_ - num_taken_, changes_.size());
+  std::vector<CapChange> out(changes_.end() - static_cast<ptrdiff_t>(pending), changes_.end());
+  num_taken_ = num_changes_;
   return out;
 }
 

@@ -236,9 +236,14 @@ class Controller {
     return UsesModel() && now_s - last_adjust_s_ >= options_.goodput.adjust_interval_s;
   }
   ControllerStatus status() const;
-  // Every change since construction, oldest first.
-  const std::vector<CapChange>& changes() const { return changes_; }
-  // The changes not yet taken (for log lines); clears that list.
+  // The latest changes (at most kKeptChanges), oldest first: the record is
+  // bounded, as a scheduler runs for months and the model modes change the cap
+  // every few seconds under a varying load (issue #53: it grew without end).
+  // status().num_changes counts every change since construction.
+  static constexpr size_t kKeptChanges = 256;
+  const std::deque<CapChange>& changes() const { return changes_; }
+  // The changes since the previous call (for log lines, metrics and the
+  // simulator's record); of more than kKeptChanges between calls, the latest.
   std::vector<CapChange> TakeChanges();
   const ControllerOptions& options() const { return options_; }
 
@@ -298,8 +303,9 @@ class Controller {
   int32_t preemptions_since_adjust_ = 0;
   double ttft_p_s_ = 0;
   double tpot_p_s_ = 0;
-  std::vector<CapChange> changes_;
-  size_t num_taken_ = 0;
+  std::deque<CapChange> changes_;  // the latest kKeptChanges
+  uint64_t num_changes_ = 0;       // since construction
+  uint64_t num_taken_ = 0;         // of those, returned by TakeChanges
 };
 
 }  // namespace ferry::scheduler

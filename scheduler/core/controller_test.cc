@@ -388,6 +388,28 @@ TEST(ControllerTest, TheColdStartKeepsADecodeStepWithinTheTpotTarget) {
   EXPECT_TRUE(gpu.changes().empty()) << gpu.changes().front().reason;
 }
 
+// A scheduler runs for months and the model modes change the cap every few
+// seconds under a varying load: the record of changes is bounded (it grew
+// with every change, issue #53), the count is not, and TakeChanges still
+// returns each change once.
+TEST(ControllerTest, TheRecordOfChangesIsBounded) {
+  Controller c(Options(ControllerMode::kGoodput));
+  constexpr int kChanges = 10000;
+  for (int i = 0; i < kChanges; ++i) c.Set(i % 2 == 0 ? 4 : 8, i, false);
+  EXPECT_EQ(c.status().num_changes, static_cast<uint64_t>(kChanges));
+  ASSERT_EQ(c.changes().size(), Controller::kKeptChanges);
+  EXPECT_EQ(c.changes().back().time_s, kChanges - 1);
+  const std::vector<CapChange> taken = c.TakeChanges();
+  ASSERT_EQ(taken.size(), Controller::kKeptChanges);  // of more than it keeps, the latest
+  EXPECT_EQ(taken.front().time_s, kChanges - static_cast<double>(Controller::kKeptChanges));
+  EXPECT_TRUE(c.TakeChanges().empty());
+  c.Set(16, kChanges, false);
+  const std::vector<CapChange> next = c.TakeChanges();
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].to, 16);
+  EXPECT_EQ(c.changes().size(), Controller::kKeptChanges);
+}
+
 TEST(ControllerTest, WithoutTargetsTheCapStaysAtItsBound) {
   for (ControllerMode mode : {ControllerMode::kGoodput, ControllerMode::kLoadLevel}) {
     SCOPED_TRACE(ControllerModeName(mode));

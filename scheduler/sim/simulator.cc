@@ -100,7 +100,6 @@ class Simulation {
     result_.sim_s = now_;
     result_.num_steps = core_.num_steps();
     result_.num_preemptions = core_.num_preemptions();
-    result_.changes = controller_.changes();
     if (options_.closed_loop_concurrency <= 0) result_.steady_end_s = now_;
     return std::move(result_);
   }
@@ -132,6 +131,7 @@ class Simulation {
   bool RunStep() {
     const int32_t cap = controller_.Step(Observe());
     if (cap != result_.caps.back().num_seqs) result_.caps.push_back({now_, cap});
+    for (scheduler::CapChange& c : controller_.TakeChanges()) result_.changes.push_back(std::move(c));
     const scheduler::Budget budget{cap, options_.scheduler.max_num_batched_tokens};
     const scheduler::StepPlan plan = core_.Plan(budget, ToTimePoint(now_));
     // First schedulings: the prompt tokens the cache held, for the controller (TTFT counts from the
