@@ -148,6 +148,10 @@ def test_nvml_series_where_the_driver_library_loads(tiny_model, tmp_path):
         log.close()
 
 
-def test_this_machine_nvml_state_is_known():
-    # Documents which branch test_every_service_exports_exactly_the_catalogue took.
-    print("NVML present:", nvml_present())
+def test_the_worker_sees_the_gpus_this_machine_has(stack):
+    """The worker's device series name a GPU exactly when this machine's NVIDIA driver library loads
+    and counts one (issue #53: this test only printed which case the machine was)."""
+    families = scrape(stack.metrics_urls()["worker-0"])
+    devices = {s.labels["device"] for s in families["ferry_worker_device_memory_total_bytes"].samples}
+    assert "cpu" in devices
+    assert any(d.startswith("gpu") for d in devices) == nvml_present(), devices
