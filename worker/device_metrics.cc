@@ -5,35 +5,48 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
 namespace ferry::worker {
 
-BusyWindow::BusyWindow(Clock::duration window, Clock::time_point start) : window_(window) {
+BusyWindow::BusyWindow(Clock::duration window, Clock::time_point start) : window_(window), last_(start) {
   points_.emplace_back(start, Clock::duration{0});
 }
 
+// Every time comes from the steady clock, read under DeviceMetrics' lock, so each is at or after
+// the one before: no interval is negative and the busy time in a window never exceeds it. A time
+// that goes back is a caller's bug, reported, not clamped away (issue #53: the clamps that stood
+// here made the catalogue test's [0, 1] bound on the ratio one that could not fail).
+void BusyWindow::Advance(Clock::time_point t) {
+  if (t < last_) throw std::logic_error("BusyWindow: a time before the previous one");
+  last_ = t;
+}
+
 void BusyWindow::Begin(Clock::time_point t) {
+  Advance(t);
   if (!begun_) begun_ = t;
 }
 
 void BusyWindow::End(Clock::time_point t) {
+  Advance(t);
   if (!begun_) return;
-  busy_ += std::max(Clock::duration{0}, t - *begun_);
+  busy_ += t - *begun_;
   begun_.reset();
 }
 
 double BusyWindow::Ratio(Clock::time_point now) {
-  const Clock::duration busy = busy_ + (begun_ ? std::max(Clock::duration{0}, now - *begun_) : Clock::duration{0});
+  Advance(now);
+  const Clock::duration busy = busy_ + (begun_ ? now - *begun_ : Clock::duration{0});
   points_.emplace_back(now, busy);
   // Keep the newest point at or before now - window as the base: the ratio covers at least the window.
   while (points_.size() > 2 && points_[1].first <= now - window_) points_.pop_front();
   const auto& [since, busy_then] = points_.front();
   const auto elapsed = std::chrono::duration<double>(now - since).count();
   if (elapsed <= 0) return 0;
-  return std::clamp(std::chrono::duration<double>(busy - busy_then).count() / elapsed, 0.0, 1.0);
+  return std::chrono::duration<double>(busy - busy_then).count() / elapsed;
 }
 
 uint64_t ResidentBytes() {

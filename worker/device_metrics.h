@@ -39,11 +39,14 @@ class BusyWindow {
   // The ratio over about the last window (at least window, at most window plus the gap between
   // two calls), in [0, 1]. Each call records a point the next calls measure from.
   double Ratio(Clock::time_point now);
+  // Each call's time must be at or after the previous call's (and the start): std::logic_error.
 
  private:
+  void Advance(Clock::time_point t);
   Clock::duration window_;
   Clock::duration busy_{0};  // steps that ended
   std::optional<Clock::time_point> begun_;
+  Clock::time_point last_;  // the latest time given
   std::deque<std::pair<Clock::time_point, Clock::duration>> points_;  // (time, busy until then)
 };
 

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "worker/nvml.h"
 
 namespace ferry::worker {
@@ -54,6 +56,19 @@ TEST(BusyWindowTest, EndWithoutBeginAndRepeatedBeginAreHarmless) {
   busy.Begin(t0 + seconds(3));  // the first Begin stands
   busy.End(t0 + seconds(4));
   EXPECT_DOUBLE_EQ(busy.Ratio(t0 + seconds(4)), 0.5);
+}
+
+// The times come from one steady clock under a lock: a time that goes back is a bug, reported,
+// not clamped (issue #53: a busy interval was clamped at 0 and the ratio to [0, 1]).
+TEST(BusyWindowTest, ATimeThatGoesBackIsAnError) {
+  const Clock::time_point t0{};
+  BusyWindow busy(seconds(10), t0 + seconds(1));
+  EXPECT_THROW(busy.Begin(t0), std::logic_error);  // before the start
+  busy.Begin(t0 + seconds(4));
+  EXPECT_THROW(busy.End(t0 + seconds(3)), std::logic_error);  // ends before it began
+  busy.End(t0 + seconds(6));
+  EXPECT_DOUBLE_EQ(busy.Ratio(t0 + seconds(9)), 0.25);  // 2 s of 8
+  EXPECT_THROW(busy.Ratio(t0 + seconds(8)), std::logic_error);
 }
 
 // Every sample of the registry as "name{labels}" -> value.

@@ -84,13 +84,17 @@ void Worker(Shared& s, GenerationClient& client) {
       ++s.progress.num_not_sent;  // status stays NOT_SENT
       continue;
     }
-    const Clock::time_point due = s.start + std::chrono::duration_cast<Clock::duration>(
+    // Rounded up to a tick: never before the schedule's time (a truncating cast put it up to a tick
+    // early, and the lag below came out negative by that; the report clamped it at 0).
+    const Clock::time_point due = s.start + std::chrono::ceil<Clock::duration>(
                                                 std::chrono::duration<double>(request.arrival_s));
     std::this_thread::sleep_until(due);
     // The timer can wake us before this thread's clock reads `due` (on this VM the clock read
     // lags by up to a tick): wait for the clock too, so a request is never sent early by it.
     while (Clock::now() < due) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    result.send_s = Since(s.start);
+    const Clock::time_point sent = Clock::now();
+    result.send_s = std::chrono::duration<double>(sent - s.start).count();
+    result.send_lag_s = std::chrono::duration<double>(sent - due).count();  // >= 0: the loop above
     if (limit > 0 && result.send_s >= limit) {
       ++s.progress.num_not_sent;
       continue;

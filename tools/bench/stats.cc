@@ -68,10 +68,10 @@ void ParseSloEntry(const std::string& text, SloSpec& slo) {
 
 bool MeetsSlo(const RequestResult& r, const SloSpec& slo) {
   if (!r.is_success()) return false;
-  // As vLLM: a request with one output token has TPOT 0 for goodput.
-  const double tpot = std::max(0.0, TpotSeconds(r));
+  // -1: no TPOT (one output token, which vLLM's goodput counts as TPOT 0, or no stream to time).
+  const double tpot = TpotSeconds(r);
   if (slo.ttft_ms > 0 && !(TtftSeconds(r) >= 0 && TtftSeconds(r) * 1e3 <= slo.ttft_ms)) return false;
-  if (slo.tpot_ms > 0 && tpot * 1e3 > slo.tpot_ms) return false;
+  if (slo.tpot_ms > 0 && tpot >= 0 && tpot * 1e3 > slo.tpot_ms) return false;
   if (slo.e2el_ms > 0 && r.e2e_s * 1e3 > slo.e2el_ms) return false;
   return true;
 }
@@ -106,7 +106,7 @@ void SummarizeSchedule(const std::vector<RequestResult>& results, RunSummary& s)
   for (const RequestResult& r : results) {
     if (!r.is_sent()) continue;
     sends.push_back(r.send_s);
-    lags.push_back(std::max(0.0, r.send_s - r.scheduled_s));
+    lags.push_back(r.send_lag_s);
   }
   if (sends.size() >= 2) {
     const auto [lo, hi] = std::minmax_element(sends.begin(), sends.end());

@@ -31,6 +31,9 @@ struct RequestResult {
   std::string error;                    // the server's or transport's message, for failures
   double scheduled_s = 0;               // due time, from the start of the run
   double send_s = 0;                    // when it was sent, from the start of the run
+  // send_s - scheduled_s, measured in the clock's integer ticks from the due time rounded up to a
+  // tick (runner.cc), so never negative: the difference of the two doubles can be, by their rounding.
+  double send_lag_s = 0;
   std::vector<double> chunk_s;          // each content chunk's arrival, seconds after sending
   double e2e_s = 0;                     // seconds from sending to the last content chunk
   int32_t prompt_tokens = 0;            // as the server counted them (planned ids when it did not say)
