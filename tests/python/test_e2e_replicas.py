@@ -91,6 +91,9 @@ def test_killing_a_replica_mid_load(replicas, ferry_pb):
         later = list(pool.map(one, range(100, 132)))
     outcomes = [r[0] for r in results]
     assert set(outcomes) <= {"ok", grpc.StatusCode.UNAVAILABLE}, outcomes
+    # Both replicas were serving when one died: the survivor's share finishes (this test passed when
+    # every request failed, issue #53).
+    assert outcomes.count("ok") > 0, outcomes
     for r in results:
         if r[0] == "ok":
             assert r[1] == ferry_pb.gen.FINISH_REASON_LENGTH and r[2] == 60, r
