@@ -33,6 +33,7 @@ struct Flags {
   bool async_scheduling = true;       // plan step N+1 while the workers run step N
   int aging_interval_ms = 0;
   int debug_leak_kv_every = 0;
+  int64_t debug_leak_bytes_per_request = 0;
   std::vector<std::string> lane_reservations;
   std::vector<std::string> lane_ttft;
   int max_num_batched_tokens = 8192;
@@ -83,6 +84,11 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--debug-leak-kv-every", f.debug_leak_kv_every,
                  "Test only: every Nth finished request keeps its KV blocks for good (the soak test's leaky "
                  "control, scripts/soak.sh; 0: off)")
+      ->group("Testing");
+  app.add_option("--debug-leak-bytes-per-request", f.debug_leak_bytes_per_request,
+                 "Test only: every finished request leaves this many bytes of resident heap behind (the soak "
+                 "test's leaky control for its RSS criterion; 0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->group("Testing");
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "Most tokens computed in one step")
       ->check(CLI::Range(1, 1 << 24));
@@ -158,6 +164,7 @@ ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1
   SetLaneTtft(flags, config);
   config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   config.debug_leak_kv_every = flags.debug_leak_kv_every;
+  config.debug_leak_bytes_per_request = flags.debug_leak_bytes_per_request;
   config.lane_reservations = ParseReservations(flags.lane_reservations);
   return config;
 }

@@ -34,6 +34,7 @@ struct SchedulerState {
   uint64_t num_prefix_cache_hits = 0;     // of those, blocks reused from the cache
   uint64_t num_retired = 0;
   std::vector<KvLease> debug_leaked;      // config.debug_leak_kv_every's leases (after `blocks`)
+  std::vector<std::vector<char>> debug_leaked_bytes;  // config.debug_leak_bytes_per_request's
 };
 
 // Service order among running sequences: higher effective priority first, then

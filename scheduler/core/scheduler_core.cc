@@ -122,6 +122,10 @@ const SchedulerConfig& Validated(const SchedulerConfig& config) {
   ValidateLaneTtft(config);
   RequirePositive("max_step_sent_tokens", config.max_step_sent_tokens);
   RequireNonNegative("debug_leak_kv_every", config.debug_leak_kv_every);
+  if (config.debug_leak_bytes_per_request < 0 || config.debug_leak_bytes_per_request > (int64_t{1} << 30)) {
+    throw std::invalid_argument("debug_leak_bytes_per_request = " + Num(config.debug_leak_bytes_per_request) +
+                                ", must be in [0, 2^30]");
+  }
   if (config.max_model_len > config.max_step_sent_tokens) {
     throw std::invalid_argument("max_model_len = " + Num(config.max_model_len) +
                                 " exceeds max_step_sent_tokens = " + Num(config.max_step_sent_tokens) +
@@ -515,6 +519,9 @@ void SchedulerCore::Retire(Sequence& seq) {
   ++state_.num_retired;
   if (leak_every > 0 && state_.num_retired % leak_every == 0 && seq.lease.num_blocks() > 0) {
     state_.debug_leaked.push_back(std::move(seq.lease));
+  }
+  if (const int64_t bytes = state_.config.debug_leak_bytes_per_request; bytes > 0) {
+    state_.debug_leaked_bytes.emplace_back(static_cast<size_t>(bytes), '\1');  // written: resident
   }
   state_.sequences.erase(seq.spec.seq_id);  // the lease returns its blocks here
 }

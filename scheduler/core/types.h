@@ -74,6 +74,10 @@ struct SchedulerConfig {
   // Test only (--debug-leak-kv-every): every Nth sequence retired keeps its KV blocks for good.
   // The soak test's leaky control (scripts/soak.sh), which must make it fail. 0: off.
   int32_t debug_leak_kv_every = 0;
+  // Test only (--debug-leak-bytes-per-request): every sequence retired leaves this many bytes of
+  // heap behind, written so that they are resident. The soak's negative control for its RSS
+  // criterion (scripts/soak.sh), which must make it fail. 0: off.
+  int64_t debug_leak_bytes_per_request = 0;
 };
 
 // Per-step limits; passed to every Plan so a controller can change them per step.

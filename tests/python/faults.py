@@ -79,9 +79,40 @@ def requests_mix(pb, n_greedy, n_seeded, max_tokens, lane=""):
     return out
 
 
-def run_streams(gateway, pb, requests, timeout_s=300):
+class StreamProgress:
+    """What run_streams delivered so far: every token's arrival, by request, for a fault injector that
+    waits for a share of the run and for a test that checks where its faults landed."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.num_tokens = 0
+        self.arrivals = {}  # request id -> [time.monotonic() of each token]
+
+    def add(self, request_id, n):
+        now = time.monotonic()
+        with self.lock:
+            self.num_tokens += n
+            self.arrivals.setdefault(request_id, []).extend([now] * n)
+
+    def wait_for(self, num_tokens, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.num_tokens >= num_tokens:
+                    return
+            time.sleep(0.005)
+        raise AssertionError(f"{self.num_tokens} tokens delivered, waited for {num_tokens}")
+
+    def straddling(self, before, after):
+        """Requests that had tokens delivered before monotonic time `before` and after `after` (a fault
+        sent between the two landed mid-stream for them)."""
+        with self.lock:
+            return [rid for rid, times in self.arrivals.items() if times[0] < before and times[-1] > after]
+
+
+def run_streams(gateway, pb, requests, timeout_s=300, progress=None):
     """Streams every request at once; returns {request_id: (token ids, finish reason, status code, status
-    details, trailing metadata)} once all have ended."""
+    details, trailing metadata)} once all have ended. `progress` (a StreamProgress) sees each chunk."""
     channel = grpc.insecure_channel(gateway)
     stub = pb.gen_grpc.GenerationStub(channel)
     results, lock = {}, threading.Lock()
@@ -92,6 +123,8 @@ def run_streams(gateway, pb, requests, timeout_s=300):
         try:
             for chunk in call:
                 tokens += chunk.token_ids
+                if progress is not None and chunk.token_ids:
+                    progress.add(request.request_id, len(chunk.token_ids))
                 reason = chunk.finish_reason or reason
         except grpc.RpcError as e:
             code, details = e.code(), e.details()

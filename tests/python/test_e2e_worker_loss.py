@@ -1,9 +1,12 @@
 """A lost worker is a pause, not a loss (#27): the scheduler keeps every request, and once a worker
 is back on the same address (a new incarnation, restarted here as a supervisor would) it resumes
 them by recompute. 64 greedy and 64 seeded-sampled streams on the tiny model (the 0.5B shape takes
-minutes on 2 cores: docs/benchmarks/recovery.md has that run) with the worker killed at three random
-points end with their normal finish and exactly the tokens of a run without faults; no KV block is
-held afterwards and the stack serves on."""
+minutes on 2 cores: docs/benchmarks/recovery.md has that run) with the worker killed three times
+mid-stream end with their normal finish and exactly the tokens of a run without faults; no KV block
+is held afterwards and the stack serves on. The kills land at seeded shares of the run's tokens
+(FERRY_FAULT_SEED), and each is asserted to have landed mid-stream: streams had tokens delivered
+before it and after it (issue #53: the kills were at unseeded times, and a late one could fall after
+every stream had ended)."""
 import json
 import os
 import random
@@ -17,7 +20,7 @@ import grpc
 import pytest
 
 from conftest import binary
-from faults import Proc, requests_mix, run_streams, scrape, wait_metric, wait_serving
+from faults import Proc, StreamProgress, requests_mix, run_streams, scrape, wait_metric, wait_serving
 
 # Above the longest step: the 0.5B shape's prefill of 8,192 batched tokens takes over 10 s on 2 cores.
 STEP_TIMEOUT_S = int(os.environ.get("FERRY_FAULT_STEP_TIMEOUT_S", "10"))
@@ -51,16 +54,6 @@ def services(tiny_model, tmp_path):
         log.close()
 
 
-def kill_and_restart(worker, scheduler_metrics, at_s, losses_before):
-    time.sleep(at_s)
-    worker.kill(signal.SIGKILL)
-    worker.start()
-    # The scheduler notices (its stream broke), waits, and resumes on the new incarnation.
-    wait_metric(scheduler_metrics, 'ferry_scheduler_worker_losses_total{reason="disconnected"}',
-                lambda v: v >= losses_before + 1, timeout_s=300)
-    wait_metric(scheduler_metrics, "ferry_scheduler_worker_recovering", lambda v: v == 0, timeout_s=300)
-
-
 def test_worker_killed_three_times_every_stream_ends_as_without_faults(services, ferry_pb):
     gateway, scheduler, worker = services["gateway"], services["scheduler"], services["worker"]
     # The batch lane: its 1-hour deadline leaves the 0.5B shape's long runs on 2 cores alone.
@@ -71,28 +64,42 @@ def test_worker_killed_three_times_every_stream_ends_as_without_faults(services,
     for rid, (tokens, reason, code, details, _) in expected.items():
         assert code == grpc.StatusCode.OK and reason == ferry_pb.gen.FINISH_REASON_LENGTH, (rid, code, details)
 
-    seed = random.randrange(1 << 30)
+    seed = int(os.environ.get("FERRY_FAULT_SEED", "53"))
     rng = random.Random(seed)
+    total = sum(len(r[0]) for r in expected.values())
+    # Three kills at seeded shares of the run's tokens, in order, each before the streams are 85% done.
+    shares = sorted(rng.uniform(0.1, 0.85) for _ in range(3))
+    progress = StreamProgress()
     faults_done = []
 
     def faults():
-        for i in range(3):  # each at a random point of what is left of the run
-            kill_and_restart(worker, scheduler.metrics_port, rng.uniform(0.05, 0.3) * fault_free_s, i)
-            faults_done.append(time.time())
+        for i, share in enumerate(shares):
+            progress.wait_for(int(share * total), timeout_s=600)
+            before = time.monotonic()
+            worker.kill(signal.SIGKILL)
+            after = time.monotonic()
+            worker.start()
+            wait_metric(scheduler.metrics_port, 'ferry_scheduler_worker_losses_total{reason="disconnected"}',
+                        lambda v: v >= i + 1, timeout_s=300)
+            wait_metric(scheduler.metrics_port, "ferry_scheduler_worker_recovering", lambda v: v == 0, timeout_s=300)
+            faults_done.append((before, after))
 
     injector = threading.Thread(target=faults)
     injector.start()
-    got = run_streams(gateway.address, ferry_pb, requests, timeout_s=1800)
+    got = run_streams(gateway.address, ferry_pb, requests, timeout_s=1800, progress=progress)
     injector.join(600)
     assert len(faults_done) == 3, f"seed {seed}: the faults did not all land"
+    for i, (before, after) in enumerate(faults_done):
+        # Landed mid-stream: some requests had tokens delivered before the kill and after it.
+        assert progress.straddling(before, after), f"seed {seed}: kill {i} at share {shares[i]:.2f} hit no stream"
     for rid, (tokens, reason, code, details, _) in got.items():
         assert code == grpc.StatusCode.OK, f"seed {seed}: {rid} ended {code} {details}"
         assert reason == expected[rid][1], f"seed {seed}: {rid}"
         assert tokens == expected[rid][0], f"seed {seed}: {rid} tokens differ from the fault-free run"
 
     m = scrape(scheduler.metrics_port)
-    print(f"seed {seed}: fault-free run {fault_free_s:.1f} s; resumed "
-          f"{m['ferry_scheduler_requests_resumed_total']:.0f} requests over 3 losses")
+    print(f"seed {seed}: fault-free run {fault_free_s:.1f} s; kills at {[round(x, 2) for x in shares]} of the "
+          f"tokens; resumed {m['ferry_scheduler_requests_resumed_total']:.0f} requests over 3 losses")
     assert m['ferry_scheduler_worker_losses_total{reason="disconnected"}'] == 3
     assert m['ferry_scheduler_worker_restarts_total{rank="0"}'] == 3
     assert m["ferry_scheduler_requests_resumed_total"] > 0

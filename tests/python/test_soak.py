@@ -1,10 +1,14 @@
 """scripts/soak.sh's checker on a short run (#29): the tiny model under open-loop load at 70% of
-its measured capacity with cancels and expiring deadlines passes; the same run with the leaky
-control (the scheduler keeps the KV blocks of every 50th finished request) fails it, on the KV
-cache not returning to idle. (The 30-minute run on the 0.5B shape is by hand: docs/testing.md.)"""
+its measured capacity with cancels and expiring deadlines passes; the same run with either leaky
+control fails it: the scheduler keeping the KV blocks of every 50th finished request (the KV cache
+does not return to idle), or leaving 1 MiB of resident heap per finished request (its RSS grows
+past the limit; issue #53: the RSS criterion had no negative control). (The 30-minute run on the
+0.5B shape is by hand: docs/testing.md, which states the RSS criterion's sensitivity.)"""
 import json
 import subprocess
 import sys
+
+import pytest
 
 from conftest import BUILD, REPO, build_sanitizers
 
@@ -39,3 +43,14 @@ def test_the_leaky_control_fails_it(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert not r["passed"]
     assert any(f.startswith("KV cache usage") for f in r["failures"]), r["failures"]
+
+
+def test_the_rss_leaky_control_fails_it(tmp_path):
+    if "address" in build_sanitizers():
+        pytest.skip("under ASan the RSS criterion is off (see test_a_clean_run_passes)")
+    done, r = soak(tmp_path, "--scheduler-arg=--debug-leak-bytes-per-request=1048576")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert not r["passed"]
+    assert any(f.startswith("scheduler: RSS grew") for f in r["failures"]), r["failures"]
+    # Only the scheduler leaks, and what it leaked is what the criterion saw: a request's MiB each.
+    assert not any(f.startswith(("gateway:", "worker")) for f in r["failures"]), r["failures"]
