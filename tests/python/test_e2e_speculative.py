@@ -74,10 +74,32 @@ def test_seeded_sampling_equal_plain_and_per_request_count(spec_stack, ferry_pb)
     sampling = dict(temperature=0.8, top_p=0.9, seed=42)
     off = ferry_pb.gen.SpeculativeDecoding(method="none")
     many = ferry_pb.gen.SpeculativeDecoding(method="ngram", num_speculative_tokens=15)
+    before = spec_counts(spec_stack)
     for p in PROMPTS:
         plain = generate(stub, ferry_pb, p, off, **sampling)
         assert generate(stub, ferry_pb, p, **sampling) == plain
         assert generate(stub, ferry_pb, p, many, **sampling) == plain
+    after = spec_counts(spec_stack)
+    # Speculation did something under sampling: drafts were made and some accepted (issue #53: this test
+    # passed with speculation doing nothing).
+    assert after["draft"] > before["draft"], (before, after)
+    assert after["accepted"] > before["accepted"], (before, after)
+
+
+def test_seeded_requests_batched_with_distinct_seeds_equal_each_decoded_alone(spec_stack, ferry_pb):
+    """A mixed batch: every request its own seed, half speculating, all at once; each equals itself decoded
+    alone without speculation (issue #53: seeded top-p was compared only at the same batch composition)."""
+    stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
+    off = ferry_pb.gen.SpeculativeDecoding(method="none")
+    prompts = PROMPTS + PREFIXED
+    cases = [(prompts[i % len(prompts)], 100 + i, None if i % 2 else off) for i in range(2 * len(prompts))]
+    alone = [generate(stub, ferry_pb, p, off, temperature=0.8, top_p=0.9, seed=seed) for p, seed, _ in cases]
+    before = spec_counts(spec_stack)
+    with ThreadPoolExecutor(len(cases)) as pool:
+        batched = list(pool.map(lambda c: generate(stub, ferry_pb, c[0], c[2], temperature=0.8, top_p=0.9,
+                                                   seed=c[1]), cases))
+    assert batched == alone
+    assert spec_counts(spec_stack)["accepted"] > before["accepted"]
 
 
 def test_bad_values_are_refused_naming_the_field(spec_stack, ferry_pb):
