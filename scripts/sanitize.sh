@@ -17,7 +17,7 @@
 # --skip-slow: asan builds and runs everything but ASAN_SLOW (their code paths are the short
 #       tests' own); --slow-only runs just ASAN_SLOW, one at a time and with no time limit
 #       (tests/sanitizers/run_without_timeout.py), over an hour here.
-# --quick: a subset to run by hand before a commit (README, "Testing"; .ci/run runs no sanitizer:
+# --quick: a subset to run by hand before a commit (docs/testing.md, "Sanitizers"; .ci/run runs no sanitizer:
 #       they do not fit its budget from a cold build): asan builds only the parser, scheduler-core
 #       and worker-service tests (skipping the minutes-long randomised/simulator ones) and the
 #       services, and runs four end-to-end files (E2E_QUICK); tsan unchanged.
