@@ -262,6 +262,8 @@ class Controller {
   // The step-time model to plan with now (updates last_fit_); the tokens'
   // share of the mean step when nothing could be fitted yet.
   StepFit CurrentFit(double seconds_per_token);
+  // CurrentFit over the window's steps; empty before a step with tokens.
+  std::optional<StepFit> FitOfTheWindow();
   bool UsesModel() const {
     return options_.mode == ControllerMode::kGoodput || options_.mode == ControllerMode::kLoadLevel;
   }

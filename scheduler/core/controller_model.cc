@@ -28,15 +28,21 @@ StepFit Controller::CurrentFit(double seconds_per_token) {
   return last_fit_ ? *last_fit_ : StepFit{0, 0, seconds_per_token};
 }
 
+std::optional<StepFit> Controller::FitOfTheWindow() {
+  const double step_mean = steps_.RecentMean(steps_.size());
+  const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
+  if (step_mean <= 0 || tokens_per_step <= 0) return std::nullopt;
+  return CurrentFit(step_mean / tokens_per_step);
+}
+
 std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs) {
   const GoodputOptions& g = options_.goodput;
   const SloOptions& o = options_.slo;
   if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return std::nullopt;
-  const double step_mean = steps_.RecentMean(steps_.size());
-  const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
-  if (step_mean <= 0 || tokens_per_step <= 0) return std::nullopt;
+  const std::optional<StepFit> fit = FitOfTheWindow();
+  if (!fit) return std::nullopt;
   PlannerInputs in;
-  in.step = CurrentFit(step_mean / tokens_per_step);
+  in.step = *fit;
   double out_sum = 0;
   for (const TimedValue& v : outputs_) out_sum += v.value;
   in.output_tokens = std::max(1.0, out_sum / static_cast<double>(outputs_.size()));
@@ -123,10 +129,9 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
 // and nothing changes.
 void Controller::ColdStartBound(const StepObservation& obs) {
   if (!options_.slo.targets_stated || options_.slo.tpot_target_s <= 0) return;
-  const double step_mean = steps_.RecentMean(steps_.size());
-  const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
-  if (step_mean <= 0 || tokens_per_step <= 0) return;
-  const StepFit fit = CurrentFit(step_mean / tokens_per_step);
+  const std::optional<StepFit> fitted = FitOfTheWindow();
+  if (!fitted) return;
+  const StepFit& fit = *fitted;
   if (fit.fixed_s <= 0 && fit.per_seq_s <= 0) return;  // the tokens' share: no step cost per sequence known yet
   last_adjust_s_ = obs.now_s;
   int32_t cap = num_seqs_;

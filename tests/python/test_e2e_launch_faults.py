@@ -7,29 +7,15 @@ stack mid-stream). The faults go through scripts/chaos.sh, as a person would run
   ends (a scheduler's death still fails the started ones, UNAVAILABLE with a retry hint, until the gateway
   resumes them), and the stack serves again.
 - The gateway killed: its streams end, nothing is left running behind it, and the restarted gateway serves."""
-import json
-import subprocess
 import threading
 import time
 
 import grpc
 
-from conftest import REPO, Stack
+from conftest import Stack
 from faults import StreamProgress, requests_mix, run_streams, scrape
-from test_launch_supervision import pid_alive, serves, stacks, wait_for, wait_for_new_pids  # noqa: F401
-
-CHAOS = REPO / "scripts" / "chaos.sh"
-
-
-def chaos(stack, *args, timeout=120):
-    out = subprocess.run(["bash", str(CHAOS), str(stack.ready_file), *map(str, args)], capture_output=True,
-                         text=True, timeout=timeout)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def state(stack):
-    return json.loads(stack.ready_file.read_text())
+from test_launch_supervision import (chaos, pid_alive, serves, stacks, state, wait_for,  # noqa: F401
+                                     wait_for_new_pids)
 
 
 def test_the_only_worker_killed_mid_stream_is_a_pause(tiny_model, tmp_path, ferry_pb, stacks):
