@@ -70,7 +70,13 @@ struct GatewayMetrics {
         finished(prometheus::BuildCounter().Name("ferry_gateway_requests_finished_total")
                      .Help("Requests that ended with a finish reason, by lane and reason").Register(r)),
         in_flight(prometheus::BuildGauge().Name("ferry_gateway_requests_in_flight")
-                      .Help("Requests being served, by lane and state (waiting: not yet scheduled)").Register(r)) {
+                      .Help("Requests being served, by lane and state (waiting: not yet scheduled)").Register(r)),
+        migrations(prometheus::BuildCounter().Name("ferry_gateway_migrations_total")
+                       .Help("Started requests whose scheduler was lost: resumed elsewhere, or ended past "
+                             "--migration-limit")
+                       .Register(r)),
+        resumed(migrations.Add({{"outcome", "resumed"}})),
+        migration_limit(migrations.Add({{"outcome", "limit"}})) {
     for (const Lane& lane : lanes.lanes()) AddLane(lane.name);
   }
 
@@ -90,6 +96,9 @@ struct GatewayMetrics {
   prometheus::Family<prometheus::Counter>& tokens;
   prometheus::Family<prometheus::Counter>& finished;
   prometheus::Family<prometheus::Gauge>& in_flight;
+  prometheus::Family<prometheus::Counter>& migrations;
+  prometheus::Counter& resumed;
+  prometheus::Counter& migration_limit;
   std::map<std::string, LaneSeries> by_lane;  // filled once, read-only afterwards
 
  private:

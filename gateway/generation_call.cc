@@ -104,11 +104,17 @@ ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& ev
     first_prompt_token = -1;
   }
   for (const auto& lp : event.prompt_logprobs()) {
+    if (prompt_logprobs_to_skip > 0) {  // sent before a resume
+      --prompt_logprobs_to_skip;
+      continue;
+    }
+    ++prompt_logprobs_seen;
     AddDecoded(lp, lp.token_id(), tokenizer, chunk.add_prompt_logprobs());
   }
   for (int i = 0; i < event.token_ids_size(); ++i) {
     const int32_t token = event.token_ids(i);
     chunk.add_token_ids(token);
+    token_ids.push_back(token);
     if (i < event.logprobs_size()) AddDecoded(event.logprobs(i), token, tokenizer, chunk.add_logprobs());
     ++completion_tokens;
     chunk.mutable_text()->append(text.Add(token));
@@ -189,6 +195,11 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
   NewProgress();
   prefix_key_ = PrefixKey(v.submit.prompt_token_ids());
   cost_ = v.submit.prompt_token_ids_size() + v.submit.sampling().max_tokens();
+  waiting_since_ = admitted_->arrival;
+  deadline_ = hooks_.deadline;
+  if (const int64_t ms = v.lane_rules.default_deadline_ms; ms > 0) {
+    deadline_ = std::min(deadline_, std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+  }
   StartAttempt();
 }
 
@@ -207,24 +218,22 @@ void GenerationCall::StartAttempt() {
   ReplicaRouter& router = context_.scheduler.router();
   replica_ = router.Choose(prefix_key_, tried_);
   if (!replica_) return WaitForReplica();
-  auto deadline = hooks_.deadline;
-  if (const int64_t ms = admitted_->v.lane_rules.default_deadline_ms; ms > 0) {
-    deadline = std::min(deadline, std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
-  }
   router.replica(*replica_).outstanding_tokens += cost_;
-  attempt_ = context_.scheduler.NewStream(*replica_, admitted_->v.submit, deadline, shared_from_this());
+  attempt_started_ = false;
+  attempt_ = context_.scheduler.NewStream(*replica_, admitted_->v.submit, deadline_, shared_from_this());
   if (hooks_.cancel != nullptr) hooks_.cancel->SetStream(attempt_);
   attempt_->Start();
 }
 
 void GenerationCall::WaitForReplica() {
   const auto delay = std::chrono::milliseconds(std::min<int64_t>(2000, int64_t{250} << std::min(replica_waits_, 3)));
-  const int64_t queue_ms = admitted_->v.lane_rules.queue_timeout_ms;
+  // A started request was admitted long ago: its lane's queue timeout no longer bounds it.
+  const int64_t queue_ms = migrations_ == 0 ? admitted_->v.lane_rules.queue_timeout_ms : 0;
   const auto wait_limit = queue_ms > 0 ? std::chrono::milliseconds(queue_ms)
                                        : std::chrono::duration_cast<std::chrono::milliseconds>(kMaxReplicaWait);
-  const bool in_time = Clock::now() + delay < admitted_->arrival + wait_limit &&
-                       std::chrono::system_clock::now() + delay < hooks_.deadline;
-  // A job (one attempt) fails with its replica; a client that left is not waited for; and a replica
+  const bool in_time = Clock::now() + delay < waiting_since_ + wait_limit &&
+                       std::chrono::system_clock::now() + delay < deadline_;
+  // A caller allowing one attempt fails with its replica; a client that left is not waited for; and a replica
   // that answered UNAVAILABLE itself (draining, or its workers lost past their recovery timeout) is
   // up and has said its say: the request has waited there already.
   const bool refused = !tried_.empty() && last_attempt_status_.from_replica();
@@ -247,6 +256,7 @@ void GenerationCall::WaitForReplica() {
 
 void GenerationCall::OnEvent(const ferry::v1::TokenEvent& event) {
   StreamProgress& progress = *progress_;
+  attempt_started_ = true;
   // The first event says the sequence left the scheduler's queue (it may carry no tokens).
   if (!progress.started) {
     progress.started = true;
@@ -301,25 +311,70 @@ void GenerationCall::OnStreamDone(const Status& status) {
   ReplicaRouter& router = context_.scheduler.router();
   auto& r = router.replica(*replica_);
   r.outstanding_tokens -= cost_;
-  // Retried only while the client has nothing: a sequence the replica had scheduled but that had
-  // sent no output yet is run again from its prompt elsewhere. Its seed is fixed at admission, so
-  // the retry's tokens are the ones the lost attempt would have sent. Its lane place was given
-  // back when it first started.
+  // A request the scheduler lost is not the client's failure. Lost while this attempt generated it,
+  // after output: it migrates (a continuation, bounded by --migration-limit). Lost before this
+  // attempt started it (the replica unreachable, or failing before its first event), or before any
+  // output: it goes to another replica, or to this one once it is back, as it is: its prompt, or
+  // the continuation it already is. Its seed is fixed at admission, so a run from the prompt sends
+  // the tokens the lost attempt would have. Its lane place was given back when it first started.
   const bool ended = progress_->reason != ferry::v1::FINISH_REASON_UNSPECIFIED;  // its final event came
-  if (wrote_any_ || ended || status.error_code() != StatusCode::kUnavailable || hooks_.client_cancelled()) {
+  if (ended || client_gone_ || status.error_code() != StatusCode::kUnavailable || hooks_.client_cancelled()) {
     if (progress_->started) router.Served(*replica_, prefix_key_);
     return Conclude(status);
   }
-  spdlog::warn("req={} scheduler {} unavailable before any output ({}); trying another",
-               admitted_->v.submit.request_id(), r.address, status.error_message());
-  if (progress_->started) {  // back to waiting, as it is
-    lane_series_->running.Decrement();
-    lane_series_->waiting.Increment();
+  if (attempt_started_ && HasOutput()) return Migrate(status);
+  spdlog::warn("req={} scheduler {} unavailable before {} ({}); trying another", admitted_->v.submit.request_id(),
+               r.address, HasOutput() ? "it resumed the request" : "any output", status.error_message());
+  if (!HasOutput()) {
+    if (progress_->started) {  // back to waiting, as it is
+      lane_series_->running.Decrement();
+      lane_series_->waiting.Increment();
+    }
+    NewProgress();
   }
-  NewProgress();
   router.MarkUnhealthy(*replica_);
   tried_.push_back(*replica_);
   last_attempt_status_ = status;
+  StartAttempt();
+}
+
+bool GenerationCall::HasOutput() const {
+  return !progress_->token_ids.empty() || progress_->prompt_logprobs_seen > 0;
+}
+
+// The continuation is the request as admitted plus the tokens it has: the new scheduler computes
+// them with the prompt and samples on from there, its seeded draw at their count, so the tokens
+// after the seam are the ones the lost attempt would have sent. The progress is kept whole: the
+// client's text (held-back stop-string prefixes, an incomplete UTF-8 character), min_tokens and
+// usage go on across the seam, and what was read but not yet written is written as it would have
+// been. Tokens the lost scheduler sent that were never read are not in token_ids: sampled again.
+void GenerationCall::Migrate(const Status& status) {
+  ReplicaRouter& router = context_.scheduler.router();
+  const std::string& id = admitted_->v.submit.request_id();
+  const std::string& address = router.replica(*replica_).address;
+  router.MarkUnhealthy(*replica_);
+  last_attempt_status_ = status;
+  const int32_t limit = context_.options.migration_limit;
+  if (migrations_ >= limit) {
+    context_.metrics.migration_limit.Increment();
+    spdlog::warn("req={} scheduler {} lost after {} tokens; not resumed: --migration-limit {} reached ({})", id,
+                 address, progress_->token_ids.size(), limit, status.error_message());
+    return Conclude(Status(StatusCode::kUnavailable,
+                           fmt::format("scheduler {} lost mid-request after {} resumes (--migration-limit {}): {}",
+                                       address, migrations_, limit, status.error_message()))
+                        .WithRetryAfter(1000));
+  }
+  ++migrations_;
+  context_.metrics.resumed.Increment();
+  spdlog::warn("req={} scheduler {} lost after {} tokens ({}); resuming (migration {} of {})", id, address,
+               progress_->token_ids.size(), status.error_message(), migrations_, limit);
+  ferry::v1::SubmitRequest& submit = admitted_->v.submit;
+  submit.mutable_generated_token_ids()->Assign(progress_->token_ids.begin(), progress_->token_ids.end());
+  submit.set_queue_timeout_ms(0);  // it started long ago: its deadline alone bounds it now
+  progress_->prompt_logprobs_to_skip = progress_->prompt_logprobs_seen;
+  tried_.assign(1, *replica_);
+  replica_waits_ = 0;
+  waiting_since_ = Clock::now();
   StartAttempt();
 }
 

@@ -8,7 +8,8 @@
 // Submit stream (scheduler_client.h; one per attempt). Each event is folded into a chunk and
 // handed to the front's `write` hook; the next event is read only after the front answers with
 // WriteDone, so the client's pace is the stream's flow control. When the stream ends: a replica
-// that failed (UNAVAILABLE) before the client was sent anything is left for another attempt;
+// that failed (UNAVAILABLE) before the request had output is left for another attempt; one lost
+// after it migrates the request (a continuation of the tokens it has, up to --migration-limit);
 // otherwise the call concludes, writes the final chunk (finish reason, usage, timings) and calls
 // `done`.
 //
@@ -41,6 +42,9 @@ struct LaneSeries;
 // Scheduler attempts one request may make: a replica that fails before the client was sent
 // anything is left for another, up to this many in all.
 inline constexpr size_t kMaxSchedulerAttempts = 4;
+// Times one started request may move to another scheduler (or to its own, restarted) when the one
+// generating it is lost (--migration-limit, NVIDIA Dynamo's name).
+inline constexpr int32_t kDefaultMigrationLimit = 3;
 // The longest a request waits for a replica to take it when its lane sets no queue timeout.
 inline constexpr auto kMaxReplicaWait = std::chrono::seconds(30);
 
@@ -50,6 +54,9 @@ struct GatewayOptions {
   // Tokens a streamed chunk waits for before it is written (--stream-interval): the first tokens go
   // at once (time to first token), the last with the finish. 1: whatever each step brought.
   int32_t stream_interval = 1;
+  // A started request whose scheduler is lost resumes elsewhere this many times at most (each
+  // loss one migration); past it the request ends UNAVAILABLE with a retry hint. 0: never.
+  int32_t migration_limit = kDefaultMigrationLimit;
 };
 
 // What the calls of one Generator share (it owns them).
@@ -67,6 +74,12 @@ struct StreamProgress {
   ferry::v1::GenerateChunk final_chunk;  // sent last, with finish reason, usage and timings
   ferry::v1::FinishReason reason = ferry::v1::FINISH_REASON_UNSPECIFIED;
   int completion_tokens = 0;
+  // Every token the scheduler sent, written to the client or not: what a resume continues after.
+  std::vector<int32_t> token_ids;
+  // Prompt logprobs taken so far; after a resume the new scheduler sends them again from the
+  // start, and the first `prompt_logprobs_to_skip` of its are dropped (each is sent once).
+  int32_t prompt_logprobs_seen = 0;
+  int32_t prompt_logprobs_to_skip = 0;
   bool started = false;  // the scheduler has scheduled the sequence
   double queue_s = 0;
   int32_t num_cached_tokens = 0;  // prompt tokens the scheduler found in its prefix cache
@@ -134,6 +147,12 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   std::variant<Status, AdmittedRequest> Admit(ferry::v1::GenerateRequest& request);
   // A fresh StreamProgress for the admitted request (at the start, and for each retry).
   void NewProgress();
+  // Whether the scheduler sent anything (tokens or prompt logprobs): a lost attempt then resumes.
+  bool HasOutput() const;
+  // The current attempt's scheduler was lost after it sent output: the request resumes on another
+  // replica, or on this one once it is back (a continuation: its prompt plus the tokens it has, the
+  // seeded draw going on from their count), while --migration-limit allows.
+  void Migrate(const Status& status);
   // Opens a stream on a healthy replica not tried yet; when none is left, waits for one.
   void StartAttempt();
   // No replica may take the request now (each failed it before any output, or none is up: a
@@ -158,8 +177,15 @@ class GenerationCall final : public StreamReader, public std::enable_shared_from
   int64_t cost_ = 0;  // tokens the replica has outstanding for this request
   std::vector<size_t> tried_;
   int32_t replica_waits_ = 0;  // backoffs so far (WaitForReplica)
+  int32_t migrations_ = 0;     // resumes after a lost scheduler (Migrate)
+  // Since when the request waits for a replica (WaitForReplica's bound): its arrival, or its latest
+  // migration.
+  std::chrono::steady_clock::time_point waiting_since_;
+  // The scheduler's deadline for the request: the client's, or its lane's default from its arrival.
+  std::chrono::system_clock::time_point deadline_;
   std::optional<size_t> replica_;      // of the current attempt
   SchedulerStream* attempt_ = nullptr;  // the current stream; valid until its OnStreamDone
+  bool attempt_started_ = false;        // the current attempt's scheduler sent an event
   bool client_gone_ = false;
   bool wrote_tokens_ = false;        // a chunk with tokens went to the front
   bool wrote_any_ = false;           // a chunk (tokens, text or prompt logprobs) went to the front

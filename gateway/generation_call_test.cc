@@ -45,6 +45,10 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
       if (in.cancels_size() > 0) saw_cancel = true;
       for (const auto& submit : in.submits()) {
         ++submits;
+        {
+          std::lock_guard lock(mu);
+          last_submit = submit.request();
+        }
         if (!refusal.ok()) return refusal;
         for (size_t i = 0; i < events.size(); ++i) {
           if (i > 0) std::this_thread::sleep_for(gap);
@@ -74,6 +78,12 @@ class ScriptedScheduler final : public ferry::v1::Scheduler::Service {
   std::atomic<int> sessions{0};
   std::atomic<int> submits{0};
   std::atomic<bool> saw_cancel{false};
+  std::mutex mu;
+  ferry::v1::SubmitRequest last_submit;  // guarded by mu
+  ferry::v1::SubmitRequest LastSubmit() {
+    std::lock_guard lock(mu);
+    return last_submit;
+  }
 };
 
 struct Server {
@@ -171,9 +181,11 @@ class RecordingFront {
 class GenerationCallTest : public ::testing::Test {
  protected:
   std::unique_ptr<Generator> MakeGenerator(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                                           int32_t stream_interval = 1) {
+                                           int32_t stream_interval = 1,
+                                           int32_t migration_limit = kDefaultMigrationLimit) {
     GatewayOptions options;
     options.stream_interval = stream_interval;
+    options.migration_limit = migration_limit;
     options.limits.max_model_len = 128;
     options.limits.vocab_size = static_cast<int32_t>(TestTokenizer().vocab_size());
     client_ = std::make_shared<CountingClient>(std::move(channels));
@@ -297,16 +309,89 @@ TEST_F(GenerationCallTest, AReplicaLostAfterTheStartButBeforeAnyOutputIsLeftForT
   EXPECT_EQ(front.num_chunks(), 1u);
 }
 
-// Once the client has tokens, a lost replica is the request's failure: what was sent cannot be
-// taken back, so the call ends UNAVAILABLE and no other replica runs it.
-TEST_F(GenerationCallTest, AReplicaLostAfterOutputEndsTheCallUnavailable) {
+// Once the client has tokens, a lost replica's request resumes on the next as a continuation: the
+// prompt as admitted plus every token the client has (the seeded draw, the penalties and max_tokens
+// go on from there at the scheduler), and the client sees one answer, usage counted once.
+TEST_F(GenerationCallTest, AReplicaLostAfterOutputResumesOnTheNextWithTheTokensItHas) {
+  const auto ids = Ids("one two three four");
+  ASSERT_GE(ids.size(), 4u);
+  ScriptedScheduler lost, other;
+  lost.events = {Event({ids[0]}), Event({ids[1]})};
+  lost.gap = 50ms;
+  lost.after_events = grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler lost");
+  other.events = {Event({ids[2]}), Event({ids[3]}, ferry::v1::FINISH_KIND_LENGTH)};
+  Server first(lost), second(other);
+  auto generator = MakeGenerator({first.Channel(), second.Channel()});
+  CallHooks hooks;
+  hooks.client_cancelled = [] { return false; };
+  std::vector<int32_t> seen;
+  std::string text;
+  GenerateChunk last;
+  ferry::v1::GenerateRequest request = Request(4);
+  request.mutable_sampling()->set_seed(77);
+  const Status status = generator->Run(request, hooks, [&](const GenerateChunk& c) {
+    seen.insert(seen.end(), c.token_ids().begin(), c.token_ids().end());
+    text += c.text();
+    last = c;
+    return true;
+  });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(seen, std::vector<int32_t>(ids.begin(), ids.begin() + 4));
+  EXPECT_EQ(text, TestTokenizer().Decode(std::vector<int32_t>(ids.begin(), ids.begin() + 4)));
+  EXPECT_EQ(last.finish_reason(), ferry::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(last.usage().completion_tokens(), 4);
+  const ferry::v1::SubmitRequest resumed = other.LastSubmit();
+  EXPECT_EQ(std::vector<int32_t>(resumed.generated_token_ids().begin(), resumed.generated_token_ids().end()),
+            (std::vector<int32_t>{ids[0], ids[1]}));
+  EXPECT_EQ(resumed.prompt_token_ids_size(), lost.LastSubmit().prompt_token_ids_size());
+  EXPECT_EQ(resumed.sampling().seed(), 77u);
+  EXPECT_EQ(resumed.sampling().max_tokens(), 4);  // the scheduler counts the given tokens
+  EXPECT_EQ(resumed.queue_timeout_ms(), 0);       // started long ago: only its deadline bounds it
+  EXPECT_EQ(lost.LastSubmit().generated_token_ids_size(), 0);
+}
+
+// A stop string whose first part came before the loss and the rest after it ends the text where the
+// uninterrupted request would have: the held-back prefix is the call's, not the scheduler's.
+TEST_F(GenerationCallTest, AStopStringAcrossTheSeamStopsTheText) {
+  const auto ids = Ids("one two three");
+  ASSERT_GE(ids.size(), 3u);
+  ScriptedScheduler lost, other;
+  lost.events = {Event({ids[0]}), Event({ids[1]})};
+  lost.gap = 50ms;
+  lost.after_events = grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler lost");
+  other.events = {Event({ids[2]}), Event({ids[0]}, ferry::v1::FINISH_KIND_LENGTH)};
+  Server first(lost), second(other);
+  auto generator = MakeGenerator({first.Channel(), second.Channel()});
+  const std::string before = TestTokenizer().Decode(std::vector<int32_t>{ids[0]});
+  const std::string seam = TestTokenizer().Decode(std::vector<int32_t>{ids[1], ids[2]});
+  ASSERT_GE(seam.size(), 2u);
+  ferry::v1::GenerateRequest request = Request(8);
+  request.mutable_sampling()->add_stop(seam);  // begins in the lost attempt's tokens, ends in the next
+  CallHooks hooks;
+  hooks.client_cancelled = [] { return false; };
+  std::string text;
+  GenerateChunk last;
+  const Status status = generator->Run(request, hooks, [&](const GenerateChunk& c) {
+    text += c.text();
+    last = c;
+    return true;
+  });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(text, before);
+  EXPECT_EQ(last.finish_reason(), ferry::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(last.usage().completion_tokens(), 3);
+}
+
+// --migration-limit bounds the resumes: with 0 a lost replica ends a started request UNAVAILABLE,
+// with a retry hint, and no other replica runs it.
+TEST_F(GenerationCallTest, PastTheMigrationLimitALostReplicaEndsTheCallUnavailable) {
   ScriptedScheduler lost, other;
   lost.events = {Event({Ids("one")[0]})};
   lost.gap = 50ms;
   lost.after_events = grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler lost");
   other.events = {Event({Ids("two")[0]}, ferry::v1::FINISH_KIND_EOS)};
   Server first(lost), second(other);
-  auto generator = MakeGenerator({first.Channel(), second.Channel()});
+  auto generator = MakeGenerator({first.Channel(), second.Channel()}, 1, /*migration_limit=*/0);
   RecordingFront front;
   auto call = generator->NewCall(front.Hooks());
   call->Start(Request(8));
@@ -315,8 +400,39 @@ TEST_F(GenerationCallTest, AReplicaLostAfterOutputEndsTheCallUnavailable) {
   const auto status = front.WaitDone();
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(status->error_code(), StatusCode::kUnavailable) << status->error_message();
+  EXPECT_NE(status->error_message().find("--migration-limit 0"), std::string::npos) << status->error_message();
+  EXPECT_EQ(status->retry_after_ms(), 1000);
   EXPECT_EQ(other.submits, 0);
   EXPECT_EQ(front.num_chunks(), 1u);
+}
+
+// Each loss is one migration: a request whose every scheduler is lost mid-stream ends after the limit.
+TEST_F(GenerationCallTest, EveryLossCountsAgainstTheMigrationLimit) {
+  const auto ids = Ids("one two three four");
+  std::vector<std::unique_ptr<ScriptedScheduler>> schedulers;
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < 4; ++i) {
+    schedulers.push_back(std::make_unique<ScriptedScheduler>());
+    schedulers.back()->events = {Event({ids[static_cast<size_t>(i)]})};
+    schedulers.back()->gap = 30ms;
+    schedulers.back()->after_events = grpc::Status(grpc::StatusCode::UNAVAILABLE, "scheduler lost");
+    servers.push_back(std::make_unique<Server>(*schedulers.back()));
+    channels.push_back(servers.back()->Channel());
+  }
+  auto generator = MakeGenerator(channels, 1, /*migration_limit=*/2);
+  CallHooks hooks;
+  hooks.client_cancelled = [] { return false; };
+  std::vector<int32_t> seen;
+  const Status status = generator->Run(Request(8), hooks, [&](const GenerateChunk& c) {
+    seen.insert(seen.end(), c.token_ids().begin(), c.token_ids().end());
+    return true;
+  });
+  EXPECT_EQ(status.error_code(), StatusCode::kUnavailable) << status.error_message();
+  EXPECT_EQ(seen.size(), 3u);  // three attempts: the first and two resumes, each one token
+  int submits = 0;
+  for (const auto& s : schedulers) submits += s->submits;
+  EXPECT_EQ(submits, 3);
 }
 
 // Its only scheduler is away (restarting under its supervisor): the request waits in its lane and is

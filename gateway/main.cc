@@ -34,6 +34,7 @@ struct Flags {
   int scheduler_timeout_s = 600;
   int scheduler_connections = 0;  // per replica; 0: one per 4 cores, 2 to 4
   int stream_interval = 1;
+  int migration_limit = ferry::gateway::kDefaultMigrationLimit;
   std::string lanes_file;
   std::string api_keys_file;   // empty: authentication off
   int job_store_size = 1000;   // async jobs kept at most
@@ -68,6 +69,11 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "Tokens a streamed chunk waits for before it is written (the first tokens go at once, the last "
                  "with the finish): larger values trade smoothness for CPU in the gateway and its clients")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--migration-limit", f.migration_limit,
+                 "Times a started request may resume on another scheduler (or its own, restarted) when the one "
+                 "generating it is lost: it continues where it was, its client sees one unbroken answer (0: never; "
+                 "the request then ends UNAVAILABLE)")
+      ->check(CLI::Range(0, 100));
   app.add_option("--lanes-file", f.lanes_file, "Lanes as JSON (default: interactive and batch; see gateway/lanes.h)");
   app.add_option("--api-keys-file", f.api_keys_file, "Tenants and hashed API keys (YAML); absent: auth off");
   app.add_option("--job-store-size", f.job_store_size, "Async jobs kept at most")->check(CLI::PositiveNumber);
@@ -236,6 +242,7 @@ int main(int argc, char** argv) {
     replicas = FirstReplicas(sources, flags.scheduler_timeout_s);
     if (!flags.lanes_file.empty()) options.lanes = ferry::gateway::LaneTable::FromFile(flags.lanes_file);
     options.stream_interval = flags.stream_interval;
+    options.migration_limit = flags.migration_limit;
     options.limits = ModelLimitsFrom(channels(replicas.front()).front(), flags.scheduler_timeout_s);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());

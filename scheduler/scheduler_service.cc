@@ -29,6 +29,7 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   RequestSpec spec;
   spec.request_id = r.request_id();
   spec.prompt.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  spec.generated.assign(r.generated_token_ids().begin(), r.generated_token_ids().end());
   const ferry::v1::SamplingParams& s = r.sampling();
   spec.max_tokens = s.max_tokens();
   spec.sampling = ToSamplingParams(s);

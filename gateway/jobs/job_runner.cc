@@ -87,8 +87,7 @@ void JobRunner::RunOne(const JobTicket& ticket) {
 // call of its own; `cancel` reaches whichever runs.
 Status JobRunner::RunUntilAdmitted(const ferry::v1::GenerateRequest& request, CancelSource& cancel,
                                    const std::atomic<bool>& cancelled, ferry::v1::GenerateResponse& response) {
-  CallHooks hooks;
-  hooks.max_attempts = 1;  // one scheduler attempt: a failed replica fails the job
+  CallHooks hooks;  // a replica lost before or while generating: the job goes on elsewhere, as any call
   hooks.cancel = &cancel;
   hooks.client_cancelled = [&cancelled] { return cancelled.load(); };
   while (true) {

@@ -36,11 +36,14 @@ FinishKind FinishAfter(const Sequence& seq, int32_t token, int32_t pos, int32_t 
 }
 
 // The event of `seq` ending with `kind` (kNone: not ending); a final one carries its account, which
-// the core forgets next.
+// the core forgets next. A resume's earlier tokens were given to it, with the prompt: it generated
+// only the rest (what its events carried).
 SeqEvent EventOf(const Sequence& seq, FinishKind kind) {
   if (kind == FinishKind::kNone) return SeqEvent{.seq_id = seq.spec.seq_id};
+  const auto given = static_cast<int32_t>(seq.spec.generated.size());
   return SeqEvent{.seq_id = seq.spec.seq_id, .finish = kind, .lane = seq.spec.lane, .arrival = seq.spec.arrival,
-                  .num_prompt_tokens = seq.num_prompt_tokens(), .num_generated = seq.num_generated() - seq.num_pending};
+                  .num_prompt_tokens = seq.num_prompt_tokens() + given,
+                  .num_generated = seq.num_generated() - seq.num_pending - given};
 }
 
 void RequireNonNegative(const char* field, int64_t value) {
@@ -184,6 +187,14 @@ std::string SchedulerCore::RequestError(const RequestSpec& request, const Schedu
     return "prompt[" + Num(bad - request.prompt.begin()) + "] = " + Num(*bad) + ", must be >= 0";
   }
   if (request.max_tokens < 1) return "max_tokens = " + Num(request.max_tokens) + ", must be >= 1";
+  if (auto bad = std::find_if(request.generated.begin(), request.generated.end(), [](int32_t t) { return t < 0; });
+      bad != request.generated.end()) {
+    return "generated_token_ids[" + Num(bad - request.generated.begin()) + "] = " + Num(*bad) + ", must be >= 0";
+  }
+  if (static_cast<int64_t>(request.generated.size()) >= request.max_tokens) {
+    return "generated_token_ids (count) = " + Num(static_cast<int64_t>(request.generated.size())) +
+           ", must be < max_tokens = " + Num(request.max_tokens);
+  }
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   if (total > config.max_model_len) {
     return "prompt+max_tokens = " + Num(total) + " exceeds max_model_len = " + Num(config.max_model_len);

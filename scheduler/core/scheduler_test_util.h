@@ -104,6 +104,8 @@ struct Outcome {
   std::vector<int32_t> tokens;  // generated
   FinishKind finish = FinishKind::kNone;
   int num_ends = 0;
+  int32_t num_prompt_tokens = 0;  // the final event's account
+  int32_t num_generated = 0;
 };
 
 // What the request produces when it runs alone, start to finish.
@@ -322,7 +324,11 @@ class Harness {
   void Record(const SeqEvent& e) {
     Outcome& o = outcomes.at(e.seq_id);
     o.tokens.insert(o.tokens.end(), e.new_tokens.begin(), e.new_tokens.end());
-    if (e.finish != FinishKind::kNone) End(e.seq_id, e.finish);
+    if (e.finish != FinishKind::kNone) {
+      o.num_prompt_tokens = e.num_prompt_tokens;
+      o.num_generated = e.num_generated;
+      End(e.seq_id, e.finish);
+    }
   }
 
  private:

@@ -22,6 +22,7 @@ constexpr int32_t kPendingToken = -1;
 struct Sequence {
   Sequence(RequestSpec request, KvLease kv) : spec(std::move(request)), lease(std::move(kv)) {
     tokens = spec.prompt;
+    tokens.insert(tokens.end(), spec.generated.begin(), spec.generated.end());
     effective_priority = spec.priority;
   }
 

@@ -119,6 +119,10 @@ struct RequestSpec {
   uint64_t seq_id = 0;
   std::string request_id;
   std::vector<int32_t> prompt;
+  // A resume: tokens an earlier attempt generated (fewer than max_tokens). The sequence starts
+  // with prompt + these, as one preempted after generating them would; its events carry only
+  // what it samples after them.
+  std::vector<int32_t> generated;
   int32_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
@@ -274,7 +278,7 @@ struct SeqEvent {
   // per-request measurements (TTFT, TPOT per lane) need of it.
   std::string lane{};
   TimePoint arrival{};
-  int32_t num_prompt_tokens = 0;
+  int32_t num_prompt_tokens = 0;  // with a resume's given tokens (RequestSpec::generated)
   int32_t num_generated = 0;  // the tokens of all its events
 };
 

@@ -3,6 +3,7 @@
 // believed cached corrupts the output) and ends with exactly the tokens it gets without faults.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "scheduler/core/scheduler_core.h"
@@ -16,6 +17,8 @@ using testing::MakeBudget;
 using testing::MakeConfig;
 using testing::MakeRequest;
 using testing::Ms;
+using testing::Outcome;
+using testing::Reference;
 
 class WorkerLossTest : public ::testing::TestWithParam<int32_t> {};
 
@@ -105,6 +108,86 @@ TEST(WorkerLossTest, AbortAllEndsWithTheKindGiven) {
   EXPECT_EQ(events[0].finish, FinishKind::kUnavailable);
   EXPECT_STREQ(FinishKindName(FinishKind::kUnavailable), "unavailable");
   EXPECT_FALSE(h.core.has_work());  // the lost worker's ids are not sent to the new one
+}
+
+// A scheduler's loss, seen from the one that takes over: the gateway resubmits each started request
+// with the tokens it already has (RequestSpec::generated). Whatever the share already produced, the
+// resumed sequence ends with exactly the rest of its fault-free output, and its final account counts
+// the given tokens as input: drafts, prefix caching and steps in flight included.
+TEST_P(WorkerLossTest, AResumeContinuesWithTheRestOfItsFaultFreeOutput) {
+  SchedulerConfig cfg = MakeConfig(/*num_kv_blocks=*/64, /*block_size=*/4, /*max_model_len=*/128);
+  cfg.max_steps_in_flight = GetParam();
+  cfg.enable_prefix_caching = true;
+  Harness h(cfg);
+  std::mt19937 rng(53);
+  auto uniform = [&](int lo, int hi) { return lo + static_cast<int>(rng() % (hi - lo + 1)); };
+  std::map<uint64_t, Outcome> expected;
+  std::map<uint64_t, int32_t> given;
+  for (uint64_t id = 1; id <= 200; ++id) {
+    RequestSpec r = MakeRequest(id, {.prompt_len = uniform(1, 20), .max_tokens = uniform(1, 40),
+                                     .eos_after = uniform(-1, 30), .stop_token_ids = {uniform(10, 999)}});
+    if (uniform(0, 1) == 1) {
+      r.sampling.speculative_method = "ngram";
+      r.sampling.num_speculative_tokens = uniform(1, 4);
+    }
+    const Outcome full = Reference(r, cfg.max_model_len);
+    // Any share of it before its end, none included.
+    const auto k = static_cast<size_t>(uniform(0, static_cast<int>(full.tokens.size()) - 1));
+    r.generated.assign(full.tokens.begin(), full.tokens.begin() + static_cast<std::ptrdiff_t>(k));
+    expected[id] = Outcome{{full.tokens.begin() + static_cast<std::ptrdiff_t>(k), full.tokens.end()}, full.finish, 1};
+    given[id] = static_cast<int32_t>(k);
+    h.Add(r);
+    if (uniform(0, 3) == 0) h.Step(MakeBudget(/*max_num_seqs=*/uniform(2, 12)));
+  }
+  int32_t given_total = 0, resumed = 0;
+  for (const auto& [id, k] : given) given_total += k, resumed += k > 0;
+  ASSERT_GT(resumed, 150);
+  ASSERT_GT(given_total, 1000);
+  h.RunToCompletion(MakeBudget(/*max_num_seqs=*/8));
+  for (const auto& [id, want] : expected) {
+    EXPECT_EQ(h.outcomes[id].tokens, want.tokens) << id << " resumed after " << given[id];
+    EXPECT_EQ(h.outcomes[id].finish, want.finish) << id;
+    EXPECT_EQ(h.outcomes[id].num_ends, 1) << id;
+  }
+}
+
+TEST(WorkerLossTest, AResumeIsCheckedLikeAPrompt) {
+  SchedulerCore core(MakeConfig());
+  RequestSpec r = MakeRequest(1, {.max_tokens = 4});
+  r.generated = {11, 12, 13, 14};
+  EXPECT_THROW(
+      {
+        try {
+          core.Add(r);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_STREQ(e.what(), "seq_id 1: generated_token_ids (count) = 4, must be < max_tokens = 4");
+          throw;
+        }
+      },
+      std::invalid_argument);
+  r.generated = {11, -3};
+  EXPECT_THROW(core.Add(r), std::invalid_argument);
+  r.generated = {11, 12, 13};
+  core.Add(r);
+  EXPECT_EQ(core.num_waiting(), 1);
+}
+
+// The account of a resumed sequence's end (what the controller's TTFT and TPOT read) counts only
+// what it generated itself; the given tokens are input, as its prompt is.
+TEST(WorkerLossTest, AResumesFinalAccountCountsOnlyWhatItGenerated) {
+  Harness h(MakeConfig());
+  RequestSpec r = MakeRequest(1, {.prompt_len = 5, .max_tokens = 9, .ignore_eos = true});
+  r.generated = {21, 22, 23};
+  h.Add(r);
+  StepPlan first = h.Step();
+  ASSERT_EQ(first.new_sequences.size(), 1u);
+  EXPECT_EQ(first.new_sequences[0].num_generated, 3);  // the seeded draw goes on at 3
+  EXPECT_EQ(first.new_sequences[0].token_ids.size(), 8u);
+  h.RunToCompletion();
+  EXPECT_EQ(h.outcomes[1].tokens.size(), 6u);
+  EXPECT_EQ(h.outcomes[1].finish, FinishKind::kLength);
+  EXPECT_EQ(h.outcomes[1].num_prompt_tokens, 8);
+  EXPECT_EQ(h.outcomes[1].num_generated, 6);
 }
 
 }  // namespace

@@ -3,9 +3,9 @@ idle stack, and no test restarted the gateway, ran `chaos.sh random`, or killed 
 stack mid-stream). The faults go through scripts/chaos.sh, as a person would run them.
 
 - The only worker killed mid-stream: a pause; every stream ends with the tokens of a fault-free run.
-- `chaos.sh random`: kills of the worker or the scheduler at random points while streams run; every stream
-  ends (a scheduler's death still fails the started ones, UNAVAILABLE with a retry hint, until the gateway
-  resumes them), and the stack serves again.
+- `chaos.sh random`: kills of the worker or the scheduler at random points while streams run; both are pauses
+  (the scheduler restarts and the gateway resumes what it held): every stream ends with the tokens of a
+  fault-free run, and the stack serves again.
 - The gateway killed: its streams end, nothing is left running behind it, and the restarted gateway serves."""
 import threading
 import time
@@ -53,6 +53,7 @@ def test_random_kills_end_every_stream_and_the_stack_serves_again(tiny_model, tm
     s = Stack(tiny_model, tmp_path)
     stacks.append(s)
     requests = requests_mix(ferry_pb, 24, 24, max_tokens=64, lane="batch")
+    expected = run_streams(s.gateway, ferry_pb, requests, timeout_s=300)
     results = {}
     streams = threading.Thread(target=lambda: results.update(run_streams(s.gateway, ferry_pb, requests,
                                                                           timeout_s=300)))
@@ -63,10 +64,9 @@ def test_random_kills_end_every_stream_and_the_stack_serves_again(tiny_model, tm
     lines = out.splitlines()
     assert len(lines) == 3 and all(line.startswith(f"random {i + 1}/3: ") for i, line in enumerate(lines)), out
     for rid, (tokens, reason, code, details, trailers) in results.items():
-        # A worker's death is a pause; the scheduler's still ends the streams it held (#53's resume).
-        assert code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), (rid, code, details)
-        if code == grpc.StatusCode.OK:
-            assert reason == ferry_pb.gen.FINISH_REASON_LENGTH and len(tokens) == 64, rid
+        # A worker's death is a pause, and so is the scheduler's: the gateway resumes what it held.
+        assert code == grpc.StatusCode.OK, (rid, code, details)
+        assert (tokens, reason) == expected[rid][:2], rid
     kills = sum(1 for line in lines if "SIGKILL" in line)
     assert kills >= 1, out
     wait_for("a restart for every kill", lambda: (state(s)["scheduler"].get("restarts", 0) +

@@ -135,18 +135,23 @@ def test_worker_killed_while_idle_is_noticed_before_the_next_request(services, f
     assert m["ferry_scheduler_requests_failed_by_loss_total"] == 0
 
 
-def test_scheduler_killed_requests_not_started_are_retried_and_every_request_ends(services, ferry_pb, tmp_path):
-    """kill -9 of the scheduler with 8 requests running and 40 queued behind --max-num-seqs 8: the queued
-    ones (and any running one that had sent no token yet) gave their client nothing, so the gateway
-    retries them once the scheduler is back (restarted on its address, as its supervisor would); the
-    running ones with tokens end UNAVAILABLE with a retry hint. None hangs, and the stack serves
-    afterwards."""
+@pytest.mark.parametrize("migration_limit", [3, 0])
+def test_scheduler_killed_and_restarted_every_request_ends(services, ferry_pb, migration_limit):
+    """kill -9 of the scheduler with 8 requests running and 40 queued behind --max-num-seqs 8, restarted on its
+    address half a second later (as its supervisor would). The queued ones (and any running one that had no
+    output yet) are sent again as they were. With migrations (the default) the running ones resume as
+    continuations and every request ends with exactly its fault-free tokens; with --migration-limit 0 the
+    running ones with tokens end UNAVAILABLE with a retry hint. None hangs, and the stack serves afterwards."""
     gateway, scheduler = services["gateway"], services["scheduler"]
     scheduler.stop()
     scheduler.argv += ["--max-num-seqs", "8", "--controller-mode", "static"]  # 8 running, 40 queued
     scheduler.start()
+    gateway.stop()
+    gateway.argv += ["--migration-limit", str(migration_limit)]
+    gateway.start()
     wait_serving(gateway.address, ferry_pb)
     requests = requests_mix(ferry_pb, 24, 24, max_tokens=200)
+    expected = run_streams(gateway.address, ferry_pb, requests, timeout_s=120)
     killed = threading.Event()
 
     def fault():
@@ -166,13 +171,18 @@ def test_scheduler_killed_requests_not_started_are_retried_and_every_request_end
     for rid, (tokens, reason, code, details, trailers) in got.items():
         codes[code] = codes.get(code, 0) + 1
         if code == grpc.StatusCode.OK:
-            assert reason == ferry_pb.gen.FINISH_REASON_LENGTH and len(tokens) == 200, rid
+            assert (tokens, reason) == expected[rid][:2], rid
         else:
+            assert migration_limit == 0, (rid, code, details)
             assert code == grpc.StatusCode.UNAVAILABLE, (rid, code, details)
             assert int(trailers.get("grpc-retry-pushback-ms", 0)) > 0, (rid, trailers)
             assert tokens, f"{rid} had sent nothing, yet was not retried: {details}"
-    assert codes.get(grpc.StatusCode.OK, 0) >= 40 - 8, codes  # every request queued at the kill was retried
-    assert 0 < codes.get(grpc.StatusCode.UNAVAILABLE, 0) <= 8, codes
+            assert "--migration-limit 0" in details, details
+    if migration_limit == 0:
+        assert codes.get(grpc.StatusCode.OK, 0) >= 40 - 8, codes  # every request queued at the kill was retried
+        assert 0 < codes.get(grpc.StatusCode.UNAVAILABLE, 0) <= 8, codes
+    resumed = scrape(gateway.metrics_port)['ferry_gateway_migrations_total{outcome="resumed"}']
+    assert (resumed > 0) == (migration_limit > 0), resumed
     again = run_streams(gateway.address, ferry_pb, requests[:2])
     assert all(r[2] == grpc.StatusCode.OK for r in again.values())
 
