@@ -35,10 +35,11 @@ class SpeculativeRunnerTest : public ::testing::Test {
     WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/11, "float32", dir_.str(), {2});
     MakeRunner({SpeculativeMethod::kNgram, 4, 1, 3});
   }
-  void MakeRunner(const SpeculativeConfig& speculative) {
+  void MakeRunner(const SpeculativeConfig& speculative, const std::string& quantization = "none") {
     RunnerOptions options;
     options.model_dir = dir_.str();
     options.dtype = "float32";
+    options.quantization = quantization;
     options.block_size = 4;
     options.num_kv_blocks = 256;
     options.speculative = speculative;
@@ -123,6 +124,48 @@ TEST_F(SpeculativeRunnerTest, SeededSamplingWithPenaltiesUnchanged) {
   EXPECT_GT(counts.num_accepted_tokens, 0);
 }
 
+// logit_bias changes what is sampled; the drafts are verified against the biased distribution, so
+// the tokens are plain decoding's, greedy and seeded, and drafts are accepted all the same.
+TEST_F(SpeculativeRunnerTest, LogitBiasUnchangedGreedyAndSeeded) {
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(9, true), Prompt(10, true)};
+  SamplingOptions biased;
+  for (int32_t t = 5; t < 400; t += 7) biased.logit_bias.push_back({t, 3.5f});
+  biased.logit_bias.push_back({Prompt(9, true)[3], -100.f});  // a token of the passage banned
+  const auto unbiased = Run(prompts, {}, 0, 6);
+  const auto plain = Run(prompts, biased, 0, 6);
+  ASSERT_NE(plain, unbiased) << "the bias should change the output";
+  SpeculationCounts counts;
+  EXPECT_EQ(Run(prompts, biased, 4, 6, 0, &counts), plain);
+  EXPECT_GT(counts.num_accepted_tokens, 0);
+  biased.temperature = 0.8f;
+  biased.seed = 4321;
+  SpeculationCounts seeded_counts;
+  EXPECT_EQ(Run(prompts, biased, 4, 6, 0, &seeded_counts), Run(prompts, biased, 0, 6));
+  EXPECT_GT(seeded_counts.num_draft_tokens, 0);
+}
+
+// --quantization int8 with prompt lookup: the verification pass runs the drafts through the same int8
+// matrix products as single decodes (activations quantized per token row), so the tokens are int8
+// plain decoding's, greedy and seeded, with drafts accepted.
+TEST_F(SpeculativeRunnerTest, Int8WeightsUnchangedGreedyAndSeeded) {
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(1, true), Prompt(2, false), Prompt(3, true)};
+  SamplingOptions seeded;
+  seeded.temperature = 0.7f;
+  seeded.top_p = 0.9f;
+  seeded.seed = 99;
+  MakeRunner({}, "int8");
+  ASSERT_EQ(runner_->info().quantization, "int8");
+  const auto greedy = Run(prompts, {}, 0, 7), sampled = Run(prompts, seeded, 0, 7);
+  MakeRunner({SpeculativeMethod::kNgram, 4, 1, 3}, "int8");
+  ASSERT_EQ(runner_->info().quantization, "int8");
+  SpeculationCounts counts;
+  EXPECT_EQ(Run(prompts, {}, 4, 7, 0, &counts), greedy);
+  EXPECT_GT(counts.num_accepted_tokens, 0);
+  SpeculationCounts seeded_counts;
+  EXPECT_EQ(Run(prompts, seeded, 4, 7, 0, &seeded_counts), sampled);
+  EXPECT_GT(seeded_counts.num_accepted_tokens, 0);
+}
+
 TEST_F(SpeculativeRunnerTest, PreemptionAndRecomputeUnchanged) {
   const std::vector<std::vector<int32_t>> prompts = {Prompt(6, true), Prompt(7, false)};
   EXPECT_EQ(Run(prompts, {}, 3, 5, /*preempt_at=*/9), Run(prompts, {}, 0, 5));
@@ -181,6 +224,24 @@ TEST_F(SpeculativeRunnerTest, OtherDraftModelLeavesTokensUnchanged) {
   EXPECT_EQ(Run(prompts, {}, 4, 6, 0, &counts), greedy);
   EXPECT_EQ(Run(prompts, seeded, 4, 6), sampled);
   EXPECT_GT(counts.num_draft_tokens, 0);
+}
+
+// Under seeded sampling a draft (the draft model's argmax) is accepted when the target's own draw at
+// that position equals it: with the target as its own draft that happens often, not always.
+TEST_F(SpeculativeRunnerTest, DraftModelDraftsAreAcceptedUnderSeededSampling) {
+  SamplingOptions seeded;
+  seeded.temperature = 0.6f;
+  seeded.top_p = 0.95f;
+  seeded.seed = 2024;
+  seeded.presence_penalty = 0.2f;
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(5, false), Prompt(6, true)};
+  MakeRunner({});
+  const auto plain = Run(prompts, seeded, 0, 5);
+  MakeRunner({SpeculativeMethod::kDraftModel, 4, 1, 4, dir_.str()});
+  SpeculationCounts counts;
+  EXPECT_EQ(Run(prompts, seeded, 4, 5, /*preempt_at=*/12, &counts), plain);
+  EXPECT_GT(counts.num_accepted_tokens, 0);
+  EXPECT_LT(counts.num_accepted_tokens, counts.num_draft_tokens);  // a draw that is not the argmax rejects
 }
 
 TEST_F(SpeculativeRunnerTest, DraftModelOfAnotherVocabularyIsRefused) {
