@@ -455,6 +455,7 @@ void EngineLoop::Publish() {
   state_.prefix_cache_queries = core_.num_prefix_cache_queries();
   state_.prefix_cache_hits = core_.num_prefix_cache_hits();
   state_.num_cap_changes = status.num_changes;
+  state_.num_cap_plans = status.num_plans;
   state_.cap_held = status.held;
   state_.workers_lost = lost_;
 }

@@ -113,6 +113,7 @@ struct LoopState {
   uint64_t prefix_cache_queries = 0;
   uint64_t prefix_cache_hits = 0;
   uint64_t num_cap_changes = 0;
+  uint64_t num_cap_plans = 0;  // times the controller's model planned the cap (ControllerStatus::num_plans)
   bool cap_held = false;  // an admin Set holds the cap (Controller::Set)
   // The worker group was lost and is not back: steps wait (health says NOT_SERVING).
   bool workers_lost = false;

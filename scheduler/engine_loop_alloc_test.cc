@@ -3,6 +3,8 @@
 // Commit, Dispatch to the sinks, Publish) makes no heap allocation, whatever the number of
 // sequences. Counted by replacing operator new (core/count_allocations.cc) around a window of
 // steps of a running loop; the fake workers go through the real proto translation both ways.
+// The shipped configuration too (#53): the goodput controller adjusting every few steps and the
+// real session sink (the gRPC Session reactor a gateway talks to), counted on the loop thread.
 #include <gtest/gtest.h>
 
 #include <prometheus/registry.h>
@@ -11,11 +13,16 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
 
 #include "scheduler/core/count_allocations.h"
 #include "scheduler/engine_loop.h"
+#include "scheduler/scheduler_service.h"
 #include "scheduler/worker_client.h"
 
 namespace ferry::scheduler {
@@ -29,6 +36,8 @@ using namespace std::chrono_literals;
 class WireWorkers : public WorkerGroup {
  public:
   void Send(uint64_t step_id, const StepPlan& plan) override {
+    // The loop's thread: what it allocated up to this step.
+    loop_thread_allocations.store(testing::NumAllocationsOnThisThread());
     ToStepRequest(step_id, plan, request_);
     request_.SerializeToString(&request_wire_);
     result_.Clear();
@@ -40,7 +49,7 @@ class WireWorkers : public WorkerGroup {
     result_.SerializeToString(&results_[num_sent_++ % results_.size()]);
   }
   void Receive(StepOutput& output) override {
-    std::this_thread::sleep_for(100us);  // a step's time on the device
+    std::this_thread::sleep_for(step_time);  // a step's time on the device
     if (!received_.ParseFromString(results_[num_received_++ % results_.size()])) {
       throw std::runtime_error("result does not parse");
     }
@@ -48,6 +57,8 @@ class WireWorkers : public WorkerGroup {
     num_steps.fetch_add(1);
   }
   std::atomic<int64_t> num_steps{0};
+  std::atomic<int64_t> loop_thread_allocations{0};
+  std::chrono::microseconds step_time{100};  // set before the loop starts
 
  private:
   ferry::v1::StepRequest request_;
@@ -130,6 +141,165 @@ TEST(EngineLoopAllocTest, SteadyDecodeStepsAllocateNothing) {
       }
     }
   }
+}
+
+// A gateway's session on loopback to the scheduler's gRPC service (the real session sink), reading
+// every event on a thread of its own.
+class GatewaySession {
+ public:
+  GatewaySession(EngineLoop& loop, int32_t max_model_len) : service_(loop, Info(max_model_len)) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    stub_ = ferry::v1::Scheduler::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    session_ = stub_->Session(&context_);
+    reader_ = std::thread([this] {
+      ferry::v1::SessionEvents in;
+      while (session_->Read(&in)) {
+        num_messages.fetch_add(1);
+        for (const ferry::v1::TokenEvent& e : in.events()) {
+          num_tokens.fetch_add(e.token_ids_size());
+          num_ended.fetch_add(e.finish() != ferry::v1::FINISH_KIND_NONE || e.status_code() != 0);
+        }
+      }
+    });
+  }
+  ~GatewaySession() {
+    context_.TryCancel();
+    reader_.join();
+    server_->Shutdown(std::chrono::system_clock::now() + 1s);
+  }
+  void Submit(const std::vector<RequestSpec>& specs, uint64_t first_tag) {
+    ferry::v1::SessionRequests out;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ferry::v1::SessionSubmit* s = out.add_submits();
+      s->set_stream_id(first_tag + i);
+      s->mutable_request()->mutable_prompt_token_ids()->Add(specs[i].prompt.begin(), specs[i].prompt.end());
+      s->mutable_request()->mutable_sampling()->set_max_tokens(specs[i].max_tokens);
+    }
+    ASSERT_TRUE(session_->Write(out));
+  }
+  std::atomic<int64_t> num_messages{0}, num_tokens{0}, num_ended{0};
+
+ private:
+  static ferry::v1::SchedulerInfo Info(int32_t max_model_len) {
+    ferry::v1::SchedulerInfo info;
+    info.set_max_model_len(max_model_len);
+    info.set_vocab_size(1 << 20);
+    return info;
+  }
+  SchedulerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ferry::v1::Scheduler::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::SessionRequests, ferry::v1::SessionEvents>> session_;
+  std::thread reader_;
+};
+
+struct GoodputWindow {
+  int64_t num_allocations = 0;  // on the loop thread
+  int64_t num_steps = 0;
+  int64_t num_tokens = 0;
+  int64_t num_ended = 0;
+  int64_t num_messages = 0;  // session messages the gateway read (0 with the counting sink)
+  uint64_t num_plans = 0;
+};
+
+// `count` requests of 20 prompt tokens; the i-th generates max_tokens(i).
+template <class MaxTokens>
+std::vector<RequestSpec> Requests(int32_t count, MaxTokens max_tokens) {
+  std::vector<RequestSpec> out(static_cast<size_t>(count));
+  for (int32_t i = 0; i < count; ++i) {
+    for (int32_t t = 0; t < 20; ++t) out[static_cast<size_t>(i)].prompt.push_back(i * 100 + t);
+    out[static_cast<size_t>(i)].max_tokens = max_tokens(i);
+  }
+  return out;
+}
+
+// The shipped default, the goodput controller, in a steady state: 48 requests, all running from the
+// start, end one after another (each a completion for the model: the controller learns on), and the
+// controller plans every adjust interval. A step admits nobody, so whatever the loop thread allocates
+// is the steps', the ends' and the plans'. The window starts once the controller's windows are full
+// (the step model's ring has its size). The sink is a CountingSink or a gateway's session.
+GoodputWindow SteadyGoodputWindow(bool session_sink) {
+  SchedulerConfig config;
+  config.max_num_seqs = 256;
+  config.max_num_batched_tokens = 8192;
+  config.max_model_len = 16384;
+  config.block_size = 16;
+  config.num_kv_blocks = 48 * 1024;
+  config.max_steps_in_flight = 2;
+  ControllerOptions controller;
+  controller.mode = ControllerMode::kGoodput;
+  controller.max_num_seqs = 64;
+  controller.initial_num_seqs = 64;
+  // A 100 ms TTFT target: the controller's times scale with it (a plan every 50 ms, a 2 s window of steps
+  // and completions); the arrival rate over 10 s keeps the demand it plans for.
+  controller.slo.ttft_target_s = 0.1;
+  controller.slo.tpot_target_s = 0.05;
+  controller.goodput.rate_window_s = 100;
+  prometheus::Registry registry;
+  WireWorkers workers;
+  workers.step_time = 500us;  // 2.5 s of them start the window: the first 10 requests have ended by then
+  auto counting = std::make_shared<CountingSink>();
+  GoodputWindow w;
+  EngineLoop loop(config, controller, workers, registry);
+  std::optional<GatewaySession> session;
+  if (session_sink) session.emplace(loop, config.max_model_len);
+  const auto ended = [&] { return session ? session->num_ended.load() : counting->num_finished.load(); };
+  const auto tokens = [&] { return session ? session->num_tokens.load() : counting->num_tokens.load(); };
+  const auto wait_until = [](auto done) {
+    for (int i = 0; i < 60000 && !done(); ++i) std::this_thread::sleep_for(1ms);
+  };
+  const auto requests = Requests(48, [](int32_t i) { return 600 + 250 * i; });  // ends 250 steps apart
+  if (session) {
+    session->Submit(requests, 1);
+  } else {
+    for (size_t i = 0; i < requests.size(); ++i) loop.Submit(requests[i], counting, i + 1);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  wait_until([&] { return std::chrono::steady_clock::now() - start > 2500ms; });  // past the 2 s window
+  const LoopState before = loop.State();
+  const int64_t steps = workers.num_steps.load(), allocations = workers.loop_thread_allocations.load();
+  const int64_t tokens_before = tokens(), ended_before = ended();
+  const int64_t messages = session ? session->num_messages.load() : 0;
+  wait_until([&] { return workers.num_steps.load() >= steps + 1500; });
+  w.num_allocations = workers.loop_thread_allocations.load() - allocations;
+  w.num_steps = workers.num_steps.load() - steps;
+  w.num_tokens = tokens() - tokens_before;
+  w.num_ended = ended() - ended_before;
+  w.num_messages = session ? session->num_messages.load() - messages : 0;
+  const LoopState after = loop.State();
+  EXPECT_EQ(after.controller_mode, "goodput");
+  EXPECT_GT(after.num_running, 0) << "the window should end with requests still running";
+  w.num_plans = after.num_cap_plans - before.num_cap_plans;
+  return w;
+}
+
+TEST(EngineLoopAllocTest, GoodputControllerStepsAllocateNothing) {
+  const GoodputWindow w = SteadyGoodputWindow(/*session_sink=*/false);
+  EXPECT_GE(w.num_plans, 3u) << "the window should span several of the controller's plans";
+  EXPECT_GE(w.num_ended, 2) << "and completions";
+  EXPECT_GE(w.num_tokens, w.num_steps);
+  EXPECT_EQ(w.num_allocations, 0) << "in " << w.num_steps << " steps, " << w.num_plans << " plans and "
+                                  << w.num_ended << " ends";
+}
+
+// The real session sink: each event goes into the session's reused message under its lock (nothing
+// allocated), and a write started on the loop thread costs gRPC one allocation, the serialised message's
+// slice (grpc::ProtoBufferWriter): at most one per message the gateway receives, against one event per
+// request per step in the sink (tens per step here).
+TEST(EngineLoopAllocTest, TheSessionSinkAllocatesOnlyGrpcsMessageSlices) {
+  const GoodputWindow w = SteadyGoodputWindow(/*session_sink=*/true);
+  EXPECT_GE(w.num_plans, 3u);
+  EXPECT_GE(w.num_ended, 2);
+  EXPECT_GE(w.num_tokens, w.num_steps) << "the session delivered the window's tokens";
+  EXPECT_GT(w.num_messages, 0);
+  EXPECT_LE(w.num_allocations, w.num_messages + 1) << "in " << w.num_steps << " steps, " << w.num_messages
+                                                   << " messages and " << w.num_plans << " plans";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <array>
 #include <string>
 
 #include "scheduler/core/types.h"
@@ -15,7 +16,12 @@ namespace ferry::scheduler {
 struct LoopMetrics {
   LoopMetrics(prometheus::Registry& r, int32_t num_ranks);
 
-  void Finished(FinishKind kind) { finished.Add({{"reason", FinishKindName(kind)}}).Increment(); }
+  // A kind's series is looked up once (Family::Add builds a label map): an end allocates nothing after.
+  void Finished(FinishKind kind) {
+    prometheus::Counter*& counter = finished_by_kind_[static_cast<size_t>(kind)];
+    if (counter == nullptr) counter = &finished.Add({{"reason", FinishKindName(kind)}});
+    counter->Increment();
+  }
   // Exactly one level series is 1 at a time.
   void SetLevel(const std::string& level) { SetOneHot(level_series, "level", current_level_, level); }
   // The controller's regime (ControllerStatus::regime), one series at 1.
@@ -55,6 +61,7 @@ struct LoopMetrics {
                         const std::string& name);
   std::string current_level_;
   std::string current_regime_;
+  std::array<prometheus::Counter*, static_cast<size_t>(FinishKind::kQueueTimeout) + 1> finished_by_kind_{};
 };
 
 }  // namespace ferry::scheduler

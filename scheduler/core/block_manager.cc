@@ -68,7 +68,29 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
   if (block_size <= 0) {
     throw std::invalid_argument("block_size = " + Num(block_size) + ", must be > 0");
   }
+  free_list_.Reserve(static_cast<size_t>(num_blocks));
   for (BlockId id = 0; id < num_blocks; ++id) free_list_.push_back(id);
+}
+
+void BlockManager::LruPushBack(BlockId id) {
+  BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  meta.lru_prev = lru_tail_;
+  meta.lru_next = kNoBlock;
+  if (lru_tail_ != kNoBlock) {
+    meta_[static_cast<size_t>(lru_tail_)].lru_next = id;
+  } else {
+    lru_head_ = id;
+  }
+  lru_tail_ = id;
+  ++lru_size_;
+}
+
+void BlockManager::LruErase(BlockId id) {
+  BlockMeta& meta = meta_[static_cast<size_t>(id)];
+  (meta.lru_prev != kNoBlock ? meta_[static_cast<size_t>(meta.lru_prev)].lru_next : lru_head_) = meta.lru_next;
+  (meta.lru_next != kNoBlock ? meta_[static_cast<size_t>(meta.lru_next)].lru_prev : lru_tail_) = meta.lru_prev;
+  meta.lru_prev = meta.lru_next = kNoBlock;
+  --lru_size_;
 }
 
 KvLease BlockManager::NewLease() { return KvLease(this); }
@@ -78,8 +100,8 @@ BlockId BlockManager::AllocateBlock() {
   if (!free_list_.empty()) {
     id = free_list_.front();
     free_list_.pop_front();
-  } else if (!lru_.empty()) {
-    id = lru_.front();  // evict the least recently used cached block
+  } else if (lru_head_ != kNoBlock) {
+    id = lru_head_;  // evict the least recently used cached block
     Unpublish(id);      // moves it to the free list's tail
     free_list_.pop_back();
   } else {
@@ -96,7 +118,7 @@ void BlockManager::AddRef(BlockId id) {
   BlockMeta& meta = meta_[static_cast<size_t>(id)];
   if (ref == 0) {
     if (!meta.is_published) throw std::logic_error("AddRef on free block " + Num(id));
-    lru_.erase(meta.lru_pos);
+    LruErase(id);
   }
   ++ref;
 }
@@ -107,7 +129,7 @@ void BlockManager::Release(BlockId id) {
   if (--ref > 0) return;
   BlockMeta& meta = meta_[static_cast<size_t>(id)];
   if (meta.is_published) {
-    meta.lru_pos = lru_.insert(lru_.end(), id);
+    LruPushBack(id);
   } else {
     free_list_.push_back(id);
   }
@@ -121,7 +143,7 @@ void BlockManager::Unpublish(BlockId id) {
   meta.parent = kNoBlock;
   ++meta.generation;  // children published on top of it can no longer match
   if (ref_counts_[static_cast<size_t>(id)] == 0) {
-    lru_.erase(meta.lru_pos);
+    LruErase(id);
     free_list_.push_back(id);
   }
 }
@@ -193,10 +215,15 @@ void BlockManager::CheckConsistency() const {
     if (listed.at(static_cast<size_t>(b))++) fail("block " + Num(b) + " listed twice");
     if (ref_count(b) != 0 || is_cached(b)) fail("free block " + Num(b) + " is held or cached");
   }
-  for (BlockId b : lru_) {
+  int32_t lru_count = 0;
+  BlockId prev = kNoBlock;
+  for (BlockId b = lru_head_; b != kNoBlock; prev = b, b = meta_[static_cast<size_t>(b)].lru_next) {
     if (listed.at(static_cast<size_t>(b))++) fail("block " + Num(b) + " listed twice");
     if (ref_count(b) != 0 || !is_cached(b)) fail("LRU block " + Num(b) + " is held or uncached");
+    if (meta_[static_cast<size_t>(b)].lru_prev != prev) fail("LRU block " + Num(b) + " links back wrong");
+    ++lru_count;
   }
+  if (prev != lru_tail_ || lru_count != lru_size_) fail("LRU list's tail or size is off");
   size_t num_published = 0;
   for (BlockId b = 0; b < num_total_blocks(); ++b) {
     const BlockMeta& meta = meta_[static_cast<size_t>(b)];

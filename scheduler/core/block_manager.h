@@ -16,11 +16,10 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
-#include <list>
 #include <span>
 #include <vector>
 
+#include "scheduler/core/ring.h"
 #include "scheduler/core/types.h"
 
 namespace ferry::scheduler {
@@ -69,9 +68,9 @@ class BlockManager {
   int32_t num_total_blocks() const { return static_cast<int32_t>(ref_counts_.size()); }
   // Blocks that can be allocated: free plus cached-unreferenced (evictable).
   int32_t num_free_blocks() const {
-    return static_cast<int32_t>(free_list_.size() + lru_.size());
+    return static_cast<int32_t>(free_list_.size()) + lru_size_;
   }
-  int32_t num_evictable_blocks() const { return static_cast<int32_t>(lru_.size()); }
+  int32_t num_evictable_blocks() const { return lru_size_; }
   int32_t num_cached_blocks() const { return static_cast<int32_t>(by_hash_.size()); }
   int32_t block_size() const { return block_size_; }
   int32_t ref_count(BlockId id) const { return ref_counts_.at(static_cast<size_t>(id)); }
@@ -120,8 +119,13 @@ class BlockManager {
     uint64_t generation = 0;  // bumped on every allocation: content may change
     BlockId parent = kNoBlock;
     uint64_t parent_generation = 0;
-    std::list<BlockId>::iterator lru_pos;
+    // Links of the LRU list (cached, ref 0), kNoBlock at its ends: a list threaded through the
+    // blocks' own entries, so that a release or a revival allocates nothing.
+    BlockId lru_prev = kNoBlock;
+    BlockId lru_next = kNoBlock;
   };
+  void LruPushBack(BlockId id);
+  void LruErase(BlockId id);
 
   // Precondition: num_free_blocks() > 0. Takes the free list's head, else
   // evicts the least recently used cached block. Comes back with ref 1.
@@ -134,8 +138,13 @@ class BlockManager {
   int32_t block_size_;
   std::vector<int32_t> ref_counts_;  // indexed by block id
   std::vector<BlockMeta> meta_;      // indexed by block id
-  std::deque<BlockId> free_list_;    // FIFO: least recently freed first
-  std::list<BlockId> lru_;           // cached, ref 0: least recently released first
+  // FIFO, least recently freed first; room for every block, so a free never allocates (issue #53:
+  // a deque allocated a block of ids every 128 freed).
+  Ring<BlockId> free_list_;
+  // Cached, ref 0: least recently released first (BlockMeta::lru_prev, lru_next).
+  BlockId lru_head_ = kNoBlock;
+  BlockId lru_tail_ = kNoBlock;
+  int32_t lru_size_ = 0;
   BlockHashIndex by_hash_;
   // The token ids of each published block, at id * block_size: one allocation at the first
   // publish, none per block.

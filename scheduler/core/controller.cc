@@ -11,22 +11,8 @@
 namespace ferry::scheduler {
 namespace {
 
-// Percentile by nearest rank over the window's values; 0 when empty.
-double Percentile(const std::deque<double>& values, double pct) {
-  if (values.empty()) return 0.0;
-  std::vector<double> v(values.begin(), values.end());
-  const double rank = std::ceil(pct / 100.0 * static_cast<double>(v.size()));
-  const size_t k = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
-  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
-  return v[k];
-}
-
-template <typename Deque>
-std::deque<double> Values(const Deque& d) {
-  std::deque<double> out;
-  for (const auto& e : d) out.push_back(e.value);
-  return out;
-}
+// Room for a change's reason (PlanCap's is at most 560 bytes): reserved in every kept change once.
+constexpr size_t kReasonRoom = 640;
 
 void Validate(const ControllerOptions& o) {
   if (o.min_num_seqs < 1) throw std::invalid_argument("controller min_num_seqs must be >= 1");
@@ -143,6 +129,11 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
       break;
   }
   if (!options_.slo.targets_stated) regime_ = PlanRegime::kNoTargets;
+  changes_.Reserve(kKeptChanges, [](CapChange& c) {
+    c.reason.reserve(kReasonRoom);
+    c.level.reserve(32);  // a load level's name
+  });
+  plan_.choice.reason.reserve(kReasonRoom);
 }
 
 void Controller::OnCompletion(const RequestCompletion& done) {
@@ -244,20 +235,26 @@ void Controller::Expire(double now_s) {
   }
 }
 
-double Controller::PercentileOf(const std::deque<TimedValue>& d, double pct) {
-  return Percentile(Values(d), pct);
+double Controller::PercentileOf(const Ring<TimedValue>& d, double pct) {
+  if (d.empty()) return 0.0;
+  scratch_.clear();
+  for (const TimedValue& e : d) scratch_.push_back(e.value);
+  const double rank = std::ceil(pct / 100.0 * static_cast<double>(scratch_.size()));
+  const size_t k = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(scratch_.size()))) - 1;
+  std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(k), scratch_.end());
+  return scratch_[k];
 }
 
 double Controller::ArrivalRate(double now_s) const {
   return RateOver(arrivals_, now_s, options_.load.rate_window_s);
 }
 
-double Controller::RateOver(const std::deque<TimedValue>& d, double now_s, double window_s) const {
+double Controller::RateOver(const Ring<TimedValue>& d, double now_s, double window_s) const {
   // Until a whole window has passed, over the time observed (at least one
   // time unit: 1 s, or the model modes' TTFT target): a rate over the full
   // window would start near zero and climb for its first window_s.
   double n = 0;
-  for (auto it = d.rbegin(); it != d.rend() && it->time_s >= now_s - window_s; ++it) n += it->value;
+  for (size_t i = d.size(); i > 0 && d[i - 1].time_s >= now_s - window_s; --i) n += d[i - 1].value;
   return n / std::clamp(now_s - first_step_s_, time_unit_s_, window_s);
 }
 
@@ -298,10 +295,16 @@ void Controller::Set(int32_t num_seqs, double now_s, bool hold) {
   tpot_.clear();
 }
 
-void Controller::Change(double now_s, int32_t to, std::string level, std::string reason) {
+void Controller::Change(double now_s, int32_t to, std::string_view level, std::string_view reason) {
   if (to == num_seqs_) return;
   if (changes_.size() == kKeptChanges) changes_.pop_front();
-  changes_.push_back(CapChange{now_s, num_seqs_, to, std::move(level), std::move(reason)});
+  // Into a kept slot: its strings' room was reserved at construction, so a change allocates nothing.
+  CapChange& change = changes_.PushSlot();
+  change.time_s = now_s;
+  change.from = num_seqs_;
+  change.to = to;
+  change.level.assign(level);
+  change.reason.assign(reason);
   ++num_changes_;
   num_seqs_ = to;
 }
@@ -316,6 +319,7 @@ ControllerStatus Controller::status() const {
   s.tpot_p_s = tpot_p_s_;
   s.arrival_rate_per_s = ArrivalRate(last_step_s_);
   s.num_changes = num_changes_;
+  s.num_plans = num_plans_;
   s.held = held_;
   s.regime = UsesModel() ? PlanRegimeName(regime_) : "static";
   return s;
@@ -323,7 +327,9 @@ ControllerStatus Controller::status() const {
 
 std::vector<CapChange> Controller::TakeChanges() {
   const uint64_t pending = std::min<uint64_t>(num_changes_ - num_taken_, changes_.size());
-  std::vector<CapChange> out(changes_.end() - static_cast<ptrdiff_t>(pending), changes_.end());
+  std::vector<CapChange> out;
+  out.reserve(pending);
+  for (size_t i = changes_.size() - pending; i < changes_.size(); ++i) out.push_back(changes_[i]);
   num_taken_ = num_changes_;
   return out;
 }

@@ -26,12 +26,13 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "scheduler/core/goodput_planner.h"
+#include "scheduler/core/ring.h"
 #include "scheduler/core/step_time_model.h"
 #include "scheduler/core/types.h"
 
@@ -206,6 +207,7 @@ struct ControllerStatus {
   double tpot_p_s = 0;
   double arrival_rate_per_s = 0;
   uint64_t num_changes = 0;
+  uint64_t num_plans = 0;  // model modes: times the goodput planner ran (each adjust interval with demand)
   bool held = false;  // an admin Set holds the cap (Controller::Set)
   // The model modes' latest regime (goodput_planner.h): "goodput",
   // "unreachable" or "no-targets"; static mode: "static".
@@ -241,7 +243,7 @@ class Controller {
   // every few seconds under a varying load (issue #53: it grew without end).
   // status().num_changes counts every change since construction.
   static constexpr size_t kKeptChanges = 256;
-  const std::deque<CapChange>& changes() const { return changes_; }
+  const Ring<CapChange>& changes() const { return changes_; }
   // The changes since the previous call (for log lines, metrics and the
   // simulator's record); of more than kKeptChanges between calls, the latest.
   std::vector<CapChange> TakeChanges();
@@ -252,13 +254,14 @@ class Controller {
     double time_s;
     double value;
   };
-  void Change(double now_s, int32_t to, std::string level, std::string reason);
+  void Change(double now_s, int32_t to, std::string_view level, std::string_view reason);
   void StepLoadLevel(const StepObservation& obs);
   void StepGoodput(const StepObservation& obs);
   void ColdStartBound(const StepObservation& obs);
   // What the goodput model plans with, from the window; empty until enough
   // completions and steps have been seen (controller_model.cc).
-  std::optional<PlannerInputs> ModelInputs(const StepObservation& obs);
+  // Fills inputs_ (its vectors keep their capacity); false when there is nothing to plan with.
+  bool ModelInputs(const StepObservation& obs);
   // The step-time model to plan with now (updates last_fit_); the tokens'
   // share of the mean step when nothing could be fitted yet.
   StepFit CurrentFit(double seconds_per_token);
@@ -270,10 +273,10 @@ class Controller {
   // The highest cap the KV pool allows (SloOptions::kv_raise_limit).
   int32_t KvRaiseLimit(const StepObservation& obs) const;
   double ArrivalRate(double now_s) const;
-  // Nearest-rank percentile of the window's values (0 when empty).
-  static double PercentileOf(const std::deque<TimedValue>& d, double pct);
+  // Nearest-rank percentile of the window's values (0 when empty), sorted in scratch_.
+  double PercentileOf(const Ring<TimedValue>& d, double pct);
   // Arrivals in `d` over the last `window_s` (over the time observed, at least 1 s, until then).
-  double RateOver(const std::deque<TimedValue>& d, double now_s, double window_s) const;
+  double RateOver(const Ring<TimedValue>& d, double now_s, double window_s) const;
   void Expire(double now_s);
   bool CountsLane(const std::string& lane) const;
 
@@ -281,32 +284,38 @@ class Controller {
   int32_t num_seqs_ = 0;
   size_t level_ = 0;
   double last_adjust_s_ = -1e300;
-  std::deque<TimedValue> arrivals_;  // (time, count)
-  std::deque<TimedValue> slo_arrivals_;  // (time, count) of the SLO lanes (goodput mode)
-  std::deque<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
+  Ring<TimedValue> arrivals_;  // (time, count)
+  Ring<TimedValue> slo_arrivals_;  // (time, count) of the SLO lanes (goodput mode)
+  Ring<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
   std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
   bool draining_ = false;            // the latest plan drained (PlannerInputs::draining)
   PlanRegime regime_ = PlanRegime::kGoodput;  // the latest plan's (status().regime)
   bool held_ = false;                // an admin Set holds the cap: adaptive modes do not move it
   bool fit_has_seqs_ = false;        // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
-  std::deque<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
-  std::deque<TimedValue> prompts_;  // (completion time, prompt tokens computed at admission), every lane
+  Ring<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
+  Ring<TimedValue> prompts_;  // (completion time, prompt tokens computed at admission), every lane
   bool seen_step_ = false;
   double time_unit_s_ = 1;           // model modes: slo.ttft_target_s / kReferenceTtftS (options scaled by it)
   double first_step_s_ = 0;          // time of the first Step
   double last_step_s_ = 0;           // time of the latest Step
-  std::deque<TimedValue> ttft_;      // (completion time, ttft)
-  std::deque<TimedValue> tpot_;
+  Ring<TimedValue> ttft_;      // (completion time, ttft)
+  Ring<TimedValue> tpot_;
   StepTimeModel steps_;              // the fit spans cap changes: it needs their variety
   // KV held by a running sequence (OnCompletion), every lane: (completion
   // time, weight * held tokens) and (completion time, weight).
-  std::deque<TimedValue> held_weighted_;
-  std::deque<TimedValue> held_weights_;
+  Ring<TimedValue> held_weighted_;
+  Ring<TimedValue> held_weights_;
   int32_t preemptions_since_adjust_ = 0;
   double ttft_p_s_ = 0;
   double tpot_p_s_ = 0;
-  std::deque<CapChange> changes_;  // the latest kKeptChanges
+  Ring<CapChange> changes_;  // the latest kKeptChanges, their strings' room reserved once
+  // A steady step allocates nothing, adjustments included (issue #53): the planner's inputs and
+  // workspace are kept from plan to plan, with the percentiles' scratch.
+  PlannerInputs inputs_;
+  PlanWorkspace plan_;
+  std::vector<double> scratch_;
   uint64_t num_changes_ = 0;       // since construction
+  uint64_t num_plans_ = 0;         // PlanCap calls since construction
   uint64_t num_taken_ = 0;         // of those, returned by TakeChanges
 };
 

@@ -35,13 +35,21 @@ std::optional<StepFit> Controller::FitOfTheWindow() {
   return CurrentFit(step_mean / tokens_per_step);
 }
 
-std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs) {
+bool Controller::ModelInputs(const StepObservation& obs) {
   const GoodputOptions& g = options_.goodput;
   const SloOptions& o = options_.slo;
-  if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return std::nullopt;
+  if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return false;
   const std::optional<StepFit> fit = FitOfTheWindow();
-  if (!fit) return std::nullopt;
-  PlannerInputs in;
+  if (!fit) return false;
+  // Every field afresh, the vectors' storage kept.
+  std::vector<double> slo_output_tokens = std::move(inputs_.slo_output_tokens);
+  std::vector<int32_t> candidates = std::move(inputs_.candidates);
+  inputs_ = PlannerInputs{};
+  slo_output_tokens.clear();
+  candidates.clear();
+  inputs_.slo_output_tokens = std::move(slo_output_tokens);
+  inputs_.candidates = std::move(candidates);
+  PlannerInputs& in = inputs_;
   in.step = *fit;
   double out_sum = 0;
   for (const TimedValue& v : outputs_) out_sum += v.value;
@@ -78,7 +86,7 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
     in.slo_late_queue = obs.num_waiting_slo_late;
   }
   // Idle: nothing to plan for; the cap stays where the last load left it.
-  if (in.slo_rate_per_s + in.slo_queue + in.other_demand_per_s <= 0) return std::nullopt;
+  if (in.slo_rate_per_s + in.slo_queue + in.other_demand_per_s <= 0) return false;
   in.ttft_target_s = o.ttft_target_s;
   in.horizon_s = g.horizon_s;
   in.tpot_target_s = o.tpot_target_s;
@@ -113,7 +121,7 @@ std::optional<PlannerInputs> Controller::ModelInputs(const StepObservation& obs)
     tpot_p_s_ = PercentileOf(tpot_, o.percentile);
     ttft_p_s_ = PercentileOf(ttft_, o.percentile);
   }
-  return in;
+  return true;
 }
 
 // Before the model's first choice (GoodputOptions::min_completions) the
@@ -149,13 +157,14 @@ void Controller::ColdStartBound(const StepObservation& obs) {
 void Controller::StepGoodput(const StepObservation& obs) {
   if (obs.now_s - last_adjust_s_ < options_.goodput.adjust_interval_s) return;
   if (static_cast<int32_t>(outputs_.size()) < options_.goodput.min_completions) return ColdStartBound(obs);
-  std::optional<PlannerInputs> in = ModelInputs(obs);
-  if (!in) return;
+  if (!ModelInputs(obs)) return;
+  PlannerInputs* in = &inputs_;
   last_adjust_s_ = obs.now_s;
   in->draining = draining_;
   in->was_unreachable = regime_ == PlanRegime::kUnreachable;
   in->current_cap = num_seqs_;
-  const PlannerChoice choice = PlanCap(*in);
+  const PlannerChoice& choice = PlanCap(*in, plan_);
+  ++num_plans_;
   draining_ = choice.drains;
   regime_ = choice.regime;
   // A raise of a sixteenth of the cap or less is noise in the window's
@@ -167,8 +176,8 @@ void Controller::StepGoodput(const StepObservation& obs) {
 
 void Controller::StepLoadLevel(const StepObservation& obs) {
   if (obs.now_s - last_adjust_s_ < options_.goodput.adjust_interval_s) return;
-  std::optional<PlannerInputs> in = ModelInputs(obs);
-  if (!in) return;
+  if (!ModelInputs(obs)) return;
+  PlannerInputs* in = &inputs_;
   last_adjust_s_ = obs.now_s;
   const auto& levels = options_.load.levels;
   for (const LoadLevel& l : levels) in->candidates.push_back(l.num_seqs);
@@ -178,7 +187,8 @@ void Controller::StepLoadLevel(const StepObservation& obs) {
   in->draining = draining_;
   in->was_unreachable = regime_ == PlanRegime::kUnreachable;
   in->current_cap = num_seqs_;
-  const PlannerChoice choice = PlanCap(*in);
+  const PlannerChoice& choice = PlanCap(*in, plan_);
+  ++num_plans_;
   draining_ = choice.drains;
   regime_ = choice.regime;
   size_t target = 0;

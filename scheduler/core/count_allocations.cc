@@ -8,9 +8,11 @@
 namespace {
 
 std::atomic<int64_t> num_allocations{0};
+thread_local int64_t num_allocations_here = 0;
 
 void* Allocate(std::size_t size, std::size_t alignment) {
   num_allocations.fetch_add(1, std::memory_order_relaxed);
+  ++num_allocations_here;
   if (size == 0) size = 1;
   void* p = alignment <= alignof(std::max_align_t)
                 ? std::malloc(size)
@@ -24,6 +26,7 @@ void* Allocate(std::size_t size, std::size_t alignment) {
 namespace ferry::testing {
 
 int64_t NumAllocations() { return num_allocations.load(std::memory_order_relaxed); }
+int64_t NumAllocationsOnThisThread() { return num_allocations_here; }
 
 }  // namespace ferry::testing
 

@@ -9,5 +9,7 @@ namespace ferry::testing {
 
 // Allocations through operator new since the process started, on every thread.
 int64_t NumAllocations();
+// Of those, the calling thread's (a test of one thread's path while others, gRPC's, allocate).
+int64_t NumAllocationsOnThisThread();
 
 }  // namespace ferry::testing

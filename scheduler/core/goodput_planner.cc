@@ -313,11 +313,19 @@ static bool OutOfReach(const PlannerInputs& in, double best_slo) {
 }
 
 PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts) {
+  PlanWorkspace ws;
+  PlannerChoice out = PlanCap(in, ws);
+  if (forecasts != nullptr) *forecasts = std::move(ws.forecasts);
+  return out;
+}
+
+const PlannerChoice& PlanCap(const PlannerInputs& in, PlanWorkspace& ws) {
   Validate(in);
   const double needed = BatchForDemand(in, Demand(in));
   const std::optional<CapForecast> now =
       in.current_cap > 0 ? std::optional<CapForecast>(Forecast(in, in.current_cap, needed)) : std::nullopt;
-  std::vector<CapForecast> all;
+  std::vector<CapForecast>& all = ws.forecasts;
+  all.clear();
   double best = 0;
   auto consider = [&](int32_t cap) {
     all.push_back(Forecast(in, cap, needed));
@@ -337,7 +345,8 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
     }
     if (all.empty()) throw std::invalid_argument("goodput planner: no candidate cap within the bounds");
   }
-  PlannerChoice out;
+  PlannerChoice& out = ws.choice;
+  out.regime = PlanRegime::kGoodput;
   const char* why = "nothing meets the targets: drain at the most completions";
   const CapForecast* chosen = nullptr;
   bool drains = best <= 0;
@@ -379,8 +388,7 @@ PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecas
                 1e3 * chosen->step_s, 1e3 * chosen->full_step_s, 1e3 * in.step.fixed_s, 1e6 * in.step.per_seq_s,
                 1e6 * in.step.per_token_s, 100 * chosen->tpot_share, 1e3 * in.tpot_target_s, in.prompt_tokens,
                 in.prompt_chunk_tokens > 0 ? in.prompt_chunk_tokens : in.prompt_tokens, in.output_tokens);
-  out.reason = buf;
-  if (forecasts != nullptr) *forecasts = std::move(all);
+  out.reason.assign(buf);  // within the room the string kept from earlier plans
   return out;
 }
 

@@ -187,8 +187,20 @@ struct PlannerChoice {
   std::string reason;  // with the numbers behind the choice, for the change log
 };
 
+// What one plan works in, kept from plan to plan by a caller that plans at
+// every adjustment (the controller): the forecasts and the choice, whose
+// reason string keeps its room, so that a plan allocates nothing once they
+// have grown (issue #53).
+struct PlanWorkspace {
+  std::vector<CapForecast> forecasts;  // of every candidate cap, in candidate order
+  PlannerChoice choice;
+};
+
 // Throws std::invalid_argument when min/max are out of order, an input is
-// not finite, or no candidate lies in min..max. Forecasts for every
+// not finite, or no candidate lies in min..max. The choice is ws.choice, and
+// ws.forecasts holds every candidate's forecast.
+const PlannerChoice& PlanCap(const PlannerInputs& in, PlanWorkspace& ws);
+// The same in a workspace of its own (tests, tools); forecasts for every
 // candidate go to `forecasts` when given.
 PlannerChoice PlanCap(const PlannerInputs& in, std::vector<CapForecast>* forecasts = nullptr);
 

@@ -76,9 +76,15 @@ struct PlanBuffers {
   // plan's vectors come only from here (made when none is left), so no more circulate than the
   // plans in use hold at once.
   std::vector<std::vector<BlockId>> spare_block_ids;
+  size_t num_block_id_vectors = 0;  // made so far: room for all of them is kept in spare_block_ids
 
   std::vector<BlockId> TakeBlockIds() {
-    if (spare_block_ids.empty()) return {};
+    if (spare_block_ids.empty()) {
+      // A new vector: the pool may one day hold it too, so it grows now, never when one returns
+      // (a batch that shrinks after its peak returned more than the pool ever held: #53).
+      if (spare_block_ids.capacity() < ++num_block_id_vectors) spare_block_ids.reserve(2 * num_block_id_vectors);
+      return {};
+    }
     std::vector<BlockId> ids = std::move(spare_block_ids.back());
     spare_block_ids.pop_back();
     return ids;
