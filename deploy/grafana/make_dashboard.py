@@ -197,9 +197,12 @@ LAYOUT = [
         q(f"sum by (replica) (increase(ferry_scheduler_requests_resumed_total{{{SCHED}}}[5m]))",
           "{{replica}} resumed"),
         q(f"sum by (replica) (increase(ferry_scheduler_requests_failed_by_loss_total{{{SCHED}}}[5m]))",
-          "{{replica}} failed (UNAVAILABLE)")], "short",
-        "In the last 5 minutes: requests kept across a worker loss and resumed by recompute, and requests ended "
-        "UNAVAILABLE because the workers were not back in time."), 8),
+          "{{replica}} failed (UNAVAILABLE)"),
+        q(f"sum by (outcome) (increase(ferry_gateway_migrations_total{{{GW_ALL_LANES}}}[5m]))",
+          "scheduler lost: {{outcome}}")], "short",
+        "In the last 5 minutes: requests kept across a worker loss and resumed by recompute, requests ended "
+        "UNAVAILABLE because the workers were not back in time, and started requests whose scheduler was lost: "
+        "resumed elsewhere by the gateway, or ended past --migration-limit (limit)."), 8),
     (timeseries("Recovery time", [
         q(f"histogram_quantile({p}, sum by (replica, le) (increase("
           f"ferry_scheduler_worker_recovery_seconds_bucket{{{SCHED}}}[1h])))", f"p{int(p * 100)} {{{{replica}}}}")
