@@ -1,0 +1,58 @@
+"""docs/configuration.md against each binary's --help (issue #54: the flag reference drifted): every flag a binary
+takes is named on the page, and every flag the page's tables give a binary (its "where" column) is one it takes."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, binary
+
+DOC = REPO / "docs" / "configuration.md"
+BINARIES = {"launch": "ferry-launch", "gateway": "ferry-gateway", "scheduler": "ferry-scheduler", "worker": "ferry-worker"}
+
+
+def flags_of(name):
+    out = subprocess.run([str(binary(name)), "--help"], capture_output=True, text=True, timeout=30).stdout
+    flags = set(re.findall(r"^\s+(?:-\w, )?--([a-z][a-z0-9-]+)", out, re.M))
+    flags |= set(re.findall(r",--([a-z][a-z0-9-]+)", out))  # a --x,--no-x pair
+    assert len(flags) > 10, out
+    return flags
+
+
+def named_on_the_page(text):
+    """--flag, and --[no-]flag as both forms."""
+    names = set(re.findall(r"--([a-z][a-z0-9-]+)", text))
+    for stem in re.findall(r"--\[no-\]([a-z][a-z0-9-]+)", text):
+        names |= {stem, "no-" + stem}
+    return names
+
+
+@pytest.mark.parametrize("where", sorted(BINARIES))
+def test_every_flag_of_the_binary_is_on_the_page(where):
+    missing = sorted(flags_of(BINARIES[where]) - named_on_the_page(DOC.read_text()) - {"help"})
+    assert not missing, f"{BINARIES[where]} takes flags docs/configuration.md does not name: {missing}"
+
+
+def table_rows():
+    """(flags named in the row's first column, the binaries of its "where" column) of every flag table."""
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) < 3 or not cells[0].startswith("`--"):
+            continue
+        wheres = [w.strip() for w in cells[1].split(",")]
+        yield named_on_the_page(cells[0]), [w for w in wheres if w in BINARIES]
+
+
+def test_every_flag_the_tables_give_a_binary_is_its_own():
+    taken = {where: flags_of(name) for where, name in BINARIES.items()}
+    rows = list(table_rows())
+    assert len(rows) > 30
+    wrong = []
+    for flags, wheres in rows:
+        for where in wheres:
+            # A row may name several flags for several binaries; each flag must belong to one of them.
+            for flag in flags:
+                if not any(flag in taken[w] for w in wheres):
+                    wrong.append(f"--{flag} ({', '.join(wheres)})")
+    assert not wrong, f"docs/configuration.md names flags its binaries do not take: {sorted(set(wrong))}"
