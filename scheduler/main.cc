@@ -9,6 +9,7 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/service_main.h"
+#include "common/timeouts.h"
 #include "scheduler/engine_loop.h"
 #include "scheduler/scheduler_service.h"
 #include "scheduler/worker_client.h"
@@ -39,8 +40,8 @@ struct Flags {
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;
   int worker_timeout_s = 600;
-  double step_timeout_s = 60;
-  double worker_recovery_timeout_s = 120;
+  double step_timeout_s = ferry::kDefaultStepTimeoutS;
+  double worker_recovery_timeout_s = ferry::kDefaultWorkerRecoveryTimeoutS;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -97,10 +98,12 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--step-timeout-s", f.step_timeout_s,
                  "A worker group that does not finish a step within this is lost: its requests wait for it to "
                  "come back (the first steps of each connection get 5x)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
   app.add_option("--worker-recovery-timeout-s", f.worker_recovery_timeout_s,
                  "How long requests wait for a lost worker group before they end UNAVAILABLE")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
 }
 
 // --lane-ttft-ms, then the --slo-lane lanes not in it at --slo-ttft-ms.

@@ -9,6 +9,7 @@
 #include "common/metrics.h"
 #include "common/process.h"
 #include "common/service_main.h"
+#include "common/timeouts.h"
 #include "worker/comm/communicator.h"
 #include "worker/gpu_plugin.h"
 #include "worker/model/linear.h"
@@ -34,7 +35,7 @@ struct Flags {
   int tp_rank = 0;
   std::string dist_store_dir;
   int dist_timeout_s = 30;
-  int step_timeout_s = 0;
+  int step_timeout_s = ferry::kDefaultStepTimeoutS;
   ferry::worker::RunnerOptions runner;
   // --device cuda
   std::string device = "cpu";
@@ -78,7 +79,9 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "peer); past it the worker exits with code 3")->check(CLI::Range(1, 86400));
   app.add_option("--step-timeout-s", f.step_timeout_s,
                  "Health fails (and grpc.health NOT_SERVING) while a step has run longer than this, so a "
-                 "supervisor restarts the worker (0: off)")->check(CLI::Range(0, 86400));
+                 "supervisor restarts the worker (0: off)")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
   app.add_option("--block-size", f.runner.block_size, "Tokens per KV block")->check(CLI::Range(1, 1024));
   app.add_option("--num-kv-blocks", f.runner.num_kv_blocks, "KV blocks to allocate (0: from --kv-cache-memory-bytes)");
   app.add_option("--kv-cache-memory-bytes", f.runner.kv_cache_bytes, "KV cache budget when --num-kv-blocks is 0");

@@ -56,3 +56,21 @@ def test_every_flag_the_tables_give_a_binary_is_its_own():
                 if not any(flag in taken[w] for w in wheres):
                     wrong.append(f"--{flag} ({', '.join(wheres)})")
     assert not wrong, f"docs/configuration.md names flags its binaries do not take: {sorted(set(wrong))}"
+
+
+def help_text(name):
+    return " ".join(subprocess.run([str(binary(name)), "--help"], capture_output=True, text=True,
+                                   timeout=30).stdout.split())
+
+
+@pytest.mark.parametrize("flag, owners", [("step-timeout-s", ["ferry-scheduler", "ferry-worker"]),
+                                          ("worker-recovery-timeout-s", ["ferry-scheduler"])])
+def test_ferry_launchs_documented_defaults_are_the_binaries(flag, owners):
+    """ferry-launch forwards the flag only when given, so the default it documents must be its owners' (#54: the
+    worker's step timeout defaulted to 0 while ferry-launch said 60)."""
+    launch = re.search(rf"--{flag} (?:(?!--).)*?default (\d+)\)", help_text("ferry-launch"))
+    assert launch, f"ferry-launch --help states no default for --{flag}"
+    for owner in owners:
+        own = re.search(rf"--{flag} (?:(?!--).)*?=([\d.]+) ", help_text(owner))
+        assert own, f"{owner} --help shows no default for --{flag}"
+        assert float(own.group(1)) == float(launch.group(1)), (flag, owner, own.group(1), launch.group(1))

@@ -52,11 +52,13 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
   app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs (worker, --device cuda)")->group(group);
   app.add_option("--step-timeout-s", f.step_timeout_s,
                  "A step (or a worker's Health) slower than this loses the worker (scheduler, worker; the "
-                 "launcher kills and restarts a worker silent this long; default 60)")
+                 "launcher kills and restarts a worker silent this long; default " +
+                     std::to_string(EngineFlags::kDefaultStepTimeoutS) + ")")
       ->check(CLI::Range(1, 86400))
       ->group(group);
   app.add_option("--worker-recovery-timeout-s", f.worker_recovery_timeout_s,
-                 "How long the scheduler keeps requests for a lost worker to come back (scheduler; default 120)")
+                 "How long the scheduler keeps requests for a lost worker to come back (scheduler; default " +
+                     std::to_string(EngineFlags::kDefaultWorkerRecoveryTimeoutS) + ")")
       ->check(CLI::Range(1, 86400))
       ->group(group);
 }

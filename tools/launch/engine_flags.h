@@ -12,6 +12,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/timeouts.h"
+
 namespace ferry::launch {
 
 struct EngineFlags {
@@ -37,9 +39,9 @@ struct EngineFlags {
   int worker_recovery_timeout_or_default_s() const {
     return worker_recovery_timeout_s > 0 ? worker_recovery_timeout_s : kDefaultWorkerRecoveryTimeoutS;
   }
-  // The scheduler's and the worker's own defaults for the two flags.
-  static constexpr int kDefaultStepTimeoutS = 60;
-  static constexpr int kDefaultWorkerRecoveryTimeoutS = 120;
+  // The scheduler's and the worker's own defaults for the two flags (common/timeouts.h).
+  static constexpr int kDefaultStepTimeoutS = ferry::kDefaultStepTimeoutS;
+  static constexpr int kDefaultWorkerRecoveryTimeoutS = ferry::kDefaultWorkerRecoveryTimeoutS;
 };
 
 void AddEngineFlags(CLI::App& app, EngineFlags& f);
