@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/utf8.h"
+#include "common/sampling_limits.h"
 #include "ferry/v1/generation.pb.h"
 #include "ferry/v1/scheduler.pb.h"
 #include "gateway/lanes.h"
@@ -23,7 +24,7 @@ struct ModelLimits {
   ferry::v1::GenerationDefaults defaults;
 };
 
-inline constexpr int32_t kMaxLogprobs = 20;
+using ferry::kMaxLogprobs;  // common/sampling_limits.h
 // allowed_token_ids entries: enough for any class of tokens a request names one by one.
 inline constexpr int kMaxAllowedTokenIds = 4096;
 // OpenAI's limit on logit_bias entries.

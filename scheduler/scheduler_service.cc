@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/sampling_limits.h"
 #include "common/speculative.h"
 #include "structured/ebnf_grammar.h"
 #include "structured/json_schema.h"
@@ -98,8 +99,9 @@ void ToProto(const TokenLogprob& in, int32_t token_id, ferry::v1::TokenLogprob* 
 void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
   const ferry::v1::SamplingParams& s = r.sampling();
   if (!s.has_prompt_logprobs()) return;
-  if (s.prompt_logprobs() < 0 || s.prompt_logprobs() > 20) {
-    throw std::invalid_argument(fmt::format("prompt_logprobs = {} must be in [0, 20]", s.prompt_logprobs()));
+  if (s.prompt_logprobs() < 0 || s.prompt_logprobs() > kMaxLogprobs) {
+    throw std::invalid_argument(
+        fmt::format("prompt_logprobs = {} must be in [0, {}]", s.prompt_logprobs(), kMaxLogprobs));
   }
   if (!info.supports_prompt_logprobs()) {
     throw std::invalid_argument("prompt_logprobs is not supported by this replica's worker backend");

@@ -7,6 +7,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "common/sampling_limits.h"
 #include "kernels/cuda/paged_attention.h"
 #include "worker/comm/communicator.h"
 #ifndef FERRY_GPU_NO_NCCL
@@ -17,8 +18,7 @@
 namespace ferry::worker::gpu {
 namespace {
 
-// Below this temperature sampling is greedy (worker/model/sampler.cc's kMinTemperature).
-constexpr float kMinTemperature = 1e-5f;
+using ferry::kMinTemperature;  // below it, greedy (common/sampling_limits.h)
 
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 

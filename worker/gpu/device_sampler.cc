@@ -1,4 +1,5 @@
 #include "worker/gpu/device_sampler.h"
+#include "common/sampling_limits.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,8 +13,7 @@ namespace ferry::worker::gpu {
 namespace kcu = ferry::kernels::cuda;
 namespace {
 
-// Below this temperature sampling is greedy (worker/model/sampler.cc's kMinTemperature).
-constexpr float kMinTemperature = 1e-5f;
+using ferry::kMinTemperature;  // below it, greedy (common/sampling_limits.h)
 
 // Entries per row when the options leave max_entries to the sampler.
 constexpr int32_t kDefaultEntriesPerRow = 2048;

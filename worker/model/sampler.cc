@@ -18,7 +18,7 @@ uint64_t SplitMix64(uint64_t x) {
 }
 
 // Below this temperature sampling is treated as greedy (dividing would overflow).
-constexpr float kMinTemperature = 1e-5f;
+using ferry::kMinTemperature;  // below it, greedy (common/sampling_limits.h)
 
 // Top-p halves the range holding the nucleus boundary until it is this small, then sorts it.
 constexpr size_t kNucleusSortSize = 256;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "worker/model/model_runner.h"
+#include "common/sampling_limits.h"
 
 namespace ferry::worker {
 
@@ -20,7 +21,7 @@ class TokenMask;  // worker/model/guided_decoding.h
 double CounterUniform(uint64_t seed, uint64_t counter);
 
 // Largest SamplingOptions.logprobs accepted.
-inline constexpr int32_t kMaxLogprobs = 20;
+using ferry::kMaxLogprobs;  // common/sampling_limits.h
 
 // Empty when the options are within the documented ranges, else what is wrong with them.
 std::string CheckSamplingOptions(const SamplingOptions& options);
