@@ -88,10 +88,12 @@ check_logs() {  # dir
 run_asan() {
   local dir=${ASAN_BUILD_DIR:-build-asan} status=0
   configure "$dir" address,undefined
+  # A failed build stops the run here (set -e does not hold inside `run_asan || ...`): the tests of a
+  # partial build would run against stale or missing binaries.
   if ((quick)); then
-    nice -n 19 cmake --build "$dir" -j "$JOBS" --target "${ASAN_QUICK_TARGETS[@]}"
+    nice -n 19 cmake --build "$dir" -j "$JOBS" --target "${ASAN_QUICK_TARGETS[@]}" || return 1
   else
-    nice -n 19 cmake --build "$dir" -j "$JOBS"
+    nice -n 19 cmake --build "$dir" -j "$JOBS" || return 1
   fi
   rm -rf "$dir/sanitizer-logs" && mkdir -p "$dir/sanitizer-logs"
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1:log_path=$REPO/$dir/sanitizer-logs/asan:log_exe_name=1"
@@ -119,8 +121,8 @@ run_asan() {
 run_tsan() {
   local dir=${TSAN_BUILD_DIR:-build-tsan} status=0
   configure "$dir" thread
-  nice -n 19 cmake --build "$dir" -j "$JOBS" --target "${TSAN_TARGETS[@]}"
-  bash scripts/tsan-deps.sh "$dir/tsan-deps"
+  nice -n 19 cmake --build "$dir" -j "$JOBS" --target "${TSAN_TARGETS[@]}" || return 1
+  bash scripts/tsan-deps.sh "$dir/tsan-deps" || return 1
   rm -rf "$dir/sanitizer-logs" && mkdir -p "$dir/sanitizer-logs"
   # One OpenMP thread: GCC's libgomp is not TSan-aware and none of these parts use OpenMP.
   # The instrumented Abseil and gRPC come first on the loader's path (same SONAMEs as the system's).
