@@ -243,7 +243,9 @@ GoodputWindow SteadyGoodputWindow(bool session_sink) {
   controller.goodput.rate_window_s = 100;
   prometheus::Registry registry;
   WireWorkers workers;
-  workers.step_time = 500us;  // 2.5 s of them start the window: the first 10 requests have ended by then
+  // 2 ms steps: the 2 s window holds at most 1,000 (the step model's ring, a power of two, is 1,024 once
+  // it holds 513), so the ring stops growing in warm-up even if steps run slower then and faster later.
+  workers.step_time = 2ms;
   auto counting = std::make_shared<CountingSink>();
   GoodputWindow w;
   EngineLoop loop(config, controller, workers, registry);
@@ -254,7 +256,7 @@ GoodputWindow SteadyGoodputWindow(bool session_sink) {
   const auto wait_until = [](auto done) {
     for (int i = 0; i < 60000 && !done(); ++i) std::this_thread::sleep_for(1ms);
   };
-  const auto requests = Requests(48, [](int32_t i) { return 600 + 250 * i; });  // ends 250 steps apart
+  const auto requests = Requests(48, [](int32_t i) { return 300 + 150 * i; });  // ends 150 steps apart
   if (session) {
     session->Submit(requests, 1);
   } else {
@@ -266,7 +268,7 @@ GoodputWindow SteadyGoodputWindow(bool session_sink) {
   const int64_t steps = workers.num_steps.load(), allocations = workers.loop_thread_allocations.load();
   const int64_t tokens_before = tokens(), ended_before = ended();
   const int64_t messages = session ? session->num_messages.load() : 0;
-  wait_until([&] { return workers.num_steps.load() >= steps + 1500; });
+  wait_until([&] { return workers.num_steps.load() >= steps + 1000; });
   w.num_allocations = workers.loop_thread_allocations.load() - allocations;
   w.num_steps = workers.num_steps.load() - steps;
   w.num_tokens = tokens() - tokens_before;
