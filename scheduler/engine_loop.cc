@@ -31,10 +31,9 @@ EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& c
       workers_(workers),
       metrics_(std::make_unique<LoopMetrics>(registry, recovery.num_ranks)),
       start_(Clock::now()),
-      core_(config),
-      controller_(controller) {
+      replica_(config, controller) {
   // The cap and the level show from the start, not only once the first step ran.
-  ExportCap(controller_.num_seqs());
+  ExportCap(replica_.controller().num_seqs());
   Publish();
   thread_ = std::thread([this] { Run(); });
 }
@@ -78,6 +77,13 @@ LoopState EngineLoop::SetMaxNumSeqs(int32_t max_num_seqs, bool hold) {
   return State();
 }
 
+void EngineLoop::RecordReplica(std::vector<ReplicaInput>* record) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto applied = done->get_future();
+  Push(RecordCommand{record, done});
+  applied.wait();
+}
+
 LoopState EngineLoop::State() const {
   std::lock_guard lock(state_mu_);
   return state_;
@@ -93,7 +99,7 @@ void EngineLoop::Run() {
       // Lost workers: wake for commands and for the next probe. Idle: sleep until a command arrives.
       if (lost_) {
         inbox_cv_.wait_until(lock, next_probe_, [&] { return stopping_ || !inbox_.empty(); });
-      } else if (!core_.has_work() && in_flight_.empty()) {
+      } else if (!replica_.core().has_work() && in_flight_.empty()) {
         idle_check = !inbox_cv_.wait_for(lock, recovery_.idle_check_interval,
                                          [&] { return stopping_ || !inbox_.empty(); });
       }
@@ -121,7 +127,7 @@ void EngineLoop::Run() {
   // unavailable if the workers are gone.
   while (!in_flight_.empty() && !lost_) CompleteStep();
   const TimePoint now = Clock::now();
-  Dispatch(core_.AbortAll(lost_ ? FinishKind::kUnavailable : FinishKind::kAborted), now);
+  Dispatch(replica_.AbortAll(lost_ ? FinishKind::kUnavailable : FinishKind::kAborted), now);
   FlushSinks();
 }
 
@@ -154,13 +160,8 @@ void EngineLoop::Apply(Command& command) {
       return;
     }
     try {
-      const auto& slo_lanes = controller_.options().slo.lanes;
-      const bool is_slo_lane =
-          slo_lanes.empty() || std::find(slo_lanes.begin(), slo_lanes.end(), add->spec.lane) != slo_lanes.end();
-      core_.Add(std::move(add->spec));
+      replica_.Add(std::move(add->spec));
       streams_.emplace(id, Stream{std::move(add->sink), add->tag, std::nullopt});
-      ++arrivals_since_step_;
-      slo_arrivals_since_step_ += is_slo_lane;
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
       num_live_.fetch_sub(1);
@@ -170,73 +171,44 @@ void EngineLoop::Apply(Command& command) {
     }
   } else if (auto* cancel = std::get_if<CancelCommand>(&command)) {
     if (!streams_.count(cancel->seq_id)) return;  // already ended
-    core_.Cancel(cancel->seq_id);
+    replica_.Cancel(cancel->seq_id);
     Dispatch({SeqEvent{.seq_id = cancel->seq_id, .finish = FinishKind::kCancelled}}, now);
+  } else if (auto* record = std::get_if<RecordCommand>(&command)) {
+    replica_.Record(record->record);
+    record->done->set_value();
   } else {
     auto& set = std::get<SetCapCommand>(command);
-    controller_.Set(set.max_num_seqs, Seconds(now), set.hold);
-    NextCap(now);  // log and export the change now, not at the next step
+    replica_.SetCap(set.max_num_seqs, Seconds(now), set.hold);
+    ReportCap(replica_.controller().num_seqs());  // the change shows now, not at the next step
     Publish();
     set.done->set_value();
   }
 }
 
-// Asks the controller for the cap of the next step; logs and exports its changes.
-int32_t EngineLoop::NextCap(TimePoint now) {
-  StepObservation obs;
-  obs.now_s = Seconds(now);
-  obs.num_running = core_.num_running();
-  obs.num_waiting = core_.num_waiting();
-  if (controller_.ReadsQueueAt(obs.now_s)) {  // a scan of the queue only goodput reads, when it adjusts
-    const auto waiting = core_.NumWaitingIn(controller_.options().slo.lanes, now);
-    obs.num_waiting_slo = waiting.on_time;
-    obs.num_waiting_slo_late = waiting.late;
-  }
-  obs.num_arrivals_slo = std::exchange(slo_arrivals_since_step_, 0);
-  const double total = core_.num_total_blocks();
-  obs.kv_usage = total > 0 ? (total - core_.num_free_blocks()) / total : 0.0;
-  obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
-  obs.max_num_batched_tokens = config_.max_num_batched_tokens;
-  obs.resumes_from_cache = core_.config().enable_prefix_caching;
-  obs.last_step_s = last_step_s_;
-  obs.last_step_tokens = last_step_tokens_;
-  obs.last_step_seqs = last_step_seqs_;
-  obs.num_arrivals = std::exchange(arrivals_since_step_, 0);
-  // Only preemptions for lack of KV blocks say the batch is too large; those that make room for
-  // a higher-priority request (counted apart) do not, and must not shrink the cap.
-  const uint64_t kv_preemptions = core_.num_preemptions() - core_.num_priority_preemptions();
-  obs.num_preemptions = static_cast<int32_t>(kv_preemptions - kv_preemptions_seen_);
-  kv_preemptions_seen_ = kv_preemptions;
-  const int32_t cap = controller_.Step(obs);
-  // Each step is observed once (an admin Set also asks for the cap).
-  last_step_s_ = 0;
-  last_step_tokens_ = 0;
-  last_step_seqs_ = 0;
-  for (const CapChange& change : controller_.TakeChanges()) {
+void EngineLoop::ReportCap(int32_t cap) {
+  for (const CapChange& change : replica_.TakeChanges()) {
     spdlog::info("max_num_seqs {} -> {} ({}): {}", change.from, change.to, change.level, change.reason);
     metrics_->cap_changes.Add({{"kind", change.level}}).Increment();
   }
   ExportCap(cap);
-  return cap;
 }
 
 void EngineLoop::ExportCap(int32_t cap) {
   metrics_->max_num_seqs.Set(cap);
-  const ControllerStatus status = controller_.status();
-  metrics_->SetLevel(status.level.empty() ? ControllerModeName(controller_.options().mode) : status.level);
+  const ControllerStatus status = replica_.controller().status();
+  metrics_->SetLevel(status.level.empty() ? ControllerModeName(replica_.controller().options().mode) : status.level);
   metrics_->SetRegime(status.regime);
 }
 
 bool EngineLoop::LaunchStep() {
   const TimePoint start = Clock::now();
-  const int32_t cap = NextCap(start);
   StepPlan plan;
   if (!spare_plans_.empty()) {
     plan = std::move(spare_plans_.back());
     spare_plans_.pop_back();
   }
-  core_.Plan(Budget{cap, config_.max_num_batched_tokens}, start, plan);
-  Dispatch(core_.TakeEvents(), start);  // deadline ends, and the first event of those it starts
+  ReportCap(replica_.Plan(start, Seconds(start), plan));
+  Dispatch(replica_.TakeEvents(), start);  // deadline ends, and the first event of those it starts
   if (plan.empty()) {
     spare_plans_.push_back(std::move(plan));
     Publish();
@@ -273,7 +245,7 @@ void EngineLoop::CompleteStep() {
   InFlight step = PopOldest();
   try {
     workers_.Receive(output_);
-    core_.Commit(step.plan, output_.sampled, output_.prompt_logprobs, events_);
+    replica_.Commit(step.plan, output_.sampled, output_.prompt_logprobs, events_);
   } catch (const WorkerLostError& e) {
     spare_plans_.push_back(std::move(step.plan));
     OnWorkersLost(e);
@@ -288,8 +260,7 @@ void EngineLoop::CompleteStep() {
   const TimePoint began = std::max(step.sent, last_received_);
   last_step_s_ = std::chrono::duration<double>(end - began).count();
   last_received_ = end;
-  last_step_tokens_ = step.plan.num_scheduled_tokens();
-  last_step_seqs_ = static_cast<int32_t>(step.plan.scheduled.size());
+  replica_.StepRan(last_step_s_, step.plan.num_scheduled_tokens(), static_cast<int32_t>(step.plan.scheduled.size()));
   metrics_->step_seconds.Observe(last_step_s_);
   Dispatch(events_, end);
   spare_plans_.push_back(std::move(step.plan));
@@ -309,7 +280,7 @@ void EngineLoop::AbortAll(const std::exception& error, uint64_t step_id) {
       spdlog::warn("step {} dropped: {}", step.plan.step_id, e.what());
     }
   }
-  Dispatch(core_.AbortAll(), Clock::now());
+  Dispatch(replica_.AbortAll(FinishKind::kAborted), Clock::now());
   Publish();
 }
 
@@ -317,9 +288,9 @@ void EngineLoop::OnWorkersLost(const WorkerLostError& error) {
   const TimePoint now = Clock::now();
   for (InFlight& step : in_flight_) spare_plans_.push_back(std::move(step.plan));
   in_flight_.clear();
-  const int32_t kept = core_.RequeueAll();
+  const int32_t kept = replica_.RequeueAll();
   kept_ids_.clear();
-  core_.ForEachLive([this](uint64_t id) { kept_ids_.push_back(id); });
+  replica_.core().ForEachLive([this](uint64_t id) { kept_ids_.push_back(id); });
   spdlog::error("worker group lost ({}): {}; keeping {} requests for it, up to {:.0f} s", error.reason_name(),
                 error.what(), kept, std::chrono::duration<double>(recovery_.recovery_timeout).count());
   metrics_->worker_losses.Add({{"reason", error.reason_name()}}).Increment();
@@ -330,6 +301,7 @@ void EngineLoop::OnWorkersLost(const WorkerLostError& error) {
   next_probe_ = now;
   next_waiting_log_ = now;  // the first answer says at once what the group is waiting for; then every 5 s
   last_step_s_ = 0;
+  replica_.StepRan(0, 0, 0);  // no step to observe: the one committed last is not the new group's
   Publish();
 }
 
@@ -343,10 +315,10 @@ void EngineLoop::CheckIdle() {
 
 void EngineLoop::Recover() {
   TimePoint now = Clock::now();
-  core_.ExpireDeadlines(now);
-  Dispatch(core_.TakeEvents(), now);
+  replica_.ExpireDeadlines(now);
+  Dispatch(replica_.TakeEvents(), now);
   if (!down_ && now - lost_at_ >= recovery_.recovery_timeout) {
-    const std::vector<SeqEvent> ended = core_.AbortAll(FinishKind::kUnavailable);
+    const std::vector<SeqEvent> ended = replica_.AbortAll(FinishKind::kUnavailable);
     metrics_->requests_failed_by_loss.Increment(static_cast<double>(ended.size()));
     spdlog::error("worker group not back within {:.0f} s: {} requests end UNAVAILABLE, new ones are refused "
                   "until it is", std::chrono::duration<double>(recovery_.recovery_timeout).count(), ended.size());
@@ -368,7 +340,7 @@ void EngineLoop::Recover() {
 
 void EngineLoop::Resume(const Reconnection& back, TimePoint now) {
   int64_t resumed = 0;
-  for (uint64_t id : kept_ids_) resumed += core_.is_live(id) ? 1 : 0;
+  for (uint64_t id : kept_ids_) resumed += replica_.core().is_live(id) ? 1 : 0;
   kept_ids_.clear();
   for (int32_t rank : back.restarted_ranks) {
     metrics_->worker_restarts.Add({{"rank", std::to_string(rank)}}).Increment();
@@ -411,18 +383,9 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
   const bool served = kind == FinishKind::kLength || kind == FinishKind::kEos || kind == FinishKind::kStopToken ||
                       kind == FinishKind::kTimeout;
   if (served && stream.first_token) {
-    RequestCompletion done;
-    done.now_s = Seconds(now);
     // Arrival was read before the request entered the inbox, the first token after: never negative.
-    done.ttft_s = std::chrono::duration<double>(*stream.first_token - last.arrival).count();
-    done.tpot_s = last.num_generated > 1
-                      ? std::chrono::duration<double>(now - *stream.first_token).count() / (last.num_generated - 1)
-                      : 0.0;
-    done.lane = last.lane;
-    done.num_tokens = last.num_prompt_tokens + last.num_generated;
-    done.num_output_tokens = last.num_generated;
-    done.num_cached_tokens = stream.num_cached_tokens;
-    controller_.OnCompletion(done);
+    replica_.Ended(last, Seconds(now), std::chrono::duration<double>(*stream.first_token - last.arrival).count(),
+                   std::chrono::duration<double>(now - *stream.first_token).count(), stream.num_cached_tokens);
   }
   streams_.erase(it);
   num_live_.fetch_sub(1);
@@ -430,30 +393,30 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
 }
 
 void EngineLoop::Publish() {
-  const double total = core_.num_total_blocks(), free = core_.num_free_blocks();
-  metrics_->running.Set(core_.num_running());
-  metrics_->waiting.Set(core_.num_waiting());
+  const double total = replica_.core().num_total_blocks(), free = replica_.core().num_free_blocks();
+  metrics_->running.Set(replica_.core().num_running());
+  metrics_->waiting.Set(replica_.core().num_waiting());
   metrics_->blocks_used.Set(total - free);
   metrics_->blocks_free.Set(free);
   metrics_->kv_usage.Set(total > 0 ? (total - free) / total : 0.0);
-  metrics_->preemptions.Increment(static_cast<double>(core_.num_preemptions() - preemptions_seen_));
-  preemptions_seen_ = core_.num_preemptions();
-  metrics_->prefix_queries.Increment(static_cast<double>(core_.num_prefix_cache_queries() - prefix_queries_seen_));
-  prefix_queries_seen_ = core_.num_prefix_cache_queries();
-  metrics_->prefix_hits.Increment(static_cast<double>(core_.num_prefix_cache_hits() - prefix_hits_seen_));
-  prefix_hits_seen_ = core_.num_prefix_cache_hits();
+  metrics_->preemptions.Increment(static_cast<double>(replica_.core().num_preemptions() - preemptions_seen_));
+  preemptions_seen_ = replica_.core().num_preemptions();
+  metrics_->prefix_queries.Increment(static_cast<double>(replica_.core().num_prefix_cache_queries() - prefix_queries_seen_));
+  prefix_queries_seen_ = replica_.core().num_prefix_cache_queries();
+  metrics_->prefix_hits.Increment(static_cast<double>(replica_.core().num_prefix_cache_hits() - prefix_hits_seen_));
+  prefix_hits_seen_ = replica_.core().num_prefix_cache_hits();
 
-  const ControllerStatus status = controller_.status();
+  const ControllerStatus status = replica_.controller().status();
   std::lock_guard lock(state_mu_);
-  state_.max_num_seqs = controller_.num_seqs();
+  state_.max_num_seqs = replica_.controller().num_seqs();
   state_.controller_mode = ControllerModeName(status.mode);
   state_.load_level = status.level;
-  state_.num_running = core_.num_running();
-  state_.num_waiting = core_.num_waiting();
+  state_.num_running = replica_.core().num_running();
+  state_.num_waiting = replica_.core().num_waiting();
   state_.kv_cache_usage = total > 0 ? (total - free) / total : 0.0;
-  state_.num_preemptions = core_.num_preemptions();
-  state_.prefix_cache_queries = core_.num_prefix_cache_queries();
-  state_.prefix_cache_hits = core_.num_prefix_cache_hits();
+  state_.num_preemptions = replica_.core().num_preemptions();
+  state_.prefix_cache_queries = replica_.core().num_prefix_cache_queries();
+  state_.prefix_cache_hits = replica_.core().num_prefix_cache_hits();
   state_.num_cap_changes = status.num_changes;
   state_.num_cap_plans = status.num_plans;
   state_.cap_held = status.held;

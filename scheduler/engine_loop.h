@@ -22,6 +22,7 @@
 #include <prometheus/registry.h>
 
 #include "scheduler/core/controller.h"
+#include "scheduler/core/replica.h"
 #include "scheduler/core/scheduler_core.h"
 
 namespace ferry::scheduler {
@@ -140,6 +141,9 @@ class EngineLoop {
   // for the adaptive modes to move (Controller::Set); returns once applied.
   LoopState SetMaxNumSeqs(int32_t max_num_seqs, bool hold);
   LoopState State() const;
+  // Tests: from the next turn on, every input to the loop's replica is appended to `record` (null: stop),
+  // which must outlive the loop or a later call with null; returns once applied (replica.h, Replay).
+  void RecordReplica(std::vector<ReplicaInput>* record);
 
   const SchedulerConfig& config() const { return config_; }
   // Number of requests the loop has not yet ended (for tests and metrics).
@@ -159,7 +163,11 @@ class EngineLoop {
     bool hold;
     std::shared_ptr<std::promise<void>> done;
   };
-  using Command = std::variant<AddCommand, CancelCommand, SetCapCommand>;
+  struct RecordCommand {
+    std::vector<ReplicaInput>* record;
+    std::shared_ptr<std::promise<void>> done;
+  };
+  using Command = std::variant<AddCommand, CancelCommand, SetCapCommand, RecordCommand>;
 
   // What the loop alone knows of a request it has not ended: where its events go, and when
   // it delivered the first token (for the controller's TTFT). The rest is the core's.
@@ -192,7 +200,8 @@ class EngineLoop {
   // While lost: deadlines, the recovery timeout, and a probe of the workers every probe_interval.
   void Recover();
   void Resume(const Reconnection& back, TimePoint now);
-  int32_t NextCap(TimePoint now);
+  // Logs and exports the controller's changes and the cap in force.
+  void ReportCap(int32_t cap);
   // The cap, the controller's level and its regime on /metrics.
   void ExportCap(int32_t cap);
   // Delivers events to their sinks (ending the requests they finish); FlushSinks, at the end of
@@ -215,20 +224,15 @@ class EngineLoop {
   bool stopping_ = false;
 
   // Owned by the loop thread alone.
-  SchedulerCore core_;
-  Controller controller_;
-  std::unordered_map<uint64_t, Stream> streams_;  // the live sequences of core_
+  // The planner and the cap controller (the simulator drives the same, scheduler/core/replica.h).
+  Replica replica_;
+  std::unordered_map<uint64_t, Stream> streams_;  // the live sequences of the replica's core
   std::vector<std::shared_ptr<EventSink>> touched_;  // sinks delivered to this turn, to flush (kept for its capacity)
-  int32_t arrivals_since_step_ = 0;
-  int32_t slo_arrivals_since_step_ = 0;  // of those, the slo lanes' (SloOptions::lanes)
   uint64_t preemptions_seen_ = 0;     // for the metric (all preemptions)
-  uint64_t kv_preemptions_seen_ = 0;  // for the controller (KV pressure only)
   uint64_t prefix_queries_seen_ = 0;
   uint64_t prefix_hits_seen_ = 0;
-  double last_step_s_ = 0;
+  double last_step_s_ = 0;  // the latest step's duration (a deadline's margin covers two); 0 after a loss
   Clock::duration deadline_margin_ = std::chrono::milliseconds(20);
-  int32_t last_step_tokens_ = 0;
-  int32_t last_step_seqs_ = 0;
   // Oldest first. A vector, not a deque: pops and pushes allocate nothing once it has grown.
   std::vector<InFlight> in_flight_;
   TimePoint last_received_{};  // when the previous step's samples came

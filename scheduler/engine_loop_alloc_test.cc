@@ -117,9 +117,9 @@ Window SteadyWindow(int32_t num_seqs, bool prefix_caching, int32_t steps_in_flig
     };
     wait_for(300);  // admitted, prefilled, every reused buffer grown
     const int64_t steps = workers.num_steps.load(), tokens = sink->num_tokens.load();
-    const int64_t allocations = testing::NumAllocations();
+    const int64_t allocations = workers.loop_thread_allocations.load();
     wait_for(steps + 200);
-    window.num_allocations = testing::NumAllocations() - allocations;
+    window.num_allocations = workers.loop_thread_allocations.load() - allocations;
     window.num_steps = workers.num_steps.load() - steps;
     window.num_tokens = sink->num_tokens.load() - tokens;
   }

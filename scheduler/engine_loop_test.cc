@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -281,6 +282,50 @@ TEST_P(EngineLoopTest, ALostWorkerIsAPauseAndEveryRequestEndsAsWithoutIt) {
   }
   EXPECT_FALSE(loop.State().workers_lost);
   EXPECT_EQ(loop.num_live(), 0);
+}
+
+// The loop drives a scheduler::Replica, the one ferry-sim drives (issue #54): what it told its replica, replayed
+// into a fresh one, gives the same caps and plans step for step, through the goodput controller's changes, a
+// cancel, an admin's cap and a lost worker.
+TEST_P(EngineLoopTest, ItsReplicaReplaysStepForStep) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  workers.lose_step = 40;
+  ControllerOptions controller;
+  controller.mode = ControllerMode::kGoodput;
+  controller.max_num_seqs = 8;
+  controller.slo.ttft_target_s = 0.02;  // its times scale with the target: a plan every 10 ms
+  controller.slo.tpot_target_s = 0.002;
+  controller.goodput.min_completions = 1;
+  std::vector<ReplicaInput> record;
+  std::vector<std::shared_ptr<QueueSink>> channels;
+  {
+    EngineLoop loop(Config(GetParam()), controller, workers, registry, RecoveryOptions{});
+    loop.RecordReplica(&record);
+    for (int i = 0; i < 24; ++i) {
+      channels.push_back(Submit(loop, Request(3 + (5 * i) % 40, 4 + (7 * i) % 30)).sink);
+      if (i == 10) loop.Cancel(channels.size());  // seq ids count from 1
+      if (i == 16) loop.SetMaxNumSeqs(3, /*hold=*/false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    for (auto& ch : channels) Drain(*ch);
+    loop.RecordReplica(nullptr);
+  }
+  int plans = 0;
+  std::set<int32_t> caps;
+  bool requeued = false;
+  for (const ReplicaInput& in : record) {
+    plans += in.kind == ReplicaInput::Kind::kPlan;
+    if (in.kind == ReplicaInput::Kind::kPlan) caps.insert(in.cap);
+    requeued = requeued || in.kind == ReplicaInput::Kind::kRequeueAll;
+  }
+  ASSERT_GT(plans, 50);
+  EXPECT_GE(caps.size(), 2u) << "the cap should change along the way";
+  EXPECT_TRUE(requeued) << "the worker should have been lost";
+  Replica replica(Config(GetParam()), controller);
+  const ReplayResult replay = Replay(replica, record);
+  EXPECT_EQ(replay.num_plans, static_cast<size_t>(plans));
+  EXPECT_EQ(replay.num_same, replay.num_plans) << replay.first_difference;
 }
 
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));

@@ -155,7 +155,16 @@ LaneTtft ParseLaneTtft(const std::string& spec) {
   return {spec.substr(0, eq), ms};
 }
 
-SchedulerCore::SchedulerCore(const SchedulerConfig& config) : state_(Validated(config)) {}
+SchedulerCore::SchedulerCore(const SchedulerConfig& config) : state_(Validated(config)) {
+  // The block id vectors a steady decode needs, made now: one per sequence of every plan that can be
+  // alive at once (in flight, being planned, kept for reuse), room for a decode's block and a draft's.
+  // Made on demand, a step in which more sequences than ever before cross a block boundary at once
+  // (the pipeline's timing shifts under load) would allocate in a steady state (#53).
+  const auto count = static_cast<size_t>(config.max_num_seqs) * static_cast<size_t>(config.max_steps_in_flight + 2);
+  plan_buffers_.spare_block_ids.resize(count);
+  for (std::vector<BlockId>& ids : plan_buffers_.spare_block_ids) ids.reserve(2);
+  plan_buffers_.num_block_id_vectors = count;
+}
 
 void SchedulerCore::Add(RequestSpec request) {
   const auto& cfg = state_.config;

@@ -82,6 +82,27 @@ SimOptions Options(const CostModel& cost, scheduler::ControllerMode mode, int32_
   return o;
 }
 
+// The simulation drives a scheduler::Replica, the one ferry-scheduler's engine loop drives (issue #54): its
+// record replayed into a replica made as the simulator makes it gives the same caps and plans, step for
+// step, with the goodput controller changing the cap along the way.
+TEST(SimulatorTest, ItsReplicaReplaysStepForStep) {
+  const CostModel cost(LoadPreset("rtx4090d-tp4"));
+  const auto trace = GenerateWorkload(ScenarioWorkload("spike"));
+  SimOptions o = Options(cost, scheduler::ControllerMode::kGoodput, 64);
+  std::vector<scheduler::ReplicaInput> record;
+  o.record = &record;
+  const SimResult r = RunSimulation(trace, cost, o);
+  ASSERT_GT(r.changes.size(), 2u) << "the cap should change on this trace";
+  scheduler::Replica replica(SimSchedulerConfig(o), SimControllerOptions(o, trace));
+  const scheduler::ReplayResult replay = scheduler::Replay(replica, record);
+  EXPECT_GE(replay.num_plans, r.num_steps);  // every step's plan, and any empty one
+  EXPECT_EQ(replay.num_same, replay.num_plans) << replay.first_difference;
+  EXPECT_TRUE(replay.first_difference.empty()) << replay.first_difference;
+  // The comparison can fail: a replica with another controller plans other steps from the same inputs.
+  scheduler::Replica other(SimSchedulerConfig(o), Options(cost, scheduler::ControllerMode::kStatic, 64).controller);
+  EXPECT_FALSE(scheduler::Replay(other, record).first_difference.empty());
+}
+
 TEST(SimulatorTest, EveryRequestFinishesWithItsOutputAndSaneTimes) {
   const CostModel cost(LoadPreset("rtx4090d-tp4"));
   const auto trace = GenerateWorkload(ScenarioWorkload("steady"));

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "scheduler/core/replica.h"
 #include "scheduler/core/scheduler_core.h"
 
 namespace ferry::sim {
@@ -71,7 +72,8 @@ scheduler::ControllerOptions ControllerTold(const SimOptions& o, const std::vect
 class Simulation {
  public:
   Simulation(const std::vector<TraceRequest>& trace, const CostModel& cost, const SimOptions& o)
-      : trace_(trace), cost_(cost), options_(o), core_(WithLaneTargets(o)), controller_(ControllerTold(o, trace)) {
+      : trace_(trace), cost_(cost), options_(o), replica_(WithLaneTargets(o), ControllerTold(o, trace)) {
+    replica_.Record(o.record);
     result_.requests.resize(trace.size());
     for (size_t i = 0; i < trace.size(); ++i) result_.requests[i].request = trace[i];
     const bool closed = o.closed_loop_concurrency > 0;
@@ -84,10 +86,10 @@ class Simulation {
   }
 
   SimResult Run() {
-    result_.caps.push_back({0, controller_.num_seqs()});
+    result_.caps.push_back({0, replica_.controller().num_seqs()});
     while (now_ < options_.max_sim_s) {
       AddArrivals();
-      if (!core_.has_work()) {
+      if (!replica_.core().has_work()) {
         if (next_pending_ >= pending_.size()) break;
         now_ = pending_[next_pending_].time_s;
         continue;
@@ -98,8 +100,8 @@ class Simulation {
       }
     }
     result_.sim_s = now_;
-    result_.num_steps = core_.num_steps();
-    result_.num_preemptions = core_.num_preemptions();
+    result_.num_steps = replica_.core().num_steps();
+    result_.num_preemptions = replica_.core().num_preemptions();
     if (options_.closed_loop_concurrency <= 0) result_.steady_end_s = now_;
     return std::move(result_);
   }
@@ -115,28 +117,22 @@ class Simulation {
       const auto [arrival_s, i] = pending_[next_pending_++];
       const TraceRequest& r = trace_[i];
       const LaneConfig& lane = FindLane(options_.lanes, r.lane);
-      const auto& slo_lanes = options_.controller.slo.lanes;
-      const bool is_slo_lane =
-          slo_lanes.empty() || std::find(slo_lanes.begin(), slo_lanes.end(), r.lane) != slo_lanes.end();
-      core_.Add(MakeSpec(r, i, lane, arrival_s));
+      replica_.Add(MakeSpec(r, i, lane, arrival_s));
       // The request arrived at arrival_s (during the step that just ended):
       // its TTFT counts from then, not from when the loop noticed it.
       result_.requests[i].arrival_s = arrival_s;
-      ++arrivals_since_obs_;
-      slo_arrivals_since_obs_ += is_slo_lane;
     }
   }
 
   // One Plan -> cost -> Commit cycle; false if the plan was empty.
   bool RunStep() {
-    const int32_t cap = controller_.Step(Observe());
+    scheduler::StepPlan plan;
+    const int32_t cap = replica_.Plan(ToTimePoint(now_), now_, plan);
     if (cap != result_.caps.back().num_seqs) result_.caps.push_back({now_, cap});
-    for (scheduler::CapChange& c : controller_.TakeChanges()) result_.changes.push_back(std::move(c));
-    const scheduler::Budget budget{cap, options_.scheduler.max_num_batched_tokens};
-    const scheduler::StepPlan plan = core_.Plan(budget, ToTimePoint(now_));
+    for (scheduler::CapChange& c : replica_.TakeChanges()) result_.changes.push_back(std::move(c));
     // First schedulings: the prompt tokens the cache held, for the controller (TTFT counts from the
     // first token, and the sim sets no deadlines).
-    for (const scheduler::SeqEvent& e : core_.TakeEvents()) {
+    for (const scheduler::SeqEvent& e : replica_.TakeEvents()) {
       if (e.first_scheduled) result_.requests[e.seq_id - 1].num_cached_tokens = e.num_cached_tokens;
     }
     if (plan.empty()) return false;
@@ -162,44 +158,13 @@ class Simulation {
       }
     }
     shape.num_seqs = static_cast<int32_t>(plan.scheduled.size());
-    last_step_s_ = cost_.StepSeconds(shape);
-    last_step_tokens_ = static_cast<int32_t>(shape.num_tokens);
-    last_step_seqs_ = shape.num_seqs;
-    now_ += last_step_s_;
-    result_.busy_s += last_step_s_;
-    for (const auto& e : core_.Commit(plan, sampled)) Record(e);
+    const double step_s = cost_.StepSeconds(shape);
+    replica_.StepRan(step_s, static_cast<int32_t>(shape.num_tokens), shape.num_seqs);
+    now_ += step_s;
+    result_.busy_s += step_s;
+    replica_.Commit(plan, sampled, {}, events_);
+    for (const auto& e : events_) Record(e);
     return true;
-  }
-
-  scheduler::StepObservation Observe() {
-    scheduler::StepObservation obs;
-    obs.now_s = now_;
-    obs.num_running = core_.num_running();
-    obs.num_waiting = core_.num_waiting();
-    if (controller_.ReadsQueueAt(now_)) {  // a scan only goodput reads, when it adjusts
-      const auto waiting = core_.NumWaitingIn(options_.controller.slo.lanes, ToTimePoint(now_));
-      obs.num_waiting_slo = waiting.on_time;
-      obs.num_waiting_slo_late = waiting.late;
-    }
-    obs.num_arrivals_slo = std::exchange(slo_arrivals_since_obs_, 0);
-    const int32_t total = core_.num_total_blocks();
-    obs.kv_usage = total > 0 ? 1.0 - static_cast<double>(core_.num_free_blocks()) / total : 0.0;
-    obs.kv_capacity_tokens = static_cast<int64_t>(total) * core_.config().block_size;
-    obs.max_num_batched_tokens = options_.scheduler.max_num_batched_tokens;
-    obs.resumes_from_cache = core_.config().enable_prefix_caching;
-    obs.last_step_s = last_step_s_;
-    obs.last_step_tokens = last_step_tokens_;
-    obs.last_step_seqs = last_step_seqs_;
-    obs.num_arrivals = arrivals_since_obs_;
-    // KV pressure only: priority preemptions say nothing about the batch size.
-    const uint64_t pressure = core_.num_preemptions() - core_.num_priority_preemptions();
-    obs.num_preemptions = static_cast<int32_t>(pressure - preemptions_seen_);
-    preemptions_seen_ = pressure;
-    arrivals_since_obs_ = 0;
-    last_step_s_ = 0;
-    last_step_tokens_ = 0;
-    last_step_seqs_ = 0;
-    return obs;
   }
 
   void Record(const scheduler::SeqEvent& e) {
@@ -215,8 +180,7 @@ class Simulation {
     if (e.finish == scheduler::FinishKind::kNone) return;
     r.end_s = now_;
     worker_.erase(e.seq_id);
-    controller_.OnCompletion({now_, r.ttft_s(), r.tpot_s(), r.request.lane,
-                              r.request.prompt_tokens + r.num_output, r.num_output, r.num_cached_tokens});
+    replica_.Ended(e, now_, r.ttft_s(), r.end_s - r.first_token_s, r.num_cached_tokens);
     if (options_.closed_loop_concurrency > 0 && next_closed_ < trace_.size()) {
       pending_.push_back({now_, next_closed_++});
     }
@@ -225,20 +189,14 @@ class Simulation {
   const std::vector<TraceRequest>& trace_;
   const CostModel& cost_;
   const SimOptions& options_;
-  SchedulerCore core_;
-  scheduler::Controller controller_;
+  scheduler::Replica replica_;  // what ferry-scheduler's engine loop drives too
   SimResult result_;
   std::vector<Pending> pending_;  // in time order (closed loop appends at now)
   size_t next_pending_ = 0;
   size_t next_closed_ = 0;
   std::unordered_map<uint64_t, WorkerSeq> worker_;
   double now_ = 0;
-  double last_step_s_ = 0;
-  int32_t last_step_tokens_ = 0;
-  int32_t last_step_seqs_ = 0;
-  int32_t arrivals_since_obs_ = 0;
-  int32_t slo_arrivals_since_obs_ = 0;
-  uint64_t preemptions_seen_ = 0;
+  std::vector<scheduler::SeqEvent> events_;  // Commit's, kept for its storage
 };
 
 }  // namespace
@@ -252,6 +210,12 @@ const LaneConfig& FindLane(const std::vector<LaneConfig>& lanes, const std::stri
     if (l.name == "default") return l;
   }
   return kDefault;
+}
+
+scheduler::SchedulerConfig SimSchedulerConfig(const SimOptions& options) { return WithLaneTargets(options); }
+
+scheduler::ControllerOptions SimControllerOptions(const SimOptions& options, const std::vector<TraceRequest>& trace) {
+  return ControllerTold(options, trace);
 }
 
 SimResult RunSimulation(const std::vector<TraceRequest>& trace, const CostModel& cost,

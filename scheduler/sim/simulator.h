@@ -12,6 +12,7 @@
 
 #include "common/cost_model.h"
 #include "scheduler/core/controller.h"
+#include "scheduler/core/replica.h"
 #include "scheduler/core/types.h"
 #include "scheduler/sim/workload.h"
 
@@ -33,6 +34,8 @@ struct SimOptions {
   // when a client's previous request ends (arrival_s is ignored).
   int32_t closed_loop_concurrency = 0;
   double max_sim_s = std::numeric_limits<double>::infinity();  // stop the clock here
+  // Tests: every input to the simulation's replica is appended here (scheduler/core/replica.h).
+  std::vector<scheduler::ReplicaInput>* record = nullptr;
 };
 
 struct RequestResult {
@@ -78,5 +81,9 @@ SimResult RunSimulation(const std::vector<TraceRequest>& trace, const CostModel&
                         const SimOptions& options);
 
 const LaneConfig& FindLane(const std::vector<LaneConfig>& lanes, const std::string& name);
+// The replica a simulation of `trace` drives is Replica(SimSchedulerConfig(options),
+// SimControllerOptions(options, trace)).
+scheduler::SchedulerConfig SimSchedulerConfig(const SimOptions& options);
+scheduler::ControllerOptions SimControllerOptions(const SimOptions& options, const std::vector<TraceRequest>& trace);
 
 }  // namespace ferry::sim
