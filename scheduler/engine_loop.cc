@@ -32,6 +32,10 @@ EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& c
       metrics_(std::make_unique<LoopMetrics>(registry, recovery.num_ranks)),
       start_(Clock::now()),
       replica_(config, controller) {
+  // Every plan the pipeline can hold at once (in flight, being planned) fits without growing: a moment with
+  // none in flight (the pipeline's timing shifts under load) once grew the spares in a steady state (#53).
+  in_flight_.reserve(static_cast<size_t>(config.max_steps_in_flight) + 1);
+  spare_plans_.reserve(static_cast<size_t>(config.max_steps_in_flight) + 2);
   // The cap and the level show from the start, not only once the first step ran.
   ExportCap(replica_.controller().num_seqs());
   Publish();
