@@ -1,9 +1,11 @@
 // The engine loop with an in-process fake worker: threading, cancellation and
 // one terminal event per request.
 #include "scheduler/engine_loop.h"
+#include "scheduler/sim/simulator.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -326,6 +328,63 @@ TEST_P(EngineLoopTest, ItsReplicaReplaysStepForStep) {
   const ReplayResult replay = Replay(replica, record);
   EXPECT_EQ(replay.num_plans, static_cast<size_t>(plans));
   EXPECT_EQ(replay.num_same, replay.num_plans) << replay.first_difference;
+}
+
+// The live scheduler's replica and the simulator's, fed the same record (issue #54). The engine loop serves two
+// lanes with first-token targets, "interactive" (the SLO lane, or with no SLO lane named, one of all) and
+// "batch", under late-last order; its record, replayed into the replica ferry-sim builds for a trace with those
+// lanes (SimSchedulerConfig and the same controller options), gives the same caps and plans step for step. Both
+// take the planner's assumptions about the queue from one rule (ForQueue): before, ferry-sim assumed late-last
+// order with no SLO lane named where ferry-scheduler did not.
+TEST_P(EngineLoopTest, TheSimulatorsReplicaMakesTheLiveReplicasPlans) {
+  for (const std::vector<std::string>& slo_lanes : {std::vector<std::string>{"interactive"}, std::vector<std::string>{}}) {
+    SCOPED_TRACE(slo_lanes.empty() ? "no SLO lane named" : "SLO lane interactive");
+    prometheus::Registry registry;
+    FakeWorkers workers;
+    ControllerOptions controller;
+    controller.mode = ControllerMode::kGoodput;
+    controller.max_num_seqs = 8;
+    controller.slo.ttft_target_s = 0.02;
+    controller.slo.tpot_target_s = 0.002;
+    controller.slo.lanes = slo_lanes;
+    controller.goodput.min_completions = 1;
+    SchedulerConfig live = Config(GetParam());
+    live.serve_late_last = true;  // as ferry-scheduler's main assembles it from --lane-ttft-ms and --slo-lane
+    live.lane_ttft = LaneTargets({{"interactive", 20}, {"batch", 200}}, slo_lanes, 20);
+    std::vector<ReplicaInput> record;
+    std::vector<std::shared_ptr<QueueSink>> channels;
+    std::vector<sim::TraceRequest> trace;
+    {
+      EngineLoop loop(live, controller, workers, registry, RecoveryOptions{});
+      loop.RecordReplica(&record);
+      for (int i = 0; i < 30; ++i) {
+        RequestSpec r = Request(3 + (5 * i) % 40, 4 + (7 * i) % 30);
+        r.lane = i % 3 == 0 ? "batch" : "interactive";
+        trace.push_back({.lane = r.lane});
+        channels.push_back(Submit(loop, std::move(r)).sink);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      for (auto& ch : channels) Drain(*ch);
+      loop.RecordReplica(nullptr);
+    }
+    sim::SimOptions o;
+    o.scheduler = Config(GetParam());
+    o.scheduler.serve_late_last = true;
+    o.controller = controller;
+    o.lanes = {{.name = "interactive", .ttft_slo_s = 0.02}, {.name = "batch", .ttft_slo_s = 0.2}};
+    Replica simulated(sim::SimSchedulerConfig(o, trace), o.controller);
+    Replica made_live(live, controller);
+    EXPECT_EQ(simulated.controller().options().goodput.late_last, !slo_lanes.empty());
+    EXPECT_EQ(simulated.controller().options().goodput.late_last, made_live.controller().options().goodput.late_last);
+    EXPECT_EQ(simulated.controller().options().goodput.other_ttft_target_s,
+              made_live.controller().options().goodput.other_ttft_target_s);
+    const size_t plans = std::count_if(record.begin(), record.end(),
+                                       [](const ReplicaInput& in) { return in.kind == ReplicaInput::Kind::kPlan; });
+    ASSERT_GT(plans, 30u);
+    const ReplayResult replay = Replay(simulated, record);
+    EXPECT_EQ(replay.num_plans, plans);
+    EXPECT_EQ(replay.num_same, replay.num_plans) << replay.first_difference;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));

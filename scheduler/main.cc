@@ -10,6 +10,7 @@
 #include "common/process.h"
 #include "common/service_main.h"
 #include "common/timeouts.h"
+#include "scheduler/core/replica_flags.h"
 #include "scheduler/engine_loop.h"
 #include "scheduler/scheduler_service.h"
 #include "scheduler/worker_client.h"
@@ -19,25 +20,13 @@ namespace {
 struct Flags {
   ferry::ServiceFlags service;
   std::vector<std::string> workers;
-  int max_num_seqs = 256;
-  int min_num_seqs = 1;
-  // The mode that holds the held-out criterion best (docs/benchmarks/scheduler.md section 7);
-  // --max-num-seqs is its upper bound, and static keeps the cap there (vLLM's fixed cap).
-  std::string controller_mode = "goodput";
-  double slo_ttft_ms = 1000;
-  double slo_tpot_ms = 50;
-  double slo_percentile = 95;
+  ferry::scheduler::ReplicaFlags replica;  // the flags ferry-sim shares (scheduler/core/replica_flags.h)
   std::vector<std::string> slo_lanes;
-  bool targets_stated = false;  // --slo-ttft-ms, --slo-tpot-ms or --slo-lane given (SloOptions::targets_stated)
-  bool serve_late_last = true;  // scheduler.md 7g: in an overload, on-time requests first
-  bool enable_prefix_caching = true;  // vLLM V1's default: a preempted sequence resumes from cache
-  bool async_scheduling = true;       // plan step N+1 while the workers run step N
+  bool async_scheduling = true;  // plan step N+1 while the workers run step N
   int aging_interval_ms = 0;
   int debug_leak_kv_every = 0;
   int64_t debug_leak_bytes_per_request = 0;
   std::vector<std::string> lane_reservations;
-  std::vector<std::string> lane_ttft;
-  int max_num_batched_tokens = 8192;
   int max_model_len = 0;
   int worker_timeout_s = 600;
   double step_timeout_s = ferry::kDefaultStepTimeoutS;
@@ -48,34 +37,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service);
   app.add_option("--worker", f.workers, "Worker address host:port, one per tensor-parallel rank, rank 0 first")
       ->required();
-  app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
-      ->check(CLI::Range(1, 65536));
-  app.add_option("--min-num-seqs", f.min_num_seqs, "The adaptive controller's lower bound")->check(CLI::Range(1, 65536));
-  app.add_option("--controller-mode", f.controller_mode, "How max_num_seqs follows the load: goodput (default: the cap with the most expected requests within --slo-ttft-ms and --slo-tpot-ms, up to --max-num-seqs; the most completions when no cap serves a quarter of the requests within them, first come, first served; with no target stated, the largest cap the KV pool holds), load-level, static (fixed at --max-num-seqs); slo is the same as goodput")
-      ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}));
-  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "goodput and load-level modes: time-to-first-token target (default 1000 once --slo-tpot-ms or --slo-lane is given; with no target stated these modes keep the cap at its bound); --serve-late-last: the target of each named --slo-lane");
-  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "goodput and load-level modes: time-per-output-token target (default 50 once --slo-ttft-ms or --slo-lane is given)");
-  app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
-  app.add_option("--slo-lane", f.slo_lanes, "goodput and load-level modes: only these lanes' requests count toward the targets; the others are batch work (repeatable; default all)");
-  app.add_flag("--serve-late-last,!--no-serve-late-last", f.serve_late_last,
-               "Within a priority, serve a request still waiting past its lane's first-token target (--lane-ttft-ms, "
-               "or --slo-ttft-ms for a named --slo-lane) after those that can still meet theirs, each in arrival "
-               "order (default on; lanes without a target are first come, first served)");
-  app.add_option("--lane-ttft-ms", f.lane_ttft,
-                 "LANE=MS: the time to first token this lane's requests aim at, for --serve-late-last (repeatable; "
-                 "a lane not given one: --slo-ttft-ms if it is a named --slo-lane, else never late). For a lane "
-                 "outside --slo-lane it is also the wait the goodput planner lets that lane's queue take (0.85 of "
-                 "the tightest such target; without one, 20x --slo-ttft-ms)")
-      ->check([](const std::string& spec) {  // refused before the scheduler waits for its workers
-        try {
-          ferry::scheduler::ParseLaneTtft(spec);
-          return std::string();
-        } catch (const std::invalid_argument& e) {
-          return std::string(e.what());
-        }
-      });
-  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
-               "Share full KV blocks of identical prefixes (default on)");
+  ferry::scheduler::AddReplicaFlags(app, f.replica);
+  app.add_option("--slo-lane", f.slo_lanes,
+                 "goodput and load-level modes: only these lanes' requests count toward the targets; the others "
+                 "are batch work (repeatable; default all)");
   app.add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
                "Plan and send the next step while the workers run the current one, so they never wait for the "
                "scheduler between steps (default on)");
@@ -91,8 +56,6 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "test's leaky control for its RSS criterion; 0: off)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->group("Testing");
-  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "Most tokens computed in one step")
-      ->check(CLI::Range(1, 1 << 24));
   app.add_option("--max-model-len", f.max_model_len, "Longest sequence (0: the worker's)");
   app.add_option("--worker-timeout-s", f.worker_timeout_s, "How long to wait for workers at start");
   app.add_option("--step-timeout-s", f.step_timeout_s,
@@ -104,21 +67,6 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "How long requests wait for a lost worker group before they end UNAVAILABLE")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-}
-
-// --lane-ttft-ms, then the --slo-lane lanes not in it at --slo-ttft-ms.
-void SetLaneTtft(const Flags& f, ferry::scheduler::SchedulerConfig& config) {
-  for (const std::string& spec : f.lane_ttft) config.lane_ttft.push_back(ferry::scheduler::ParseLaneTtft(spec));
-  const auto listed = [&](const std::string& lane) {
-    return std::any_of(config.lane_ttft.begin(), config.lane_ttft.end(),
-                       [&](const ferry::scheduler::LaneTtft& t) { return t.lane == lane; });
-  };
-  // Only lanes named here have a target: without one no request is late, and the order is first come,
-  // first served. (A late request waits behind every on-time one; in an overload that lasts it may reach
-  // its lane's queue timeout, a trade the operator makes by stating the target.)
-  for (const std::string& lane : f.slo_lanes) {
-    if (!listed(lane)) config.lane_ttft.push_back({lane, f.slo_ttft_ms});
-  }
 }
 
 std::vector<ferry::scheduler::LaneReservation> ParseReservations(const std::vector<std::string>& specs) {
@@ -133,38 +81,26 @@ std::vector<ferry::scheduler::LaneReservation> ParseReservations(const std::vect
   return out;
 }
 
-ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f, const ferry::scheduler::SchedulerConfig& config) {
-  ferry::scheduler::ControllerOptions c;
-  c.mode = ferry::scheduler::ParseControllerMode(f.controller_mode);
-  c.min_num_seqs = std::min(f.min_num_seqs, f.max_num_seqs);
-  c.max_num_seqs = f.max_num_seqs;
-  c.slo.ttft_target_s = f.slo_ttft_ms / 1000.0;
-  c.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
-  c.slo.percentile = f.slo_percentile;
+ferry::scheduler::ControllerOptions ControllerFlags(const Flags& f) {
+  ferry::scheduler::ControllerOptions c = ferry::scheduler::ControllerOptionsFrom(f.replica);
   c.slo.lanes = f.slo_lanes;
-  c.slo.targets_stated = f.targets_stated;
-  // The planner counts on late-last order for its SLO lanes only when each has a target: a named
-  // --slo-lane always does (SetLaneTtft); with none named every lane counts, and one without a
-  // target is first come, first served.
-  c.goodput.late_last = f.serve_late_last && !f.slo_lanes.empty();
-  // The other lanes wait up to a share of their own target when --lane-ttft-ms states one.
-  c.goodput.other_ttft_target_s = ferry::scheduler::OtherLanesTtftTarget(config.lane_ttft, f.slo_lanes);
   return c;
 }
 
 // The planner's configuration: the flags, within what the workers hold.
 ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1::WorkerInfo& worker_info) {
   ferry::scheduler::SchedulerConfig config;
-  config.max_num_seqs = flags.max_num_seqs;
-  config.max_num_batched_tokens = flags.max_num_batched_tokens;
+  ferry::scheduler::ApplyTo(flags.replica, config);
+  // Only lanes with a target can be late: the named --slo-lane ones always have one. (A late request waits
+  // behind every on-time one; in an overload that lasts it may reach its lane's queue timeout, a trade the
+  // operator makes by stating the target.)
+  config.lane_ttft = ferry::scheduler::LaneTargets(ferry::scheduler::StatedLaneTargets(flags.replica), flags.slo_lanes,
+                                                  flags.replica.slo_ttft_ms);
   config.max_model_len = flags.max_model_len > 0 ? std::min(flags.max_model_len, worker_info.max_model_len())
                                                  : worker_info.max_model_len();
   config.block_size = worker_info.block_size();
   config.num_kv_blocks = worker_info.num_kv_blocks();
-  config.enable_prefix_caching = flags.enable_prefix_caching;
   config.aging_interval_ms = flags.aging_interval_ms;
-  config.serve_late_last = flags.serve_late_last;
-  SetLaneTtft(flags, config);
   config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   config.debug_leak_kv_every = flags.debug_leak_kv_every;
   config.debug_leak_bytes_per_request = flags.debug_leak_bytes_per_request;
@@ -215,7 +151,8 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
-  flags.targets_stated = app.count("--slo-ttft-ms") + app.count("--slo-tpot-ms") + app.count("--slo-lane") > 0;
+  ferry::scheduler::NoteStated(app, flags.replica);
+  flags.replica.targets_stated |= app.count("--slo-lane") > 0;
   ferry::InitLogging("scheduler", flags.service.log_level);
 
   const auto step_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.step_timeout_s * 1000));
@@ -232,7 +169,7 @@ int main(int argc, char** argv) {
   ferry::scheduler::ControllerOptions controller;
   try {
     config = ConfigFrom(flags, worker_info);
-    controller = ControllerFlags(flags, config);
+    controller = ControllerFlags(flags);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 2;
@@ -240,7 +177,7 @@ int main(int argc, char** argv) {
   const ferry::v1::SchedulerInfo info = InfoFrom(worker_info, config, static_cast<int>(flags.workers.size()));
   spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {} ({}), max_num_batched_tokens {}, "
                "prefix caching {}, async scheduling {}", info.model(), config.num_kv_blocks, config.block_size,
-               config.max_model_len, config.max_num_seqs, flags.controller_mode, config.max_num_batched_tokens,
+               config.max_model_len, config.max_num_seqs, flags.replica.controller_mode, config.max_num_batched_tokens,
                config.enable_prefix_caching ? "on" : "off", flags.async_scheduling ? "on" : "off");
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());

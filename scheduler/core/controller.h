@@ -121,6 +121,7 @@ struct GoodputOptions {
   // for a trough (h200 without caching at 2.5 ms, tuning seeds 1-200: 178 ->
   // 188 of 200 at >= 0.95 of the best static cap; scheduler.md 7h). The
   // share leaves room for the fluid estimate's error.
+  // Set from the replica's queue (ForQueue, scheduler/core/replica.h), not by a driver.
   double other_ttft_target_s = 0;
   double other_wait_share = 0.85;
   double other_rate_window_s = 30.0;
@@ -138,7 +139,8 @@ struct GoodputOptions {
   // not one: the TPOT forecast averages over the reply lengths' spread.
   int32_t min_completions = 3;
   // The scheduler serves waiting requests already past their TTFT target after the rest
-  // (SchedulerConfig::serve_late_last): PlannerInputs::late_last.
+  // (SchedulerConfig::serve_late_last): PlannerInputs::late_last. Set from the replica's queue
+  // (ForQueue, scheduler/core/replica.h), not by a driver.
   bool late_last = false;
 };
 

@@ -10,8 +10,31 @@ namespace ferry::scheduler {
 
 using Kind = ReplicaInput::Kind;
 
+std::vector<LaneTtft> LaneTargets(std::vector<LaneTtft> stated, const std::vector<std::string>& slo_lanes,
+                                  double slo_ttft_ms) {
+  for (const std::string& lane : slo_lanes) {
+    const bool listed =
+        std::any_of(stated.begin(), stated.end(), [&](const LaneTtft& t) { return t.lane == lane; });
+    if (!listed) stated.push_back({lane, slo_ttft_ms});
+  }
+  return stated;
+}
+
+ControllerOptions ForQueue(ControllerOptions c, const SchedulerConfig& config) {
+  const auto has_target = [&](const std::string& lane) {
+    return config.default_ttft_ms > 0 || std::any_of(config.lane_ttft.begin(), config.lane_ttft.end(),
+                                                     [&](const LaneTtft& t) { return t.lane == lane; });
+  };
+  const std::vector<std::string>& slo_lanes = c.slo.lanes;
+  const bool every_slo_lane_has_one = slo_lanes.empty() ? config.default_ttft_ms > 0
+                                                        : std::all_of(slo_lanes.begin(), slo_lanes.end(), has_target);
+  c.goodput.late_last = config.serve_late_last && every_slo_lane_has_one;
+  c.goodput.other_ttft_target_s = OtherLanesTtftTarget(config.lane_ttft, slo_lanes);
+  return c;
+}
+
 Replica::Replica(const SchedulerConfig& config, ControllerOptions controller)
-    : core_(config), controller_(std::move(controller)) {}
+    : core_(config), controller_(ForQueue(std::move(controller), config)) {}
 
 void Replica::Add(RequestSpec spec) {
   const auto& slo_lanes = controller_.options().slo.lanes;

@@ -41,8 +41,25 @@ struct ReplicaInput {
   FinishKind finish = FinishKind::kNone;  // kAbortAll
 };
 
+// The first-token target of each lane as a replica's queue takes them (SchedulerConfig::lane_ttft): `stated`
+// (ferry-scheduler's --lane-ttft-ms; ferry-sim's trace lanes), then each of `slo_lanes` not among them at
+// slo_ttft_ms, the SLO lanes' target. Only lanes with a target can be late (serve_late_last).
+std::vector<LaneTtft> LaneTargets(std::vector<LaneTtft> stated, const std::vector<std::string>& slo_lanes,
+                                  double slo_ttft_ms);
+
+// What the goodput planner assumes of the queue it plans for, read from the queue's own configuration, so
+// every driver assumes the same (ferry-scheduler and ferry-sim each had a rule of their own, and they differed):
+// - goodput.late_last: the SLO lanes' late requests are served after the rest only when config.serve_late_last
+//   holds and every SLO lane has a first-token target. With no SLO lane named every lane counts, and only a
+//   default target (SchedulerConfig::default_ttft_ms) covers a lane the replica has not heard of: without one,
+//   such a lane is first come, first served.
+// - goodput.other_ttft_target_s: the tightest target of a lane outside the SLO lanes (OtherLanesTtftTarget).
+// The Replica constructor applies it: a driver cannot set either itself.
+ControllerOptions ForQueue(ControllerOptions controller, const SchedulerConfig& config);
+
 class Replica {
  public:
+  // `controller` as ForQueue(controller, config) makes it.
   Replica(const SchedulerConfig& config, ControllerOptions controller);
 
   const SchedulerCore& core() const { return core_; }

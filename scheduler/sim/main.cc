@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "scheduler/core/replica_flags.h"
 #include "scheduler/core/scheduler_core.h"
 #include "scheduler/sim/heldout.h"
 #include "scheduler/sim/report.h"
@@ -23,7 +24,8 @@ namespace {
 using namespace ferry::sim;
 using ferry::scheduler::ControllerMode;
 
-struct Flags {
+// The replica's flags are ferry-scheduler's (scheduler/core/replica_flags.h): one name, default and help.
+struct Flags : ferry::scheduler::ReplicaFlags {
   std::string preset = "rtx4090d-tp4";
   std::string trace, write_trace, json_path, results_path, scenario = "steady", arrival, spike_lane = "-";
   double rate_per_s = 0, duration_s = 0, burst_cv = 0, spike_multiplier = 3.0;
@@ -37,15 +39,10 @@ struct Flags {
   std::string static_cache;
   double list_below = 0, twice_below = 0;
   bool only_goodput = false;
-  std::string controller_mode = "goodput";
-  int32_t max_num_seqs = 64, min_num_seqs = 1, initial_num_seqs = 0;
-  int32_t max_num_batched_tokens = 0, num_kv_blocks = 0;
-  double slo_ttft_ms = 1000, slo_tpot_ms = 50, slo_percentile = 95;  // milliseconds, as ferry-scheduler takes them
-  bool sweep = false, compare = false, enable_prefix_caching = false;
-  bool serve_late_last = true;  // the scheduler's default (--serve-late-last)
+  int32_t initial_num_seqs = 0, num_kv_blocks = 0;
+  bool sweep = false, compare = false;
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
-  std::vector<std::string> lane_ttft;  // LANE=MS, as ferry-scheduler's --lane-ttft-ms
   // One pair of targets says what the adaptive modes aim at and what counts
   // as good; --lane-ttft-ms replaces a lane's TTFT SLO (a time-dilated replay
   // scales the batch lane's 30 s too).
@@ -92,17 +89,15 @@ std::vector<TraceRequest> LoadWorkload(const Flags& f, const ferry::CostModel& c
 
 SimOptions MakeSimOptions(const Flags& f, const ferry::CostModel& cost, ControllerMode mode, int32_t cap) {
   SimOptions sim;
-  sim.scheduler = DefaultSchedulerConfig(cost.params());
-  if (f.max_num_batched_tokens > 0) sim.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
+  sim.scheduler = DefaultSchedulerConfig(cost.params());  // the engine's: KV pool and block size
+  ferry::scheduler::ApplyTo(f, sim.scheduler);
   if (f.num_kv_blocks > 0) sim.scheduler.num_kv_blocks = f.num_kv_blocks;
-  sim.scheduler.enable_prefix_caching = f.enable_prefix_caching;
-  sim.scheduler.serve_late_last = f.serve_late_last;
-  sim.controller = ControllerFor(mode, cap);
+  // --compare runs several modes and caps from one command line.
+  sim.controller = ferry::scheduler::ControllerOptionsFrom(f, ControllerFor(mode, cap));
+  sim.controller.mode = mode;
+  sim.controller.max_num_seqs = cap;
   sim.controller.min_num_seqs = std::min(f.min_num_seqs, cap);
   sim.controller.initial_num_seqs = f.initial_num_seqs;
-  sim.controller.slo.ttft_target_s = f.slo_ttft_ms / 1000.0;
-  sim.controller.slo.tpot_target_s = f.slo_tpot_ms / 1000.0;
-  sim.controller.slo.percentile = f.slo_percentile;
   sim.controller.goodput.reach_share = f.reach_share;
   sim.lanes = f.lanes();
   return sim;
@@ -262,23 +257,9 @@ int main(int argc, char** argv) {
                  "played twice (listed by --list-below)");
   app.add_option("--list-below", f.list_below,
                  "--heldout/--tuning: list the traces where an adaptive mode is under this ratio");
-  app.add_option("--controller-mode", f.controller_mode, "how max_num_seqs follows the load: static, load-level, goodput (slo: the same as goodput)");
-  app.add_option("--max-num-seqs", f.max_num_seqs, "cap (static) or upper bound (adaptive)");
-  app.add_option("--min-num-seqs", f.min_num_seqs, "lower bound for adaptive modes");
+  ferry::scheduler::AddReplicaFlags(app, f);
   app.add_option("--initial-num-seqs", f.initial_num_seqs, "goodput mode's cap until its model has data (0: max/4)");
-  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step");
   app.add_option("--num-kv-blocks", f.num_kv_blocks, "KV pool (0: from the preset)");
-  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f.enable_prefix_caching,
-               "reuse the KV of shared prompt prefixes (trace prefix_id; default off)");
-  app.add_flag("--serve-late-last,!--no-serve-late-last", f.serve_late_last,
-               "within a priority, requests waiting past their lane's TTFT SLO go after the rest, as the scheduler's "
-               "--serve-late-last does (default on; off: first come, first served)");
-  app.add_option("--slo-ttft-ms", f.slo_ttft_ms, "adaptive modes: TTFT target; also the interactive and default lanes' SLO");
-  app.add_option("--slo-tpot-ms", f.slo_tpot_ms, "adaptive modes: TPOT target; also the interactive and default lanes' SLO");
-  app.add_option("--lane-ttft-ms", f.lane_ttft,
-                 "LANE=MS: this lane's TTFT SLO in place of the default (batch 30 s; interactive and default "
-                 "--slo-ttft-ms), as ferry-scheduler's --lane-ttft-ms; not with --heldout or --tuning (repeatable)");
-  app.add_option("--slo-percentile", f.slo_percentile, "percentile of the windowed TTFT and TPOT the controller reports");
   app.add_flag("--sweep", f.sweep, "static-cap sweep in the seed's table shape");
   app.add_flag("--compare", f.compare, "goodput of every static cap, load-level and goodput");
   app.add_option("--caps", f.caps, "caps for --sweep/--compare")->delimiter(',');
@@ -287,6 +268,9 @@ int main(int argc, char** argv) {
   app.add_option("--write-results", f.results_path,
                  "write one JSON line per request: its latencies and whether it met its SLO");
   CLI11_PARSE(app, argc, argv);
+  // The trace's lanes state the targets (the SLO lanes' are --slo-ttft-ms and --slo-tpot-ms), so the
+  // adaptive modes always have them, as a scheduler started with --slo-lane does.
+  f.targets_stated = true;
   f.has_family_seed = app.count("--family-seed") > 0;
   if (!FlagsAreValid(f)) return 2;
   try {

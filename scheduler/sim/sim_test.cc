@@ -93,13 +93,13 @@ TEST(SimulatorTest, ItsReplicaReplaysStepForStep) {
   o.record = &record;
   const SimResult r = RunSimulation(trace, cost, o);
   ASSERT_GT(r.changes.size(), 2u) << "the cap should change on this trace";
-  scheduler::Replica replica(SimSchedulerConfig(o), SimControllerOptions(o, trace));
+  scheduler::Replica replica(SimSchedulerConfig(o, trace), o.controller);
   const scheduler::ReplayResult replay = scheduler::Replay(replica, record);
   EXPECT_GE(replay.num_plans, r.num_steps);  // every step's plan, and any empty one
   EXPECT_EQ(replay.num_same, replay.num_plans) << replay.first_difference;
   EXPECT_TRUE(replay.first_difference.empty()) << replay.first_difference;
   // The comparison can fail: a replica with another controller plans other steps from the same inputs.
-  scheduler::Replica other(SimSchedulerConfig(o), Options(cost, scheduler::ControllerMode::kStatic, 64).controller);
+  scheduler::Replica other(SimSchedulerConfig(o, trace), Options(cost, scheduler::ControllerMode::kStatic, 64).controller);
   EXPECT_FALSE(scheduler::Replay(other, record).first_difference.empty());
 }
 

@@ -44,35 +44,24 @@ scheduler::RequestSpec MakeSpec(const TraceRequest& r, size_t index, const LaneC
   return spec;
 }
 
-// Each lane's TTFT SLO is its requests' first-token target, as ferry-scheduler's
-// --lane-ttft-ms gives it.
-scheduler::SchedulerConfig WithLaneTargets(const SimOptions& o) {
-  scheduler::SchedulerConfig c = o.scheduler;
-  for (const LaneConfig& lane : o.lanes) c.lane_ttft.push_back({lane.name, 1e3 * lane.ttft_slo_s});
-  return c;
-}
-
-// The controller plans for the queue order the scheduler keeps, and lets the
-// other lanes wait as long as their own TTFT SLO allows: the targets of the
-// lanes the trace uses, as an operator's --lane-ttft-ms names the lanes it
-// serves (a lane with an SLO but no requests would only bind the wait).
-scheduler::ControllerOptions ControllerTold(const SimOptions& o, const std::vector<TraceRequest>& trace) {
-  scheduler::ControllerOptions c = o.controller;
-  c.goodput.late_last = o.scheduler.serve_late_last;
+// Each lane's TTFT SLO is its requests' first-token target, as ferry-scheduler's --lane-ttft-ms gives it,
+// for the lanes the trace uses, as an operator names the lanes it serves (a lane with an SLO but no
+// requests would only bind the other lanes' wait: ForQueue). The controller's assumptions about the queue
+// follow from this by the live scheduler's rule (Replica's constructor).
+scheduler::SchedulerConfig WithLaneTargets(const SimOptions& o, const std::vector<TraceRequest>& trace) {
   std::set<std::string> used;
   for (const TraceRequest& r : trace) used.insert(r.lane);
-  std::vector<scheduler::LaneTtft> targets;
-  for (const scheduler::LaneTtft& t : WithLaneTargets(o).lane_ttft) {
-    if (used.count(t.lane) > 0) targets.push_back(t);
+  scheduler::SchedulerConfig c = o.scheduler;
+  for (const LaneConfig& lane : o.lanes) {
+    if (used.count(lane.name) > 0) c.lane_ttft.push_back({lane.name, 1e3 * lane.ttft_slo_s});
   }
-  c.goodput.other_ttft_target_s = scheduler::OtherLanesTtftTarget(targets, c.slo.lanes);
   return c;
 }
 
 class Simulation {
  public:
   Simulation(const std::vector<TraceRequest>& trace, const CostModel& cost, const SimOptions& o)
-      : trace_(trace), cost_(cost), options_(o), replica_(WithLaneTargets(o), ControllerTold(o, trace)) {
+      : trace_(trace), cost_(cost), options_(o), replica_(WithLaneTargets(o, trace), o.controller) {
     replica_.Record(o.record);
     result_.requests.resize(trace.size());
     for (size_t i = 0; i < trace.size(); ++i) result_.requests[i].request = trace[i];
@@ -212,10 +201,8 @@ const LaneConfig& FindLane(const std::vector<LaneConfig>& lanes, const std::stri
   return kDefault;
 }
 
-scheduler::SchedulerConfig SimSchedulerConfig(const SimOptions& options) { return WithLaneTargets(options); }
-
-scheduler::ControllerOptions SimControllerOptions(const SimOptions& options, const std::vector<TraceRequest>& trace) {
-  return ControllerTold(options, trace);
+scheduler::SchedulerConfig SimSchedulerConfig(const SimOptions& options, const std::vector<TraceRequest>& trace) {
+  return WithLaneTargets(options, trace);
 }
 
 SimResult RunSimulation(const std::vector<TraceRequest>& trace, const CostModel& cost,

@@ -81,9 +81,7 @@ SimResult RunSimulation(const std::vector<TraceRequest>& trace, const CostModel&
                         const SimOptions& options);
 
 const LaneConfig& FindLane(const std::vector<LaneConfig>& lanes, const std::string& name);
-// The replica a simulation of `trace` drives is Replica(SimSchedulerConfig(options),
-// SimControllerOptions(options, trace)).
-scheduler::SchedulerConfig SimSchedulerConfig(const SimOptions& options);
-scheduler::ControllerOptions SimControllerOptions(const SimOptions& options, const std::vector<TraceRequest>& trace);
+// The replica a simulation of `trace` drives is Replica(SimSchedulerConfig(options, trace), options.controller).
+scheduler::SchedulerConfig SimSchedulerConfig(const SimOptions& options, const std::vector<TraceRequest>& trace);
 
 }  // namespace ferry::sim

@@ -83,7 +83,8 @@ def sim_goodput(bin_dir, out_dir, trace, preset, tpot_ms, caching, d, modes):
     for name, mode, cap in runs:
         results = out_dir / f"sim-{Path(trace).stem}-{name.replace(' ', '-')}.jsonl"
         run([bin_dir / "ferry-sim", "--trace", trace, "--preset", preset, "--controller-mode", mode,
-             "--max-num-seqs", cap, "--slo-ttft-ms", TTFT_SLO_MS * d, "--slo-tpot-ms", tpot_ms * d,
+             "--max-num-seqs", cap, "--max-num-batched-tokens", 2048,  # the evaluation's, as the stack below
+             "--slo-ttft-ms", TTFT_SLO_MS * d, "--slo-tpot-ms", tpot_ms * d,
              "--lane-ttft-ms", f"batch={BATCH_SLO_MS[0] * d:g}",
              "--enable-prefix-caching" if caching else "--no-enable-prefix-caching", "--write-results", results])
         rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
