@@ -10,6 +10,7 @@
 #include "common/process.h"
 #include "common/service_main.h"
 #include "common/timeouts.h"
+#include "scheduler/core/queue_order.h"
 #include "scheduler/core/replica_flags.h"
 #include "scheduler/engine_loop.h"
 #include "scheduler/scheduler_service.h"
@@ -176,9 +177,11 @@ int main(int argc, char** argv) {
   }
   const ferry::v1::SchedulerInfo info = InfoFrom(worker_info, config, static_cast<int>(flags.workers.size()));
   spdlog::info("model {}: {} KV blocks of {}, max_model_len {}, max_num_seqs {} ({}), max_num_batched_tokens {}, "
-               "prefix caching {}, async scheduling {}", info.model(), config.num_kv_blocks, config.block_size,
+               "prefix caching {}, async scheduling {}, queue order {}", info.model(), config.num_kv_blocks,
+               config.block_size,
                config.max_model_len, config.max_num_seqs, flags.replica.controller_mode, config.max_num_batched_tokens,
-               config.enable_prefix_caching ? "on" : "off", flags.async_scheduling ? "on" : "off");
+               config.enable_prefix_caching ? "on" : "off", flags.async_scheduling ? "on" : "off",
+               ferry::scheduler::QueueOrder(config).name());
 
   ferry::MetricsServer metrics(flags.service.metrics_bind());
   ferry::scheduler::RecoveryOptions recovery;

@@ -76,7 +76,7 @@ StepPlanner::StepPlanner(SchedulerState& state, PlanBuffers& buffers, const Budg
 
 void StepPlanner::ScheduleRunning() {
   for (Sequence* seq : state_.running) {
-    seq->effective_priority = EffectivePriority(*seq, now_, state_.config.aging_interval_ms);
+    seq->effective_priority = state_.order.EffectivePriority(*seq, now_);
   }
   // A sequence whose pending tokens end it by length waits for the commit
   // that retires it (async scheduling; never the case with one step in flight).
@@ -180,16 +180,15 @@ void StepPlanner::AdmitWaiting() {
 Sequence* StepPlanner::AdmitPass() {
   if (state_.waiting.empty()) return nullptr;
   const auto max_seqs = static_cast<size_t>(budget_.max_num_seqs);
-  const int32_t aging = state_.config.aging_interval_ms;
   std::vector<Sequence*>& admitted = buffers_.admitted;
   admitted.clear();
   Sequence* blocked = nullptr;
-  state_.waiting.VisitInOrder(now_, aging, state_.config.serve_late_last, [&](Sequence& seq) {
+  state_.waiting.VisitInOrder(now_, state_.order, [&](Sequence& seq) {
     if (tokens_left_ <= 0) return false;
     // After a preemption blocks are short: admitting a sequence not above the
     // preempted ones would only be undone (and a victim never resumes in the
     // step that preempted it).
-    if (did_preempt_ && EffectivePriority(seq, now_, aging) <= max_preempted_priority_) return false;
+    if (did_preempt_ && state_.order.EffectivePriority(seq, now_) <= max_preempted_priority_) return false;
     // Preempted while a step in flight samples for it: it resumes once that
     // token is known (its NewSequence carries all tokens).
     if (seq.num_pending > 0) return true;
@@ -207,7 +206,7 @@ Sequence* StepPlanner::AdmitPass() {
 }
 
 bool StepPlanner::PreemptFor(const Sequence& seq) {
-  const int64_t priority = EffectivePriority(seq, now_, state_.config.aging_interval_ms);
+  const int64_t priority = state_.order.EffectivePriority(seq, now_);
   std::vector<Sequence*>& candidates = buffers_.candidates;
   candidates.clear();
   for (Sequence* r : state_.running) {
@@ -336,7 +335,7 @@ StepPlanner::Admission StepPlanner::TryAdmit(Sequence& seq) {
   }
   state_.running.push_back(&seq);
   seq.start_order = ++state_.num_admissions;
-  seq.effective_priority = EffectivePriority(seq, now_, state_.config.aging_interval_ms);
+  seq.effective_priority = state_.order.EffectivePriority(seq, now_);
   if (lanes_.is_active() && seq.lane_index >= 0) {
     ++lanes_.num_seats[Lane(seq)];
     ++lanes_.num_admitted[Lane(seq)];

@@ -18,9 +18,10 @@ namespace ferry::scheduler {
 // Everything the scheduler knows. One owner: the SchedulerCore facade.
 struct SchedulerState {
   explicit SchedulerState(const SchedulerConfig& cfg)
-      : config(cfg), blocks(cfg.num_kv_blocks, cfg.block_size) {}
+      : config(cfg), order(cfg), blocks(cfg.num_kv_blocks, cfg.block_size) {}
 
   SchedulerConfig config;
+  QueueOrder order;     // the waiting queue's rules (and running sequences' effective priority)
   BlockManager blocks;  // declared before `sequences`: outlives every lease
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> sequences;  // every live one
   WaitingQueue waiting;              // holds no blocks

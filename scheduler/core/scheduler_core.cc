@@ -500,14 +500,14 @@ int32_t SchedulerCore::RequeueAll() {
 SchedulerCore::WaitingCount SchedulerCore::NumWaitingIn(const std::vector<std::string>& lanes,
                                                         TimePoint now) const {
   WaitingCount n;
-  const bool late_last = state_.config.serve_late_last;
-  if (lanes.empty() && !late_last) {
+  const QueueOrder& order = state_.order;
+  if (lanes.empty() && !order.can_defer()) {
     n.on_time = num_waiting();
     return n;
   }
   state_.waiting.ForEach([&](const Sequence* s) {
     if (!lanes.empty() && std::find(lanes.begin(), lanes.end(), s->spec.lane) == lanes.end()) return;
-    ++(late_last && s->IsLate(now) ? n.late : n.on_time);
+    ++(order.Defers(*s, now) ? n.late : n.on_time);
   });
   return n;
 }

@@ -103,11 +103,13 @@ class SchedulerCore {
   void ExpireDeadlines(TimePoint now);
 
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
+  // The waiting queue's order: "priority" and the rules on (queue_order.h).
+  const std::string& queue_order() const { return state_.order.name(); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
   // Waiting requests of the lanes in `lanes` (empty: every lane): a scan of
-  // the queue (the goodput controller's demand per lane class). With
-  // serve_late_last, those past their first_token_target at `now` are counted
-  // apart, as late (they are served after the rest).
+  // the queue (the goodput controller's demand per lane class). Those a queue
+  // rule defers at `now` (late-last: past their first_token_target) are
+  // counted apart, as late (they are served after the rest).
   struct WaitingCount {
     int32_t on_time = 0;
     int32_t late = 0;

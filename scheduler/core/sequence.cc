@@ -40,12 +40,6 @@ void Sequence::ResetProgress() {
   is_publishing_stopped = false;
 }
 
-int64_t EffectivePriority(const Sequence& seq, TimePoint now, int32_t aging_interval_ms) {
-  if (aging_interval_ms <= 0 || now <= seq.spec.arrival) return seq.spec.priority;
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - seq.spec.arrival);
-  return seq.spec.priority + waited.count() / aging_interval_ms;
-}
-
 void WaitingQueue::CountLane(const Sequence* seq, int32_t delta) {
   if (seq->lane_index < 0) return;
   const auto i = static_cast<size_t>(seq->lane_index);
@@ -82,25 +76,25 @@ bool WaitingQueue::Remove(const Sequence* seq) {
   return true;
 }
 
-bool WaitingQueue::SeekHead(Cursor& c, TimePoint now, bool late_last) {
+bool WaitingQueue::SeekHead(Cursor& c, TimePoint now, const QueueOrder& order) {
   const std::deque<Sequence*>& q = *c.queue;
-  if (!late_last) return c.next < q.size();
+  if (!order.can_defer()) return c.next < q.size();
   while (true) {
-    while (c.next < q.size() && q[c.next]->IsLate(now) != c.late_pass) ++c.next;
+    while (c.next < q.size() && order.Defers(*q[c.next], now) != c.deferred_pass) ++c.next;
     if (c.next < q.size()) return true;
-    if (c.late_pass) return false;
-    c.late_pass = true;
+    if (c.deferred_pass) return false;
+    c.deferred_pass = true;
     c.next = 0;
   }
 }
 
-Sequence* WaitingQueue::NextInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last) const {
+Sequence* WaitingQueue::NextInOrder(TimePoint now, const QueueOrder& order) const {
   Cursor* best = nullptr;
   int64_t best_priority = 0;
   for (Cursor& c : cursors_) {
-    if (!SeekHead(c, now, late_last)) continue;
+    if (!SeekHead(c, now, order)) continue;
     const Sequence& head = *(*c.queue)[c.next];
-    const int64_t p = EffectivePriority(head, now, aging_interval_ms);
+    const int64_t p = order.EffectivePriority(head, now);
     const Sequence* best_head = best == nullptr ? nullptr : (*best->queue)[best->next];
     // Deques are visited by base priority, highest first: a tie in effective
     // priority goes to the earlier arrival, then to the higher base priority.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "scheduler/core/block_manager.h"
+#include "scheduler/core/queue_order.h"
 #include "scheduler/core/types.h"
 
 namespace ferry::scheduler {
@@ -83,15 +84,10 @@ struct Sequence {
   std::multimap<TimePoint, uint64_t>::iterator deadline_pos;  // valid iff deadline() is finite
 };
 
-// spec.priority raised by one step per full aging interval waited since arrival.
-int64_t EffectivePriority(const Sequence& seq, TimePoint now, int32_t aging_interval_ms);
-
-// Waiting sequences. Holds no blocks. Order: effective priority (larger first),
-// then arrival; within one base priority the deque order (arrival, preempted
-// sequences in front) is kept, except that with late_last (SchedulerConfig::
-// serve_late_last) the sequences already late at `now` (Sequence::IsLate) come
-// after the rest of their priority, in the same order among themselves. Also
-// counts waiting sequences per reserved lane.
+// Waiting sequences. Holds no blocks. Order: a QueueOrder's (queue_order.h): effective priority (larger
+// first), then arrival; within one base priority the deque order (arrival, preempted sequences in front) is
+// kept, except that the sequences a rule defers at `now` come after the rest of their priority, in the same
+// order among themselves. Also counts waiting sequences per reserved lane.
 class WaitingQueue {
  public:
   bool empty() const { return size_ == 0; }
@@ -105,11 +101,11 @@ class WaitingQueue {
     return lane_index >= 0 && static_cast<size_t>(lane_index) < lane_counts_.size()
                ? lane_counts_[static_cast<size_t>(lane_index)] : 0;
   }
-  // Visits waiting sequences in queue order at `now` until `fn(Sequence&)` returns false.
+  // Visits waiting sequences in `order` at `now` until `fn(Sequence&)` returns false.
   // `fn` must not change the queue. (A template, not a std::function: the planner's
   // closure would be allocated every step.)
   template <typename Fn>
-  void VisitInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last, Fn&& fn) const;
+  void VisitInOrder(TimePoint now, const QueueOrder& order, Fn&& fn) const;
   template <typename Fn>
   void ForEach(Fn&& fn) const {
     for (const auto& [priority, queue] : by_priority_) {
@@ -124,12 +120,12 @@ class WaitingQueue {
   struct Cursor {
     const std::deque<Sequence*>* queue;
     size_t next;
-    bool late_pass;  // serve_late_last: visiting the late ones, after the rest
+    bool deferred_pass;  // visiting the deferred ones, after the rest
   };
   // The merge of the deques by their heads' effective priority; the visited one advances.
-  Sequence* NextInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last) const;
-  // Moves c.next to the next sequence of c's pass (the late pass after the first); false at the end.
-  static bool SeekHead(Cursor& c, TimePoint now, bool late_last);
+  Sequence* NextInOrder(TimePoint now, const QueueOrder& order) const;
+  // Moves c.next to the next sequence of c's pass (the deferred pass after the first); false at the end.
+  static bool SeekHead(Cursor& c, TimePoint now, const QueueOrder& order);
 
   std::map<int32_t, std::deque<Sequence*>, std::greater<>> by_priority_;
   std::vector<int32_t> lane_counts_;
@@ -138,10 +134,10 @@ class WaitingQueue {
 };
 
 template <typename Fn>
-void WaitingQueue::VisitInOrder(TimePoint now, int32_t aging_interval_ms, bool late_last, Fn&& fn) const {
+void WaitingQueue::VisitInOrder(TimePoint now, const QueueOrder& order, Fn&& fn) const {
   cursors_.clear();
   for (const auto& [priority, queue] : by_priority_) cursors_.push_back(Cursor{&queue, 0, false});
-  while (Sequence* seq = NextInOrder(now, aging_interval_ms, late_last)) {
+  while (Sequence* seq = NextInOrder(now, order)) {
     if (!fn(*seq)) return;
   }
 }
