@@ -21,7 +21,7 @@
 
 #include <prometheus/registry.h>
 
-#include "scheduler/core/controller.h"
+#include "scheduler/cap/controller.h"
 #include "scheduler/core/replica.h"
 #include "scheduler/core/scheduler_core.h"
 

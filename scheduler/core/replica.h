@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/core/controller.h"
+#include "scheduler/cap/controller.h"
 #include "scheduler/core/scheduler_core.h"
 
 namespace ferry::scheduler {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/core/controller.h"
+#include "scheduler/cap/controller.h"
 #include "scheduler/core/types.h"
 
 namespace CLI {

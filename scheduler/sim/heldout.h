@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/cost_model.h"
-#include "scheduler/core/controller.h"
+#include "scheduler/cap/controller.h"
 #include "scheduler/sim/trace_family.h"
 #include "scheduler/sim/workload.h"
 

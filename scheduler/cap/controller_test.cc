@@ -1,10 +1,12 @@
-#include "scheduler/core/controller.h"
+#include "scheduler/cap/controller.h"
+#include "scheduler/cap/cap_mode.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -47,6 +49,70 @@ TEST(ControllerTest, StaticKeepsMaxUntilSet) {
   EXPECT_EQ(c.changes()[0].level, "admin");
   EXPECT_EQ(c.TakeChanges().size(), 1u);
   EXPECT_TRUE(c.TakeChanges().empty());
+}
+
+// The registry names each mode once: the controller's names and the flag's values come from it.
+TEST(ControllerTest, EveryModeIsRegisteredOnceByName) {
+  std::vector<std::string> names;
+  for (const CapModeEntry& entry : CapModes()) {
+    names.emplace_back(entry.name);
+    EXPECT_EQ(ControllerModeName(entry.mode), entry.name);
+    EXPECT_EQ(ParseControllerMode(std::string(entry.name)), entry.mode);
+    if (!entry.alias.empty()) EXPECT_EQ(ParseControllerMode(std::string(entry.alias)), entry.mode);
+    EXPECT_FALSE(entry.summary.empty()) << entry.name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"static", "load-level", "goodput"}));
+  try {
+    ParseControllerMode("fixed");
+    ADD_FAILURE() << "an unknown mode should be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"fixed\" is not one of static, load-level, goodput (slo: the same)"),
+              std::string::npos) << e.what();
+  }
+}
+
+// The README's example of a new mode, not registered: halve the cap after a step slower than the TPOT target,
+// raise it by one otherwise. The controller drives it as it drives a registered one, holds included.
+class StepBound final : public CapMode {
+ public:
+  explicit StepBound(const ControllerOptions& o) : options_(o) {}
+  int32_t InitialCap() const override { return options_.max_num_seqs; }
+  void Decide(const StepObservation& obs, const ControllerView& view, CapSetter& cap) override {
+    if (obs.last_step_s <= 0) return;
+    const bool slow = obs.last_step_s > options_.slo.tpot_target_s;
+    const int32_t to = std::clamp(slow ? view.num_seqs / 2 : view.num_seqs + 1, options_.min_num_seqs,
+                                  options_.max_num_seqs);
+    if (to != view.num_seqs) cap.Change(obs.now_s, to, slow ? "cut" : "raise", "step bound");
+  }
+  void Report(ControllerStatus& s) const override { s.regime = "step-bound"; }
+
+ private:
+  const ControllerOptions options_;
+};
+
+TEST(ControllerTest, AModeNotYetRegisteredDrivesTheCap) {
+  ControllerOptions o;
+  o.max_num_seqs = 16;
+  o.slo.tpot_target_s = 0.05;
+  Controller c(o, std::make_unique<StepBound>(o), /*models_steps=*/false);
+  EXPECT_EQ(c.num_seqs(), 16);
+  StepObservation obs;
+  obs.last_step_s = 0.08, obs.last_step_tokens = 16, obs.last_step_seqs = 16;
+  obs.now_s = 1;
+  EXPECT_EQ(c.Step(obs), 8);
+  obs.now_s = 2;
+  EXPECT_EQ(c.Step(obs), 4);
+  obs.last_step_s = 0.01, obs.now_s = 3;
+  EXPECT_EQ(c.Step(obs), 5);
+  c.Set(3, 4, /*hold=*/true);
+  obs.now_s = 5;
+  EXPECT_EQ(c.Step(obs), 3) << "a hold keeps the mode from moving the cap";
+  EXPECT_EQ(c.status().regime, "step-bound");
+  const std::vector<CapChange> changes = c.TakeChanges();
+  ASSERT_EQ(changes.size(), 4u);
+  EXPECT_EQ(changes[0].level, "cut");
+  EXPECT_EQ(changes[2].level, "raise");
+  EXPECT_EQ(changes[3].level, "admin");
 }
 
 TEST(ControllerTest, RejectsBadOptions) {

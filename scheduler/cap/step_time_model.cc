@@ -1,4 +1,4 @@
-#include "scheduler/core/step_time_model.h"
+#include "scheduler/cap/step_time_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -51,7 +51,7 @@
 #include <string>
 #include <vector>
 
-#include "scheduler/core/step_time_model.h"
+#include "scheduler/cap/step_time_model.h"
 
 namespace ferry::scheduler {
 

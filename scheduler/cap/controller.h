@@ -8,13 +8,13 @@
 //   budget.max_num_seqs = cap;
 //   for (auto& c : controller.TakeChanges()) { log / export metrics }
 //
-// Modes:
+// Modes (cap_mode.h; each in modes/, registered in modes/registry.cc):
 //   static      cap = max_num_seqs (or the last Set()).
 //   load-level  named levels, each with a cap; the level is the one the
 //               goodput model below predicts serves best.
-//   goodput     model-based (goodput_planner.h): fits step time to the
-//               batch online from the steps it observes, measures the
-//               demand per lane class, output lengths and the TPOT spread,
+//   goodput     model-based (goodput_planner.h, demand_model.h): fits step
+//               time to the batch online from the steps it observes, measures
+//               the demand per lane class, output lengths and the TPOT spread,
 //               and sets the cap that maximises expected goodput: the SLO
 //               lanes' requests that meet the targets plus the other lanes'
 //               throughput. No preset: the same on the CPU engine, a GPU or
@@ -26,14 +26,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "scheduler/core/goodput_planner.h"
+#include "scheduler/cap/goodput_planner.h"
 #include "scheduler/core/ring.h"
-#include "scheduler/core/step_time_model.h"
+#include "scheduler/cap/step_time_model.h"
 #include "scheduler/core/types.h"
 
 namespace ferry::scheduler {
@@ -192,6 +193,10 @@ struct RequestCompletion {
   int32_t num_cached_tokens = 0;
 };
 
+// Room for a change's reason (PlanCap's is at most 560 bytes): reserved in every kept change and in the
+// planner's choice once, so a change allocates nothing.
+inline constexpr size_t kCapReasonRoom = 640;
+
 struct CapChange {
   double time_s = 0;
   int32_t from = 0;
@@ -216,11 +221,24 @@ struct ControllerStatus {
   std::string regime;
 };
 
+// A value observed at a time: the controller's windows hold these.
+struct TimedValue {
+  double time_s;
+  double value;
+};
+
+class CapMode;
+
 class Controller {
  public:
   // Throws std::invalid_argument on min < 1, max < min, levels unsorted by
   // cap or empty, or a non-positive SLO target.
   explicit Controller(ControllerOptions options);
+  // With a mode of the caller's in place of options.mode's registered one (a mode before its registration,
+  // as controller_test's example); `models_steps` as CapModeEntry::models_steps.
+  Controller(ControllerOptions options, std::unique_ptr<CapMode> mode, bool models_steps);
+  ~Controller();
+  Controller(Controller&&) noexcept;
 
   // Records a finished request (the model modes use it; static ignores it).
   void OnCompletion(const RequestCompletion& done);
@@ -236,9 +254,7 @@ class Controller {
   // goodput mode: the next Step at `now_s` may change the cap, so it reads
   // StepObservation::num_waiting_slo (a scan of the queue the caller can
   // skip on the other steps).
-  bool ReadsQueueAt(double now_s) const {
-    return UsesModel() && now_s - last_adjust_s_ >= options_.goodput.adjust_interval_s;
-  }
+  bool ReadsQueueAt(double now_s) const;
   ControllerStatus status() const;
   // The latest changes (at most kKeptChanges), oldest first: the record is
   // bounded, as a scheduler runs for months and the model modes change the cap
@@ -252,72 +268,22 @@ class Controller {
   const ControllerOptions& options() const { return options_; }
 
  private:
-  struct TimedValue {
-    double time_s;
-    double value;
-  };
+  class Setter;
   void Change(double now_s, int32_t to, std::string_view level, std::string_view reason);
-  void StepLoadLevel(const StepObservation& obs);
-  void StepGoodput(const StepObservation& obs);
-  void ColdStartBound(const StepObservation& obs);
-  // What the goodput model plans with, from the window; empty until enough
-  // completions and steps have been seen (controller_model.cc).
-  // Fills inputs_ (its vectors keep their capacity); false when there is nothing to plan with.
-  bool ModelInputs(const StepObservation& obs);
-  // The step-time model to plan with now (updates last_fit_); the tokens'
-  // share of the mean step when nothing could be fitted yet.
-  StepFit CurrentFit(double seconds_per_token);
-  // CurrentFit over the window's steps; empty before a step with tokens.
-  std::optional<StepFit> FitOfTheWindow();
-  bool UsesModel() const {
-    return options_.mode == ControllerMode::kGoodput || options_.mode == ControllerMode::kLoadLevel;
-  }
-  // The highest cap the KV pool allows (SloOptions::kv_raise_limit).
-  int32_t KvRaiseLimit(const StepObservation& obs) const;
   double ArrivalRate(double now_s) const;
-  // Nearest-rank percentile of the window's values (0 when empty), sorted in scratch_.
-  double PercentileOf(const Ring<TimedValue>& d, double pct);
-  // Arrivals in `d` over the last `window_s` (over the time observed, at least 1 s, until then).
-  double RateOver(const Ring<TimedValue>& d, double now_s, double window_s) const;
-  void Expire(double now_s);
-  bool CountsLane(const std::string& lane) const;
 
   ControllerOptions options_;
+  bool models_steps_ = false;        // the mode's registration (CapModeEntry::models_steps)
+  std::unique_ptr<CapMode> mode_;    // holds its own state
   int32_t num_seqs_ = 0;
-  size_t level_ = 0;
-  double last_adjust_s_ = -1e300;
-  Ring<TimedValue> arrivals_;  // (time, count)
-  Ring<TimedValue> slo_arrivals_;  // (time, count) of the SLO lanes (goodput mode)
-  Ring<TimedValue> outputs_;   // (completion time, output tokens), every lane (goodput mode)
-  std::optional<StepFit> last_fit_;  // goodput mode: the latest fit (a full cap stops the batch varying)
-  bool draining_ = false;            // the latest plan drained (PlannerInputs::draining)
-  PlanRegime regime_ = PlanRegime::kGoodput;  // the latest plan's (status().regime)
-  bool held_ = false;                // an admin Set holds the cap: adaptive modes do not move it
-  bool fit_has_seqs_ = false;        // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
-  Ring<TimedValue> slo_outputs_;  // (completion time, output tokens), SLO lanes (goodput mode)
-  Ring<TimedValue> prompts_;  // (completion time, prompt tokens computed at admission), every lane
+  bool held_ = false;                // an admin Set holds the cap: the mode does not move it
+  Ring<TimedValue> arrivals_;        // (time, count), every lane, over the longest window a mode reads
   bool seen_step_ = false;
   double time_unit_s_ = 1;           // model modes: slo.ttft_target_s / kReferenceTtftS (options scaled by it)
   double first_step_s_ = 0;          // time of the first Step
   double last_step_s_ = 0;           // time of the latest Step
-  Ring<TimedValue> ttft_;      // (completion time, ttft)
-  Ring<TimedValue> tpot_;
-  StepTimeModel steps_;              // the fit spans cap changes: it needs their variety
-  // KV held by a running sequence (OnCompletion), every lane: (completion
-  // time, weight * held tokens) and (completion time, weight).
-  Ring<TimedValue> held_weighted_;
-  Ring<TimedValue> held_weights_;
-  int32_t preemptions_since_adjust_ = 0;
-  double ttft_p_s_ = 0;
-  double tpot_p_s_ = 0;
   Ring<CapChange> changes_;  // the latest kKeptChanges, their strings' room reserved once
-  // A steady step allocates nothing, adjustments included (issue #53): the planner's inputs and
-  // workspace are kept from plan to plan, with the percentiles' scratch.
-  PlannerInputs inputs_;
-  PlanWorkspace plan_;
-  std::vector<double> scratch_;
   uint64_t num_changes_ = 0;       // since construction
-  uint64_t num_plans_ = 0;         // PlanCap calls since construction
   uint64_t num_taken_ = 0;         // of those, returned by TakeChanges
 };
 

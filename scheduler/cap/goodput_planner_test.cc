@@ -1,4 +1,4 @@
-#include "scheduler/core/goodput_planner.h"
+#include "scheduler/cap/goodput_planner.h"
 
 #include <gtest/gtest.h>
 
