@@ -1,8 +1,8 @@
 // The gateway's gRPC client of its scheduler replicas: scheduler_client.h over ferry.v1.Scheduler
 // stubs. Requests travel multiplexed on long-lived Session streams, one per connection to a
 // replica: each scheduler step reaches the gateway as one message for all of a session's requests,
-// not one message per request (docs/benchmarks/bench.md 2k). Sessions and requests are callback
-// reactors: no thread waits on either. The router's health checks ask each replica's GetState.
+// not one message per request (docs/benchmarks/bench.md 2k); the sessions are session_mux.h's. The
+// router's health checks ask each replica's GetState.
 #pragma once
 
 #include <functional>
