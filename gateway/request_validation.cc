@@ -7,6 +7,7 @@
 #include "structured/regex_dfa.h"
 #include "common/speculative.h"
 #include "common/status.h"
+#include "proto/speculative.h"
 
 namespace ferry::gateway {
 
@@ -108,9 +109,9 @@ std::string CheckGuided(const ferry::v1::GuidedDecoding& g) {
 // The names and range; whether the replica's workers can propose with a method is the scheduler's
 // check (SchedulerInfo.speculative_methods).
 std::string CheckSpeculative(const ferry::v1::SpeculativeDecoding& s) {
-  const std::string& method = s.method();
-  if (!method.empty() && method != kSpeculativeNone && method != kSpeculativeNgram && method != kSpeculativeDraftModel) {
-    return FieldMessage("sampling.speculative.method", method, "must be \"ngram\", \"draft_model\" or \"none\"");
+  if (!FromProto(s.method())) {  // a value this server's enum does not have
+    return FieldMessage("sampling.speculative.method", s.method(),
+                        "is not a SpeculativeMethod (DEFAULT, NONE, NGRAM, DRAFT_MODEL)");
   }
   if (s.has_num_speculative_tokens() &&
       (s.num_speculative_tokens() < 0 || s.num_speculative_tokens() > kMaxSpeculativeTokens)) {

@@ -10,6 +10,7 @@
 
 #include "common/sampling_limits.h"
 #include "common/speculative.h"
+#include "proto/speculative.h"
 #include "structured/ebnf_grammar.h"
 #include "structured/json_schema.h"
 #include "structured/regex_dfa.h"
@@ -153,27 +154,33 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
 void ResolveSpeculative(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info, SamplingParams& out) {
   const ferry::v1::SpeculativeDecoding& asked = r.sampling().speculative();
   const ferry::v1::SpeculativeDecoding& server = info.speculative();
-  std::string method = asked.method().empty() ? server.method() : asked.method();
-  if (method.empty()) method = kSpeculativeNone;
+  const std::optional<SpeculativeMethod> asked_method = FromProto(asked.method());
+  if (!asked_method) {  // the gateway refuses these; a direct client may send one
+    throw std::invalid_argument(fmt::format("sampling.speculative.method = {} is not a SpeculativeMethod",
+                                            static_cast<int>(asked.method())));
+  }
+  SpeculativeMethod method = *asked_method;
+  if (method == SpeculativeMethod::kDefault) method = FromProto(server.method()).value_or(SpeculativeMethod::kNone);
+  if (method == SpeculativeMethod::kDefault) method = SpeculativeMethod::kNone;
   const auto& methods = info.speculative_methods();
-  if (method != kSpeculativeNone && std::find(methods.begin(), methods.end(), method) == methods.end()) {
-    std::string supported = std::string(kSpeculativeNone);
-    for (const std::string& m : methods) supported += ", " + m;
+  if (Speculates(method) && std::find(methods.begin(), methods.end(), ToProto(method)) == methods.end()) {
+    std::string supported(SpeculativeMethodName(SpeculativeMethod::kNone));
+    for (const int m : methods) supported += ", " + std::string(SpeculativeMethodName(static_cast<SpeculativeMethod>(m)));
     throw std::invalid_argument(fmt::format("sampling.speculative.method = '{}' is not supported by this replica's "
-                                            "workers (supported: {})", method, supported));
+                                            "workers (supported: {})", SpeculativeMethodName(method), supported));
   }
   int32_t k = kDefaultSpeculativeTokens;
   if (asked.has_num_speculative_tokens()) {
     k = asked.num_speculative_tokens();
-  } else if (method == server.method() && server.num_speculative_tokens() > 0) {
+  } else if (ToProto(method) == server.method() && server.num_speculative_tokens() > 0) {
     k = server.num_speculative_tokens();
   }
   if (k < 0 || k > kMaxSpeculativeTokens) {
     throw std::invalid_argument(fmt::format("sampling.speculative.num_speculative_tokens = {} must be in [0, {}]", k,
                                             kMaxSpeculativeTokens));
   }
-  const bool on = method != kSpeculativeNone && k > 0;
-  out.speculative_method = on ? method : std::string(kSpeculativeNone);
+  const bool on = Speculates(method) && k > 0;
+  out.speculative_method = on ? method : SpeculativeMethod::kNone;
   out.num_speculative_tokens = on ? k : 0;
 }
 

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "proto/speculative.h"
 #include <spdlog/spdlog.h>
 
 namespace ferry::scheduler {
@@ -106,8 +108,8 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForEveryRank(std::chrono::seconds tim
         first.set_supports_prompt_logprobs(first.supports_prompt_logprobs() && info.supports_prompt_logprobs());
         first.set_supports_guided_decoding(first.supports_guided_decoding() && info.supports_guided_decoding());
         // A method some rank lacks would have ranks propose different drafts: only common ones.
-        std::vector<std::string> common;
-        for (const std::string& m : first.speculative_methods()) {
+        std::vector<int> common;
+        for (const int m : first.speculative_methods()) {
           if (std::find(info.speculative_methods().begin(), info.speculative_methods().end(), m) !=
               info.speculative_methods().end()) {
             common.push_back(m);
@@ -190,7 +192,7 @@ void ToStepRequest(uint64_t step_id, const StepPlan& plan, ferry::v1::StepReques
     }
     out->mutable_min_tokens_suppressed_ids()->Add(seq.sampling.min_tokens_suppressed_ids.begin(),
                                                   seq.sampling.min_tokens_suppressed_ids.end());
-    out->mutable_speculative()->set_method(seq.sampling.speculative_method);
+    out->mutable_speculative()->set_method(ToProto(seq.sampling.speculative_method));
     out->mutable_speculative()->set_num_speculative_tokens(seq.sampling.num_speculative_tokens);
   }
   for (const auto& s : plan.scheduled) {

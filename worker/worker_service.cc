@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/metrics.h"
+#include "proto/speculative.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/speculative_config.h"
 
@@ -167,9 +168,9 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   if (d.top_k) defaults->set_top_k(*d.top_k);
   if (d.min_p) defaults->set_min_p(*d.min_p);
   if (d.repetition_penalty) defaults->set_repetition_penalty(*d.repetition_penalty);
-  out->mutable_speculative()->set_method(SpeculativeMethodName(info.speculative.method));
+  out->mutable_speculative()->set_method(ToProto(info.speculative.method));
   out->mutable_speculative()->set_num_speculative_tokens(info.speculative.num_speculative_tokens);
-  for (SpeculativeMethod m : info.speculative_methods) out->add_speculative_methods(SpeculativeMethodName(m));
+  for (SpeculativeMethod m : info.speculative_methods) out->add_speculative_methods(ToProto(m));
   return grpc::Status::OK;
 }
 
@@ -249,7 +250,12 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
     s.sampling.min_tokens_suppressed_ids.assign(n.min_tokens_suppressed_ids().begin(),
                                                 n.min_tokens_suppressed_ids().end());
     s.prompt_logprobs = n.sampling().has_prompt_logprobs() ? n.sampling().prompt_logprobs() : -1;
-    s.speculative = ParseSpeculativeMethod(n.speculative().method());  // throws naming a bad one
+    const std::optional<SpeculativeMethod> method = FromProto(n.speculative().method());
+    if (!method) {
+      throw std::invalid_argument("sequence " + std::to_string(n.seq_id()) + ": speculative method " +
+                                  std::to_string(n.speculative().method()) + " is not a SpeculativeMethod");
+    }
+    s.speculative = *method == SpeculativeMethod::kDefault ? SpeculativeMethod::kNone : *method;
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {

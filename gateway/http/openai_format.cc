@@ -8,6 +8,7 @@
 #include "gateway/http/tool_calls.h"
 #include "gateway/http/unserved_fields.h"
 #include "gateway/request_validation.h"  // the gateway's limits
+#include "proto/speculative.h"
 
 namespace ferry::gateway::http {
 
@@ -163,8 +164,8 @@ Error ParseAllowedTokenIds(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
-// Ferry's extension, vLLM's --speculative-config per request: {"method": "ngram" | "none",
-// "num_speculative_tokens": N}, both optional (the gateway checks names and range).
+// Ferry's extension, vLLM's --speculative-config per request: {"method": "ngram" | "draft_model" | "none",
+// "num_speculative_tokens": N}, both optional (the method's name is checked here, the range by the gateway).
 Error ParseSpeculative(const json& body, SamplingParams& s) {
   if (!body.contains("speculative") || body["speculative"].is_null()) return std::nullopt;
   const json& spec = body["speculative"];
@@ -182,7 +183,14 @@ Error ParseSpeculative(const json& body, SamplingParams& s) {
   std::optional<int32_t> k;
   if (Error e = GetString(flat, "speculative.method", method)) return e;
   if (Error e = GetInt32(flat, "speculative.num_speculative_tokens", k)) return e;
-  if (method) s.mutable_speculative()->set_method(*method);
+  if (method) {
+    const std::optional<SpeculativeMethod> m = ParseSpeculativeMethodName(*method);
+    if (!m) {
+      return InvalidField("speculative.method", fmt::format("speculative.method = \"{}\" must be \"ngram\", "
+                                                            "\"draft_model\" or \"none\"", *method));
+    }
+    s.mutable_speculative()->set_method(ToProto(*m));  // "": kDefault, the server's
+  }
   if (k) s.mutable_speculative()->set_num_speculative_tokens(*k);
   return std::nullopt;
 }

@@ -510,10 +510,20 @@ TEST(ParseCompletion, AllowedTokenIds) {
 TEST(ParseCompletion, Speculative) {
   const OpenAiRequest r =
       ParseOk({{"prompt", "x"}, {"speculative", {{"method", "ngram"}, {"num_speculative_tokens", 6}}}});
-  EXPECT_EQ(r.generate.sampling().speculative().method(), "ngram");
+  EXPECT_EQ(r.generate.sampling().speculative().method(), ferry::v1::SPECULATIVE_METHOD_NGRAM);
   EXPECT_EQ(r.generate.sampling().speculative().num_speculative_tokens(), 6);
   EXPECT_FALSE(ParseOk({{"prompt", "x"}}).generate.sampling().has_speculative());
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", {{"method", 3}}}}).param, "speculative.method");
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"speculative", {{"method", "draft_model"}}}}).generate.sampling().speculative().method(),
+            ferry::v1::SPECULATIVE_METHOD_DRAFT_MODEL);
+  // vLLM's names only: an unknown one is refused here, naming it (the wire has no name for it).
+  EXPECT_EQ(ParseOk({{"prompt", "x"}, {"speculative", {{"method", ""}}}}).generate.sampling().speculative().method(),
+            ferry::v1::SPECULATIVE_METHOD_DEFAULT);  // the server's
+  for (const char* bad : {"medusa", "NGRAM"}) {
+    const auto e = ParseError({{"prompt", "x"}, {"speculative", {{"method", bad}}}});
+    EXPECT_EQ(e.param, "speculative.method");
+    EXPECT_EQ(e.message, std::string("speculative.method = \"") + bad + "\" must be \"ngram\", \"draft_model\" or \"none\"");
+  }
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", {{"num_speculative_tokens", "4"}}}}).param,
             "speculative.num_speculative_tokens");
   EXPECT_EQ(ParseError({{"prompt", "x"}, {"speculative", {{"model", "draft"}}}}).param, "speculative.model");

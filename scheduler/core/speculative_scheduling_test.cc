@@ -25,7 +25,7 @@ using testing::RequestOptions;
 
 RequestSpec Speculating(uint64_t id, int32_t k, RequestOptions o) {
   RequestSpec r = MakeRequest(id, o);
-  r.sampling.speculative_method = "ngram";
+  r.sampling.speculative_method = SpeculativeMethod::kNgram;
   r.sampling.num_speculative_tokens = k;
   return r;
 }

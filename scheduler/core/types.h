@@ -99,9 +99,9 @@ struct SamplingParams {
   // never serves such a sequence from the prefix cache: every prompt position is computed.
   int32_t prompt_logprobs = -1;
   // Speculative decoding as resolved from the request and the workers' default: the method the
-  // worker proposes drafts with ("ngram"; "none": off) and the most draft slots a step reserves.
-  std::string speculative_method = "none";
-  int32_t num_speculative_tokens = 0;  // [0, kMaxSpeculativeTokens]; 0 with "none"
+  // worker proposes drafts with (kNone: off) and the most draft slots a step reserves.
+  SpeculativeMethod speculative_method = SpeculativeMethod::kNone;
+  int32_t num_speculative_tokens = 0;  // [0, kMaxSpeculativeTokens]; 0 with kNone
   std::string encoded;  // the whole ferry.v1.SamplingParams, in its wire encoding
 };
 

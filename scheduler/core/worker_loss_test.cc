@@ -127,7 +127,7 @@ TEST_P(WorkerLossTest, AResumeContinuesWithTheRestOfItsFaultFreeOutput) {
     RequestSpec r = MakeRequest(id, {.prompt_len = uniform(1, 20), .max_tokens = uniform(1, 40),
                                      .eos_after = uniform(-1, 30), .stop_token_ids = {uniform(10, 999)}});
     if (uniform(0, 1) == 1) {
-      r.sampling.speculative_method = "ngram";
+      r.sampling.speculative_method = SpeculativeMethod::kNgram;
       r.sampling.num_speculative_tokens = uniform(1, 4);
     }
     const Outcome full = Reference(r, cfg.max_model_len);

@@ -51,7 +51,7 @@ def test_tokens_equal_plain_decoding_alone_and_batched(spec_stack, ferry_pb):
     cmdline = open(f"/proc/{spec_stack.ports['workers'][0]['pid']}/cmdline").read().split("\0")
     assert f"--speculative-config={NGRAM}" in cmdline
     stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
-    off = ferry_pb.gen.SpeculativeDecoding(method="none")
+    off = ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NONE)
     prompts = PROMPTS + PREFIXED
     plain = [generate(stub, ferry_pb, p, off) for p in prompts]
     before = spec_counts(spec_stack)
@@ -72,8 +72,8 @@ def test_tokens_equal_plain_decoding_alone_and_batched(spec_stack, ferry_pb):
 def test_seeded_sampling_equal_plain_and_per_request_count(spec_stack, ferry_pb):
     stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
     sampling = dict(temperature=0.8, top_p=0.9, seed=42)
-    off = ferry_pb.gen.SpeculativeDecoding(method="none")
-    many = ferry_pb.gen.SpeculativeDecoding(method="ngram", num_speculative_tokens=15)
+    off = ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NONE)
+    many = ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NGRAM, num_speculative_tokens=15)
     before = spec_counts(spec_stack)
     for p in PROMPTS:
         plain = generate(stub, ferry_pb, p, off, **sampling)
@@ -90,7 +90,7 @@ def test_seeded_requests_batched_with_distinct_seeds_equal_each_decoded_alone(sp
     """A mixed batch: every request its own seed, half speculating, all at once; each equals itself decoded
     alone without speculation (issue #53: seeded top-p was compared only at the same batch composition)."""
     stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(spec_stack.gateway))
-    off = ferry_pb.gen.SpeculativeDecoding(method="none")
+    off = ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NONE)
     prompts = PROMPTS + PREFIXED
     cases = [(prompts[i % len(prompts)], 100 + i, None if i % 2 else off) for i in range(2 * len(prompts))]
     alone = [generate(stub, ferry_pb, p, off, temperature=0.8, top_p=0.9, seed=seed) for p, seed, _ in cases]
@@ -107,7 +107,9 @@ def test_bad_values_are_refused_naming_the_field(spec_stack, ferry_pb):
     for spec, message in [
         (ferry_pb.gen.SpeculativeDecoding(num_speculative_tokens=16),
          "sampling.speculative.num_speculative_tokens = 16 must be in [0, 15]"),
-        (ferry_pb.gen.SpeculativeDecoding(method="medusa"), 'sampling.speculative.method = "medusa"'),
+        # A value the enum lacks (a newer client's): refused by name at the gateway.
+        (ferry_pb.gen.SpeculativeDecoding(method=9),
+         "sampling.speculative.method = 9 is not a SpeculativeMethod (DEFAULT, NONE, NGRAM, DRAFT_MODEL)"),
     ]:
         with pytest.raises(grpc.RpcError) as e:
             generate(stub, ferry_pb, PROMPTS[0], spec)
@@ -142,8 +144,8 @@ def test_draft_model_that_is_the_target_has_its_drafts_accepted(tiny_model, tmp_
     s = Stack(tiny_model, tmp_path, ["--speculative-config", config, "--enable-prefix-caching"])
     try:
         stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(s.gateway))
-        off = ferry_pb.gen.SpeculativeDecoding(method="none")
-        ngram = ferry_pb.gen.SpeculativeDecoding(method="ngram")
+        off = ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NONE)
+        ngram = ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NGRAM)
         plain = [generate(stub, ferry_pb, p, off) for p in PROMPTS]
         before = spec_counts(s)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -162,7 +164,7 @@ def test_a_backend_without_drafts_refuses_a_request_that_asks(tiny_model, tmp_pa
     try:
         stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(s.gateway))
         with pytest.raises(grpc.RpcError) as e:
-            generate(stub, ferry_pb, PROMPTS[0], ferry_pb.gen.SpeculativeDecoding(method="ngram"))
+            generate(stub, ferry_pb, PROMPTS[0], ferry_pb.gen.SpeculativeDecoding(method=ferry_pb.gen.SPECULATIVE_METHOD_NGRAM))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "sampling.speculative.method = 'ngram' is not supported by this replica's workers" in e.value.details()
         assert len(generate(stub, ferry_pb, PROMPTS[0], max_tokens=4)) == 4

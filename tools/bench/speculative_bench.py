@@ -93,8 +93,8 @@ def sources(ids, prompt_ids, n=4):
 
 def run_one(stub, pb, prompt, max_tokens, method):
     params = pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    if method:
-        params.speculative.method = method
+    if method:  # vLLM's name, as the wire's enum
+        params.speculative.method = pb.SpeculativeMethod.Value("SPECULATIVE_METHOD_" + method.upper())
     req = pb.GenerateRequest(text=prompt.encode(), sampling=params)
     start = time.perf_counter()
     first = last = None

@@ -20,8 +20,8 @@ class Communicator;  // worker/comm/communicator.h
 // Speculative decoding (docs/speculative_decoding.md). Drafts are proposed by the worker and
 // verified in the same forward pass; the scheduler reserves their KV slots.
 // kNgram: prompt lookup; kDraftModel: a small model sharing the vocabulary proposes its greedy
-// continuation (vLLM's "draft_model").
-enum class SpeculativeMethod { kNone, kNgram, kDraftModel };
+// continuation (vLLM's "draft_model"). common/speculative.h's enum, the wire's values: kDefault is off here.
+using ferry::SpeculativeMethod;
 
 struct SpeculativeConfig {
   SpeculativeMethod method = SpeculativeMethod::kNone;

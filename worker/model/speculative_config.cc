@@ -23,18 +23,9 @@ int32_t IntField(const nlohmann::json& j, const char* field, int32_t lo, int32_t
 
 }  // namespace
 
-const char* SpeculativeMethodName(SpeculativeMethod method) {
-  switch (method) {
-    case SpeculativeMethod::kNgram: return "ngram";
-    case SpeculativeMethod::kDraftModel: return "draft_model";
-    default: return "none";
-  }
-}
-
 SpeculativeMethod ParseSpeculativeMethod(const std::string& name) {
-  if (name.empty() || name == kSpeculativeNone) return SpeculativeMethod::kNone;
-  if (name == kSpeculativeNgram) return SpeculativeMethod::kNgram;
-  if (name == kSpeculativeDraftModel) return SpeculativeMethod::kDraftModel;
+  const std::optional<SpeculativeMethod> method = ParseSpeculativeMethodName(name);
+  if (method) return *method == SpeculativeMethod::kDefault ? SpeculativeMethod::kNone : *method;
   throw std::invalid_argument("speculative method '" + name + "' is not one of none, ngram, draft_model");
 }
 

@@ -7,9 +7,8 @@
 
 namespace ferry::worker {
 
-// "none" / "ngram" / "draft_model".
-const char* SpeculativeMethodName(SpeculativeMethod method);
-// "" and "none": kNone; "ngram": kNgram; "draft_model": kDraftModel. Throws std::invalid_argument naming the value otherwise.
+// "" and "none": kNone; "ngram": kNgram; "draft_model": kDraftModel (vLLM's names: SpeculativeMethodName).
+// Throws std::invalid_argument naming the value otherwise.
 SpeculativeMethod ParseSpeculativeMethod(const std::string& name);
 
 // vLLM's JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,

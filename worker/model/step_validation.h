@@ -115,7 +115,7 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
     Invalid(id + ": allowed_token_ids and guided decoding cannot both be set");
   }
   const auto& methods = info.speculative_methods;
-  if (seq.speculative != SpeculativeMethod::kNone &&
+  if (Speculates(seq.speculative) &&
       std::find(methods.begin(), methods.end(), seq.speculative) == methods.end()) {
     Invalid(id + ": speculative method " + std::to_string(static_cast<int>(seq.speculative)) +
             " is not supported by this backend");
