@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "scheduler/cap/controller.h"
 
@@ -72,5 +74,7 @@ struct CapModeEntry {
 std::span<const CapModeEntry> CapModes();
 // The registration of `mode` (every ControllerMode has one).
 const CapModeEntry& CapModeFor(ControllerMode mode);
+// --controller-mode's values: every registered name and alias (ferry-scheduler, ferry-sim, ferry-launch).
+std::vector<std::string> ControllerModeValues();
 
 }  // namespace ferry::scheduler

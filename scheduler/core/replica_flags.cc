@@ -21,16 +21,6 @@ std::string CheckLaneTtft(const std::string& spec) {
   }
 }
 
-// --controller-mode's values: every registered mode's name and alias (scheduler/cap/modes/registry.cc).
-std::vector<std::string> ModeNames() {
-  std::vector<std::string> names;
-  for (const CapModeEntry& entry : CapModes()) {
-    names.emplace_back(entry.name);
-    if (!entry.alias.empty()) names.emplace_back(entry.alias);
-  }
-  return names;
-}
-
 void AddCapFlags(CLI::App& app, ReplicaFlags& f) {
   app.add_option("--max-num-seqs", f.max_num_seqs, "Most sequences in one step (the controller's upper bound)")
       ->check(CLI::Range(1, 65536))
@@ -44,7 +34,7 @@ void AddCapFlags(CLI::App& app, ReplicaFlags& f) {
                  "serves a quarter of the requests within them, first come, first served; with no target stated, "
                  "the largest cap the KV pool holds), load-level, static (fixed at --max-num-seqs); slo is the "
                  "same as goodput")
-      ->check(CLI::IsMember(ModeNames()))
+      ->check(CLI::IsMember(ControllerModeValues()))
       ->capture_default_str();
   app.add_option("--slo-ttft-ms", f.slo_ttft_ms,
                  "goodput and load-level modes: the SLO lanes' time-to-first-token target (1000 when only "

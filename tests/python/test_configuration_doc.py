@@ -74,3 +74,21 @@ def test_ferry_launchs_documented_defaults_are_the_binaries(flag, owners):
         own = re.search(rf"--{flag} (?:(?!--).)*?=([\d.]+) ", help_text(owner))
         assert own, f"{owner} --help shows no default for --{flag}"
         assert float(own.group(1)) == float(launch.group(1)), (flag, owner, own.group(1), launch.group(1))
+
+
+def controller_modes(name):
+    found = re.search(r"--controller-mode TEXT:\{([a-z,-]+)\}", help_text(name))
+    assert found, f"{name} --help lists no --controller-mode values"
+    return set(found.group(1).split(","))
+
+
+def test_the_controller_modes_are_the_registrys_everywhere():
+    """One registry of cap modes (scheduler/cap/modes/registry.cc): ferry-scheduler, ferry-sim and ferry-launch
+    take exactly its names, and the page names every one of them (#54: the names were listed in three files)."""
+    modes = controller_modes("ferry-scheduler")
+    assert {"static", "load-level", "goodput"} <= modes
+    assert controller_modes("ferry-sim") == modes
+    assert controller_modes("ferry-launch") == modes
+    row = next(line for line in DOC.read_text().splitlines() if line.startswith("| `--controller-mode "))
+    for mode in modes:
+        assert f"`{mode}`" in row, f"docs/configuration.md's --controller-mode row does not name {mode}"

@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "scheduler/cap/cap_mode.h"
+
 namespace ferry::launch {
 
 void AddEngineFlags(CLI::App& app, EngineFlags& f) {
@@ -47,7 +49,7 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
       ->group(group);
   app.add_option("--device", f.device, "cpu or cuda (worker)")->check(CLI::IsMember({"cpu", "cuda"}))->group(group);
   app.add_option("--controller-mode", f.controller_mode, "max_num_seqs controller (scheduler)")
-      ->check(CLI::IsMember({"static", "load-level", "slo", "goodput"}))
+      ->check(CLI::IsMember(ferry::scheduler::ControllerModeValues()))  // the scheduler's registry
       ->group(group);
   app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs (worker, --device cuda)")->group(group);
   app.add_option("--step-timeout-s", f.step_timeout_s,

@@ -34,4 +34,13 @@ const CapModeEntry& CapModeFor(ControllerMode mode) {
   throw std::invalid_argument("controller mode " + std::to_string(static_cast<int>(mode)) + " is not registered");
 }
 
+std::vector<std::string> ControllerModeValues() {
+  std::vector<std::string> values;
+  for (const CapModeEntry& entry : kModes) {
+    values.emplace_back(entry.name);
+    if (!entry.alias.empty()) values.emplace_back(entry.alias);
+  }
+  return values;
+}
+
 }  // namespace ferry::scheduler
