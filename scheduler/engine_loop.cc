@@ -249,6 +249,7 @@ void EngineLoop::CompleteStep() {
   InFlight step = PopOldest();
   try {
     workers_.Receive(output_);
+    Refuse(output_.refused);
     replica_.Commit(step.plan, output_.sampled, output_.prompt_logprobs, events_);
   } catch (const WorkerLostError& e) {
     spare_plans_.push_back(std::move(step.plan));
@@ -269,6 +270,17 @@ void EngineLoop::CompleteStep() {
   Dispatch(events_, end);
   spare_plans_.push_back(std::move(step.plan));
   Publish();
+}
+
+// The sequences the workers refused alone end now, each with its reason, before their step commits
+// (which then finds them gone and reads no sample for them): the others in the step go on.
+void EngineLoop::Refuse(const std::vector<SequenceError>& refused) {
+  for (const SequenceError& e : refused) {
+    if (!streams_.count(e.seq_id)) continue;  // ended since (cancelled, a deadline)
+    spdlog::warn("seq {} refused by the workers: {}", e.seq_id, e.message);
+    replica_.Cancel(e.seq_id);  // the workers forget it once the next plan's finished_ids names it
+    Dispatch({SeqEvent{.seq_id = e.seq_id, .finish = FinishKind::kRefused, .error = e.message}}, Clock::now());
+  }
 }
 
 // A worker failed a step or went away: every sequence ends aborted. The

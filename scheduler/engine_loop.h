@@ -192,6 +192,7 @@ class EngineLoop {
   bool LaunchStep();
   // Takes the oldest step's samples, commits them and delivers the events.
   void CompleteStep();
+  void Refuse(const std::vector<SequenceError>& refused);
   void AbortAll(const std::exception& error, uint64_t step_id);
   // The workers are gone: every request is kept for them (RequeueAll) until Recover finds them back.
   void OnWorkersLost(const WorkerLostError& error);

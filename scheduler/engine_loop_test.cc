@@ -42,11 +42,22 @@ class FakeWorkers : public WorkerGroup {
       sent_.clear();
       throw WorkerLostError(WorkerLostError::Reason::kDisconnected, "injected: the worker died");
     }
-    for (uint64_t id : plan.finished_ids) seqs_.erase(id);
+    for (uint64_t id : plan.finished_ids) seqs_.erase(id), refused_.erase(id);
     for (uint64_t id : plan.preempted_ids) seqs_.erase(id);
-    for (const auto& n : plan.new_sequences) seqs_[n.seq_id] = {n.token_ids, 0};
+    // As the real worker screens: a new sequence whose prompt starts with `refuse_first_token` is refused
+    // alone, and skipped until the scheduler's finished_ids names it.
+    std::vector<SequenceError> refused;
+    for (const auto& n : plan.new_sequences) {
+      if (refuse_first_token != 0 && n.token_ids.front() == refuse_first_token) {
+        refused.push_back({n.seq_id, "sequence " + std::to_string(n.seq_id) + ": injected refusal"});
+        refused_.insert(n.seq_id);
+        continue;
+      }
+      seqs_[n.seq_id] = {n.token_ids, 0};
+    }
     std::vector<SampledToken> out;
     for (const auto& s : plan.scheduled) {
+      if (refused_.count(s.seq_id)) continue;
       auto& seq = seqs_.at(s.seq_id);
       seq.computed += s.num_tokens;
       if (seq.computed == static_cast<int>(seq.tokens.size())) {
@@ -58,7 +69,7 @@ class FakeWorkers : public WorkerGroup {
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-    output = StepOutput{std::move(out), {}};
+    output = StepOutput{std::move(out), {}, std::move(refused)};
   }
   Reconnection Reconnect(std::chrono::milliseconds) override {
     ++reconnect_attempts;
@@ -82,6 +93,7 @@ class FakeWorkers : public WorkerGroup {
   // read after the loop is gone).
   size_t max_outstanding = 0;
   uint64_t fail_step = 0;  // this step's Receive throws (0: none)
+  int32_t refuse_first_token = 0;  // refuse new sequences whose prompt starts with it (0: none)
   // When set, no step completes before it is ready: lets a test act before the
   // loop has made any progress, whatever the machine's timing.
   std::shared_future<void> gate;
@@ -92,6 +104,7 @@ class FakeWorkers : public WorkerGroup {
     int computed = 0;
   };
   std::map<uint64_t, Seq> seqs_;
+  std::set<uint64_t> refused_;
   std::deque<StepPlan> sent_;
 };
 
@@ -385,6 +398,51 @@ TEST_P(EngineLoopTest, TheSimulatorsReplicaMakesTheLiveReplicasPlans) {
     EXPECT_EQ(replay.num_plans, plans);
     EXPECT_EQ(replay.num_same, replay.num_plans) << replay.first_difference;
   }
+}
+
+// One sequence the workers refuse ends alone, INVALID_ARGUMENT's way with their reason (#54): the others in its
+// step, and those after, get exactly the tokens they get without it; the workers hear it ended.
+TEST_P(EngineLoopTest, ASequenceTheWorkersRefuseEndsAloneWithItsReason) {
+  std::vector<RequestSpec> requests;
+  for (int i = 0; i < 6; ++i) requests.push_back(Request(3 + 4 * i, 10));
+  std::vector<std::vector<int32_t>> alone;
+  {
+    prometheus::Registry registry;
+    FakeWorkers workers;
+    EngineLoop loop(Config(GetParam()), ControllerOptions{}, workers, registry, RecoveryOptions{});
+    for (const RequestSpec& r : requests) alone.push_back(Drain(*Submit(loop, r).sink).first);
+  }
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  RequestSpec bad = Request(5, 10);
+  bad.prompt.front() = 99;
+  workers.refuse_first_token = 99;
+  EngineLoop loop(Config(GetParam()), ControllerOptions{}, workers, registry, RecoveryOptions{});
+  std::vector<std::shared_ptr<QueueSink>> sinks;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    sinks.push_back(Submit(loop, requests[i]).sink);
+    if (i == 2) sinks.push_back(Submit(loop, bad).sink);
+  }
+  for (size_t i = 0, k = 0; i < sinks.size(); ++i) {
+    if (i == 3) {
+      auto end = Next(*sinks[i], std::chrono::milliseconds(5000));  // its first scheduling comes first
+      while (end && end->finish == FinishKind::kNone && end->new_tokens.empty()) {
+        end = Next(*sinks[i], std::chrono::milliseconds(5000));
+      }
+      ASSERT_TRUE(end.has_value());
+      EXPECT_EQ(end->finish, FinishKind::kRefused);
+      EXPECT_TRUE(end->new_tokens.empty());
+      EXPECT_EQ(end->error, "sequence 4: injected refusal");  // seq ids count from 1: the fourth submitted
+      continue;
+    }
+    const auto [tokens, finish] = Drain(*sinks[i]);
+    EXPECT_EQ(finish, FinishKind::kLength) << "request " << k;
+    EXPECT_EQ(tokens, alone[k]) << "request " << k;
+    ++k;
+  }
+  EXPECT_EQ(loop.num_live(), 0);
+  for (int i = 0; i < 200 && workers.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(workers.live(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));

@@ -61,7 +61,7 @@ struct LoopMetrics {
                         const std::string& name);
   std::string current_level_;
   std::string current_regime_;
-  std::array<prometheus::Counter*, static_cast<size_t>(FinishKind::kQueueTimeout) + 1> finished_by_kind_{};
+  std::array<prometheus::Counter*, static_cast<size_t>(FinishKind::kRefused) + 1> finished_by_kind_{};
 };
 
 }  // namespace ferry::scheduler

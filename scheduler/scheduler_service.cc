@@ -11,9 +11,6 @@
 #include "common/sampling_limits.h"
 #include "common/speculative.h"
 #include "proto/speculative.h"
-#include "structured/ebnf_grammar.h"
-#include "structured/json_schema.h"
-#include "structured/regex_dfa.h"
 
 namespace ferry::scheduler {
 
@@ -109,10 +106,11 @@ void CheckPromptLogprobs(const ferry::v1::SubmitRequest& r, const ferry::v1::Sch
   }
 }
 
-// Refused here rather than by the worker, whose refusal would fail every sequence in its step.
-// The gateway has checked the choices, the schema and the regex; an empty list would leave the
-// worker nothing to match, and a schema or a regex is compiled again since a client may call the
-// scheduler directly.
+// What the replica can refuse without compiling anything: guided decoding on a backend without it, and the
+// shapes that leave the worker nothing to match. A schema, a regex or a grammar is compiled by the gateway
+// (its check) and by the worker (its matcher); one that does not compile (a client calling the scheduler
+// directly) is refused by the worker alone, with the reason (StepResult.sequence_errors: INVALID_ARGUMENT),
+// and the rest of its step runs.
 void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
   const ferry::v1::GuidedDecoding& g = r.sampling().guided();
   if (g.kind_case() == ferry::v1::GuidedDecoding::KIND_NOT_SET) return;
@@ -125,32 +123,11 @@ void CheckGuided(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerIn
   if (g.has_choice() && g.choice().choices_size() == 0) {
     throw std::invalid_argument("guided.choice.choices (count) = 0 must be at least 1");
   }
-  if (g.has_json_schema()) {
-    try {
-      CompileJsonSchemaCached(g.json_schema());
-    } catch (const JsonSchemaError& e) {
-      throw std::invalid_argument(std::string("guided.json_schema: ") + e.what());
-    }
-  }
-  if (g.has_regex()) {
-    try {
-      CompileRegexCached(g.regex());
-    } catch (const RegexError& e) {
-      throw std::invalid_argument(std::string("guided.regex: ") + e.what());
-    }
-  }
-  if (g.has_grammar()) {
-    try {
-      CheckGrammarCached(g.grammar());
-    } catch (const GrammarError& e) {
-      throw std::invalid_argument(std::string("guided.grammar: ") + e.what());
-    }
-  }
 }
 
 // vLLM's server-wide --speculative-config, per request: the request's method and count where it
-// gives them, else the workers' default. Refused here (naming field, value and limit) rather than by
-// the worker, whose refusal would fail every sequence in its step.
+// gives them, else the workers' default. Resolved here, since the planner reserves the drafts' KV slots;
+// refused here (naming field, value and limit) when the replica's workers cannot propose with it.
 void ResolveSpeculative(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info, SamplingParams& out) {
   const ferry::v1::SpeculativeDecoding& asked = r.sampling().speculative();
   const ferry::v1::SpeculativeDecoding& server = info.speculative();
@@ -199,8 +176,9 @@ void ToTokenEvent(const SeqEvent& event, ferry::v1::TokenEvent* out) {
 constexpr int64_t kUnavailableRetryMs = 1000;
 
 // The status that ends a request for an event the loop ends it with, if it carries no tokens to send.
-std::optional<grpc::Status> EndStatus(FinishKind finish) {
-  switch (finish) {
+std::optional<grpc::Status> EndStatus(const SeqEvent& event) {
+  switch (event.finish) {
+    case FinishKind::kRefused: return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, event.error);
     case FinishKind::kCancelled: return grpc::Status::CANCELLED;
     case FinishKind::kDeadlineExceeded:
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the request was not started within its deadline");
@@ -303,7 +281,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
     if (it == live_.end()) return;  // cancelled by the gateway, or the session ended
     ferry::v1::TokenEvent* out = pending_.add_events();
     out->set_stream_id(tag);
-    if (const auto end = EndStatus(event.finish)) {
+    if (const auto end = EndStatus(event)) {
       out->set_status_code(end->error_code());
       out->set_status_message(end->error_message());
       if (end->error_code() == grpc::StatusCode::UNAVAILABLE) out->set_retry_after_ms(kUnavailableRetryMs);

@@ -415,51 +415,22 @@ TEST_F(SchedulerServiceTest, AChoiceConstraintWithoutChoicesIsRefused) {
   EXPECT_TRUE(workers_.new_sequences().empty());
 }
 
-// A schema the worker could not compile would fail its whole step: refused before it is queued.
-TEST_F(SchedulerServiceTest, AJsonSchemaThatDoesNotCompileIsRefused) {
+// The scheduler compiles no constraint (#54): a schema, a grammar or a regex that does not compile (only a client
+// calling the scheduler directly can send one: the gateway checks them) goes to the workers as it came, and the
+// worker refuses that sequence alone (WorkerServiceSteps.OneBadSequenceIsRefusedAloneAndTheRestOfItsStepRuns;
+// end to end: test_e2e_guided_decoding.py's test_a_constraint_the_worker_cannot_compile_fails_alone).
+TEST_F(SchedulerServiceTest, AConstraintIsCompiledByTheWorkersNotTheScheduler) {
   Start(true);
-  ferry::v1::SubmitRequest r = Request();
-  r.mutable_sampling()->mutable_guided()->set_json_schema(R"({"type":"integer","multipleOf":3})");
-  grpc::Status status = Submit(r);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(), "guided.json_schema: schema at /: \"multipleOf\" is not supported");
-  r.mutable_sampling()->mutable_guided()->set_json_schema("[1, 2");
-  status = Submit(r);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message().rfind("guided.json_schema: schema is not JSON", 0), 0u) << status.error_message();
-  EXPECT_TRUE(workers_.new_sequences().empty());
-}
-
-// A left-recursive grammar cannot be generated: refused before it is queued, naming the cycle.
-TEST_F(SchedulerServiceTest, ALeftRecursiveGrammarIsRefused) {
-  Start(true);
-  ferry::v1::SubmitRequest r = Request();
-  r.mutable_sampling()->mutable_guided()->set_grammar("root ::= \"x\" | root \"+\" \"x\"");
-  const grpc::Status status = Submit(r);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message().rfind("guided.grammar: grammar at line 1, column 16: rule \"root\" is "
-                                         "left-recursive (root -> root before any text is read)", 0),
-            0u)
-      << status.error_message();
-  EXPECT_TRUE(workers_.new_sequences().empty());
-}
-
-// As for a schema: a pattern the worker could not compile is refused before it is queued.
-TEST_F(SchedulerServiceTest, ARegexThatDoesNotCompileIsRefused) {
-  Start(true);
-  ferry::v1::SubmitRequest r = Request();
-  r.mutable_sampling()->mutable_guided()->set_regex(R"((a)\1)");
-  grpc::Status status = Submit(r);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(), "guided.regex: regex at byte 4: backreferences and octal escapes are not supported");
-  r.mutable_sampling()->mutable_guided()->set_regex(std::string(4097, 'a'));
-  status = Submit(r);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(), "guided.regex: regex: 4097 bytes, over the limit of 4096");
-  EXPECT_TRUE(workers_.new_sequences().empty());
-  r.mutable_sampling()->mutable_guided()->set_regex("[a-z]+");
-  EXPECT_TRUE(Submit(r).ok());
-  EXPECT_EQ(workers_.new_sequences().size(), 1u);
+  std::vector<ferry::v1::SubmitRequest> requests(4, Request());
+  requests[0].mutable_sampling()->mutable_guided()->set_json_schema(R"({"type":"integer","multipleOf":3})");
+  requests[1].mutable_sampling()->mutable_guided()->set_json_schema("[1, 2");
+  requests[2].mutable_sampling()->mutable_guided()->set_grammar("root ::= \"x\" | root \"+\" \"x\"");
+  requests[3].mutable_sampling()->mutable_guided()->set_regex(R"((a)\1)");
+  for (const ferry::v1::SubmitRequest& r : requests) EXPECT_TRUE(Submit(r).ok());
+  const auto sent = workers_.new_sequences();
+  ASSERT_EQ(sent.size(), 4u);
+  EXPECT_EQ(sent[0].sampling().guided().json_schema(), R"({"type":"integer","multipleOf":3})");
+  EXPECT_EQ(sent[3].sampling().guided().regex(), R"((a)\1)");
 }
 
 }  // namespace

@@ -236,6 +236,9 @@ TokenLogprob FromProto(const ferry::v1::TokenLogprob& in) {
 void FromStepResult(const ferry::v1::StepResult& result, StepOutput& output) {
   output.sampled.clear();
   output.prompt_logprobs.clear();
+  output.refused.clear();
+  // Every rank refuses the same sequences (their checks read only the request): rank 0's say which.
+  for (const auto& e : result.sequence_errors()) output.refused.push_back({e.seq_id(), e.message()});
   for (const auto& s : result.sampled()) {
     SampledToken& token = output.sampled.emplace_back(SampledToken{s.seq_id(), s.token_id(), std::nullopt});
     if (s.has_logprob()) token.logprob = FromProto(s.logprob());

@@ -16,6 +16,7 @@
 #include "proto/speculative.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/speculative_config.h"
+#include "worker/model/step_validation.h"
 
 namespace ferry::worker {
 
@@ -324,12 +325,37 @@ std::string WorkerService::Failed(uint64_t step_id, const std::exception& e) {
   return e.what();
 }
 
+void WorkerService::Screen(StepSpec& spec, google::protobuf::RepeatedPtrField<ferry::v1::SequenceError>* errors) {
+  const auto gone = [&](uint64_t id) { return refused_.count(id) > 0; };
+  if (!refused_.empty()) {  // refused in an earlier step: no mention of them reaches the runner
+    std::erase_if(spec.scheduled, [&](const ScheduledSpec& s) { return gone(s.seq_id); });
+    std::erase_if(spec.preempted_ids, gone);
+    std::erase_if(spec.finished_ids, [&](uint64_t id) { return refused_.erase(id) > 0; });
+  }
+  const size_t before = refused_.size();
+  std::erase_if(spec.new_sequences, [&](const NewSequenceSpec& n) {
+    try {
+      ValidateNewSequence(n, runner_.info());
+      return false;
+    } catch (const std::invalid_argument& e) {
+      spdlog::warn("refused: {}", e.what());
+      ferry::v1::SequenceError* error = errors->Add();
+      error->set_seq_id(n.seq_id);
+      error->set_message(e.what());
+      refused_.insert(n.seq_id);
+      return true;
+    }
+  });
+  if (refused_.size() > before) std::erase_if(spec.scheduled, [&](const ScheduledSpec& s) { return gone(s.seq_id); });
+}
+
 ferry::v1::StepResult WorkerService::Execute(const ferry::v1::StepRequest& request) {
   ferry::v1::StepResult result;
   result.set_step_id(request.step_id());
   const auto start = Began(request.step_id());
   try {
-    const StepSpec spec = ToStepSpec(request);
+    StepSpec spec = ToStepSpec(request);
+    Screen(spec, result.mutable_sequence_errors());
     Answer(spec, runner_.Step(spec), &result);
   } catch (const std::exception& e) {
     result.set_error(Failed(request.step_id(), e));
@@ -344,12 +370,14 @@ struct WorkerService::Submitted {
   StepSpec spec;
   StepWatch::Clock::time_point start;
   std::optional<std::string> error;  // Submit failed: the answer, without Collect
+  google::protobuf::RepeatedPtrField<ferry::v1::SequenceError> refused;  // Screen's, for the answer
 };
 
 WorkerService::Submitted WorkerService::Submit(const ferry::v1::StepRequest& request) {
   Submitted s{request.step_id(), {}, Began(request.step_id()), std::nullopt};
   try {
     s.spec = ToStepSpec(request);
+    Screen(s.spec, &s.refused);
     runner_.Submit(s.spec);
   } catch (const std::exception& e) {
     s.error = Failed(request.step_id(), e);
@@ -360,6 +388,7 @@ WorkerService::Submitted WorkerService::Submit(const ferry::v1::StepRequest& req
 ferry::v1::StepResult WorkerService::Collect(Submitted& s) {
   ferry::v1::StepResult result;
   result.set_step_id(s.step_id);
+  result.mutable_sequence_errors()->Swap(&s.refused);
   if (s.error) {
     result.set_error(*s.error);
   } else {
@@ -436,6 +465,7 @@ grpc::Status WorkerService::Step(
   // One scheduler drives this worker; a new stream is a new (or restarted) scheduler, whose
   // sequence ids may collide with the old stream's. Start from nothing.
   runner_.ForgetAll();
+  refused_.clear();
   spdlog::info("scheduler connected from {}", context->peer());
   if (runner_.supports_overlap()) {
     RunOverlapped(context, stream);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -90,6 +91,11 @@ class WorkerService final : public ferry::v1::Worker::Service {
   StepWatch::Clock::time_point Began(uint64_t step_id);
   void Ended(StepWatch::Clock::time_point start, ferry::v1::StepResult* result);
   void Answer(const StepSpec& spec, const std::vector<SampledTokenOut>& samples, ferry::v1::StepResult* result);
+  // Takes out of `spec` each new sequence the runner's checks refuse (ValidateNew), with every mention of a
+  // sequence refused before, and answers each refusal in `errors` alone (StepResult.sequence_errors): one bad
+  // sequence fails by itself, not the step. Every rank screens alike (the checks read only the request and
+  // the model's facts), so a tensor-parallel group runs the same step.
+  void Screen(StepSpec& spec, google::protobuf::RepeatedPtrField<ferry::v1::SequenceError>* errors);
   // The step's error text; counts it, and hands a broken group to on_group_failure.
   std::string Failed(uint64_t step_id, const std::exception& e);
   std::string OnGroupFailure(uint64_t step_id, const std::exception& e);
@@ -97,6 +103,9 @@ class WorkerService final : public ferry::v1::Worker::Service {
   // Drawn at construction (one per process start; never 0): Info and Health report it, so a
   // scheduler tells a restarted rank, which holds nothing, from the one it lost.
   const uint64_t incarnation_id_;
+  // Sequences Screen refused, until a step's finished_ids names them (the scheduler's second step in flight
+  // may still schedule one); emptied with the runner's sequences when a scheduler connects.
+  std::unordered_set<uint64_t> refused_;
 
   ModelRunner& runner_;
   // The runner is single-threaded; a second Step stream (a reconnecting

@@ -183,7 +183,7 @@ class GateRunner final : public ModelRunner {
 
 // The service on a kernel-chosen loopback port, with a client.
 struct Served {
-  Served(GateRunner& runner, WorkerServiceOptions options) : service(runner, registry, std::move(options)) {
+  Served(ModelRunner& runner, WorkerServiceOptions options) : service(runner, registry, std::move(options)) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -297,6 +297,82 @@ TEST(WorkerServiceHealth, ABrokenGroupFailsHealthAndCallsTheHook) {
   EXPECT_EQ(health.reason(), reasons[0]);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A runner that keeps each step it is given and samples token 7 for every scheduled sequence.
+class RecordingRunner final : public ModelRunner {
+ public:
+  const ModelInfo& info() const override { return info_; }
+  std::vector<SampledTokenOut> Step(const StepSpec& step) override {
+    steps.push_back(step);
+    std::vector<SampledTokenOut> out;
+    for (const ScheduledSpec& s : step.scheduled) out.push_back({.seq_id = s.seq_id, .token_id = 7});
+    return out;
+  }
+  void ForgetAll() override {}
+  std::vector<StepSpec> steps;
+
+ private:
+  ModelInfo info_ = Info(false);
+};
+
+std::vector<uint64_t> ScheduledIds(const StepSpec& step) {
+  std::vector<uint64_t> ids;
+  for (const ScheduledSpec& s : step.scheduled) ids.push_back(s.seq_id);
+  return ids;
+}
+
+// One bad sequence is refused alone (#54): the rest of its step runs, the refusal names the sequence and
+// why, a second step in flight that still schedules it skips it, and once the scheduler's finished_ids
+// names it the worker forgets it.
+TEST(WorkerServiceSteps, OneBadSequenceIsRefusedAloneAndTheRestOfItsStepRuns) {
+  RecordingRunner runner;
+  Served served(runner, {});
+  grpc::ClientContext context;
+  auto stream = served.stub->Step(&context);
+  ferry::v1::StepRequest first = OneSequence(nullptr);
+  auto* bad = first.add_new_sequences();
+  *bad = first.new_sequences(0);
+  bad->set_seq_id(6);
+  bad->set_token_ids(1, 150);  // outside the vocabulary of 100
+  auto* s = first.add_scheduled();
+  s->set_seq_id(6);
+  s->set_num_tokens(3);
+  s->add_new_block_ids(1);
+  ferry::v1::StepResult result;
+  ASSERT_TRUE(stream->Write(first) && stream->Read(&result));
+  EXPECT_EQ(result.error(), "");
+  ASSERT_EQ(result.sequence_errors_size(), 1);
+  EXPECT_EQ(result.sequence_errors(0).seq_id(), 6u);
+  EXPECT_EQ(result.sequence_errors(0).message(), "sequence 6: token id 150 outside vocab of 100");
+  ASSERT_EQ(result.sampled_size(), 1);
+  EXPECT_EQ(result.sampled(0).seq_id(), 5u);
+  // The second step, planned before the scheduler heard: both scheduled again; only 5 reaches the runner.
+  ferry::v1::StepRequest second = EmptyStep(2);
+  for (uint64_t id : {5, 6}) {
+    auto* decode = second.add_scheduled();
+    decode->set_seq_id(id);
+    decode->set_num_tokens(1);
+  }
+  ASSERT_TRUE(stream->Write(second) && stream->Read(&result));
+  EXPECT_EQ(result.error(), "");
+  EXPECT_EQ(result.sequence_errors_size(), 0);
+  // The scheduler ended it: its finished id is the worker's cue to forget it, and is not the runner's.
+  ferry::v1::StepRequest third = EmptyStep(3);
+  third.add_finished_ids(6);
+  ASSERT_TRUE(stream->Write(third) && stream->Read(&result));
+  ferry::v1::StepRequest fourth = EmptyStep(4);
+  fourth.add_scheduled()->set_seq_id(6);
+  ASSERT_TRUE(stream->Write(fourth) && stream->Read(&result));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(runner.steps.size(), 4u);
+  ASSERT_EQ(runner.steps[0].new_sequences.size(), 1u);
+  EXPECT_EQ(runner.steps[0].new_sequences[0].seq_id, 5u);
+  EXPECT_EQ(ScheduledIds(runner.steps[0]), std::vector<uint64_t>{5});
+  EXPECT_EQ(ScheduledIds(runner.steps[1]), std::vector<uint64_t>{5});
+  EXPECT_TRUE(runner.steps[2].finished_ids.empty());
+  EXPECT_EQ(ScheduledIds(runner.steps[3]), std::vector<uint64_t>{6}) << "forgotten: no longer screened out";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ const char* FinishKindName(FinishKind kind) {
     case FinishKind::kTimeout: return "timeout";
     case FinishKind::kUnavailable: return "unavailable";
     case FinishKind::kQueueTimeout: return "queue_timeout";
+    case FinishKind::kRefused: return "refused";
   }
   return "unknown";
 }

@@ -203,9 +203,16 @@ struct PromptLogprobs {
 };
 
 // What the workers return for one step.
+// A new sequence the workers refused alone (StepResult.sequence_errors): the rest of its step ran.
+struct SequenceError {
+  uint64_t seq_id = 0;
+  std::string message;  // names the field, the value and the limit
+};
+
 struct StepOutput {
   std::vector<SampledToken> sampled;
   std::vector<PromptLogprobs> prompt_logprobs;
+  std::vector<SequenceError> refused;
 };
 
 // The tokens of one event, read like a std::vector<int32_t>. A step samples at most one token per
@@ -256,7 +263,8 @@ class EventTokens {
 // kAborted: the engine failed it (a step error: a bug). kUnavailable: its workers were lost and
 // not back in time (the engine loop's recovery timeout); a retry may succeed.
 enum class FinishKind {
-  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout, kUnavailable, kQueueTimeout
+  kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout, kUnavailable, kQueueTimeout,
+  kRefused,  // the workers refused the sequence (SeqEvent::error says why): INVALID_ARGUMENT
 };
 
 // What a sequence produced in one Commit (or AbortAll, or Plan: its first scheduling, a deadline).
@@ -280,6 +288,7 @@ struct SeqEvent {
   TimePoint arrival{};
   int32_t num_prompt_tokens = 0;  // with a resume's given tokens (RequestSpec::generated)
   int32_t num_generated = 0;  // the tokens of all its events
+  std::string error{};  // kRefused: the workers' reason
 };
 
 const char* FinishKindName(FinishKind kind);

@@ -318,3 +318,38 @@ def test_ferry_client_takes_a_constraint(guided_stack, tmp_path):
     both = subprocess.run(client + ["--json-object", "--choice", "x", "Pick"], capture_output=True, text=True,
                           timeout=60)
     assert both.returncode == 2 and "exclusive" in both.stderr
+
+
+def test_a_constraint_the_worker_cannot_compile_fails_alone(guided_stack, ferry_pb):
+    """A client calling the scheduler directly (the gateway would refuse it first) sends a regex the worker cannot
+    compile in one message with two plain requests: the three start in one step, the worker refuses that sequence
+    alone (INVALID_ARGUMENT, its reason) and the other two get exactly the tokens they get without it (#54: one
+    bad sequence failed its whole step, so the scheduler compiled every constraint to refuse it first)."""
+    stub = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(guided_stack.scheduler))
+
+    def request(prompt, regex=None):
+        sampling = ferry_pb.gen.SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0, top_p=1.0,
+                                               repetition_penalty=1.0)
+        if regex is not None:
+            sampling.guided.regex = regex
+        return ferry_pb.sched.SubmitRequest(prompt_token_ids=prompt, sampling=sampling)
+
+    def run(requests):
+        message = ferry_pb.sched.SessionRequests(
+            submits=[ferry_pb.sched.SessionSubmit(stream_id=i + 1, request=r) for i, r in enumerate(requests)])
+        tokens, ends = {}, {}
+        for reply in stub.Session(iter([message]), timeout=120):
+            for e in reply.events:
+                tokens.setdefault(e.stream_id, []).extend(e.token_ids)
+                if e.finish != 0 or e.status_code != 0:
+                    ends[e.stream_id] = (e.finish, e.status_code, e.status_message)
+        return tokens, ends
+
+    good = [request([11, 12, 13, 14]), request([21, 22, 23])]
+    alone, _ = run(good)
+    tokens, ends = run([good[0], request([31, 32, 33], regex=r"(a)\1"), good[1]])
+    assert ends[2][1] == grpc.StatusCode.INVALID_ARGUMENT.value[0], ends
+    assert "guided regex: regex at byte 4: backreferences and octal escapes are not supported" in ends[2][2], ends
+    assert tokens.get(2, []) == []
+    assert (tokens[1], tokens[3]) == (alone[1], alone[2])
+    assert len(tokens[1]) == 12 and ends[1][1] == 0 and ends[3][1] == 0, ends

@@ -159,6 +159,13 @@ inline void ValidateScheduled(const ScheduledSpec& s, const ModelInfo& info, int
 
 }  // namespace step_validation_detail
 
+// Throws std::invalid_argument naming the sequence unless `seq` alone is one this runner can start: the
+// per-sequence part of ValidateStep, with which the worker service screens each new sequence so that one bad
+// sequence is refused alone (WorkerService::Screen).
+inline void ValidateNewSequence(const NewSequenceSpec& seq, const ModelInfo& info) {
+  step_validation_detail::ValidateNew(seq, info);
+}
+
 // Throws std::invalid_argument naming the sequence unless the whole step applies to `live`
 // (the runner's sequences; any type with token_ids, num_computed and block_table). Returns the
 // number of tokens the step computes.
