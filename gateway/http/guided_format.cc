@@ -163,21 +163,10 @@ std::string SchemaText(const json& value, std::string_view body_text, const std:
   return value.dump();
 }
 
-// The one schema's text, checked as the worker will compile it, so that a schema the engine
-// cannot keep is a 400 naming the HTTP field (the gRPC check would name sampling.guided).
+// The one schema's text, checked as the worker will compile it.
 Error FinishJsonSchema(GuidedAsk& ask, std::string_view body_text) {
   if (ask.schema) ask.guided.set_json_schema(SchemaText(*ask.schema, body_text, ask.where));
-  const std::string& text = ask.guided.json_schema();
-  if (text.size() > kMaxGuidedJsonSchemaBytes) {
-    return InvalidField(ask.field, fmt::format("{} is {} bytes of JSON, over the limit of {}", ask.where, text.size(),
-                                               kMaxGuidedJsonSchemaBytes));
-  }
-  try {
-    CompileJsonSchemaCached(text);
-  } catch (const JsonSchemaError& e) {
-    return InvalidField(ask.field, fmt::format("{}: {}", ask.where, e.what()));
-  }
-  return std::nullopt;
+  return CheckJsonSchemaText(ask.guided.json_schema(), ask.field, ask.where);
 }
 
 // The one regex, compiled as the worker will, so that a pattern the engine cannot generate exactly
@@ -213,6 +202,20 @@ Error FinishGrammar(const GuidedAsk& ask) {
 }
 
 }  // namespace
+
+std::optional<ApiError> CheckJsonSchemaText(const std::string& text, const std::string& field,
+                                            const std::string& where) {
+  if (text.size() > kMaxGuidedJsonSchemaBytes) {
+    return InvalidField(field, fmt::format("{} is {} bytes of JSON, over the limit of {}", where, text.size(),
+                                           kMaxGuidedJsonSchemaBytes));
+  }
+  try {
+    CompileJsonSchemaCached(text);
+  } catch (const JsonSchemaError& e) {
+    return InvalidField(field, fmt::format("{}: {}", where, e.what()));
+  }
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseGuided(const json& body, std::string_view body_text, ferry::v1::SamplingParams& s) {
   std::vector<GuidedAsk> asks;

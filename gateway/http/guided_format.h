@@ -5,6 +5,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "gateway/http/openai_format.h"
@@ -14,5 +15,10 @@ namespace ferry::gateway::http {
 // body_text: the text body was parsed from; a schema given as an object is taken from it, so that
 // its keys keep their order (properties are generated in it).
 std::optional<ApiError> ParseGuided(const json& body, std::string_view body_text, ferry::v1::SamplingParams& s);
+
+// A JSON schema's text checked as the worker will compile it (and its size against the gateway's
+// limit), so that a schema the engine cannot keep is a 400 whose param is `field` (the request's
+// field) and whose message names `where` (the schema's place in it). For every API's schema field.
+std::optional<ApiError> CheckJsonSchemaText(const std::string& text, const std::string& field, const std::string& where);
 
 }  // namespace ferry::gateway::http

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "gateway/http/chat_request.h"
 #include "gateway/http/guided_format.h"
 #include "gateway/http/tool_calls.h"
 #include "gateway/http/unserved_fields.h"
@@ -40,7 +41,8 @@ std::string ParamFromMessage(const std::string& message) {
 }
 
 
-// Reads body[key] into out when present and not null; the type must match.
+}  // namespace
+
 Error GetNumber(const json& body, const char* key, std::optional<double>& out) {
   if (!body.contains(key) || body[key].is_null()) return std::nullopt;
   if (!body[key].is_number()) return WrongType(key, body[key], "a number");
@@ -80,6 +82,8 @@ Error GetInt32(const json& body, const char* key, std::optional<int32_t>& out) {
   if (v) out = static_cast<int32_t>(*v);
   return std::nullopt;
 }
+
+namespace {
 
 Error ParseStop(const json& body, SamplingParams& s) {
   if (!body.contains("stop") || body["stop"].is_null()) return std::nullopt;
@@ -382,26 +386,38 @@ Error ParseChatLogprobs(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
+// messages and how the prompt ends (add_generation_prompt, continue_final_message).
+Error ReadChatConversation(const json& body, std::vector<ChatMessage>& messages, ChatEnding& ending) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
+    return InvalidField("messages", "messages must be a non-empty list");
+  }
+  std::optional<bool> add_generation_prompt, continue_final_message;
+  if (Error e = GetBool(body, "add_generation_prompt", add_generation_prompt)) return e;
+  if (Error e = GetBool(body, "continue_final_message", continue_final_message)) return e;
+  ending.continue_final_message = continue_final_message.value_or(false);
+  // As vLLM: continuing the last message opens no new turn, and both at once is a contradiction.
+  ending.add_generation_prompt = add_generation_prompt.value_or(!ending.continue_final_message);
+  if (ending.add_generation_prompt && ending.continue_final_message) {
+    return InvalidField("continue_final_message", "continue_final_message and add_generation_prompt cannot both be "
+                                                  "true: the last message is continued, or a new turn is opened");
+  }
+  for (size_t i = 0; i < body["messages"].size(); ++i) {
+    auto m = ParseMessage(body["messages"][i], i);
+    if (auto* e = std::get_if<ApiError>(&m)) return *e;
+    messages.push_back(std::move(std::get<ChatMessage>(m)));
+  }
+  return std::nullopt;
+}
+
 // tools, tool_choice and parallel_tool_calls (tool_calls.h), read from the body in its own key
-// order. A named tool choice generates the function's arguments under its parameters' schema,
-// "required" an array of calls under the tools' schemas: the request's one structured-output
-// constraint.
-Error ParseChatTools(const json& body, std::string_view body_text, const ChatTemplate& chat, OpenAiRequest& r) {
+// order: tools are rendered, and schemas generated, in the client's order.
+Error ReadChatToolFields(const json& body, std::string_view body_text, ToolsSpec& out) {
   if (!Asks(body, "tools") && !Asks(body, "tool_choice")) return std::nullopt;
   ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (ordered.is_discarded() || !ordered.is_object()) ordered = ordered_json::parse(body.dump());
-  auto tools = ParseTools(ordered, chat.has_tools());
+  auto tools = ReadChatTools(ordered);
   if (auto* e = std::get_if<ApiError>(&tools)) return *e;
-  r.tools = std::move(std::get<ToolsRequest>(tools));
-  const bool named = r.tools.choice == ToolsRequest::Choice::kNamed;
-  if (!named && r.tools.choice != ToolsRequest::Choice::kRequired) return std::nullopt;
-  auto& s = *r.generate.mutable_sampling();
-  if (s.has_guided()) {
-    return InvalidField("tool_choice", fmt::format("tool_choice {} generates calls under the tools' schemas: it "
-                                                   "conflicts with the request's other structured output constraint",
-                                                   named ? "naming a function" : "\"required\""));
-  }
-  s.mutable_guided()->set_json_schema(r.tools.named_schema);
+  out = std::move(std::get<ToolsSpec>(tools));
   return std::nullopt;
 }
 
@@ -489,13 +505,14 @@ json ErrorJson(const ApiError& e) {
   return json{{"error", error}};
 }
 
-ApiError ErrorFromStatus(const Status& status) {
+ApiError ErrorFromStatus(const Status& status, ParamName param_name) {
   ApiError e;
   e.message = status.error_message();
   switch (status.error_code()) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:
       e.param = ParamFromMessage(e.message);
+      if (param_name != nullptr && !e.param.empty()) e.param = param_name(e.param);
       return e;
     case StatusCode::kUnauthenticated: e.http_status = 401; e.type = "authentication_error"; break;
     case StatusCode::kPermissionDenied: e.http_status = 403; e.type = "permission_error"; break;
@@ -560,7 +577,8 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body, s
 
 std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const ChatTemplate& chat,
                                                        std::string_view body_text) {
-  OpenAiRequest r;
+  ChatRequest c;
+  OpenAiRequest& r = c.request;
   r.endpoint = Endpoint::kChat;
   if (Error e = ParseCommon(body, body_text, r)) return *e;
   if (Error e = RefuseUnservedFields(body, Endpoint::kChat)) return *e;
@@ -570,37 +588,17 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
   if (max_completion_tokens && !s.has_max_tokens()) s.set_max_tokens(*max_completion_tokens);
   r.is_max_tokens_set = s.has_max_tokens();
   if (Error e = ParseChatLogprobs(body, s)) return *e;
-  if (Error e = ParseChatTools(body, body_text, chat, r)) return *e;
-  auto prompt = RenderChatPrompt(body, chat, r.tools.rendered);
-  if (auto* e = std::get_if<ApiError>(&prompt)) return *e;
-  r.generate.set_text(std::get<std::string>(prompt));
-  r.prompts.emplace_back().set_text(r.generate.text());
-  return r;
+  if (Error e = ReadChatConversation(body, c.messages, c.ending)) return *e;
+  if (Error e = ReadChatToolFields(body, body_text, c.tools)) return *e;
+  return BuildChatGeneration(std::move(c), chat);
 }
 
 std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat,
                                                      const std::vector<std::string>& tools) {
-  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
-    return InvalidField("messages", "messages must be a non-empty list");
-  }
-  ChatEnding ending;
-  std::optional<bool> add_generation_prompt, continue_final_message;
-  if (Error e = GetBool(body, "add_generation_prompt", add_generation_prompt)) return *e;
-  if (Error e = GetBool(body, "continue_final_message", continue_final_message)) return *e;
-  ending.continue_final_message = continue_final_message.value_or(false);
-  // As vLLM: continuing the last message opens no new turn, and both at once is a contradiction.
-  ending.add_generation_prompt = add_generation_prompt.value_or(!ending.continue_final_message);
-  if (ending.add_generation_prompt && ending.continue_final_message) {
-    return InvalidField("continue_final_message", "continue_final_message and add_generation_prompt cannot both be "
-                                                  "true: the last message is continued, or a new turn is opened");
-  }
-  if (!chat.is_supported()) return InvalidField("messages", chat.unsupported_reason());
   std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < body["messages"].size(); ++i) {
-    auto m = ParseMessage(body["messages"][i], i);
-    if (auto* e = std::get_if<ApiError>(&m)) return *e;
-    messages.push_back(std::move(std::get<ChatMessage>(m)));
-  }
+  ChatEnding ending;
+  if (Error e = ReadChatConversation(body, messages, ending)) return *e;
+  if (!chat.is_supported()) return InvalidField("messages", chat.unsupported_reason());
   return chat.Render(messages, tools, ending);
 }
 

@@ -65,6 +65,14 @@ std::optional<ApiError> WrongType(const std::string& param, const json& v, const
 // Whether body[key] asks for something: values that ask for nothing (null, empty) pass unread.
 bool Asks(const json& body, const char* key);
 
+// Reads body[key] into out when present and not null (absent and null ask for nothing); the
+// type must match, and an integer fit its type: the error names `key`.
+std::optional<ApiError> GetNumber(const json& body, const char* key, std::optional<double>& out);
+std::optional<ApiError> GetInt(const json& body, const char* key, std::optional<int64_t>& out);
+std::optional<ApiError> GetInt32(const json& body, const char* key, std::optional<int32_t>& out);
+std::optional<ApiError> GetBool(const json& body, const char* key, std::optional<bool>& out);
+std::optional<ApiError> GetString(const json& body, const char* key, std::optional<std::string>& out);
+
 // Request bodies may nest arrays and objects this deep. None of the API's fields needs more than
 // 3; the limit keeps anything recursive (printing, comparing) from running out of stack.
 inline constexpr int kMaxJsonDepth = 64;
@@ -74,8 +82,12 @@ bool NestsDeeperThan(std::string_view text, int max_depth);
 // A short rendering of a client's value for an error message: strings and containers are cut
 // (a message never quotes a whole megabyte prompt back).
 std::string Brief(const json& value);
-// Maps the Generator's (or the authenticator's) status to an HTTP error.
-ApiError ErrorFromStatus(const Status& status);
+// An API's name for a chat parameter a later check refused (the Generator names a field of
+// ferry.v1.GenerateRequest, ParamFromMessage its chat name): "" when the API has none.
+using ParamName = std::string (*)(const std::string& chat_param);
+// Maps the Generator's (or the authenticator's) status to an HTTP error; `param_name` renames the
+// param for an API whose fields differ from chat's (nullptr: chat's and completions' names).
+ApiError ErrorFromStatus(const Status& status, ParamName param_name = nullptr);
 
 enum class Endpoint { kCompletions, kChat };
 
@@ -105,6 +117,7 @@ struct OpenAiRequest {
   // vLLM's truncate_prompt_tokens: each prompt is cut to its last k tokens once tokenised; -1 is
   // max_model_len.
   std::optional<int64_t> truncate_prompt_tokens;
+  ParamName param_name = nullptr;  // the request's API's names for a later refusal (ErrorFromStatus)
 };
 
 // body_text: the text `body` was parsed from. A JSON schema given as an object is read from it

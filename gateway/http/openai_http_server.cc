@@ -473,7 +473,7 @@ std::optional<std::vector<ferry::v1::GenerateResponse>> OpenAiHttpServer::Genera
       });
   choices->WaitEnded();
   if (Status status = choices->status(); !status.ok()) {
-    SendError(res, ErrorFromStatus(status));
+    SendError(res, ErrorFromStatus(status, request.param_name));
     return std::nullopt;
   }
   for (const auto& response : *collected) {

@@ -2,10 +2,23 @@
 
 namespace ferry::gateway::http {
 
+namespace {
+
+size_t HistoryBytes(const std::vector<ChatMessage>& history) {
+  size_t bytes = 0;
+  for (const ChatMessage& m : history) {
+    bytes += m.role.size() + m.content.size();
+    for (const auto& [name, arguments] : m.tool_calls) bytes += name.size() + arguments.size();
+  }
+  return bytes;
+}
+
+}  // namespace
+
 ResponseStore::ResponseStore(Options options) : options_(options) {}
 
 void ResponseStore::Put(const std::string& id, const std::string& tenant, Entry entry, Clock::time_point now) {
-  const size_t bytes = entry.response.dump().size() + entry.history.dump().size();
+  const size_t bytes = entry.response.dump().size() + HistoryBytes(entry.history);
   std::lock_guard lock(mu_);
   ExpireLocked(now);
   if (auto it = by_id_.find(id); it != by_id_.end()) EraseLocked(it);

@@ -13,7 +13,11 @@
 #include <optional>
 #include <string>
 
+#include <vector>
+
 #include <nlohmann/json.hpp>
+
+#include "gateway/http/chat_template.h"
 
 namespace ferry::gateway::http {
 
@@ -26,7 +30,7 @@ class ResponseStore {
   };
   struct Entry {
     nlohmann::json response;  // the Response object
-    nlohmann::json history;   // chat messages up to and including its output (responses_format.h)
+    std::vector<ChatMessage> history;  // the messages up to and including its output (responses_format.h)
   };
   using Clock = std::chrono::steady_clock;
 

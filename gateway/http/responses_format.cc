@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "gateway/http/chat_request.h"
+#include "gateway/http/guided_format.h"
+
 namespace ferry::gateway::http {
 namespace {
 
@@ -73,7 +76,7 @@ std::optional<ApiError> RequireString(const ojson& item, const char* key, const 
 
 // One input item as chat messages appended to `out`; consecutive function calls (and the text
 // before them) are one assistant turn, as a chat history has them.
-std::optional<ApiError> AppendItem(const ojson& item, const std::string& where, ojson& out) {
+std::optional<ApiError> AppendItem(const ojson& item, const std::string& where, std::vector<ChatMessage>& out) {
   if (!item.is_object()) return WrongType(where, item, "an object (a message or a function call item)");
   const std::string type = item.value("type", "message");
   if (type == "message") {
@@ -86,25 +89,27 @@ std::optional<ApiError> AppendItem(const ojson& item, const std::string& where, 
     }
     auto text = ItemText(item.value("content", ojson()), where + ".content");
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
-    out.push_back({{"role", role}, {"content", std::get<std::string>(text)}});
+    out.push_back({role, std::move(std::get<std::string>(text)), {}});
     return std::nullopt;
   }
   if (type == "function_call") {
     for (const char* key : {"call_id", "name", "arguments"}) {
       if (auto e = RequireString(item, key, where)) return e;
     }
-    const ojson call = {{"id", item["call_id"]}, {"type", "function"},
-                        {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
-    if (out.empty() || out.back()["role"] != "assistant") out.push_back({{"role", "assistant"}, {"content", ""}});
-    if (!out.back().contains("tool_calls")) out.back()["tool_calls"] = ojson::array();
-    out.back()["tool_calls"].push_back(call);
+    std::optional<std::string> arguments = TemplateArguments(item["arguments"].get<std::string>());
+    if (!arguments) {
+      return InvalidField(where + ".arguments", fmt::format("{}.arguments = {} is not JSON", where,
+                                                            Brief(item["arguments"])));
+    }
+    if (out.empty() || out.back().role != "assistant") out.push_back({"assistant", "", {}});
+    out.back().tool_calls.emplace_back(item["name"].get<std::string>(), std::move(*arguments));
     return std::nullopt;
   }
   if (type == "function_call_output") {
     if (auto e = RequireString(item, "call_id", where)) return e;
     auto text = ItemText(item.value("output", ojson()), where + ".output");
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
-    out.push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", std::get<std::string>(text)}});
+    out.push_back({"tool", std::move(std::get<std::string>(text)), {}});
     return std::nullopt;
   }
   return InvalidField(where + ".type", fmt::format("{}.type = {} is not supported (message, function_call or "
@@ -112,73 +117,154 @@ std::optional<ApiError> AppendItem(const ojson& item, const std::string& where, 
                                                    where, Brief(item["type"])));
 }
 
-// Responses' function tools ({"type", "name", "description", "parameters"}) in chat's form.
-std::variant<ojson, ApiError> ChatTools(const ojson& tools) {
-  if (!tools.is_array()) return *WrongType("tools", tools, "a list of function tools");
-  ojson out = ojson::array();
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const ojson& t = tools[i];
-    const std::string where = fmt::format("tools[{}]", i);
-    if (!t.is_object() || t.value("type", "") != "function") {
-      return InvalidField(where + ".type", fmt::format("{}.type = {} is not supported (function tools only)", where,
-                                                       Brief(t.is_object() ? t.value("type", ojson()) : t)));
+// instructions (a system message, not kept in the history), the previous response's history and
+// the input items: the conversation, and the history a continuation of this response starts from.
+std::optional<ApiError> ReadConversation(const ojson& in, const std::vector<ChatMessage>* previous,
+                                         std::vector<ChatMessage>& messages, std::vector<ChatMessage>& history) {
+  if (!in.contains("input")) return InvalidField("input", "input is required (a string or a list of items)");
+  if (in.contains("instructions") && !in["instructions"].is_null()) {
+    if (!in["instructions"].is_string()) return *WrongType("instructions", in["instructions"], "a string");
+    messages.push_back({"system", in["instructions"].get<std::string>(), {}});
+  }
+  if (previous != nullptr) history = *previous;
+  const size_t turn_start = history.size();
+  const ojson& input = in["input"];
+  if (input.is_string()) {
+    history.push_back({"user", input.get<std::string>(), {}});
+  } else if (input.is_array()) {
+    std::vector<ChatMessage> turn;
+    for (size_t i = 0; i < input.size(); ++i) {
+      if (auto e = AppendItem(input[i], fmt::format("input[{}]", i), turn)) return e;
     }
-    ojson function = {{"name", t.value("name", ojson())}};
-    if (t.contains("description")) function["description"] = t["description"];
-    if (t.contains("parameters") && !t["parameters"].is_null()) function["parameters"] = t["parameters"];
-    out.push_back({{"type", "function"}, {"function", std::move(function)}});
+    history.insert(history.end(), turn.begin(), turn.end());
+  } else {
+    return *WrongType("input", input, "a string or a list of items");
   }
-  return out;
+  if (history.size() == turn_start) return InvalidField("input", "input must hold at least one item");
+  messages.insert(messages.end(), history.begin(), history.end());
+  return std::nullopt;
 }
 
-std::variant<ojson, ApiError> ChatToolChoice(const ojson& choice) {
-  if (choice.is_string()) return choice;
-  if (choice.is_object() && choice.value("type", "") == "function" && choice.contains("name")) {
-    return ojson{{"type", "function"}, {"function", {{"name", choice["name"]}}}};
+// Responses' function tools ({"type": "function", "name", "description", "parameters"}), rendered
+// in chat's form (what the template knows), tool_choice and parallel_tool_calls.
+std::optional<ApiError> ReadTools(const ojson& in, ToolsSpec& out) {
+  if (in.contains("tools") && !in["tools"].is_null()) {
+    const ojson& tools = in["tools"];
+    if (!tools.is_array()) return *WrongType("tools", tools, "a list of function tools");
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ojson& t = tools[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!t.is_object() || t.value("type", "") != "function") {
+        return InvalidField(where + ".type", fmt::format("{}.type = {} is not supported (function tools only)", where,
+                                                         Brief(t.is_object() ? t.value("type", ojson()) : t)));
+      }
+      auto spec = ReadToolFunction(t, where);
+      if (auto* e = std::get_if<ApiError>(&spec)) return *e;
+      ojson function = {{"name", t["name"]}};
+      if (t.contains("description")) function["description"] = t["description"];
+      if (t.contains("parameters") && !t["parameters"].is_null()) function["parameters"] = t["parameters"];
+      out.tools.push_back(std::move(std::get<ToolSpec>(spec)));
+      out.tools.back().rendered = PyJsonDumps(ojson{{"type", "function"}, {"function", std::move(function)}});
+    }
   }
-  return *WrongType("tool_choice", choice, "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\"}");
+  if (in.contains("tool_choice") && !in["tool_choice"].is_null()) {
+    const ojson& choice = in["tool_choice"];
+    out.choice_text = Brief(choice);
+    if (choice == "auto" || choice == "none" || choice == "required") {
+      out.choice = choice == "auto"   ? ToolsRequest::Choice::kAuto
+                   : choice == "none" ? ToolsRequest::Choice::kNone
+                                      : ToolsRequest::Choice::kRequired;
+    } else if (choice.is_object() && choice.value("type", "") == "function" && choice.contains("name") &&
+               choice["name"].is_string()) {
+      out.choice = ToolsRequest::Choice::kNamed;
+      out.named = choice["name"].get<std::string>();
+    } else {
+      return InvalidField("tool_choice", fmt::format("tool_choice = {} must be \"auto\", \"none\", \"required\" or "
+                                                     "{{\"type\": \"function\", \"name\": ...}}", Brief(choice)));
+    }
+  }
+  if (in.contains("parallel_tool_calls") && !in["parallel_tool_calls"].is_null()) {
+    if (!in["parallel_tool_calls"].is_boolean()) {
+      return *WrongType("parallel_tool_calls", in["parallel_tool_calls"], "a boolean");
+    }
+    out.parallel = in["parallel_tool_calls"].get<bool>();
+  }
+  return std::nullopt;
 }
 
-// text.format as chat's response_format (null: plain text).
-std::variant<ojson, ApiError> ChatResponseFormat(const ojson& text) {
+// text.format: plain text, any JSON object, or a value valid under a JSON schema.
+std::optional<ApiError> ReadTextFormat(const ojson& text, ferry::v1::SamplingParams& s) {
   if (!text.is_object()) return *WrongType("text", text, "an object with a \"format\"");
-  if (!text.contains("format") || text["format"].is_null()) return ojson();
+  if (!text.contains("format") || text["format"].is_null()) return std::nullopt;
   const ojson& format = text["format"];
   const std::string type = format.is_object() ? format.value("type", "") : "";
-  if (type == "text") return ojson();
-  if (type == "json_object") return ojson{{"type", "json_object"}};
-  if (type == "json_schema") {
-    ojson spec = {{"name", format.value("name", "response")}};
-    if (format.contains("schema")) spec["schema"] = format["schema"];
-    if (format.contains("strict")) spec["strict"] = format["strict"];
-    return ojson{{"type", "json_schema"}, {"json_schema", std::move(spec)}};
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    s.mutable_guided()->set_json_object(true);
+    return std::nullopt;
   }
-  return InvalidField("text.format.type", fmt::format("text.format.type = {} must be text, json_object or json_schema",
-                                                      Brief(format.is_object() ? format.value("type", ojson()) : format)));
+  if (type != "json_schema") {
+    return InvalidField("text.format.type", fmt::format("text.format.type = {} must be text, json_object or json_schema",
+                                                        Brief(format.is_object() ? format.value("type", ojson()) : format)));
+  }
+  if (!format.contains("schema")) {
+    return InvalidField("text.format.schema", "text.format.schema is required with type \"json_schema\" (a JSON "
+                                              "schema: an object or a boolean)");
+  }
+  const ojson& schema = format["schema"];
+  if (!schema.is_object() && !schema.is_boolean()) {
+    return *WrongType("text.format.schema", schema, "a JSON schema (an object or a boolean)");
+  }
+  if (format.contains("strict") && !format["strict"].is_null() && !format["strict"].is_boolean()) {
+    return *WrongType("text.format.strict", format["strict"], "a boolean");
+  }
+  const std::string schema_text = schema.dump();  // keys in the client's order: properties are generated in it
+  if (auto e = CheckJsonSchemaText(schema_text, "text.format", "text.format.schema")) return e;
+  s.mutable_guided()->set_json_schema(schema_text);
+  return std::nullopt;
 }
 
-// A chat-level error in the Responses request's terms: field names, and messages[k] as input[k -
-// offset] (the messages before `offset` are the instructions and the previous responses').
-ApiError InResponsesTerms(ApiError e, size_t offset) {
-  auto rename = [&](std::string& s) {
-    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-             {"response_format.json_schema", "text.format"}, {"response_format", "text.format"},
-             {"max_tokens", "max_output_tokens"}, {".function.", "."}}) {
-      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
-        s.replace(at, from.size(), to);
-      }
-    }
-    for (size_t at = s.find("messages["); at != std::string::npos; at = s.find("messages[", at + 1)) {
-      const size_t end = s.find(']', at);
-      if (end == std::string::npos) break;
-      const size_t k = std::stoul(s.substr(at + 9, end - at - 9));
-      const std::string to = k >= offset ? fmt::format("input[{}]", k - offset) : "the previous response's history";
-      s.replace(at, end + 1 - at, to);
-    }
-  };
-  rename(e.message);
-  rename(e.param);
-  return e;
+// The Responses name of a field a later check refuses (the Generator's validation, which names the
+// ferry.v1 field; ParamFromMessage gives its chat name): the request sets only these.
+std::string ResponsesParam(const std::string& chat_param) {
+  if (chat_param == "max_tokens") return "max_output_tokens";
+  if (chat_param == "prompt") return "input";  // the prompt is the conversation
+  return chat_param;  // temperature, top_p, seed, lane and timeout_ms are named alike
+}
+
+// model, max_output_tokens, temperature, top_p, seed, stream, lane, timeout_ms and user.
+std::optional<ApiError> ReadSettings(const json& body, OpenAiRequest& r) {
+  std::optional<std::string> model, lane, user;
+  std::optional<double> temperature, top_p;
+  std::optional<int64_t> seed, timeout_ms;
+  std::optional<int32_t> max_output_tokens;
+  std::optional<bool> stream;
+  for (auto [key, out] : {std::pair{"model", &model}, {"lane", &lane}, {"user", &user}}) {
+    if (auto e = GetString(body, key, *out)) return e;
+  }
+  if (auto e = GetNumber(body, "temperature", temperature)) return e;
+  if (auto e = GetNumber(body, "top_p", top_p)) return e;
+  if (auto e = GetInt(body, "seed", seed)) return e;
+  if (auto e = GetInt(body, "timeout_ms", timeout_ms)) return e;
+  if (auto e = GetInt32(body, "max_output_tokens", max_output_tokens)) return e;
+  if (auto e = GetBool(body, "stream", stream)) return e;
+  if (max_output_tokens && *max_output_tokens < 1) {
+    return InvalidField("max_output_tokens", fmt::format("max_output_tokens = {} must be >= 1", *max_output_tokens));
+  }
+  if (timeout_ms && *timeout_ms <= 0) {
+    return InvalidField("timeout_ms", fmt::format("timeout_ms = {} must be > 0", *timeout_ms));
+  }
+  auto& sampling = *r.generate.mutable_sampling();
+  if (temperature) sampling.set_temperature(static_cast<float>(*temperature));
+  if (top_p) sampling.set_top_p(static_cast<float>(*top_p));
+  if (seed) sampling.set_seed(static_cast<uint64_t>(*seed));
+  if (max_output_tokens) sampling.set_max_tokens(*max_output_tokens);
+  r.is_max_tokens_set = max_output_tokens.has_value();
+  r.model = model.value_or("");
+  if (lane) r.generate.set_lane(*lane);
+  r.stream = stream.value_or(false);
+  r.timeout_ms = timeout_ms;
+  return std::nullopt;
 }
 
 // The settings a Response object repeats, OpenAI's defaults where the request left them.
@@ -233,81 +319,33 @@ std::string NewResponsesId(const char* prefix) {
 }
 
 std::variant<ResponsesRequest, ApiError> ParseResponsesRequest(const json& body, std::string_view body_text,
-                                                               const ChatTemplate& chat, const json* previous) {
+                                                               const ChatTemplate& chat,
+                                                               const std::vector<ChatMessage>* previous) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
   const ojson in = body_text.empty() ? ojson::parse(body.dump()) : ojson::parse(body_text);
   if (auto e = RefuseUnserved(in)) return *e;
-  if (!in.contains("input")) return InvalidField("input", "input is required (a string or a list of items)");
-  ojson messages = ojson::array();
-  if (in.contains("instructions") && !in["instructions"].is_null()) {
-    if (!in["instructions"].is_string()) return *WrongType("instructions", in["instructions"], "a string");
-    messages.push_back({{"role", "system"}, {"content", in["instructions"]}});
-  }
-  if (previous != nullptr) {
-    for (const json& m : *previous) messages.push_back(ojson::parse(m.dump()));
-  }
-  const size_t offset = messages.size();
-  ojson turn = ojson::array();
-  const ojson& input = in["input"];
-  if (input.is_string()) {
-    turn.push_back({{"role", "user"}, {"content", input}});
-  } else if (input.is_array()) {
-    for (size_t i = 0; i < input.size(); ++i) {
-      if (auto e = AppendItem(input[i], fmt::format("input[{}]", i), turn)) return *e;
-    }
-  } else {
-    return *WrongType("input", input, "a string or a list of items");
-  }
-  if (turn.empty()) return InvalidField("input", "input must hold at least one item");
-  for (auto& m : turn) messages.push_back(m);
-
-  ojson chat_body = {{"messages", messages}};
-  for (const char* key : {"model", "temperature", "top_p", "seed", "stream", "parallel_tool_calls", "lane",
-                          "timeout_ms", "user"}) {
-    if (in.contains(key)) chat_body[key] = in[key];
-  }
-  if (in.contains("max_output_tokens") && !in["max_output_tokens"].is_null()) {
-    const ojson& max = in["max_output_tokens"];
-    if (!max.is_number_integer()) return *WrongType("max_output_tokens", max, "an integer");
-    if (max.get<int64_t>() < 1) {
-      return InvalidField("max_output_tokens", fmt::format("max_output_tokens = {} must be >= 1", max.dump()));
-    }
-    chat_body["max_tokens"] = max;
-  }
-  if (in.contains("tools") && !in["tools"].is_null()) {
-    auto tools = ChatTools(in["tools"]);
-    if (auto* e = std::get_if<ApiError>(&tools)) return *e;
-    chat_body["tools"] = std::get<ojson>(tools);
-  }
-  if (in.contains("tool_choice") && !in["tool_choice"].is_null()) {
-    auto choice = ChatToolChoice(in["tool_choice"]);
-    if (auto* e = std::get_if<ApiError>(&choice)) return *e;
-    chat_body["tool_choice"] = std::get<ojson>(choice);
-  }
+  ResponsesRequest out;
+  ChatRequest c;
+  c.request.endpoint = Endpoint::kChat;  // one choice: "n" is refused above, as unknown
+  c.messages_field = "input";
+  c.request.param_name = ResponsesParam;
+  if (auto e = ReadConversation(in, previous, c.messages, out.history)) return *e;
+  if (auto e = ReadSettings(body, c.request)) return *e;
+  if (auto e = ReadTools(in, c.tools)) return *e;
   if (in.contains("text") && !in["text"].is_null()) {
-    auto format = ChatResponseFormat(in["text"]);
-    if (auto* e = std::get_if<ApiError>(&format)) return *e;
-    if (!std::get<ojson>(format).is_null()) chat_body["response_format"] = std::get<ojson>(format);
+    if (auto e = ReadTextFormat(in["text"], *c.request.generate.mutable_sampling())) return *e;
   }
-  bool store = true;
   if (in.contains("store") && !in["store"].is_null()) {
     if (!in["store"].is_boolean()) return *WrongType("store", in["store"], "a boolean");
-    store = in["store"].get<bool>();
+    out.store = in["store"].get<bool>();
   }
   if (in.contains("metadata") && !in["metadata"].is_null() && !in["metadata"].is_object()) {
     return *WrongType("metadata", in["metadata"], "an object of strings");
   }
-  const std::string chat_text = chat_body.dump();
-  auto parsed = ParseChatRequest(json::parse(chat_text), chat, chat_text);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return InResponsesTerms(*e, offset);
-  ResponsesRequest out;
-  out.chat = std::move(std::get<OpenAiRequest>(parsed));  // n = 1: "n" is refused above, as unknown
-  out.history = json::array();
-  for (size_t i = in.contains("instructions") && !in["instructions"].is_null() ? 1 : 0; i < messages.size(); ++i) {
-    out.history.push_back(json::parse(messages[i].dump()));
-  }
-  out.echo = Echo(in, store);
-  out.store = store;
+  auto built = BuildChatGeneration(std::move(c), chat);
+  if (auto* e = std::get_if<ApiError>(&built)) return *e;
+  out.chat = std::move(std::get<OpenAiRequest>(built));
+  out.echo = Echo(in, out.store);
   return out;
 }
 
@@ -351,18 +389,15 @@ json ResponseJson(const ResponsesIdentity& identity, const json& echo, const Res
   return out;
 }
 
-json HistoryAfter(const json& history, const ResponsesResult& result) {
-  json out = history;
-  json turn = {{"role", "assistant"}, {"content", result.text.value_or("")}};
-  if (!result.calls.empty()) {
-    turn["tool_calls"] = json::array();
-    for (const ToolCall& c : result.calls) {
-      turn["tool_calls"].push_back(
-          {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-    }
+std::vector<ChatMessage> HistoryAfter(std::vector<ChatMessage> history, const ResponsesResult& result) {
+  ChatMessage turn{"assistant", result.text.value_or(""), {}};
+  for (const ToolCall& c : result.calls) {
+    // A named call's arguments cut short by max_output_tokens are not JSON: the template writes
+    // them as the string they are (what it writes for a string value).
+    turn.tool_calls.emplace_back(c.name, TemplateArguments(c.arguments).value_or(PyJsonDumps(ojson(c.arguments))));
   }
-  out.push_back(std::move(turn));
-  return out;
+  history.push_back(std::move(turn));
+  return history;
 }
 
 ResponsesStreamFormat::ResponsesStreamFormat(ResponsesIdentity identity, json echo,

@@ -1,9 +1,11 @@
-// OpenAI's Responses API (/v1/responses) on the chat path. A request is translated into a chat
-// completions request (instructions and input items become messages, `tools` and `text.format`
-// their chat forms) and parsed by ParseChatRequest, so validation, the chat template, tool calls
-// and structured output are the chat endpoint's own; the chat result is translated back into a
-// Response object (output items: a message, function calls), or into the Responses stream's
-// events. Plain functions on JSON, and the stream's format (sse_stream.h): no sockets.
+// OpenAI's Responses API (/v1/responses) on the chat path. A request is read into the typed chat
+// request chat's endpoint also reads into (chat_request.h): instructions and input items become
+// chat messages, `tools` tool specs, `text.format` the structured output constraint, each error
+// naming the Responses field that caused it; BuildChatGeneration then checks and renders it as it
+// does for chat, so the chat template, tool calls and structured output are the chat endpoint's
+// own. The chat result is translated back into a Response object (output items: a message,
+// function calls), or into the Responses stream's events. Plain functions on JSON, and the
+// stream's format (sse_stream.h): no sockets.
 //
 // previous_response_id continues a stored response: its history (the chat messages it was
 // generated from, and its output as the assistant's turn) comes before the new input; its
@@ -29,16 +31,17 @@
 namespace ferry::gateway::http {
 
 struct ResponsesRequest {
-  OpenAiRequest chat;   // what runs: one choice
-  json history;         // chat messages before the generated turn (no instructions), for the store
-  json echo;            // the request's settings a Response object repeats (instructions, tools, ...)
-  bool store = true;    // kept for GET and previous_response_id
+  OpenAiRequest chat;  // what runs: one choice
+  std::vector<ChatMessage> history;  // the messages before the generated turn (no instructions), for the store
+  json echo;  // the request's settings a Response object repeats (instructions, tools, ...)
+  bool store = true;  // kept for GET and previous_response_id
 };
 
 // body_text: the text `body` was parsed from (key order for tools and schemas). previous: the
 // stored history of body.previous_response_id (the caller looks it up; nullptr when none).
 std::variant<ResponsesRequest, ApiError> ParseResponsesRequest(const json& body, std::string_view body_text,
-                                                               const ChatTemplate& chat, const json* previous);
+                                                               const ChatTemplate& chat,
+                                                               const std::vector<ChatMessage>* previous);
 
 // What one generation said, in the Responses API's terms.
 struct ResponsesResult {
@@ -61,7 +64,7 @@ struct ResponsesIdentity {
 json ResponseJson(const ResponsesIdentity& identity, const json& echo, const ResponsesResult* result,
                   const json& error = nullptr);
 // The chat history after this response: `history` then its output as the assistant's turn.
-json HistoryAfter(const json& history, const ResponsesResult& result);
+std::vector<ChatMessage> HistoryAfter(std::vector<ChatMessage> history, const ResponsesResult& result);
 
 std::string NewResponsesId(const char* prefix);  // "<prefix>_<24 hex>"
 

@@ -19,13 +19,13 @@ constexpr const char* kWeather =
     R"({"type": "function", "name": "get_weather", "description": "Weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})";
 
-ResponsesRequest Parse(const std::string& text, const json* previous = nullptr) {
+ResponsesRequest Parse(const std::string& text, const std::vector<ChatMessage>* previous = nullptr) {
   auto r = ParseResponsesRequest(json::parse(text), text, Qwen(), previous);
   if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << e->param << ": " << e->message;
   return std::holds_alternative<ResponsesRequest>(r) ? std::get<ResponsesRequest>(r) : ResponsesRequest{};
 }
 
-ApiError Refusal(const std::string& text, const json* previous = nullptr) {
+ApiError Refusal(const std::string& text, const std::vector<ChatMessage>* previous = nullptr) {
   auto r = ParseResponsesRequest(json::parse(text), text, Qwen(), previous);
   if (std::holds_alternative<ResponsesRequest>(r)) ADD_FAILURE() << "parsed: " << text;
   return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
@@ -43,14 +43,16 @@ TEST(ParseResponses, InstructionsAndTextInputAreAChat) {
   EXPECT_EQ(r.chat.model, "m");
   EXPECT_TRUE(r.store);
   // The history a continuation starts from: the input, not the instructions (OpenAI's rule).
-  EXPECT_EQ(r.history, json::parse(R"([{"role": "user", "content": "Hi"}])"));
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_EQ(r.history[0].role, "user");
+  EXPECT_EQ(r.history[0].content, "Hi");
   EXPECT_EQ(r.echo["instructions"], "Be brief.");
   EXPECT_EQ(r.echo["metadata"], json::parse(R"({"k": "v"})"));
   EXPECT_EQ(r.echo["tool_choice"], "auto");
 }
 
 TEST(ParseResponses, ItemsToolsAndPreviousHistory) {
-  const json previous = json::parse(R"([{"role": "user", "content": "Weather in Oslo?"}])");
+  const std::vector<ChatMessage> previous = {{"user", "Weather in Oslo?", {}}};
   const ResponsesRequest r = Parse(std::string(R"({"input": [
       {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"},
       {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
@@ -66,8 +68,10 @@ TEST(ParseResponses, ItemsToolsAndPreviousHistory) {
       << "the tool is rendered in its chat form, keys in the request's order: " << prompt;
   EXPECT_EQ(r.chat.tools.choice, ToolsRequest::Choice::kAuto);
   ASSERT_EQ(r.history.size(), 4u);  // previous + the call turn + its output + the developer's message
-  EXPECT_EQ(r.history[1]["tool_calls"][0]["id"], "call_1");
-  EXPECT_EQ(r.history[3]["role"], "system");
+  ASSERT_EQ(r.history[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.history[1].tool_calls[0], (std::pair<std::string, std::string>("get_weather", R"({"city": "Oslo"})")));
+  EXPECT_EQ(r.history[2].role, "tool");
+  EXPECT_EQ(r.history[3].role, "system");
 }
 
 TEST(ParseResponses, TextFormatAndNamedToolChoiceBecomeStructuredOutput) {
@@ -100,14 +104,99 @@ TEST(ParseResponses, RefusalsNameTheField) {
   EXPECT_EQ(max.param, "max_output_tokens") << max.message;
   EXPECT_EQ(max.message, "max_output_tokens = 0 must be >= 1");
   EXPECT_EQ(Refusal(R"({"input": "Hi", "max_output_tokens": "9"})").param, "max_output_tokens");
-  // Chat's own checks, in the Responses request's terms: messages[k] is input[k] (after the
-  // instructions), response_format is text.format.
-  const ApiError args = Refusal(R"({"instructions": "x", "input": [{"role": "user", "content": "a"},
-      {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{not json"}]})");
-  EXPECT_EQ(args.message.rfind("input[1].tool_calls[0]", 0), 0u) << args.message;
-  const ApiError schema = Refusal(R"({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}})");
-  EXPECT_EQ(schema.param.rfind("text.format", 0), 0u) << schema.param << ": " << schema.message;
-  EXPECT_EQ(schema.message.find("response_format"), std::string::npos) << schema.message;
+  EXPECT_EQ(Refusal(R"({"input": "Hi", "max_output_tokens": 4294967296})").message,
+            "max_output_tokens = 4294967296 is out of range");
+}
+
+// Every error is named where the Responses request is read, in its terms: none speaks of chat's
+// messages, response_format, max_tokens or tools[i].function.
+TEST(ParseResponses, ErrorsAreInTheResponsesTermsAtTheSource) {
+  struct Case {
+    std::string body, param, message_starts;
+  };
+  const std::vector<Case> cases = {
+      {R"({"instructions": "x", "input": [{"role": "user", "content": "a"},
+          {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{not json"}]})",
+       "input[1].arguments", "input[1].arguments = \"{not json\" is not JSON"},
+      {R"({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}})", "text.format.schema",
+       "text.format.schema is required"},
+      {R"({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": 5}}})",
+       "text.format.schema", "text.format.schema must be a JSON schema"},
+      {R"({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x",
+          "schema": {"type": "integer", "multipleOf": 2}}}})",
+       "text.format", "text.format.schema: "},
+      {R"({"input": "Hi", "tools": [{"type": "function", "name": "a b"}]})", "tools", "tools[0].name = \"a b\""},
+      {R"({"input": "Hi", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]})",
+       "tools", "tools[1].name = \"f\" is given twice"},
+      {R"({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": [1]}]})", "tools",
+       "tools[0].parameters = [1]"},
+      {R"({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {"type": "integer",
+          "multipleOf": 2}}], "tool_choice": {"type": "function", "name": "f"}})",
+       "tools", "tools[0].parameters: "},
+      {R"({"input": "Hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "sometimes"})", "tool_choice",
+       "tool_choice = \"sometimes\" must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\""},
+      {R"({"input": "Hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
+          "name": "g"}})", "tool_choice", "tool_choice names function \"g\", which is not in tools"},
+      {R"({"input": "Hi", "tool_choice": "required"})", "tool_choice", "tool_choice = \"required\" needs tools"},
+      {R"({"input": "Hi", "text": {"format": {"type": "json_object"}}, "tools": [{"type": "function", "name": "f"}],
+          "tool_choice": "required"})", "tool_choice", "tool_choice \"required\" generates calls"},
+      {R"({"input": "Hi", "parallel_tool_calls": 1})", "parallel_tool_calls", "parallel_tool_calls must be a boolean"},
+      {R"({"input": "Hi", "timeout_ms": 0})", "timeout_ms", "timeout_ms = 0 must be > 0"},
+      {R"({"input": "Hi", "temperature": "hot"})", "temperature", "temperature must be a number"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = Refusal(c.body);
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.message.rfind(c.message_starts, 0), 0u) << e.message;
+    for (const char* chat_term : {"messages", "response_format", "max_tokens", ".function."}) {
+      EXPECT_EQ(e.message.find(chat_term), std::string::npos) << e.message;
+    }
+  }
+  // A field the Generator's validation refuses later is named in the Responses terms too.
+  const ResponsesRequest r9 = Parse(R"({"input": "Hi", "max_output_tokens": 9})");
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "sampling.max_tokens = 9 exceeds lane \"x\"'s cap of 4"},
+                            r9.chat.param_name).param,
+            "max_output_tokens");
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "prompt tokens (5) + sampling.max_tokens (9) = 14 exceeds "
+                                                           "max_model_len 8"},
+                            r9.chat.param_name).param,
+            "input");
+  EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "sampling.top_p = 2 must be in (0, 1]"}, r9.chat.param_name)
+                .param,
+            "top_p");
+  const ChatTemplate plain = ChatTemplate::FromTemplateText("{{ messages }}");
+  auto r = ParseResponsesRequest(json::parse(R"({"input": "Hi"})"), "", plain, nullptr);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "input") << "a template that cannot render: the conversation's field";
+}
+
+// The Responses request and the chat request it stands for are one typed request: the same prompt,
+// sampling, tools and constraint.
+TEST(ParseResponses, IsTheChatRequestItStandsFor) {
+  const std::string responses = std::string(R"({"instructions": "Be brief.", "input": [
+      {"role": "user", "content": "Weather?"},
+      {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+    "max_output_tokens": 9, "temperature": 0.3, "top_p": 0.8, "seed": 7, "parallel_tool_calls": false,
+    "tool_choice": "required", "tools": [)") + kWeather + "]}";
+  const std::string chat = R"({"messages": [{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+    "max_tokens": 9, "temperature": 0.3, "top_p": 0.8, "seed": 7, "parallel_tool_calls": false,
+    "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "get_weather",
+      "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+      "required": ["city"]}}}]})";
+  const ResponsesRequest r = Parse(responses);
+  auto c = ParseChatRequest(json::parse(chat), Qwen(), chat);
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(c)) << std::get<ApiError>(c).message;
+  const OpenAiRequest& expected = std::get<OpenAiRequest>(c);
+  EXPECT_EQ(r.chat.generate.SerializeAsString(), expected.generate.SerializeAsString())
+      << r.chat.generate.DebugString() << "\n" << expected.generate.DebugString();
+  EXPECT_EQ(r.chat.tools.rendered, expected.tools.rendered);
+  EXPECT_EQ(r.chat.tools.named_schema, expected.tools.named_schema);
+  EXPECT_EQ(r.chat.is_max_tokens_set, expected.is_max_tokens_set);
 }
 
 TEST(ResponsesResult, HermesCallsBecomeFunctionCallItems) {
@@ -141,8 +230,29 @@ TEST(ResponsesResult, HermesCallsBecomeFunctionCallItems) {
   EXPECT_EQ(out["usage"]["total_tokens"], 29);
   EXPECT_TRUE(out["store"]);
   // The history a continuation sees: the assistant's turn with its call.
-  const json h = HistoryAfter(json::array(), r);
-  EXPECT_EQ(h[0]["tool_calls"][0]["id"], r.calls[0].id);
+  const std::vector<ChatMessage> h = HistoryAfter({}, r);
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].role, "assistant");
+  EXPECT_EQ(h[0].content, "Checking.");
+  EXPECT_EQ(h[0].tool_calls, (std::vector<std::pair<std::string, std::string>>{{"get_weather", R"({"city": "Oslo"})"}}));
+}
+
+TEST(ResponsesResult, ACallCutShortStaysInTheHistoryAsItsText) {
+  ToolsRequest tools;
+  tools.rendered = {"{}"};
+  tools.names = {"get_weather"};
+  tools.choice = ToolsRequest::Choice::kNamed;
+  tools.named = "get_weather";
+  ferry::v1::GenerateResponse g;
+  g.set_text(R"({"city": "Os)");
+  g.set_finish_reason(ferry::v1::FINISH_REASON_LENGTH);
+  const std::vector<ChatMessage> h = HistoryAfter({}, ResultFromGeneration(g, tools));
+  ASSERT_EQ(h[0].tool_calls.size(), 1u);
+  EXPECT_EQ(h[0].tool_calls[0].second, R"("{\"city\": \"Os")") << "the template's tojson of the string";
+  const ResponsesRequest next = Parse(R"({"input": "Go on."})", &h);
+  EXPECT_NE(next.chat.generate.text().find(R"({"name": "get_weather", "arguments": "{\"city\": \"Os"})"),
+            std::string::npos)
+      << next.chat.generate.text();
 }
 
 TEST(ResponsesResult, CutByMaxTokensIsIncomplete) {
@@ -233,10 +343,10 @@ TEST(ResponseStore, BoundedByCountBytesAndTimeAndPerTenant) {
   using namespace std::chrono_literals;
   ResponseStore store({2, 1 << 20, 10s});
   const auto t0 = ResponseStore::Clock::now();
-  store.Put("a", "t1", {{{"id", "a"}}, json::array()}, t0);
-  store.Put("b", "t1", {{{"id", "b"}}, json::array()}, t0 + 1s);
+  store.Put("a", "t1", {{{"id", "a"}}, std::vector<ChatMessage>{}}, t0);
+  store.Put("b", "t1", {{{"id", "b"}}, std::vector<ChatMessage>{}}, t0 + 1s);
   EXPECT_FALSE(store.Get("a", "t2", t0 + 2s).has_value()) << "another tenant's";
-  store.Put("c", "t1", {{{"id", "c"}}, json::array()}, t0 + 2s);
+  store.Put("c", "t1", {{{"id", "c"}}, std::vector<ChatMessage>{}}, t0 + 2s);
   EXPECT_FALSE(store.Get("a", "t1", t0 + 2s).has_value()) << "the oldest went first";
   EXPECT_EQ(store.Get("b", "t1", t0 + 2s)->response["id"], "b");
   EXPECT_TRUE(store.Delete("b", "t1", t0 + 3s));
@@ -244,7 +354,7 @@ TEST(ResponseStore, BoundedByCountBytesAndTimeAndPerTenant) {
   EXPECT_FALSE(store.Get("c", "t1", t0 + 12s).has_value()) << "past the retention";
   EXPECT_EQ(store.size(), 0u);
   ResponseStore small({10, 64, 10s});
-  small.Put("big", "", {{{"text", std::string(100, 'x')}}, json::array()}, t0);
+  small.Put("big", "", {{{"text", std::string(100, 'x')}}, std::vector<ChatMessage>{}}, t0);
   EXPECT_FALSE(small.Get("big", "", t0).has_value()) << "larger than the store: never kept";
 }
 

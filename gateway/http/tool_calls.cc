@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <random>
 
@@ -53,48 +54,20 @@ bool IsToolName(const std::string& name) {
   return true;
 }
 
-// tools[i]: {"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}.
-std::optional<ApiError> CheckTool(const ordered_json& tool, size_t i, std::vector<std::string>& names) {
-  const std::string where = fmt::format("tools[{}]", i);
-  if (!tool.is_object() || tool.value("type", ordered_json()) != "function" || !tool.contains("function") ||
-      !tool["function"].is_object()) {
-    return InvalidField("tools", fmt::format("{} = {} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
-                                             where, Brief(tool)));
-  }
-  const ordered_json& f = tool["function"];
-  const ordered_json name = f.value("name", ordered_json());
-  if (!name.is_string() || !IsToolName(name.get<std::string>())) {
-    return InvalidField("tools", fmt::format("{}.function.name = {} must be a string of 1 to {} letters, digits, '_' "
-                                             "or '-'", where, Brief(name), kMaxNameBytes));
-  }
-  for (const std::string& seen : names) {
-    if (seen == name.get<std::string>()) {
-      return InvalidField("tools", fmt::format("{}.function.name = \"{}\" is given twice", where, seen));
-    }
-  }
-  if (f.contains("description") && !f["description"].is_string() && !f["description"].is_null()) {
-    return InvalidField("tools", fmt::format("{}.function.description must be a string", where));
-  }
-  if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null()) {
-    return InvalidField("tools", fmt::format("{}.function.parameters = {} must be a JSON schema object", where,
-                                             Brief(f["parameters"])));
-  }
-  names.push_back(name.get<std::string>());
-  return std::nullopt;
+// The schema a call of `tool` is generated under: its parameters (none: any object).
+ordered_json ParametersSchema(const ToolSpec& tool) {
+  return tool.parameters.is_object() ? tool.parameters : ordered_json{{"type", "object"}};
 }
 
-// The named choice's schema: its parameters (an object with no parameters: any object),
-// checked as the worker will compile it.
-std::optional<ApiError> NamedSchema(const ordered_json& tools, ToolsRequest& out) {
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const ordered_json& f = tools[i]["function"];
-    if (f["name"] != out.named) continue;
-    const bool given = f.contains("parameters") && f["parameters"].is_object();
-    out.named_schema = given ? f["parameters"].dump() : std::string(R"({"type": "object"})");
+// The named choice's schema: its parameters, checked as the worker will compile it.
+std::optional<ApiError> NamedSchema(const std::vector<ToolSpec>& tools, ToolsRequest& out) {
+  for (const ToolSpec& tool : tools) {
+    if (tool.name != out.named) continue;
+    out.named_schema = tool.parameters.is_object() ? tool.parameters.dump() : std::string(R"({"type": "object"})");
     try {
       CompileJsonSchemaCached(out.named_schema);
     } catch (const JsonSchemaError& e) {
-      return InvalidField("tools", fmt::format("tools[{}].function.parameters: {}", i, e.what()));
+      return InvalidField("tools", fmt::format("{}.parameters: {}", tool.field, e.what()));
     }
     return std::nullopt;
   }
@@ -103,14 +76,12 @@ std::optional<ApiError> NamedSchema(const ordered_json& tools, ToolsRequest& out
 
 // tool_choice "required": vLLM's array of calls, each {"name": one tool's, "parameters": its
 // schema's value}, told apart by the name (a tagged union); one call without parallel_tool_calls.
-std::optional<ApiError> RequiredSchema(const ordered_json& tools, ToolsRequest& out) {
+std::optional<ApiError> RequiredSchema(const std::vector<ToolSpec>& tools, ToolsRequest& out) {
   ordered_json alternatives = ordered_json::array();
-  for (const ordered_json& tool : tools) {
-    const ordered_json& f = tool["function"];
-    const bool given = f.contains("parameters") && f["parameters"].is_object();
+  for (const ToolSpec& tool : tools) {
     alternatives.push_back({{"type", "object"},
-                            {"properties", {{"name", {{"enum", ordered_json::array({f["name"]})}}},
-                                            {"parameters", given ? f["parameters"] : ordered_json{{"type", "object"}}}}},
+                            {"properties", {{"name", {{"enum", ordered_json::array({tool.name})}}},
+                                            {"parameters", ParametersSchema(tool)}}},
                             {"required", ordered_json::array({"name", "parameters"})},
                             {"additionalProperties", false}});
   }
@@ -134,19 +105,16 @@ std::optional<ToolCall> CallFromItem(const ordered_json& item) {
   return ToolCall{NewToolCallId(), item["name"].get<std::string>(), PyJsonDumps(item["parameters"])};
 }
 
-std::optional<ApiError> ParseChoice(const ordered_json& body, const ordered_json& tools, ToolsRequest& out) {
+// Chat's tool_choice: "none", "auto" (or null), "required" or {"type": "function", "function":
+// {"name": N}}.
+std::optional<ApiError> ReadChatChoice(const ordered_json& body, ToolsSpec& out) {
   const ordered_json choice = body.value("tool_choice", ordered_json());
-  if (choice.is_null() || choice == "auto") {
-    out.choice = ToolsRequest::Choice::kAuto;
+  if (choice.is_null()) return std::nullopt;
+  out.choice_text = Brief(choice);
+  if (choice == "auto") return std::nullopt;
+  if (choice == "none" || choice == "required") {
+    out.choice = choice == "none" ? ToolsRequest::Choice::kNone : ToolsRequest::Choice::kRequired;
     return std::nullopt;
-  }
-  if (choice == "none") {
-    out.choice = ToolsRequest::Choice::kNone;
-    return std::nullopt;
-  }
-  if (choice == "required") {
-    out.choice = ToolsRequest::Choice::kRequired;
-    return RequiredSchema(tools, out);
   }
   const bool named = choice.is_object() && choice.value("type", ordered_json()) == "function" &&
                      choice.contains("function") && choice["function"].is_object() &&
@@ -157,7 +125,7 @@ std::optional<ApiError> ParseChoice(const ordered_json& body, const ordered_json
   }
   out.choice = ToolsRequest::Choice::kNamed;
   out.named = choice["function"]["name"].get<std::string>();
-  return NamedSchema(tools, out);
+  return std::nullopt;
 }
 
 // A block's JSON: {"name": string, "arguments": any}, as Hermes-style models write a call.
@@ -199,18 +167,20 @@ std::optional<ApiError> ParseHistoryToolCalls(const nlohmann::json& calls, const
     }
     const nlohmann::json& f = call["function"];
     const nlohmann::json arguments = f.contains("arguments") ? f["arguments"] : nlohmann::json::object();
-    ordered_json value;
-    if (arguments.is_string()) {
-      value = ordered_json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (value.is_discarded()) {
-        return InvalidField("messages", fmt::format("{}.arguments = {} is not JSON", at, http::Brief(arguments)));
-      }
-    } else {
-      value = ordered_json::parse(arguments.dump());
+    std::optional<std::string> rendered =
+        arguments.is_string() ? TemplateArguments(arguments.get<std::string>()) : PyJsonDumps(ordered_json::parse(arguments.dump()));
+    if (!rendered) {
+      return InvalidField("messages", fmt::format("{}.arguments = {} is not JSON", at, http::Brief(arguments)));
     }
-    out.tool_calls.emplace_back(f["name"].get<std::string>(), PyJsonDumps(value));
+    out.tool_calls.emplace_back(f["name"].get<std::string>(), std::move(*rendered));
   }
   return std::nullopt;
+}
+
+std::optional<std::string> TemplateArguments(const std::string& json_text) {
+  const ordered_json value = ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return std::nullopt;
+  return PyJsonDumps(value);
 }
 
 std::string PyJsonDumps(const ordered_json& value) {
@@ -224,38 +194,89 @@ std::string NewToolCallId() {
   return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
 }
 
-std::variant<ToolsRequest, ApiError> ParseTools(const ordered_json& body, bool template_has_tools) {
-  ToolsRequest out;
-  const ordered_json tools = body.value("tools", ordered_json());
-  const bool has_tools = !tools.is_null() && !(tools.is_array() && tools.empty());
-  const ordered_json choice = body.value("tool_choice", ordered_json());
-  if (!has_tools) {
-    if (!choice.is_null() && choice != "none" && choice != "auto") {
-      return InvalidField("tool_choice", fmt::format("tool_choice = {} needs tools", Brief(choice)));
-    }
-    return out;
+std::variant<ToolSpec, ApiError> ReadToolFunction(const ordered_json& f, const std::string& field) {
+  const ordered_json name = f.value("name", ordered_json());
+  if (!name.is_string() || !IsToolName(name.get<std::string>())) {
+    return InvalidField("tools", fmt::format("{}.name = {} must be a string of 1 to {} letters, digits, '_' or '-'",
+                                             field, Brief(name), kMaxNameBytes));
   }
+  if (f.contains("description") && !f["description"].is_string() && !f["description"].is_null()) {
+    return InvalidField("tools", fmt::format("{}.description must be a string", field));
+  }
+  const ordered_json parameters = f.value("parameters", ordered_json());
+  if (!parameters.is_object() && !parameters.is_null()) {
+    return InvalidField("tools", fmt::format("{}.parameters = {} must be a JSON schema object", field,
+                                             Brief(parameters)));
+  }
+  return ToolSpec{field, name.get<std::string>(), parameters, ""};
+}
+
+std::variant<ToolsSpec, ApiError> ReadChatTools(const ordered_json& body) {
+  ToolsSpec out;
+  if (auto e = ReadChatChoice(body, out)) return *e;
+  const ordered_json tools = body.value("tools", ordered_json());
+  if (tools.is_null() || (tools.is_array() && tools.empty())) return out;
   if (!tools.is_array()) {
     return InvalidField("tools", fmt::format("tools must be a list of {{\"type\": \"function\", ...}}, got {}",
                                              Brief(tools)));
   }
-  if (!template_has_tools) {
-    return InvalidField("tools", "the model's chat template does not render tools (it has no <tool_call> format)");
-  }
-  if (tools.size() > kMaxTools) {
-    return InvalidField("tools", fmt::format("tools has {} entries, over the limit of {}", tools.size(), kMaxTools));
-  }
+  // {"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}, rendered as given.
   for (size_t i = 0; i < tools.size(); ++i) {
-    if (auto e = CheckTool(tools[i], i, out.names)) return *e;
-    out.rendered.push_back(PyJsonDumps(tools[i]));
+    const ordered_json& tool = tools[i];
+    if (!tool.is_object() || tool.value("type", ordered_json()) != "function" || !tool.contains("function") ||
+        !tool["function"].is_object()) {
+      return InvalidField("tools", fmt::format("tools[{}] = {} must be {{\"type\": \"function\", \"function\": "
+                                               "{{\"name\": ...}}}}", i, Brief(tool)));
+    }
+    auto spec = ReadToolFunction(tool["function"], fmt::format("tools[{}].function", i));
+    if (auto* e = std::get_if<ApiError>(&spec)) return *e;
+    out.tools.push_back(std::move(std::get<ToolSpec>(spec)));
+    out.tools.back().rendered = PyJsonDumps(tool);
   }
   const ordered_json parallel = body.value("parallel_tool_calls", ordered_json());
   if (!parallel.is_null() && !parallel.is_boolean()) {
     return InvalidField("parallel_tool_calls", fmt::format("parallel_tool_calls must be a boolean, got {}", Brief(parallel)));
   }
   out.parallel = parallel.is_null() || parallel.get<bool>();
-  if (auto e = ParseChoice(body, tools, out)) return *e;
   return out;
+}
+
+std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool template_has_tools) {
+  ToolsRequest out;
+  if (spec.tools.empty()) {
+    if (spec.choice == ToolsRequest::Choice::kNamed || spec.choice == ToolsRequest::Choice::kRequired) {
+      return InvalidField("tool_choice", fmt::format("tool_choice = {} needs tools", spec.choice_text));
+    }
+    return out;  // nothing offered: no tools section, nothing parsed
+  }
+  if (!template_has_tools) {
+    return InvalidField("tools", "the model's chat template does not render tools (it has no <tool_call> format)");
+  }
+  if (spec.tools.size() > kMaxTools) {
+    return InvalidField("tools", fmt::format("tools has {} entries, over the limit of {}", spec.tools.size(), kMaxTools));
+  }
+  for (const ToolSpec& tool : spec.tools) {
+    if (std::find(out.names.begin(), out.names.end(), tool.name) != out.names.end()) {
+      return InvalidField("tools", fmt::format("{}.name = \"{}\" is given twice", tool.field, tool.name));
+    }
+    out.names.push_back(tool.name);
+    out.rendered.push_back(tool.rendered);
+  }
+  out.parallel = spec.parallel;
+  out.choice = spec.choice;
+  out.named = spec.named;
+  if (out.choice == ToolsRequest::Choice::kNamed) {
+    if (auto e = NamedSchema(spec.tools, out)) return *e;
+  } else if (out.choice == ToolsRequest::Choice::kRequired) {
+    if (auto e = RequiredSchema(spec.tools, out)) return *e;
+  }
+  return out;
+}
+
+std::variant<ToolsRequest, ApiError> ParseTools(const ordered_json& body, bool template_has_tools) {
+  auto spec = ReadChatTools(body);
+  if (auto* e = std::get_if<ApiError>(&spec)) return *e;
+  return BuildTools(std::get<ToolsSpec>(spec), template_has_tools);
 }
 
 ParsedOutput ParseHermesOutput(const std::string& text, bool parallel) {

@@ -47,10 +47,45 @@ struct ToolsRequest {
   bool active() const { return !rendered.empty(); }
 };
 
-// body.tools, tool_choice and parallel_tool_calls; `ordered` is the same body parsed keeping key
-// order (tools are rendered, and schemas generated, in the client's order). template_has_tools:
-// the chat template renders tools (else tools are a 400 naming the template).
+// One tool a request offers, read from its API's form: chat's {"type": "function", "function":
+// {"name", "description", "parameters"}} or the Responses API's {"type": "function", "name", ...}.
+struct ToolSpec {
+  std::string field;  // the function's place in the request, in its API's terms: "tools[2].function", "tools[2]"
+  std::string name;
+  nlohmann::ordered_json parameters;  // its JSON schema, keys in the client's order; null: none (any object)
+  std::string rendered;               // the tool as the chat template writes it (`tool | tojson`)
+};
+
+// What a request says of tools, on domain types, whichever API it came from. BuildTools checks
+// it and makes the ToolsRequest.
+struct ToolsSpec {
+  std::vector<ToolSpec> tools;
+  ToolsRequest::Choice choice = ToolsRequest::Choice::kAuto;  // the default, with tools or without
+  std::string named;        // kNamed: the function
+  std::string choice_text;  // tool_choice as the client wrote it (cut), for an error
+  bool parallel = true;     // parallel_tool_calls
+};
+
+// A function's name, description and parameters from `f` (the object that holds them), `field`
+// naming it in the request's terms; the caller sets `rendered`.
+std::variant<ToolSpec, ApiError> ReadToolFunction(const nlohmann::ordered_json& f, const std::string& field);
+
+// Chat's body.tools, tool_choice and parallel_tool_calls; `ordered` is the body parsed keeping
+// key order (tools are rendered, and schemas generated, in the client's order).
+std::variant<ToolsSpec, ApiError> ReadChatTools(const nlohmann::ordered_json& ordered);
+
+// The checks every API shares (the tool count, unique names, a choice that needs tools, a choice's
+// schema as the worker will compile it) and the ToolsRequest. template_has_tools: the chat
+// template renders tools (else tools are a 400 naming the template).
+std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool template_has_tools);
+
+// ReadChatTools then BuildTools.
 std::variant<ToolsRequest, ApiError> ParseTools(const nlohmann::ordered_json& ordered, bool template_has_tools);
+
+// A call's arguments as the chat template writes them (`tojson` of the value): a JSON text is
+// parsed, so that the template writes JSON rather than a quoted string (vLLM's rule); nullopt
+// when the text is not JSON.
+std::optional<std::string> TemplateArguments(const std::string& json_text);
 
 // An assistant message's tool_calls in the history (messages[i].tool_calls, `where` naming it):
 // [{"id", "type": "function", "function": {"name", "arguments"}}], arguments a JSON text (OpenAI's)

@@ -1,0 +1,31 @@
+#include "gateway/http/chat_request.h"
+
+#include <fmt/format.h>
+
+namespace ferry::gateway::http {
+
+std::variant<OpenAiRequest, ApiError> BuildChatGeneration(ChatRequest chat_request, const ChatTemplate& chat) {
+  OpenAiRequest& r = chat_request.request;
+  if (!chat.is_supported()) return InvalidField(chat_request.messages_field, chat.unsupported_reason());
+  auto tools = BuildTools(chat_request.tools, chat.has_tools());
+  if (auto* e = std::get_if<ApiError>(&tools)) return *e;
+  r.tools = std::move(std::get<ToolsRequest>(tools));
+  // A named choice generates the function's arguments under its parameters' schema, "required"
+  // an array of calls under the tools' schemas: the request's one structured output constraint.
+  const bool named = r.tools.choice == ToolsRequest::Choice::kNamed;
+  if (named || r.tools.choice == ToolsRequest::Choice::kRequired) {
+    auto& s = *r.generate.mutable_sampling();
+    if (s.has_guided()) {
+      return InvalidField("tool_choice", fmt::format("tool_choice {} generates calls under the tools' schemas: it "
+                                                     "conflicts with the request's other structured output constraint",
+                                                     named ? "naming a function" : "\"required\""));
+    }
+    s.mutable_guided()->set_json_schema(r.tools.named_schema);
+  }
+  r.generate.set_text(chat.Render(chat_request.messages, r.tools.rendered, chat_request.ending));
+  r.prompts.clear();
+  r.prompts.emplace_back().set_text(r.generate.text());
+  return std::move(r);
+}
+
+}  // namespace ferry::gateway::http
