@@ -6,12 +6,12 @@
 #include <string>
 #include <thread>
 
-#include "worker/model/qwen2_config.h"
+#include "worker/model/model_config.h"
 
 namespace ferry::worker {
 
 SimRunner::SimRunner(const SimOptions& options) : cost_(options.cost), overlap_(options.overlap) {
-  const Qwen2Config config = LoadQwen2Config(options.model_dir);
+  const ModelConfig config = LoadModelConfig(options.model_dir);
   info_.model = "sim:" + config.name;
   info_.dtype = "sim";
   info_.block_size = options.block_size;

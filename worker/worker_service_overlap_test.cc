@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 class SimModel {
  public:
   SimModel() : dir_(fs::temp_directory_path() / ("ferry_overlap_" + std::to_string(::getpid()))) {
-    WriteRandomQwen2Checkpoint(TinyShape(), 1, "bfloat16", dir_.string(), {});
+    WriteRandomCheckpoint(TinyShape(), 1, "bfloat16", dir_.string(), {});
   }
   ~SimModel() { fs::remove_all(dir_); }
   SimOptions Options(bool overlap, double step_s) const {

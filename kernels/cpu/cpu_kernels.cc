@@ -46,6 +46,12 @@ void RotaryTable(const int32_t* positions, int64_t num_tokens, int32_t head_dim,
         1.0 / std::pow(static_cast<double>(rope_theta),
                        static_cast<double>(static_cast<float>(2 * i) / head_dim)));
   }
+  RotaryTableFromFreqs(positions, num_tokens, head_dim, inv_freq, table);
+}
+
+void RotaryTableFromFreqs(const int32_t* positions, int64_t num_tokens, int32_t head_dim, const float* inv_freq,
+                          float* table) {
+  const int32_t half = head_dim / 2;
 #pragma omp parallel for schedule(static) if (num_tokens * half >= kMinParallelElements)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);

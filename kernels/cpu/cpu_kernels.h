@@ -42,6 +42,11 @@ void ApplyRotary(const RotaryParams& params,
 void RotaryTable(const int32_t* positions,  // [num_tokens]
                  int64_t num_tokens, int32_t head_dim, float rope_theta,
                  float* table);             // [num_tokens, head_dim]
+// The same from given inverse frequencies (a scaled rotary embedding, e.g. Llama 3's).
+void RotaryTableFromFreqs(const int32_t* positions,  // [num_tokens]
+                          int64_t num_tokens, int32_t head_dim,
+                          const float* inv_freq,     // [head_dim / 2]
+                          float* table);             // [num_tokens, head_dim]
 void ApplyRotaryTable(const RotaryParams& params,
                       const float* table,  // [num_tokens, head_dim] from RotaryTable
                       float* q,            // [num_tokens, q_stride]

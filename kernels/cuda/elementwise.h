@@ -1,5 +1,5 @@
 // Element-wise kernels of the decoder on the GPU. References: kernels/cpu SiluAndMul and the
-// CPU model's embedding lookup (worker/model/qwen2_model.cc).
+// CPU model's embedding lookup (worker/model/cpu_model.cc).
 #pragma once
 
 #include <cstdint>

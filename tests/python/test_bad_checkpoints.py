@@ -94,12 +94,24 @@ def test_truncated_file(model_copy, tmp_path):
 
 def test_unsupported_architecture(model_copy, tmp_path):
     cfg = json.loads((model_copy / "config.json").read_text())
-    cfg["architectures"] = ["LlamaForCausalLM"]
-    cfg["model_type"] = "llama"
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    cfg["model_type"] = "gpt_neox"
     (model_copy / "config.json").write_text(json.dumps(cfg))
     proc, ready = start_worker(model_copy, tmp_path)
     assert proc.returncode != 0 and not ready.exists()
-    assert "config.json" in proc.stderr and "LlamaForCausalLM" in proc.stderr, proc.stderr
+    # The file, the value, and what is served.
+    for said in ("config.json", "GPTNeoXForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"):
+        assert said in proc.stderr, proc.stderr
+
+
+def test_unserved_config_field(model_copy, tmp_path):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    proc, ready = start_worker(model_copy, tmp_path)
+    assert proc.returncode != 0 and not ready.exists()
+    for said in ("config.json", "rope_scaling", "yarn", "Ferry serves null"):
+        assert said in proc.stderr, proc.stderr
 
 
 def test_shape_disagrees_with_config(model_copy, tmp_path):

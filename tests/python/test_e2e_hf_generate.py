@@ -46,3 +46,40 @@ def test_stack_greedy_equals_transformers(hf, fp32_stub, ferry_pb):
         assert resp.usage.prompt_tokens == ids.shape[1], prompt
         assert list(resp.token_ids) == expected, prompt
         assert resp.text == tok.decode(expected, skip_special_tokens=True), prompt
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-mistral"])
+def test_other_families_load_in_transformers_and_the_stack_generates_the_same(preset, tmp_path, ferry_pb):
+    """ferry-make-model's Llama and Mistral checkpoints (Llama with rope_scaling llama3) are real
+    Hugging Face checkpoints of those architectures, and the stack's greedy tokens equal
+    transformers'. (Qwen3 needs transformers >= 4.51; its parity is worker/model/hf_parity_test.cc's.)"""
+    import subprocess
+
+    import grpc
+
+    from conftest import binary
+
+    model_dir = tmp_path / preset
+    subprocess.run([str(binary("ferry-make-model")), "--preset", preset, "--seed", "3", "--out", str(model_dir)],
+                   check=True, capture_output=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32,
+                                                              attn_implementation="eager")
+    assert type(model).__name__ == {"tiny-llama": "LlamaForCausalLM", "tiny-mistral": "MistralForCausalLM"}[preset]
+    model.generation_config.eos_token_id = None
+    (tmp_path / "stack").mkdir()
+    s = Stack(model_dir, tmp_path / "stack", ["--worker-arg=--dtype=float32"])
+    channel = grpc.insecure_channel(s.gateway)
+    try:
+        stub = ferry_pb.gen_grpc.GenerationStub(channel)
+        for prompt in PROMPTS[:3]:
+            ids = tok(prompt, return_tensors="pt").input_ids
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                     synced_gpus=False, pad_token_id=0)
+            req = ferry_pb.gen.GenerateRequest(text=prompt.encode(), sampling=ferry_pb.gen.SamplingParams(
+                max_tokens=16, temperature=0.0, ignore_eos=True))
+            assert list(stub.Generate(req, timeout=60).token_ids) == out[0, ids.shape[1]:].tolist(), prompt
+    finally:
+        channel.close()
+        assert s.stop() == 0

@@ -20,11 +20,18 @@ namespace ferry::worker::gpu {
 namespace kcu = kernels::cuda;
 
 CudaQwen2Model::CudaQwen2Model(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream)
-    : config_(LoadQwen2Config(dir)),
+    : config_(LoadModelConfig(dir)),
       options_(options),
       shard_(PlanShard(config_, options.comm ? options.comm->rank() : 0, options.comm ? options.comm->size() : 1)),
       stream_(stream) {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
+  // The CUDA engine implements Qwen2's layer only (qkv biases, the default rotary embedding):
+  // another architecture's traits would be ignored here, so it is refused.
+  if (c.architecture != "Qwen2ForCausalLM") {
+    throw std::runtime_error(dir + "/config.json: architecture " + c.architecture +
+                             " is not served by the CUDA engine yet (it serves Qwen2ForCausalLM); the CPU engine "
+                             "serves it");
+  }
   if (!kcu::AttentionSupported(c.head_dim, shard_.num_q_heads, shard_.num_kv_heads)) {
     throw std::runtime_error(dir + ": the CUDA attention kernels are not compiled for head_dim " +
                              std::to_string(c.head_dim) + " with " + std::to_string(shard_.num_q_heads) +
@@ -54,7 +61,7 @@ CudaQwen2Model::CudaQwen2Model(const std::string& dir, const CudaModelOptions& o
 CudaQwen2Model::~CudaQwen2Model() = default;
 
 void CudaQwen2Model::AllocateActivations() {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   const int64_t t = options_.max_tokens, s = options_.max_seqs, hidden = c.hidden_size, d = c.head_dim;
   const int64_t q_dim = shard_.num_q_heads * d, qkv_dim = q_dim + 2 * shard_.num_kv_heads * d;
   const int64_t inter = shard_.inter_size;
@@ -106,7 +113,7 @@ void CudaQwen2Model::Upload(int32_t num_seqs, int32_t table_cols) {
 
 void CudaQwen2Model::Forward(const ForwardShape& shape) {
   if (num_kv_blocks_ == 0) throw std::logic_error("CudaQwen2Model::Forward before AllocateKvCache");
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   FERRY_CUDA_CHECK(kcu::Embedding({Meta(layout_.token_ids), embed_.as<uint16_t>(), x_.as<float>(), shape.num_tokens,
                                    c.hidden_size, stream_}));
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, shape, i == 0);
@@ -114,7 +121,7 @@ void CudaQwen2Model::Forward(const ForwardShape& shape) {
 }
 
 void CudaQwen2Model::RunLayer(int32_t index, const ForwardShape& shape, bool first) {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   Layer& l = layers_[index];
   const int32_t n = shape.num_tokens, hidden = c.hidden_size;
   const int64_t inter = shard_.inter_size;
@@ -135,7 +142,7 @@ void CudaQwen2Model::RunLayer(int32_t index, const ForwardShape& shape, bool fir
 }
 
 void CudaQwen2Model::Attention(int32_t index, const ForwardShape& shape) {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   Layer& l = layers_[index];
   const int32_t n = shape.num_tokens, d = c.head_dim;
   const int64_t q_dim = int64_t{shard_.num_q_heads} * d, kv_dim = int64_t{shard_.num_kv_heads} * d;
@@ -174,7 +181,7 @@ void CudaQwen2Model::ReduceRowParallel(int64_t count) {
 }
 
 void CudaQwen2Model::ComputeLogits(const ForwardShape& shape) {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   const int32_t rows = shape.num_logits;
   if (rows == 0) return;
   // The last block's output is added only to the rows whose logits are wanted.

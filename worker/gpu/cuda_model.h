@@ -17,8 +17,8 @@
 #include "worker/gpu/batch_layout.h"
 #include "worker/gpu/device_buffer.h"
 #include "worker/gpu/gemm.h"
-#include "worker/model/qwen2_config.h"
-#include "worker/model/qwen2_model.h"
+#include "worker/model/model_config.h"
+#include "worker/model/cpu_model.h"
 
 namespace ferry::worker {
 class Checkpoint;
@@ -43,7 +43,7 @@ class CudaQwen2Model {
   CudaQwen2Model(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream);
   ~CudaQwen2Model();
 
-  const Qwen2Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   const ShardPlan& shard() const { return shard_; }
   const BatchLayout& layout() const { return layout_; }
   int32_t max_model_len() const { return max_model_len_; }
@@ -76,7 +76,7 @@ class CudaQwen2Model {
   void ComputeLogits(const ForwardShape& shape);
   const int32_t* Meta(int64_t offset) const { return meta_.as<int32_t>() + offset; }
 
-  Qwen2Config config_;
+  ModelConfig config_;
   CudaModelOptions options_;
   ShardPlan shard_;
   cudaStream_t stream_;

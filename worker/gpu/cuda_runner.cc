@@ -73,7 +73,7 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
   model_->AllocateKvCache(num_blocks);
   host_ids_ = PinnedBuffer(size_t(options.max_num_seqs) * sizeof(int32_t));
 
-  const Qwen2Config& c = model_->config();
+  const ModelConfig& c = model_->config();
   info_.model = c.name;
   info_.dtype = "bfloat16";
   info_.num_kv_blocks = num_blocks;
@@ -123,7 +123,7 @@ CudaQwen2Runner::~CudaQwen2Runner() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation: as Qwen2Runner, plus the capacities the device buffers were sized for. Nothing is
+// Validation: as CpuRunner, plus the capacities the device buffers were sized for. Nothing is
 // changed unless the whole step can be applied.
 
 void CudaQwen2Runner::Validate(const StepSpec& step) const {

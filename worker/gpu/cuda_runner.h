@@ -1,4 +1,4 @@
-// The GPU ModelRunner: the same engine contract as the CPU Qwen2Runner (worker/model/README.md:
+// The GPU ModelRunner: the same engine contract as the CPU CpuRunner (worker/model/README.md:
 // StepSpec semantics, validation before any change, samples in scheduled order, seeded
 // sampling), running CudaQwen2Model on one device. Greedy rows are picked by a device argmax;
 // rows that need the full sampler (temperature, penalties, logprobs, guided decoding) are sampled
@@ -67,7 +67,7 @@ class CudaQwen2Runner final : public ModelRunner {
   // Safe to read from any thread (health checks, metrics).
   bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
   // Only from the thread driving Step.
-  // With runner.keep_logits: [num_sampled, vocab] in returned order, as Qwen2Runner::last_logits().
+  // With runner.keep_logits: [num_sampled, vocab] in returned order, as CpuRunner::last_logits().
   const std::vector<float>& last_logits() const { return last_logits_; }
   // Seconds the device spent executing steps (sum of StepTiming::gpu_seconds).
   double busy_seconds() const { return busy_seconds_; }

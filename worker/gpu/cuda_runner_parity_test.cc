@@ -1,4 +1,4 @@
-// The GPU engine against the CPU engine (Qwen2Runner in bf16: the same bf16 weights and bf16 KV
+// The GPU engine against the CPU engine (CpuRunner in bf16: the same bf16 weights and bf16 KV
 // cache) on the same random checkpoint and the same steps: chunked prefills mixed with decodes,
 // a prefix-cached sequence, decode steps through CUDA graphs and eagerly. The GPU engine is
 // teacher-forced with the CPU engine's 32 tokens per sequence (runner_driver.h) and every
@@ -24,7 +24,7 @@
 #include "worker/gpu/parity_compare.h"
 #include "worker/gpu/parity_fixture.h"
 #ifdef FERRY_HAVE_CPU_ENGINE
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 #endif
 
 namespace ferry::worker::gpu {
@@ -58,7 +58,7 @@ bool ExpectedTrace(const testing::ParityCase& c, const std::string& dir, testing
   const std::string fixtures = Env("FERRY_GPU_PARITY_FIXTURES");
 #ifdef FERRY_HAVE_CPU_ENGINE
   if (fixtures.empty()) {
-    Qwen2Runner cpu(BaseOptions(dir, c.script));
+    CpuRunner cpu(BaseOptions(dir, c.script));
     *out = testing::Drive(cpu, c.script);
     return true;
   }

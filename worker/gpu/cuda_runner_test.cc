@@ -99,7 +99,7 @@ class CudaRunnerTest : public ::testing::Test {
   void SetUp() override {
     if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
     dir_ = std::filesystem::temp_directory_path() / ("ferry_gpu_runner_" + std::to_string(::getpid()));
-    WriteRandomQwen2Checkpoint(TinyShape(), 3, "bfloat16", dir_.string(), {});
+    WriteRandomCheckpoint(TinyShape(), 3, "bfloat16", dir_.string(), {});
     CudaRunnerOptions o;
     o.runner.model_dir = dir_.string();
     o.runner.num_kv_blocks = 64;
@@ -242,7 +242,7 @@ TEST(CudaRunnerGuided, TextsKeepToTheirConstraint) {
   const std::vector<std::string> words = {"red", "green", "blue", "re", "gr"};
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("ferry_gpu_guided_" + std::to_string(::getpid()));
-  WriteRandomQwen2Checkpoint(TinyShape(), 5, "bfloat16", dir.string(), {kEos}, 256 + static_cast<int32_t>(words.size()));
+  WriteRandomCheckpoint(TinyShape(), 5, "bfloat16", dir.string(), {kEos}, 256 + static_cast<int32_t>(words.size()));
   WriteByteLevelTokenizerJson(dir.string(), words);
   CudaRunnerOptions o;
   o.runner.model_dir = dir.string();

@@ -51,7 +51,7 @@ void Append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert
 
 void CudaQwen2Model::LoadWeights(const std::string& dir) {
   const Checkpoint ckpt(dir);
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
   const std::vector<int64_t> vocab_shape{vocab, hidden};
   std::vector<float> embed = ckpt.Read("model.embed_tokens.weight", vocab_shape);
@@ -81,7 +81,7 @@ void CudaQwen2Model::LoadWeights(const std::string& dir) {
 }
 
 void CudaQwen2Model::LoadLayer(const Checkpoint& ckpt, int32_t index) {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   const ShardPlan& s = shard_;
   const int64_t hidden = c.hidden_size, d = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = int64_t{c.num_attention_heads} * d, kv_dim = int64_t{c.num_key_value_heads} * d;

@@ -417,7 +417,7 @@ int main(int argc, char** argv) {
     if (f.model_dir.empty()) {
       temp = (std::filesystem::temp_directory_path() / ("ferry_gpu_bench_" + std::to_string(::getpid()))).string();
       std::printf("writing a random qwen2.5-0.5b checkpoint to %s\n", temp.c_str());
-      WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
+      WriteRandomCheckpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
       f.model_dir = temp;
     }
     // The offline run uses the first choice.

@@ -13,7 +13,7 @@
 
 #include "worker/gpu/parity_compare.h"
 #include "worker/gpu/parity_fixture.h"
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 #include "worker/model/runner_test_util.h"
 #include "worker/model/safetensors.h"
 
@@ -190,7 +190,7 @@ class CpuEngines {
 
   Trace Run(const std::string& dtype, const std::vector<std::vector<int32_t>>* forced = nullptr,
             const std::string& model_dir = "") const {
-    Qwen2Runner runner(Options(dtype, model_dir));
+    CpuRunner runner(Options(dtype, model_dir));
     return testing::Drive(runner, case_.script, forced);
   }
 
@@ -227,7 +227,7 @@ class CpuEngines {
 };
 
 // The logits of the last position of `tokens`, computed in one prefill of a sequence of its own.
-std::vector<float> Solo(Qwen2Runner& runner, const std::vector<int32_t>& tokens, int32_t block_size) {
+std::vector<float> Solo(CpuRunner& runner, const std::vector<int32_t>& tokens, int32_t block_size) {
   StepSpec spec;
   spec.new_sequences.push_back({1000, tokens, 0, {}, 0});
   ScheduledSpec sched{1000, static_cast<int32_t>(tokens.size()), {}};
@@ -251,7 +251,7 @@ TEST(EngineParity, TeacherForcingContinuesWithTheForcedTokens) {
       forced[i].push_back(static_cast<int32_t>((i * 131 + k * 17 + 5) % vocab));
     }
   }
-  Qwen2Runner runner(engines.Options("float32"));
+  CpuRunner runner(engines.Options("float32"));
   const Trace t = testing::Drive(runner, script, &forced);
   int32_t differing = 0;
   for (size_t i = 0; i < forced.size(); ++i) {

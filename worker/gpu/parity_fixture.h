@@ -21,7 +21,7 @@ namespace ferry::worker::gpu::testing {
 
 struct ParityCase {
   std::string preset;  // "tiny" | "qwen2.5-0.5b"
-  Qwen2Shape shape;
+  ModelShape shape;
   uint64_t seed = 0;
   Script script;
   // Samples whose whole logits rows the fixture keeps (all when empty); of the others it keeps
@@ -66,7 +66,7 @@ inline ParityCase MakeParityCase(const std::string& preset) {
 }
 
 inline void WriteParityCheckpoint(const ParityCase& c, const std::string& dir) {
-  WriteRandomQwen2Checkpoint(c.shape, c.seed, "bfloat16", dir, {});
+  WriteRandomCheckpoint(c.shape, c.seed, "bfloat16", dir, {});
 }
 
 // FNV-1a over model.safetensors.

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "worker/gpu/parity_fixture.h"
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 
 int main(int argc, char** argv) {
   using namespace ferry::worker;
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     o.num_kv_blocks = c.script.num_blocks;
     o.block_size = c.script.block_size;
     o.keep_logits = true;
-    Qwen2Runner cpu(o);
+    CpuRunner cpu(o);
     const gpu::testing::Trace trace = gpu::testing::Drive(cpu, c.script);
     gpu::testing::WriteFixture(out, gpu::testing::HashCheckpoint(dir), trace, c.kept_samples);
     std::printf("%s: %d steps recorded to %s\n", preset.c_str(), trace.num_steps, out.c_str());

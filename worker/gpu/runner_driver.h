@@ -1,4 +1,4 @@
-// Test helper: drives any runner with last_logits() (Qwen2Runner, CudaQwen2Runner) through the
+// Test helper: drives any runner with last_logits() (CpuRunner, CudaQwen2Runner) through the
 // same steps, the way the scheduler would: chunked prefill mixed with decodes, block ids from a
 // scrambled pool, an optional prefix-cached sequence sharing another's first blocks. Two
 // runners driven with the same Script see the same steps (same sequences, tokens and blocks),

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {
@@ -38,7 +38,7 @@ std::string LoadError(const json& config) {
   TempDir dir("compressed_tensors");
   WriteCopy(dir, config);
   try {
-    Qwen2Model::Load(dir.str());
+    CpuModel::Load(dir.str());
   } catch (const std::exception& e) {
     return e.what();
   }

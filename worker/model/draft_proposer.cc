@@ -13,8 +13,8 @@ DraftProposer::DraftProposer(const std::string& dir, const ModelOptions& options
   ModelOptions draft_options = options;
   draft_options.comm = nullptr;                         // replicated: every rank proposes the same
   draft_options.quantization = Quantization::kNone;     // its weights are small; keep them in dtype
-  model_ = Qwen2Model::Load(dir, draft_options);
-  const Qwen2Config& c = model_->config();
+  model_ = CpuModel::Load(dir, draft_options);
+  const ModelConfig& c = model_->config();
   if (c.vocab_size != vocab_size) {
     throw std::runtime_error("draft model " + dir + ": vocab_size " + std::to_string(c.vocab_size) +
                              " differs from the target's " + std::to_string(vocab_size));

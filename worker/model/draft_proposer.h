@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 
 namespace ferry::worker {
 
@@ -41,7 +41,7 @@ class DraftProposer {
   }
 
  private:
-  std::unique_ptr<Qwen2Model> model_;
+  std::unique_ptr<CpuModel> model_;
   std::unique_ptr<KvCache> cache_;
   int32_t block_size_;
   ForwardBatch batch_;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "worker/model/linear.h"
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 #include "worker/model/random_checkpoint.h"
 
 namespace ferry::worker {
@@ -52,7 +52,7 @@ class Engine {
     options.block_size = kBlockSize;
     const int32_t per_seq = (context_ + kMaxDecodeSteps + kBlockSize - 1) / kBlockSize;
     options.num_kv_blocks = (kMaxBatch + 2) * per_seq;
-    runner_ = std::make_unique<Qwen2Runner>(options);
+    runner_ = std::make_unique<CpuRunner>(options);
     for (int32_t b = options.num_kv_blocks - 1; b >= 0; --b) free_.push_back(b);
     seqs_.resize(kMaxBatch);
     const auto start = std::chrono::steady_clock::now();
@@ -119,7 +119,7 @@ class Engine {
   }
 
   int32_t context_;
-  std::unique_ptr<Qwen2Runner> runner_;
+  std::unique_ptr<CpuRunner> runner_;
   std::vector<int32_t> free_;
   std::vector<Seq> seqs_;
 };
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     temp_dir = (std::filesystem::temp_directory_path() /
                 ("ferry_engine_bench_" + std::to_string(::getpid()))).string();
     std::printf("writing a random qwen2.5-0.5b checkpoint to %s\n", temp_dir.c_str());
-    WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp_dir, {});
+    WriteRandomCheckpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp_dir, {});
     flags.model_dir = temp_dir;
   }
   benchmark::Initialize(&argc, argv);

@@ -32,7 +32,7 @@ class GuidedRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("guided_runner_test");
-    WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/31, "bfloat16", dir_->str(), {kEos},
+    WriteRandomCheckpoint(TinyShape(), /*seed=*/31, "bfloat16", dir_->str(), {kEos},
                                /*num_live_tokens=*/256 + static_cast<int32_t>(kMultiByte.size()));
     WriteByteLevelTokenizerJson(dir_->str(), kMultiByte);
   }
@@ -40,14 +40,14 @@ class GuidedRunnerTest : public ::testing::Test {
     delete dir_;
     dir_ = nullptr;
   }
-  static std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& dir) {
+  static std::unique_ptr<CpuRunner> MakeRunner(const std::string& dir) {
     RunnerOptions options;
     options.model_dir = dir;
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 256;
     options.keep_logits = true;  // the test reads the logits
-    return std::make_unique<Qwen2Runner>(options);
+    return std::make_unique<CpuRunner>(options);
   }
   static std::vector<int32_t> Prompt(int32_t salt) { return {40 + salt, 71, 9 + salt, 300 % 256, 33}; }
 
@@ -177,7 +177,7 @@ TEST_F(GuidedRunnerTest, SpeculationLeavesGuidedTokensUnchanged) {
     options.block_size = 4;
     options.num_kv_blocks = 256;
     options.speculative = speculative;
-    return std::make_unique<Qwen2Runner>(options);
+    return std::make_unique<CpuRunner>(options);
   };
   std::vector<SamplingOptions> cases;
   for (float temperature : {0.f, 0.9f}) {
@@ -188,7 +188,7 @@ TEST_F(GuidedRunnerTest, SpeculationLeavesGuidedTokensUnchanged) {
     regex.guided = {GuidedSpec::Kind::kRegex, {}, {}, pattern};
     cases.push_back(regex);
   }
-  auto run = [&](Qwen2Runner& runner, const SamplingOptions& o, int32_t lookahead, SpeculativeMethod method,
+  auto run = [&](CpuRunner& runner, const SamplingOptions& o, int32_t lookahead, SpeculativeMethod method,
                  SpeculationCounts* counts) {
     MiniScheduler sched(runner, 3);
     sched.Add(1, Prompt(1), o, lookahead, method);
@@ -245,7 +245,7 @@ TEST_F(GuidedRunnerTest, ChoiceTextsAreExactlyAChoice) {
 
 TEST_F(GuidedRunnerTest, WithoutATokenizerJsonGuidedRequestsAreRefused) {
   TempDir bare("guided_runner_test_bare");
-  WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/31, "bfloat16", bare.str(), {kEos});
+  WriteRandomCheckpoint(TinyShape(), /*seed=*/31, "bfloat16", bare.str(), {kEos});
   auto runner = MakeRunner(bare.str());
   EXPECT_FALSE(runner->info().supports_guided_decoding);
   StepSpec step;

@@ -1,7 +1,9 @@
-// Acceptance: the CPU engine reproduces Hugging Face transformers on tiny random Qwen2 models
-// written by tests/fixtures/make_hf_tiny_qwen2.py (logits within 1e-4, identical greedy tokens),
-// through the full ModelRunner path: paged KV cache with block size 16 and scattered blocks,
-// generation one Step at a time.
+// Acceptance: the CPU engine reproduces Hugging Face transformers on tiny random models written
+// by transformers itself (logits within 1e-4, identical greedy tokens), through the full
+// ModelRunner path: paged KV cache with block size 16 and scattered blocks, generation one Step
+// at a time. Qwen2: tests/fixtures/make_hf_tiny_qwen2.py; Llama, Qwen3 and Mistral (each
+// architecture's traits: llama3 rope scaling and tied embeddings, q/k norm with a head_dim wider
+// than hidden / heads, no biases): tests/fixtures/make_hf_tiny_families.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/model/bf16_test_util.h"
-#include "worker/model/qwen2_model.h"
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/quant_eval.h"
+#include "worker/model/cpu_model.h"
+#include "worker/model/cpu_runner.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {
@@ -36,7 +39,7 @@ nlohmann::json Expected(const std::string& name) {
 // Measured 9.5e-6 on the W8A8 fixture (max |logit| 18.6): see Int8CheckpointMatchesItsReference.
 constexpr float kInt8LogitTolerance = 1e-4f;
 
-std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& name,
+std::unique_ptr<CpuRunner> MakeRunner(const std::string& name,
                                         const std::string& dtype = "float32") {
   RunnerOptions options;
   options.model_dir = FixtureDir(name);
@@ -44,13 +47,13 @@ std::unique_ptr<Qwen2Runner> MakeRunner(const std::string& name,
   options.block_size = 16;
   options.num_kv_blocks = 32;
   options.keep_logits = true;  // the test reads the logits
-  return std::make_unique<Qwen2Runner>(options);
+  return std::make_unique<CpuRunner>(options);
 }
 
 // Every prompt position's logits from the fixture's checkpoint (default options: fp32, and a
 // quantized checkpoint's own int8 layers), in one Forward over scattered blocks: [len, vocab].
 std::vector<float> PromptLogits(const std::string& name, const std::vector<int32_t>& prompt) {
-  auto model = Qwen2Model::Load(FixtureDir(name));
+  auto model = CpuModel::Load(FixtureDir(name));
   KvCache cache(model->config(), /*num_blocks=*/8, /*block_size=*/16);
   ForwardBatch batch;
   batch.AddSequence(prompt.data(), static_cast<int32_t>(prompt.size()), 0, {5, 2}, 16, false);
@@ -116,8 +119,8 @@ void CheckBf16AgainstFp32(const std::string& name, float relative) {
   tokens.insert(tokens.end(), generated.begin(), generated.end());
   ModelOptions bf16_options;
   bf16_options.dtype = MatmulDtype::kBfloat16;
-  auto fp32 = Qwen2Model::Load(FixtureDir(name));
-  auto bf16 = Qwen2Model::Load(FixtureDir(name), bf16_options);
+  auto fp32 = CpuModel::Load(FixtureDir(name));
+  auto bf16 = CpuModel::Load(FixtureDir(name), bf16_options);
   KvCache fp32_cache(fp32->kv_layout(), 8, 16), bf16_cache(bf16->kv_layout(), 8, 16);
   ForwardBatch batch;
   batch.AddSequence(tokens.data(), static_cast<int32_t>(tokens.size()), 0, {6, 1, 3, 0}, 16,
@@ -191,6 +194,64 @@ TEST(HfParityTest, Int8CheckpointMatchesItsReference) {
   const auto want_tokens = expected["generated_token_ids"].get<std::vector<int32_t>>();
   sched.RunUntil({1}, static_cast<int32_t>(want_tokens.size()), 1 << 20);
   EXPECT_EQ(sched.Generated(1), want_tokens);
+}
+
+// Every architecture beyond Qwen2, on the checks Qwen2 passes above.
+class FamilyParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FamilyParityTest, PromptLogitsAtEveryPosition) {
+  const auto expected = Expected(GetParam());
+  const auto prompt = expected["prompt_token_ids"].get<std::vector<int32_t>>();
+  const auto want = expected["prompt_logits"].get<std::vector<std::vector<float>>>();
+  const std::vector<float> logits = PromptLogits(GetParam(), prompt);
+  const auto vocab = static_cast<int32_t>(want.at(0).size());
+  ASSERT_EQ(logits.size(), prompt.size() * vocab);
+  for (size_t pos = 0; pos < prompt.size(); ++pos) {
+    const std::vector<float> row(logits.begin() + pos * vocab, logits.begin() + (pos + 1) * vocab);
+    EXPECT_LT(MaxAbsDiff(row, want[pos]), kLogitTolerance) << "position " << pos;
+  }
+}
+
+TEST_P(FamilyParityTest, GreedyGeneration) { CheckGreedyGeneration(GetParam(), 1 << 20); }
+
+TEST_P(FamilyParityTest, GreedyGenerationChunkedPrefill) { CheckGreedyGeneration(GetParam(), 7); }
+
+// bf16 weights on disk, bf16 matmuls and K/V: the bound Qwen2's bf16 fixture keeps.
+TEST_P(FamilyParityTest, Bf16EngineCloseToFp32) {
+  FERRY_SKIP_WITHOUT_BF16("bfloat16");
+  CheckBf16AgainstFp32(GetParam(), 0.02f);
+}
+
+// --quantization int8 against the fp32 engine on the same checkpoint: the accuracy bar of
+// int8_accuracy_test (cosine >= 0.99 at every position).
+TEST_P(FamilyParityTest, Int8CloseToFp32) {
+  auto fp32 = CpuModel::Load(FixtureDir(GetParam()));
+  ModelOptions int8_options;
+  int8_options.quantization = Quantization::kInt8;
+  auto int8 = CpuModel::Load(FixtureDir(GetParam()), int8_options);
+  const LogitAgreement a = CompareLogits(*fp32, *int8, FixedPromptSet(fp32->config().vocab_size, 4, 48, 5));
+  std::printf("%s int8: min cosine %.5f, mean %.5f, top-1 %d of %d\n", GetParam().c_str(), a.min_cosine,
+              a.mean_cosine, a.top1_agree, a.positions);
+  EXPECT_GE(a.min_cosine, 0.99);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, FamilyParityTest,
+                         ::testing::Values("hf_tiny_llama", "hf_tiny_qwen3", "hf_tiny_mistral"),
+                         [](const auto& info) { return info.param.substr(std::string("hf_tiny_").size()); });
+
+TEST(HfParityTest, ArchitectureTraitsFromConfig) {
+  auto llama = CpuModel::Load(FixtureDir("hf_tiny_llama"));
+  EXPECT_EQ(llama->config().architecture, "LlamaForCausalLM");
+  EXPECT_EQ(llama->config().rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_FALSE(llama->config().qkv_bias);
+  EXPECT_TRUE(llama->config().tie_word_embeddings);
+  EXPECT_EQ(llama->config().eos_token_ids, (std::vector<int32_t>{2, 3}));
+  auto qwen3 = CpuModel::Load(FixtureDir("hf_tiny_qwen3"));
+  EXPECT_TRUE(qwen3->config().qk_norm);
+  EXPECT_EQ(qwen3->config().head_dim, 32) << "given, and wider than hidden / heads (16)";
+  auto qwen2 = CpuModel::Load(FixtureDir("hf_tiny_qwen2"));
+  EXPECT_TRUE(qwen2->config().qkv_bias);
+  EXPECT_FALSE(qwen2->config().qk_norm);
 }
 
 TEST(HfParityTest, InfoFromCheckpoint) {

@@ -18,8 +18,8 @@ using testing::TempDir;
 
 // Qwen2.5-0.5B's proportions at a test's size: head_dim 64, GQA 7:1 would need 14 heads, so
 // 4 / 2 here; MLP 4x wider than hidden (0.5B: 5.4x); tied embeddings.
-Qwen2Shape SmallShape() {
-  Qwen2Shape s;
+ModelShape SmallShape() {
+  ModelShape s;
   s.hidden_size = 256;
   s.intermediate_size = 1024;
   s.num_hidden_layers = 4;
@@ -33,18 +33,18 @@ class Int8AccuracyTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("int8_accuracy");
-    WriteRandomQwen2Checkpoint(SmallShape(), /*seed=*/11, "bfloat16", dir_->str(), {});
+    WriteRandomCheckpoint(SmallShape(), /*seed=*/11, "bfloat16", dir_->str(), {});
   }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
-  static std::unique_ptr<Qwen2Model> Load(MatmulDtype dtype, Quantization q, bool quantize_lm_head = true) {
+  static std::unique_ptr<CpuModel> Load(MatmulDtype dtype, Quantization q, bool quantize_lm_head = true) {
     ModelOptions options;
     options.dtype = dtype;
     options.quantization = q;
     options.quantize_lm_head = quantize_lm_head;
-    return Qwen2Model::Load(dir_->str(), options);
+    return CpuModel::Load(dir_->str(), options);
   }
   static void Report(const char* what, const LogitAgreement& a) {
     std::printf("%s: %d positions, cosine min %.5f mean %.5f, top-1 agreement %.1f%%\n", what, a.positions,
@@ -72,9 +72,9 @@ TEST_F(Int8AccuracyTest, LogitsCloseToFloat32AndBfloat16AtEveryPosition) {
 // The comparison can fail: a model whose layers are off by more than quantization is caught.
 TEST_F(Int8AccuracyTest, TheComparisonSeesADifferentModel) {
   TempDir other("int8_accuracy_other");
-  WriteRandomQwen2Checkpoint(SmallShape(), /*seed=*/12, "bfloat16", other.str(), {});
+  WriteRandomCheckpoint(SmallShape(), /*seed=*/12, "bfloat16", other.str(), {});
   auto a = Load(MatmulDtype::kFloat32, Quantization::kNone);
-  auto b = Qwen2Model::Load(other.str(), {});
+  auto b = CpuModel::Load(other.str(), {});
   const LogitAgreement d = CompareLogits(*a, *b, FixedPromptSet(SmallShape().vocab_size, 1, 32, 7));
   EXPECT_LT(d.min_cosine, 0.9);
 }
@@ -95,7 +95,7 @@ TEST_F(Int8AccuracyTest, GreedyTokensIndependentOfBatchingAndChunking) {
   options.quantization = "int8";
   options.block_size = 4;
   options.num_kv_blocks = 512;
-  Qwen2Runner runner(options);
+  CpuRunner runner(options);
   EXPECT_EQ(runner.info().quantization, "int8");
   const auto prompts = FixedPromptSet(SmallShape().vocab_size, 3, 40, 9);
   std::vector<std::vector<int32_t>> alone;

@@ -25,16 +25,16 @@ class RunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("runner_test");
-    Qwen2Shape shape = TinyShape();
+    ModelShape shape = TinyShape();
     shape.name = "tiny-random";
-    WriteRandomQwen2Checkpoint(shape, /*seed=*/5, "bfloat16", dir_->str(), {2, 7});
+    WriteRandomCheckpoint(shape, /*seed=*/5, "bfloat16", dir_->str(), {2, 7});
   }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
 
-  static std::unique_ptr<Qwen2Runner> MakeRunner(int32_t max_model_len = 0) {
+  static std::unique_ptr<CpuRunner> MakeRunner(int32_t max_model_len = 0) {
     RunnerOptions options;
     options.model_dir = dir_->str();
     options.dtype = "float32";  // exact: batched and chunked runs compare at 1e-4
@@ -42,7 +42,7 @@ class RunnerTest : public ::testing::Test {
     options.num_kv_blocks = 256;
     options.max_model_len = max_model_len;
     options.keep_logits = true;  // the test reads the logits
-    return std::make_unique<Qwen2Runner>(options);
+    return std::make_unique<CpuRunner>(options);
   }
 
   static std::vector<int32_t> Prompt(int32_t len, int32_t salt) {
@@ -60,7 +60,7 @@ struct Solo {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;
 };
-Solo RunSolo(Qwen2Runner& runner, const std::vector<int32_t>& prompt, int32_t num_new,
+Solo RunSolo(CpuRunner& runner, const std::vector<int32_t>& prompt, int32_t num_new,
              SamplingOptions sampling = {}) {
   MiniScheduler sched(runner, 1);
   sched.Add(1, prompt, sampling);
@@ -258,7 +258,7 @@ TEST_F(RunnerTest, Bf16GreedyMatchesFp32) {
   options.num_kv_blocks = 256;
   options.dtype = "bfloat16";
   options.keep_logits = true;  // the test reads the logits
-  Qwen2Runner bf16(options);
+  CpuRunner bf16(options);
   const std::vector<std::vector<int32_t>> prompts = {Prompt(5, 1), Prompt(30, 2), Prompt(1, 3)};
   std::vector<std::vector<int32_t>> batched_tokens;
   {
@@ -283,7 +283,7 @@ TEST_F(RunnerTest, Bf16GreedyMatchesFp32) {
 
 TEST(RandomCheckpointTest, ConfigLooksLikeHuggingFace) {
   TempDir dir("random_ckpt_config");
-  WriteQwen2ConfigFiles(Qwen2_5_0_5BShape(), "bfloat16", dir.str(), {151645, 151643});
+  WriteConfigFiles(Qwen2_5_0_5BShape(), "bfloat16", dir.str(), {151645, 151643});
   std::ifstream in(dir.str() + "/config.json");
   const auto config = nlohmann::json::parse(in);
   EXPECT_EQ(config["architectures"], nlohmann::json::array({"Qwen2ForCausalLM"}));
@@ -310,20 +310,20 @@ TEST(RandomCheckpointTest, ConfigLooksLikeHuggingFace) {
 // Same seed -> same bytes; each on-disk dtype loads and computes nearly the same logits.
 TEST(RandomCheckpointTest, DeterministicAndEveryDtypeLoads) {
   TempDir dir("random_ckpt_dtypes");
-  Qwen2Shape shape = TinyShape();
+  ModelShape shape = TinyShape();
   shape.tie_word_embeddings = false;  // cover the separate lm_head in writer and loader
   std::map<std::string, std::vector<float>> logits;
   for (const std::string dtype : {"float32", "float16", "bfloat16"}) {
     const std::string sub = dir.str() + "/" + dtype;
-    WriteRandomQwen2Checkpoint(shape, 3, dtype, sub, {});
-    auto model = Qwen2Model::Load(sub);
+    WriteRandomCheckpoint(shape, 3, dtype, sub, {});
+    auto model = CpuModel::Load(sub);
     KvCache cache(model->config(), 4, 16);
     ForwardBatch batch;
     const std::vector<int32_t> prompt{5, 900, 17, 2047, 3};
     batch.AddSequence(prompt.data(), 5, 0, {3}, 16, true);
     logits[dtype] = model->Forward(batch, cache);
   }
-  WriteRandomQwen2Checkpoint(shape, 3, "bfloat16", dir.str() + "/again", {});
+  WriteRandomCheckpoint(shape, 3, "bfloat16", dir.str() + "/again", {});
   auto slurp = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -340,8 +340,8 @@ TEST(RandomCheckpointTest, DeterministicAndEveryDtypeLoads) {
 // a larger one still runs (it grows the buffers).
 TEST(RandomCheckpointTest, AReservedWorkspaceHoldsItsLargestStep) {
   TempDir dir("reserved_workspace");
-  WriteRandomQwen2Checkpoint(TinyShape(), 3, "float32", dir.str(), {});
-  auto model = Qwen2Model::Load(dir.str());
+  WriteRandomCheckpoint(TinyShape(), 3, "float32", dir.str(), {});
+  auto model = CpuModel::Load(dir.str());
   KvCache cache(model->config(), 8, 16);
   model->Reserve(/*num_tokens=*/32, /*logits_rows=*/4);
   const size_t reserved = model->workspace_bytes();

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "worker/model/bf16_test_util.h"
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 #include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
@@ -24,7 +24,7 @@ std::vector<int32_t> Tokens(int32_t len, int32_t salt) {
 
 // Runs seq to the end of its prompt plus `decode` greedy tokens; returns tokens and the first
 // sample's logits. blocks: the full block table (first step sends all of it).
-std::pair<std::vector<int32_t>, std::vector<float>> RunSeq(Qwen2Runner& runner, uint64_t id,
+std::pair<std::vector<int32_t>, std::vector<float>> RunSeq(CpuRunner& runner, uint64_t id,
                                                         const std::vector<int32_t>& prompt,
                                                         int32_t cached, std::vector<int32_t> blocks,
                                                         int32_t decode) {
@@ -54,14 +54,14 @@ class PrefixCacheRunnerTest : public ::testing::TestWithParam<const char*> {};
 TEST_P(PrefixCacheRunnerTest, CachedPrefixEqualsFullPrompt) {
   FERRY_SKIP_WITHOUT_BF16(GetParam());
   TempDir dir("prefix_cache_runner_test");
-  WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/5, "bfloat16", dir.str(), {2});
+  WriteRandomCheckpoint(TinyShape(), /*seed=*/5, "bfloat16", dir.str(), {2});
   RunnerOptions options;
   options.model_dir = dir.str();
   options.dtype = GetParam();
   options.block_size = kBlock;
   options.num_kv_blocks = 64;
   options.keep_logits = true;  // the test reads the logits
-  Qwen2Runner runner(options);
+  CpuRunner runner(options);
 
   const std::vector<int32_t> shared = Tokens(12, 1);  // 3 full blocks
   std::vector<int32_t> a = shared, b = shared;
@@ -86,14 +86,14 @@ TEST_P(PrefixCacheRunnerTest, CachedPrefixEqualsFullPrompt) {
 TEST_P(PrefixCacheRunnerTest, WholePromptCachedIsRejected) {
   FERRY_SKIP_WITHOUT_BF16(GetParam());
   TempDir dir("prefix_cache_runner_test2");
-  WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/5, "bfloat16", dir.str(), {2});
+  WriteRandomCheckpoint(TinyShape(), /*seed=*/5, "bfloat16", dir.str(), {2});
   RunnerOptions options;
   options.model_dir = dir.str();
   options.dtype = GetParam();
   options.block_size = kBlock;
   options.num_kv_blocks = 16;
   options.keep_logits = true;  // the test reads the logits
-  Qwen2Runner runner(options);
+  CpuRunner runner(options);
   StepSpec step;
   NewSequenceSpec n;
   n.seq_id = 1;

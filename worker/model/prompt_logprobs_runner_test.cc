@@ -24,21 +24,21 @@ class PromptLogprobsRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("prompt_logprobs_runner_test");
-    WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/31, "bfloat16", dir_->str(), {2});
+    WriteRandomCheckpoint(TinyShape(), /*seed=*/31, "bfloat16", dir_->str(), {2});
   }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
 
-  static std::unique_ptr<Qwen2Runner> MakeRunner() {
+  static std::unique_ptr<CpuRunner> MakeRunner() {
     RunnerOptions options;
     options.model_dir = dir_->str();
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 512;
     options.keep_logits = true;  // the test reads the logits
-    return std::make_unique<Qwen2Runner>(options);
+    return std::make_unique<CpuRunner>(options);
   }
 
   static TempDir* dir_;
@@ -67,7 +67,7 @@ NewSequenceSpec NewSeq(uint64_t id, std::vector<int32_t> prompt, int32_t prompt_
 
 // Feeds `prompt` to a fresh runner `chunk` tokens a step; returns every prompt logprob entry and
 // the token sampled at the end.
-std::pair<std::vector<SampledTokenOut>, int32_t> Chunked(Qwen2Runner& runner, const std::vector<int32_t>& prompt,
+std::pair<std::vector<SampledTokenOut>, int32_t> Chunked(CpuRunner& runner, const std::vector<int32_t>& prompt,
                                                          int32_t chunk, int32_t prompt_logprobs) {
   std::vector<SampledTokenOut> entries;
   int32_t sampled = -1;

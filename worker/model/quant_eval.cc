@@ -9,7 +9,7 @@ namespace {
 
 constexpr int32_t kBlockSize = 16;
 
-const std::vector<float>& AllLogits(Qwen2Model& model, const std::vector<int32_t>& prompt) {
+const std::vector<float>& AllLogits(CpuModel& model, const std::vector<int32_t>& prompt) {
   const auto len = static_cast<int32_t>(prompt.size());
   const int32_t blocks = (len + kBlockSize - 1) / kBlockSize;
   KvCache cache(model.kv_layout(), blocks, kBlockSize);
@@ -38,7 +38,7 @@ std::vector<std::vector<int32_t>> FixedPromptSet(int32_t vocab, int32_t num_prom
   return prompts;
 }
 
-LogitAgreement CompareLogits(Qwen2Model& reference, Qwen2Model& candidate,
+LogitAgreement CompareLogits(CpuModel& reference, CpuModel& candidate,
                              const std::vector<std::vector<int32_t>>& prompts) {
   const int64_t vocab = reference.config().vocab_size;
   LogitAgreement out;

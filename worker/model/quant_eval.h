@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 
 namespace ferry::worker {
 
@@ -23,7 +23,7 @@ std::vector<std::vector<int32_t>> FixedPromptSet(int32_t vocab, int32_t num_prom
 
 // Runs every prompt through both models (one sequence per Forward, every position's logits) and
 // compares them position by position.
-LogitAgreement CompareLogits(Qwen2Model& reference, Qwen2Model& candidate,
+LogitAgreement CompareLogits(CpuModel& reference, CpuModel& candidate,
                              const std::vector<std::vector<int32_t>>& prompts);
 
 }  // namespace ferry::worker

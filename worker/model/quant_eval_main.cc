@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     ModelOptions int8_options;
     int8_options.quantization = Quantization::kInt8;
     int8_options.quantize_lm_head = quantize_head;
-    auto int8 = Qwen2Model::Load(dir, int8_options);
+    auto int8 = CpuModel::Load(dir, int8_options);
     if (vocab < 0 || vocab > int8->config().vocab_size) {
       std::fprintf(stderr, "--vocab %d is outside [0, vocab_size %d]\n", vocab, int8->config().vocab_size);
       return 2;
@@ -66,15 +66,15 @@ int main(int argc, char** argv) {
     std::printf("%s: %d prompts x %d tokens below id %d (seed %llu), int8%s\n", dir.c_str(), prompts, length, vocab,
                 static_cast<unsigned long long>(seed), quantize_head ? "" : " (lm_head float32)");
     {
-      auto fp32 = Qwen2Model::Load(dir, {});
+      auto fp32 = CpuModel::Load(dir, {});
       Print("int8 vs float32", CompareLogits(*fp32, *int8, set));
     }
     if (Bf16MatmulAvailable()) {
       ModelOptions bf16_options;
       bf16_options.dtype = MatmulDtype::kBfloat16;
-      auto bf16 = Qwen2Model::Load(dir, bf16_options);
+      auto bf16 = CpuModel::Load(dir, bf16_options);
       Print("int8 vs bfloat16", CompareLogits(*bf16, *int8, set));
-      auto fp32 = Qwen2Model::Load(dir, {});
+      auto fp32 = CpuModel::Load(dir, {});
       Print("bfloat16 vs float32 (scale)", CompareLogits(*fp32, *bf16, set));
     }
   } catch (const std::exception& e) {

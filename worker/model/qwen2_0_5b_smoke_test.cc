@@ -22,7 +22,7 @@ double Seconds(Clock::time_point since) {
 TEST(Qwen2_0_5BSmokeTest, WriteLoadAndStep) {
   testing::TempDir dir("qwen2_0_5b");
   auto start = Clock::now();
-  WriteRandomQwen2Checkpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", dir.str(), {});
+  WriteRandomCheckpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", dir.str(), {});
   const double write_s = Seconds(start);
   const auto bytes = std::filesystem::file_size(dir.str() + "/model.safetensors");
   std::printf("wrote %.0f MB in %.1f s\n", bytes / 1e6, write_s);
@@ -34,7 +34,7 @@ TEST(Qwen2_0_5BSmokeTest, WriteLoadAndStep) {
   options.model_dir = dir.str();
   options.kv_cache_bytes = 32ll << 20;
   options.keep_logits = true;  // the test reads the logits
-  Qwen2Runner runner(options);
+  CpuRunner runner(options);
   std::printf("loaded in %.1f s, %d KV blocks\n", Seconds(start), runner.info().num_kv_blocks);
   EXPECT_EQ(runner.info().eos_token_ids, std::vector<int32_t>{151645});
 

@@ -34,9 +34,12 @@ uint64_t NameHash(const std::string& name) {
   return h;
 }
 
-std::vector<PlannedTensor> PlanTensors(const Qwen2Shape& s, const std::string& st_dtype) {
+int32_t HeadDim(const ModelShape& s) { return s.head_dim > 0 ? s.head_dim : s.hidden_size / s.num_attention_heads; }
+
+std::vector<PlannedTensor> PlanTensors(const ModelShape& s, const std::string& st_dtype) {
   const int64_t hidden = s.hidden_size, inter = s.intermediate_size;
-  const int64_t head_dim = s.hidden_size / s.num_attention_heads;
+  const int64_t head_dim = HeadDim(s);
+  const bool qkv_bias = s.architecture == "Qwen2ForCausalLM", qk_norm = s.architecture == "Qwen3ForCausalLM";
   const int64_t q_dim = s.num_attention_heads * head_dim, kv_dim = s.num_key_value_heads * head_dim;
   // Projections: std 1/sqrt(fan_in) keeps each output near the RMS of its (normed) input.
   // Embeddings: std 2/sqrt(hidden), so with the (tied) head the logits have std ~2 and the
@@ -56,11 +59,15 @@ std::vector<PlannedTensor> PlanTensors(const Qwen2Shape& s, const std::string& s
     const std::string p = "model.layers." + std::to_string(i) + ".";
     add(p + "input_layernorm.weight", {hidden}, ones);
     add(p + "self_attn.q_proj.weight", {q_dim, hidden}, from_hidden);
-    add(p + "self_attn.q_proj.bias", {q_dim}, bias);
+    if (qkv_bias) add(p + "self_attn.q_proj.bias", {q_dim}, bias);
     add(p + "self_attn.k_proj.weight", {kv_dim, hidden}, from_hidden);
-    add(p + "self_attn.k_proj.bias", {kv_dim}, bias);
+    if (qkv_bias) add(p + "self_attn.k_proj.bias", {kv_dim}, bias);
     add(p + "self_attn.v_proj.weight", {kv_dim, hidden}, from_hidden);
-    add(p + "self_attn.v_proj.bias", {kv_dim}, bias);
+    if (qkv_bias) add(p + "self_attn.v_proj.bias", {kv_dim}, bias);
+    if (qk_norm) {
+      add(p + "self_attn.q_norm.weight", {head_dim}, ones);
+      add(p + "self_attn.k_norm.weight", {head_dim}, ones);
+    }
     add(p + "self_attn.o_proj.weight", {hidden, q_dim}, from_q);
     add(p + "post_attention_layernorm.weight", {hidden}, ones);
     add(p + "mlp.gate_proj.weight", {inter, hidden}, from_hidden);
@@ -92,32 +99,51 @@ void WriteTensor(SafetensorsWriter& writer, const PlannedTensor& t, uint64_t see
   }
 }
 
-ordered_json ConfigJson(const Qwen2Shape& s, const std::string& dtype) {
+// config.json as transformers writes it for the shape's architecture (keys in its order).
+ordered_json ConfigJson(const ModelShape& s, const std::string& dtype) {
+  const std::string& a = s.architecture;
+  const bool qwen = a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM";
   ordered_json j;
   if (!s.name.empty()) j["_name_or_path"] = s.name;
-  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["architectures"] = {a};
+  if (a != "Qwen2ForCausalLM" && a != "MistralForCausalLM") j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["bos_token_id"] = s.bos_token_id;
   j["eos_token_id"] = s.eos_token_id;
+  if (a != "Qwen2ForCausalLM") j["head_dim"] = HeadDim(s);
   j["hidden_act"] = "silu";
   j["hidden_size"] = s.hidden_size;
   j["initializer_range"] = 0.02;
   j["intermediate_size"] = s.intermediate_size;
   j["max_position_embeddings"] = s.max_position_embeddings;
-  j["max_window_layers"] = s.num_hidden_layers;
-  j["model_type"] = "qwen2";
+  if (qwen) j["max_window_layers"] = s.num_hidden_layers;
+  if (a == "LlamaForCausalLM") j["mlp_bias"] = false;
+  j["model_type"] = a == "Qwen2ForCausalLM"   ? "qwen2"
+                    : a == "Qwen3ForCausalLM" ? "qwen3"
+                    : a == "LlamaForCausalLM" ? "llama"
+                                              : "mistral";
   j["num_attention_heads"] = s.num_attention_heads;
   j["num_hidden_layers"] = s.num_hidden_layers;
   j["num_key_value_heads"] = s.num_key_value_heads;
+  if (a == "LlamaForCausalLM") j["pretraining_tp"] = 1;
   j["rms_norm_eps"] = s.rms_norm_eps;
-  j["rope_scaling"] = nullptr;
+  if (s.llama3_factor > 0) {
+    j["rope_scaling"] = {{"factor", s.llama3_factor},
+                         {"high_freq_factor", s.llama3_high_freq_factor},
+                         {"low_freq_factor", s.llama3_low_freq_factor},
+                         {"original_max_position_embeddings", s.llama3_original_max_position_embeddings},
+                         {"rope_type", "llama3"}};
+  } else if (a != "MistralForCausalLM") {
+    j["rope_scaling"] = nullptr;
+  }
   j["rope_theta"] = s.rope_theta;
-  j["sliding_window"] = nullptr;
+  if (qwen || a == "MistralForCausalLM") j["sliding_window"] = nullptr;
   j["tie_word_embeddings"] = s.tie_word_embeddings;
   j["torch_dtype"] = dtype;
-  j["transformers_version"] = "4.46.3";
+  // Qwen3 came with transformers 4.51; Qwen2's files stay byte for byte what they were.
+  j["transformers_version"] = a == "Qwen2ForCausalLM" ? "4.46.3" : "4.51.3";
   j["use_cache"] = true;
-  j["use_sliding_window"] = false;
+  if (qwen) j["use_sliding_window"] = false;
   j["vocab_size"] = s.vocab_size;
   return j;
 }
@@ -130,10 +156,80 @@ void WriteJson(const fs::path& path, const ordered_json& j) {
 
 }  // namespace
 
-Qwen2Shape TinyShape() { return Qwen2Shape{}; }
+ModelShape TinyShape() { return ModelShape{}; }
 
-Qwen2Shape Qwen2_5_0_5BShape() {
-  Qwen2Shape s;
+ModelShape TinyShapeOf(const std::string& architecture) {
+  ModelShape s;
+  s.architecture = architecture;
+  if (architecture == "LlamaForCausalLM") {
+    s.rope_theta = 500000.0;
+    s.llama3_factor = 8.0;
+    s.llama3_original_max_position_embeddings = 64;  // small: every branch of the scaling occurs
+  }
+  if (architecture == "Qwen3ForCausalLM") s.head_dim = 32;  // wider than hidden / heads, as Qwen3's
+  return s;
+}
+
+ModelShape Llama3_2_1BShape() {
+  ModelShape s;
+  s.architecture = "LlamaForCausalLM";
+  s.hidden_size = 2048;
+  s.intermediate_size = 8192;
+  s.num_hidden_layers = 16;
+  s.num_attention_heads = 32;
+  s.num_key_value_heads = 8;
+  s.head_dim = 64;
+  s.vocab_size = 128256;
+  s.max_position_embeddings = 131072;
+  s.rope_theta = 500000.0;
+  s.rms_norm_eps = 1e-5;
+  s.llama3_factor = 32.0;
+  s.llama3_original_max_position_embeddings = 8192;
+  s.tie_word_embeddings = true;
+  s.bos_token_id = 128000;
+  s.eos_token_id = 128001;
+  return s;
+}
+
+ModelShape Qwen3_0_6BShape() {
+  ModelShape s;
+  s.architecture = "Qwen3ForCausalLM";
+  s.hidden_size = 1024;
+  s.intermediate_size = 3072;
+  s.num_hidden_layers = 28;
+  s.num_attention_heads = 16;
+  s.num_key_value_heads = 8;
+  s.head_dim = 128;
+  s.vocab_size = 151936;
+  s.max_position_embeddings = 40960;
+  s.rope_theta = 1000000.0;
+  s.tie_word_embeddings = true;
+  s.bos_token_id = 151643;
+  s.eos_token_id = 151645;
+  return s;
+}
+
+ModelShape Mistral7BV0_3Shape() {
+  ModelShape s;
+  s.architecture = "MistralForCausalLM";
+  s.hidden_size = 4096;
+  s.intermediate_size = 14336;
+  s.num_hidden_layers = 32;
+  s.num_attention_heads = 32;
+  s.num_key_value_heads = 8;
+  s.head_dim = 128;
+  s.vocab_size = 32768;
+  s.max_position_embeddings = 32768;
+  s.rope_theta = 1000000.0;
+  s.rms_norm_eps = 1e-5;
+  s.tie_word_embeddings = false;
+  s.bos_token_id = 1;
+  s.eos_token_id = 2;
+  return s;
+}
+
+ModelShape Qwen2_5_0_5BShape() {
+  ModelShape s;
   s.hidden_size = 896;
   s.intermediate_size = 4864;
   s.num_hidden_layers = 24;
@@ -149,8 +245,8 @@ Qwen2Shape Qwen2_5_0_5BShape() {
   return s;
 }
 
-Qwen2Shape Qwen2_5_DraftShape() {
-  Qwen2Shape s = Qwen2_5_0_5BShape();
+ModelShape Qwen2_5_DraftShape() {
+  ModelShape s = Qwen2_5_0_5BShape();
   s.hidden_size = 256;
   s.intermediate_size = 1024;
   s.num_hidden_layers = 4;
@@ -159,13 +255,13 @@ Qwen2Shape Qwen2_5_DraftShape() {
   return s;
 }
 
-void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
+void WriteConfigFiles(const ModelShape& shape, const std::string& dtype,
                            const std::string& dir, const std::vector<int32_t>& eos_token_ids) {
   SafetensorsDtypeFromTorch(dtype);  // validates the spelling
-  if (shape.num_attention_heads <= 0 || shape.hidden_size % shape.num_attention_heads != 0 ||
+  if (shape.num_attention_heads <= 0 || (shape.head_dim <= 0 && shape.hidden_size % shape.num_attention_heads != 0) ||
       shape.num_key_value_heads <= 0 ||
       shape.num_attention_heads % shape.num_key_value_heads != 0) {
-    throw std::runtime_error(dir + ": inconsistent Qwen2Shape head counts");
+    throw std::runtime_error(dir + ": inconsistent ModelShape head counts");
   }
   fs::create_directories(dir);
   WriteJson(fs::path(dir) / "config.json", ConfigJson(shape, dtype));
@@ -178,14 +274,14 @@ void WriteQwen2ConfigFiles(const Qwen2Shape& shape, const std::string& dtype,
   } else {
     gen["eos_token_id"] = eos;
   }
-  gen["transformers_version"] = "4.46.3";
+  gen["transformers_version"] = shape.architecture == "Qwen2ForCausalLM" ? "4.46.3" : "4.51.3";
   WriteJson(fs::path(dir) / "generation_config.json", gen);
 }
 
-void WriteRandomQwen2Checkpoint(const Qwen2Shape& shape, uint64_t seed, const std::string& dtype,
+void WriteRandomCheckpoint(const ModelShape& shape, uint64_t seed, const std::string& dtype,
                                 const std::string& dir,
                                 const std::vector<int32_t>& eos_token_ids, int32_t num_live_tokens) {
-  WriteQwen2ConfigFiles(shape, dtype, dir, eos_token_ids);
+  WriteConfigFiles(shape, dtype, dir, eos_token_ids);
   std::vector<PlannedTensor> plan = PlanTensors(shape, SafetensorsDtypeFromTorch(dtype));
   for (PlannedTensor& t : plan) {
     if (num_live_tokens > 0 && (t.entry.name == "model.embed_tokens.weight" || t.entry.name == "lm_head.weight")) {

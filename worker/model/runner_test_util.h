@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 
 namespace ferry::worker::testing {
 
@@ -35,7 +35,7 @@ class TempDir {
 
 class MiniScheduler {
  public:
-  MiniScheduler(Qwen2Runner& runner, uint32_t seed) : runner_(runner) {
+  MiniScheduler(CpuRunner& runner, uint32_t seed) : runner_(runner) {
     const int32_t n = runner.info().num_kv_blocks;
     free_.resize(n);
     std::iota(free_.begin(), free_.end(), 0);
@@ -191,7 +191,7 @@ class MiniScheduler {
     return it != seqs_.end() ? it->second : done_.at(id);
   }
 
-  Qwen2Runner& runner_;
+  CpuRunner& runner_;
   std::vector<int32_t> free_;
   std::map<uint64_t, Seq> seqs_;
   std::map<uint64_t, Seq> done_;

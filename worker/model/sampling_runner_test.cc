@@ -21,21 +21,21 @@ class SamplingRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("sampling_runner_test");
-    WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/23, "bfloat16", dir_->str(), {2});
+    WriteRandomCheckpoint(TinyShape(), /*seed=*/23, "bfloat16", dir_->str(), {2});
   }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
 
-  static std::unique_ptr<Qwen2Runner> MakeRunner() {
+  static std::unique_ptr<CpuRunner> MakeRunner() {
     RunnerOptions options;
     options.model_dir = dir_->str();
     options.dtype = "float32";
     options.block_size = 4;
     options.num_kv_blocks = 256;
     options.keep_logits = true;  // the test reads the logits
-    return std::make_unique<Qwen2Runner>(options);
+    return std::make_unique<CpuRunner>(options);
   }
 
   static std::vector<int32_t> Prompt(int32_t len, int32_t salt) {
@@ -45,7 +45,7 @@ class SamplingRunnerTest : public ::testing::Test {
     return p;
   }
 
-  static void ExpectGreedyPenaltiesMatchReference(Qwen2Runner& runner,
+  static void ExpectGreedyPenaltiesMatchReference(CpuRunner& runner,
                                                   const SamplingOptions& opts);
 
   static TempDir* dir_;
@@ -94,7 +94,7 @@ std::vector<float> RefPenalised(std::vector<float> row, const std::vector<int32_
   return row;
 }
 
-void SamplingRunnerTest::ExpectGreedyPenaltiesMatchReference(Qwen2Runner& runner,
+void SamplingRunnerTest::ExpectGreedyPenaltiesMatchReference(CpuRunner& runner,
                                                              const SamplingOptions& opts) {
   const auto prompt = Prompt(13, 1);
   MiniScheduler sched(runner, 1);

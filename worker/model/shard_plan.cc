@@ -1,22 +1,22 @@
-// The tensor-parallel shard plan (qwen2_model.h). Its own file with no dependency beyond the
+// The tensor-parallel shard plan (cpu_model.h). Its own file with no dependency beyond the
 // config, so the GPU engine links it without the CPU engine's oneDNN/OpenBLAS objects.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 
 namespace ferry::worker {
 namespace {
 
-[[noreturn]] void Unsplittable(const Qwen2Config& c, int32_t size, const std::string& what) {
+[[noreturn]] void Unsplittable(const ModelConfig& c, int32_t size, const std::string& what) {
   throw std::runtime_error(c.name + ": cannot split across " + std::to_string(size) +
                            " tensor-parallel ranks: " + what);
 }
 
 }  // namespace
 
-ShardPlan PlanShard(const Qwen2Config& c, int32_t rank, int32_t size) {
+ShardPlan PlanShard(const ModelConfig& c, int32_t rank, int32_t size) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw std::runtime_error("bad tensor-parallel rank " + std::to_string(rank) + " of " +
                              std::to_string(size));

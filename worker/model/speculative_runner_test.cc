@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 #include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
@@ -32,7 +32,7 @@ std::vector<int32_t> Prompt(int32_t salt, bool repetitive) {
 class SpeculativeRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/11, "float32", dir_.str(), {2});
+    WriteRandomCheckpoint(TinyShape(), /*seed=*/11, "float32", dir_.str(), {2});
     MakeRunner({SpeculativeMethod::kNgram, 4, 1, 3});
   }
   void MakeRunner(const SpeculativeConfig& speculative, const std::string& quantization = "none") {
@@ -44,7 +44,7 @@ class SpeculativeRunnerTest : public ::testing::Test {
     options.num_kv_blocks = 256;
     options.speculative = speculative;
     runner_.reset();
-    runner_ = std::make_unique<Qwen2Runner>(options);
+    runner_ = std::make_unique<CpuRunner>(options);
     method_ = speculative.method;
   }
 
@@ -85,7 +85,7 @@ class SpeculativeRunnerTest : public ::testing::Test {
   }
 
   TempDir dir_{"speculative_runner_test"};
-  std::unique_ptr<Qwen2Runner> runner_;
+  std::unique_ptr<CpuRunner> runner_;
   SpeculativeMethod method_ = SpeculativeMethod::kNgram;
 };
 
@@ -212,7 +212,7 @@ TEST_F(SpeculativeRunnerTest, DraftModelThatIsTheTargetHasEveryDraftAccepted) {
 // Another model's drafts are mostly wrong; the tokens are the target's all the same, greedy and seeded.
 TEST_F(SpeculativeRunnerTest, OtherDraftModelLeavesTokensUnchanged) {
   TempDir draft("speculative_runner_test_draft");
-  WriteRandomQwen2Checkpoint(TinyShape(), /*seed=*/99, "float32", draft.str(), {2});
+  WriteRandomCheckpoint(TinyShape(), /*seed=*/99, "float32", draft.str(), {2});
   SamplingOptions seeded;
   seeded.temperature = 0.9f;
   seeded.seed = 77;
@@ -246,9 +246,9 @@ TEST_F(SpeculativeRunnerTest, DraftModelDraftsAreAcceptedUnderSeededSampling) {
 
 TEST_F(SpeculativeRunnerTest, DraftModelOfAnotherVocabularyIsRefused) {
   TempDir draft("speculative_runner_test_vocab");
-  Qwen2Shape shape = TinyShape();
+  ModelShape shape = TinyShape();
   shape.vocab_size = 1024;
-  WriteRandomQwen2Checkpoint(shape, 5, "float32", draft.str(), {2});
+  WriteRandomCheckpoint(shape, 5, "float32", draft.str(), {2});
   try {
     MakeRunner({SpeculativeMethod::kDraftModel, 4, 1, 4, draft.str()});
     FAIL() << "a draft of another vocabulary was loaded";

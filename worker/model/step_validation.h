@@ -1,5 +1,5 @@
 // Validation of a StepSpec against a runner's live sequences, shared by the CPU runner
-// (qwen2_runner.cc) and the GPU runner (worker/gpu/cuda_runner.cc) so that both reject exactly
+// (cpu_runner.cc) and the GPU runner (worker/gpu/cuda_runner.cc) so that both reject exactly
 // the same steps with the same messages. Everything is checked against the state the step would
 // produce before any of it is applied, so a rejected step leaves the runner as it was.
 // Header-only: the GPU machine's standalone build (tests/gpu) compiles it without the CPU engine

@@ -35,8 +35,8 @@ struct Outcome {
   std::vector<std::vector<float>> logits;          // [seq][kNumNew * vocab]
 };
 
-Qwen2Shape TpShape() {
-  Qwen2Shape shape = TinyShape();  // 4 heads, 2 KV heads: TP=2 gives 2 and 1 per rank
+ModelShape TpShape() {
+  ModelShape shape = TinyShape();  // 4 heads, 2 KV heads: TP=2 gives 2 and 1 per rank
   shape.vocab_size = 2047;         // odd: the vocab-parallel LM head pads
   return shape;
 }
@@ -56,7 +56,7 @@ Outcome RunWorkload(const std::string& model_dir, Communicator* comm, const std:
   options.comm = comm;
   // A draft model: the target itself, unsharded on each rank.
   options.speculative = {method, lookahead, 1, 2, method == SpeculativeMethod::kDraftModel ? model_dir : ""};
-  Qwen2Runner runner(options);
+  CpuRunner runner(options);
   Outcome out;
   out.tp_rank = runner.info().tp_rank;
   out.tp_size = runner.info().tp_size;
@@ -146,7 +146,7 @@ Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int3
                        SpeculativeMethod method = SpeculativeMethod::kNgram) {
   const std::string model = dir.str() + "/model", store = dir.str() + "/store";
   std::filesystem::create_directories(store);
-  WriteRandomQwen2Checkpoint(TpShape(), 21, "bfloat16", model, {});
+  WriteRandomCheckpoint(TpShape(), 21, "bfloat16", model, {});
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
@@ -250,7 +250,7 @@ TEST(TensorParallelTest, TwoRanksWithADraftModelGiveThePlainTokens) {
 }
 
 TEST(TensorParallelTest, PlanShardSplitsHeadsAndPadsVocab) {
-  Qwen2Config c;
+  ModelConfig c;
   c.name = "qwen2.5-0.5b";
   c.num_attention_heads = 14;
   c.num_key_value_heads = 2;

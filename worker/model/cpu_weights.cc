@@ -1,4 +1,4 @@
-// Loading a Qwen2 checkpoint into Qwen2Model: each rank reads its share (shard_plan.cc says
+// Loading a checkpoint (Hugging Face tensor names, which every served architecture shares) into CpuModel: each rank reads its share (shard_plan.cc says
 // which) straight from the memory-mapped safetensors (never the whole tensor then slicing), so a
 // rank's peak memory is its shard plus one tensor's conversion.
 #include <algorithm>
@@ -7,8 +7,8 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "worker/model/compressed_tensors.h"
-#include "worker/model/qwen2_model.h"
-#include "worker/model/qwen2_model_internal.h"
+#include "worker/model/cpu_model.h"
+#include "worker/model/cpu_model_internal.h"
 #include "worker/model/safetensors.h"
 
 namespace ferry::worker {
@@ -79,10 +79,10 @@ Linear MakeLinear(MatmulContext* context, Projection p, int64_t n, int64_t k, st
 
 }  // namespace
 
-void Qwen2Model::LoadWeights(const std::string& dir) {
+void CpuModel::LoadWeights(const std::string& dir) {
   const Checkpoint ckpt(dir);
   const std::optional<Int8CheckpointScheme> scheme = LoadInt8CheckpointScheme(dir);
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
   const std::vector<int64_t> vocab_shape{vocab, hidden};
   std::vector<float> embed = ckpt.Read("model.embed_tokens.weight", vocab_shape);
@@ -119,9 +119,9 @@ void Qwen2Model::LoadWeights(const std::string& dir) {
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) LoadLayer(ckpt, scheme, i);
 }
 
-void Qwen2Model::LoadLayer(const Checkpoint& ckpt, const std::optional<Int8CheckpointScheme>& scheme,
+void CpuModel::LoadLayer(const Checkpoint& ckpt, const std::optional<Int8CheckpointScheme>& scheme,
                            int32_t index) {
-  const Qwen2Config& c = config_;
+  const ModelConfig& c = config_;
   const ShardPlan& s = shard_;
   const int64_t hidden = c.hidden_size, d = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = int64_t{c.num_attention_heads} * d;
@@ -144,9 +144,16 @@ void Qwen2Model::LoadLayer(const Checkpoint& ckpt, const std::optional<Int8Check
   Projection qkv = rows("self_attn.q_proj", {q_dim, hidden}, q0, nq);
   Append(qkv, rows("self_attn.k_proj", {kv_dim, hidden}, k0, nk));
   Append(qkv, rows("self_attn.v_proj", {kv_dim, hidden}, k0, nk));
-  std::vector<float> b = ReadRows(ckpt, p + "self_attn.q_proj.bias", {q_dim}, q0, nq);
-  Append(b, ReadRows(ckpt, p + "self_attn.k_proj.bias", {kv_dim}, k0, nk));
-  Append(b, ReadRows(ckpt, p + "self_attn.v_proj.bias", {kv_dim}, k0, nk));
+  std::vector<float> b;  // none without qkv_bias
+  if (c.qkv_bias) {
+    b = ReadRows(ckpt, p + "self_attn.q_proj.bias", {q_dim}, q0, nq);
+    Append(b, ReadRows(ckpt, p + "self_attn.k_proj.bias", {kv_dim}, k0, nk));
+    Append(b, ReadRows(ckpt, p + "self_attn.v_proj.bias", {kv_dim}, k0, nk));
+  }
+  if (c.qk_norm) {
+    l.q_norm = ckpt.Read(p + "self_attn.q_norm.weight", {d});
+    l.k_norm = ckpt.Read(p + "self_attn.k_norm.weight", {d});
+  }
   // Unsharded, projections accumulate straight into the residual stream; sharded, each rank's
   // partial sum goes through the all-reduce first.
   const bool accumulate = options_.comm == nullptr;

@@ -1,21 +1,23 @@
-// Qwen2Model's per-layer weights and activation workspace, shared by qwen2_model.cc (forward)
-// and qwen2_weights.cc (loading). Not for other users.
+// CpuModel's per-layer weights and activation workspace, shared by cpu_model.cc (forward)
+// and cpu_weights.cc (loading). Not for other users.
 #pragma once
 
 #include <optional>
 #include <vector>
 
 #include "worker/model/linear.h"
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 
 namespace ferry::worker {
 
 // One decoder layer as this rank holds it (see ShardPlan). Fused projections: qkv produces
 // [q | k | v] per row, gate_up produces [gate | up] per row.
-struct Qwen2Model::Layer {
+struct CpuModel::Layer {
   std::vector<float> input_norm;  // [hidden]
   std::vector<float> post_norm;   // [hidden]
-  std::optional<Linear> qkv;      // [(q_heads + 2 * kv_heads) * d, hidden], with bias
+  std::vector<float> q_norm;      // [head_dim], qk_norm only
+  std::vector<float> k_norm;      // [head_dim], qk_norm only
+  std::optional<Linear> qkv;      // [(q_heads + 2 * kv_heads) * d, hidden], biased when qkv_bias
   std::optional<Linear> o_proj;   // [hidden, q_heads * d]
   std::optional<Linear> gate_up;  // [2 * inter, hidden]
   std::optional<Linear> down;     // [hidden, inter]
@@ -23,7 +25,7 @@ struct Qwen2Model::Layer {
 
 // Activation buffers reused across steps; they only grow, so steady decoding allocates
 // nothing. Sizes are per this rank's shard.
-struct Qwen2Model::Workspace {
+struct CpuModel::Workspace {
   std::vector<float> x;        // [num_tokens, hidden] residual stream
   std::vector<float> h;        // [num_tokens, hidden] normed input of a block
   std::vector<float> partial;  // [num_tokens, hidden] a row-parallel projection before all-reduce

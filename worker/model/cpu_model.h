@@ -1,9 +1,9 @@
-// Qwen2 decoder forward pass on the CPU over a ragged batch that mixes prefill chunks and
-// decode tokens, with K/V kept in a paged cache. Matrix products in fp32 (exact) or bf16
+// A decoder-only transformer's forward pass on the CPU (Qwen2, Qwen3, Llama, Mistral: arch/)
+// over a ragged batch that mixes prefill chunks and decode tokens, with K/V kept in a paged cache. Matrix products in fp32 (exact) or bf16
 // (linear.h); everything else in fp32. Optionally one tensor-parallel shard (Megatron
 // layout): column-parallel QKV and gate/up, row-parallel o_proj and down_proj followed by an
 // all-reduce, vocab-parallel LM head followed by an all-gather. Knows nothing of sequences or
-// sampling: the runner (qwen2_runner.h) turns per-sequence state into a ForwardBatch.
+// sampling: the runner (cpu_runner.h) turns per-sequence state into a ForwardBatch.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "worker/model/compressed_tensors.h"
 #include "worker/model/linear.h"
-#include "worker/model/qwen2_config.h"
+#include "worker/model/model_config.h"
 
 namespace ferry::worker {
 
@@ -35,14 +35,14 @@ class KvCache {
  public:
   KvCache(const KvCacheLayout& layout, int32_t num_blocks, int32_t block_size);
   // fp32, all of the config's KV heads (an unsharded fp32 model's layout).
-  KvCache(const Qwen2Config& config, int32_t num_blocks, int32_t block_size);
+  KvCache(const ModelConfig& config, int32_t num_blocks, int32_t block_size);
 
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   const KvCacheLayout& layout() const { return layout_; }
   // Bytes one block takes across all layers, K and V.
   static int64_t BytesPerBlock(const KvCacheLayout& layout, int32_t block_size);
-  static int64_t BytesPerBlock(const Qwen2Config& config, int32_t block_size);  // fp32, unsharded
+  static int64_t BytesPerBlock(const ModelConfig& config, int32_t block_size);  // fp32, unsharded
 
   void* k(int32_t layer) { return k_.get() + layer * layer_bytes_; }  // [blocks, bs, kvh, d]
   void* v(int32_t layer) { return v_.get() + layer * layer_bytes_; }  // [blocks, bs, kvh, d]
@@ -98,17 +98,17 @@ struct ShardPlan {
   int64_t vocab_begin = 0, vocab_rows = 0;      // LM head rows; vocab_rows * size >= vocab
 };
 // Throws std::runtime_error when the model cannot be split that way.
-ShardPlan PlanShard(const Qwen2Config& config, int32_t rank, int32_t size);
+ShardPlan PlanShard(const ModelConfig& config, int32_t rank, int32_t size);
 
-class Qwen2Model {
+class CpuModel {
  public:
   // Reads config.json, generation_config.json and this rank's share of the safetensors
   // weights. Throws std::runtime_error naming the file and tensor on any problem.
-  static std::unique_ptr<Qwen2Model> Load(const std::string& dir,
+  static std::unique_ptr<CpuModel> Load(const std::string& dir,
                                           const ModelOptions& options = {});
-  ~Qwen2Model();
+  ~CpuModel();
 
-  const Qwen2Config& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   const ShardPlan& shard() const { return shard_; }
   MatmulDtype dtype() const { return context_.dtype(); }
   // The cache this model's Forward expects (bf16 K/V for a bf16 model).
@@ -133,19 +133,20 @@ class Qwen2Model {
  private:
   struct Layer;
   struct Workspace;
-  Qwen2Model(Qwen2Config config, const ModelOptions& options);
+  CpuModel(ModelConfig config, const ModelOptions& options);
 
   void LoadWeights(const std::string& dir);
   void LoadLayer(const Checkpoint& ckpt, const std::optional<Int8CheckpointScheme>& scheme, int32_t index);
   void Embed(const ForwardBatch& batch);
   void RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void Attention(int32_t index, const ForwardBatch& batch, KvCache& cache);
+  void NormalizeHeads(const Layer& l, float* q, float* k, int64_t num_tokens, int64_t qkv_dim);
   void AddToResidual(Linear& proj, const float* in, int64_t num_tokens);
   void ComputeLogits(std::span<const int32_t> token_rows);
   void GrowForTokens(int64_t num_tokens);   // the per-token buffers of the workspace
   void GrowForLogits(int64_t logits_rows);  // the logits buffers
 
-  Qwen2Config config_;
+  ModelConfig config_;
   ModelOptions options_;
   ShardPlan shard_;
   MatmulContext context_;
@@ -155,6 +156,7 @@ class Qwen2Model {
   std::vector<uint16_t> embed_bf16_;
   std::unique_ptr<Linear> lm_head_;  // this rank's [vocab_rows, hidden]
   std::vector<float> final_norm_;    // [hidden]
+  std::vector<float> rope_inv_freq_;  // [head_dim / 2] (RopeInvFreq)
   std::vector<Layer> layers_;
   std::unique_ptr<Workspace> ws_;
 };

@@ -1,4 +1,4 @@
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/paged_attention.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/qwen2_model_internal.h"
+#include "worker/model/cpu_model_internal.h"
 
 namespace ferry::worker {
 
@@ -34,12 +34,12 @@ KvCache::KvCache(const KvCacheLayout& layout, int32_t num_blocks, int32_t block_
 }
 
 namespace {
-KvCacheLayout Fp32Layout(const Qwen2Config& c) {
+KvCacheLayout Fp32Layout(const ModelConfig& c) {
   return {c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kc::KvDtype::kFloat32};
 }
 }  // namespace
 
-KvCache::KvCache(const Qwen2Config& config, int32_t num_blocks, int32_t block_size)
+KvCache::KvCache(const ModelConfig& config, int32_t num_blocks, int32_t block_size)
     : KvCache(Fp32Layout(config), num_blocks, block_size) {}
 
 int64_t KvCache::BytesPerBlock(const KvCacheLayout& layout, int32_t block_size) {
@@ -47,7 +47,7 @@ int64_t KvCache::BytesPerBlock(const KvCacheLayout& layout, int32_t block_size) 
          kc::KvElementBytes(layout.dtype);
 }
 
-int64_t KvCache::BytesPerBlock(const Qwen2Config& config, int32_t block_size) {
+int64_t KvCache::BytesPerBlock(const ModelConfig& config, int32_t block_size) {
   return BytesPerBlock(Fp32Layout(config), block_size);
 }
 
@@ -92,23 +92,24 @@ void Grow(std::vector<float>& buffer, size_t size) {
 
 }  // namespace
 
-Qwen2Model::Qwen2Model(Qwen2Config config, const ModelOptions& options)
+CpuModel::CpuModel(ModelConfig config, const ModelOptions& options)
     : config_(std::move(config)),
       options_(options),
       shard_(PlanShard(config_, options.comm ? options.comm->rank() : 0,
                        options.comm ? options.comm->size() : 1)),
       context_(options.dtype),
+      rope_inv_freq_(RopeInvFreq(config_)),
       ws_(std::make_unique<Workspace>()) {}
 
-Qwen2Model::~Qwen2Model() = default;
+CpuModel::~CpuModel() = default;
 
-std::unique_ptr<Qwen2Model> Qwen2Model::Load(const std::string& dir, const ModelOptions& options) {
-  std::unique_ptr<Qwen2Model> model(new Qwen2Model(LoadQwen2Config(dir), options));
+std::unique_ptr<CpuModel> CpuModel::Load(const std::string& dir, const ModelOptions& options) {
+  std::unique_ptr<CpuModel> model(new CpuModel(LoadModelConfig(dir), options));
   model->LoadWeights(dir);
   return model;
 }
 
-KvCacheLayout Qwen2Model::kv_layout() const {
+KvCacheLayout CpuModel::kv_layout() const {
   return {config_.num_hidden_layers, shard_.num_kv_heads, config_.head_dim,
           dtype() == MatmulDtype::kBfloat16 ? kc::KvDtype::kBfloat16 : kc::KvDtype::kFloat32};
 }
@@ -116,7 +117,7 @@ KvCacheLayout Qwen2Model::kv_layout() const {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-void Qwen2Model::GrowForTokens(int64_t n) {
+void CpuModel::GrowForTokens(int64_t n) {
   const int64_t hidden = config_.hidden_size, d = config_.head_dim;
   const int64_t qkv_dim = int64_t{shard_.num_q_heads + 2 * shard_.num_kv_heads} * d;
   Workspace& ws = *ws_;
@@ -130,7 +131,7 @@ void Qwen2Model::GrowForTokens(int64_t n) {
   Grow(ws.act, n * shard_.inter_size);
 }
 
-void Qwen2Model::GrowForLogits(int64_t rows) {
+void CpuModel::GrowForLogits(int64_t rows) {
   Workspace& ws = *ws_;
   Grow(ws.last, rows * config_.hidden_size);
   Grow(ws.logits, rows * config_.vocab_size);
@@ -140,13 +141,13 @@ void Qwen2Model::GrowForLogits(int64_t rows) {
   }
 }
 
-void Qwen2Model::Reserve(int64_t num_tokens, int64_t logits_rows) {
+void CpuModel::Reserve(int64_t num_tokens, int64_t logits_rows) {
   // std::vector's resize value-initialises: every page is written, so resident from here.
   GrowForTokens(num_tokens);
   GrowForLogits(logits_rows);
 }
 
-size_t Qwen2Model::workspace_bytes() const {
+size_t CpuModel::workspace_bytes() const {
   const Workspace& w = *ws_;
   size_t floats = 0;
   for (const std::vector<float>* b : {&w.x, &w.h, &w.partial, &w.rope, &w.qkv, &w.attn, &w.gate_up, &w.act, &w.last,
@@ -156,25 +157,25 @@ size_t Qwen2Model::workspace_bytes() const {
   return floats * sizeof(float);
 }
 
-const std::vector<float>& Qwen2Model::Forward(const ForwardBatch& batch, KvCache& cache) {
-  const Qwen2Config& c = config_;
+const std::vector<float>& CpuModel::Forward(const ForwardBatch& batch, KvCache& cache) {
+  const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens();
   Workspace& ws = *ws_;
   GrowForTokens(n);
   Embed(batch);
   // Every layer rotates by the same positions: the cos/sin table is computed once per step.
-  kc::RotaryTable(batch.positions.data(), n, c.head_dim, c.rope_theta, ws.rope.data());
+  kc::RotaryTableFromFreqs(batch.positions.data(), n, c.head_dim, rope_inv_freq_.data(), ws.rope.data());
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, cache);
   ComputeLogits(batch.logits_rows);
   return ws.logits;
 }
 
-const std::vector<float>& Qwen2Model::Logits(std::span<const int32_t> token_rows) {
+const std::vector<float>& CpuModel::Logits(std::span<const int32_t> token_rows) {
   ComputeLogits(token_rows);
   return ws_->logits;
 }
 
-void Qwen2Model::Embed(const ForwardBatch& batch) {
+void CpuModel::Embed(const ForwardBatch& batch) {
   const int64_t hidden = config_.hidden_size;
   float* x = ws_->x.data();
   const float* table = embed_f32_.empty() ? lm_head_->fp32_weight() : embed_f32_.data();
@@ -191,7 +192,7 @@ void Qwen2Model::Embed(const ForwardBatch& batch) {
   }
 }
 
-void Qwen2Model::RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache) {
+void CpuModel::RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache) {
   Layer& l = layers_[index];
   const int64_t n = batch.num_tokens(), hidden = config_.hidden_size;
   Workspace& ws = *ws_;
@@ -207,7 +208,7 @@ void Qwen2Model::RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cac
 // x += proj(in). Unsharded the projection accumulates into x itself; sharded, each rank holds
 // a partial sum over its slice of the input, summed across ranks first (bitwise identical on
 // every rank, so the replicated residual stream stays identical too).
-void Qwen2Model::AddToResidual(Linear& proj, const float* in, int64_t num_tokens) {
+void CpuModel::AddToResidual(Linear& proj, const float* in, int64_t num_tokens) {
   Workspace& ws = *ws_;
   if (options_.comm == nullptr) {
     proj.Forward(in, ws.x.data(), num_tokens);
@@ -219,8 +220,8 @@ void Qwen2Model::AddToResidual(Linear& proj, const float* in, int64_t num_tokens
   kc::AddInPlace(ws.x.data(), ws.partial.data(), count);
 }
 
-void Qwen2Model::Attention(int32_t index, const ForwardBatch& batch, KvCache& cache) {
-  const Qwen2Config& c = config_;
+void CpuModel::Attention(int32_t index, const ForwardBatch& batch, KvCache& cache) {
+  const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens(), d = c.head_dim;
   const int64_t q_dim = int64_t{shard_.num_q_heads} * d, kv_dim = int64_t{shard_.num_kv_heads} * d;
   const int64_t qkv_dim = q_dim + 2 * kv_dim;
@@ -229,6 +230,7 @@ void Qwen2Model::Attention(int32_t index, const ForwardBatch& batch, KvCache& ca
   float* q = ws.qkv.data();  // q, k and v are column ranges of each qkv row
   float* k = q + q_dim;
   float* v = k + kv_dim;
+  if (c.qk_norm) NormalizeHeads(layers_[index], q, k, n, qkv_dim);
   kc::RotaryParams rope{n, shard_.num_q_heads, shard_.num_kv_heads, c.head_dim, c.rope_theta,
                         qkv_dim, qkv_dim};
   kc::ApplyRotaryTable(rope, ws.rope.data(), q, k);
@@ -254,7 +256,17 @@ void Qwen2Model::Attention(int32_t index, const ForwardBatch& batch, KvCache& ca
   kc::PagedAttention(p);
 }
 
-void Qwen2Model::ComputeLogits(std::span<const int32_t> token_rows) {
+// Qwen3's q_norm and k_norm: each head of q and of k RMS-normed over head_dim (rows of the fused
+// QKV output, qkv_dim floats apart), before the rotation.
+void CpuModel::NormalizeHeads(const Layer& l, float* q, float* k, int64_t num_tokens, int64_t qkv_dim) {
+  const int32_t d = config_.head_dim;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    kc::RmsNorm(q + t * qkv_dim, l.q_norm.data(), q + t * qkv_dim, shard_.num_q_heads, d, config_.rms_norm_eps);
+    kc::RmsNorm(k + t * qkv_dim, l.k_norm.data(), k + t * qkv_dim, shard_.num_kv_heads, d, config_.rms_norm_eps);
+  }
+}
+
+void CpuModel::ComputeLogits(std::span<const int32_t> token_rows) {
   // Only the rows that will be sampled pay for the final norm and the (large) LM head.
   const int64_t rows = static_cast<int64_t>(token_rows.size());
   const int64_t hidden = config_.hidden_size, vocab = config_.vocab_size;

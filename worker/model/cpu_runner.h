@@ -1,4 +1,4 @@
-// The CPU ModelRunner: per-sequence state over a Qwen2Model and its paged KV cache.
+// The CPU ModelRunner: per-sequence state over a CpuModel and its paged KV cache.
 // ModelRunner::Create returns one of these; tests construct it directly to read logits.
 #pragma once
 
@@ -11,14 +11,14 @@
 #include "worker/model/draft_proposer.h"
 #include "worker/model/guided_decoding.h"
 #include "worker/model/model_runner.h"
-#include "worker/model/qwen2_model.h"
+#include "worker/model/cpu_model.h"
 #include "worker/model/sampler.h"
 
 namespace ferry::worker {
 
-class Qwen2Runner final : public ModelRunner {
+class CpuRunner final : public ModelRunner {
  public:
-  explicit Qwen2Runner(const RunnerOptions& options);
+  explicit CpuRunner(const RunnerOptions& options);
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
@@ -30,7 +30,7 @@ class Qwen2Runner final : public ModelRunner {
   // sampled position in scheduled order (with drafts: 1 + drafts rows for the sequence, some
   // never sampled when a draft was rejected): [rows, vocab_size]. Row-major; else empty.
   const std::vector<float>& last_logits() const { return last_logits_; }
-  Qwen2Model& model() { return *model_; }
+  CpuModel& model() { return *model_; }
   int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
 
  private:
@@ -90,7 +90,7 @@ class Qwen2Runner final : public ModelRunner {
 
   RunnerOptions options_;
   ModelInfo info_;
-  std::unique_ptr<Qwen2Model> model_;
+  std::unique_ptr<CpuModel> model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DraftProposer> draft_;  // --speculative-config draft_model; else null
   // The vocabulary's bytes for guided decoding (tokenizer.json); null when the checkpoint has

@@ -1,4 +1,4 @@
-#include "worker/model/qwen2_runner.h"
+#include "worker/model/cpu_runner.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -34,10 +34,10 @@ int32_t DeriveNumBlocks(const RunnerOptions& options, const KvCacheLayout& layou
 }  // namespace
 
 std::unique_ptr<ModelRunner> ModelRunner::Create(const RunnerOptions& options) {
-  return std::make_unique<Qwen2Runner>(options);
+  return std::make_unique<CpuRunner>(options);
 }
 
-Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
+CpuRunner::CpuRunner(const RunnerOptions& options) : options_(options) {
   options_.dtype = ResolveMatmulDtype(options.dtype);
   ModelOptions model_options;
   try {
@@ -53,9 +53,9 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
     omp_set_num_threads(options.num_threads);
     openblas_set_num_threads(options.num_threads);
   }
-  model_ = Qwen2Model::Load(options.model_dir, model_options);
+  model_ = CpuModel::Load(options.model_dir, model_options);
   model_->Reserve(options.reserve_tokens, options.reserve_logits_rows);
-  const Qwen2Config& c = model_->config();
+  const ModelConfig& c = model_->config();
   info_.model = c.name;
   info_.dtype = options_.dtype;
   // A checkpoint quantized on disk runs its own int8 layers whatever --quantization says.
@@ -84,7 +84,7 @@ Qwen2Runner::Qwen2Runner(const RunnerOptions& options) : options_(options) {
   }
 }
 
-std::vector<SampledTokenOut> Qwen2Runner::Step(const StepSpec& step) {
+std::vector<SampledTokenOut> CpuRunner::Step(const StepSpec& step) {
   Validate(step);
   Apply(step);
   return RunAndSample(step);
@@ -94,12 +94,12 @@ std::vector<SampledTokenOut> Qwen2Runner::Step(const StepSpec& step) {
 // Validation: everything is checked against the state the step would produce before any of it
 // is applied, so a rejected step leaves the runner exactly as it was.
 
-void Qwen2Runner::Validate(const StepSpec& step) const { ValidateStep(step, info_, seqs_); }
+void CpuRunner::Validate(const StepSpec& step) const { ValidateStep(step, info_, seqs_); }
 
 // ---------------------------------------------------------------------------------------------
 // Applying and running
 
-void Qwen2Runner::Apply(const StepSpec& step) {
+void CpuRunner::Apply(const StepSpec& step) {
   // Unknown finished/preempted ids are ignored: forgetting twice is harmless.
   for (uint64_t id : step.finished_ids) seqs_.erase(id);
   for (uint64_t id : step.preempted_ids) seqs_.erase(id);
@@ -119,7 +119,7 @@ void Qwen2Runner::Apply(const StepSpec& step) {
   }
 }
 
-std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
+std::vector<SampledTokenOut> CpuRunner::RunAndSample(const StepSpec& step) {
   batch_ = ForwardBatch{};
   prompt_logprobs_.clear();
   prompt_token_rows_.clear();
@@ -183,7 +183,7 @@ std::vector<SampledTokenOut> Qwen2Runner::RunAndSample(const StepSpec& step) {
   return out;
 }
 
-std::vector<Qwen2Runner::Sampling> Qwen2Runner::ProposeDrafts(const StepSpec& step) {
+std::vector<CpuRunner::Sampling> CpuRunner::ProposeDrafts(const StepSpec& step) {
   drafts_.clear();
   std::vector<Sampling> planned;
   std::vector<DraftProposer::Request> draft_requests;
@@ -210,7 +210,7 @@ std::vector<Qwen2Runner::Sampling> Qwen2Runner::ProposeDrafts(const StepSpec& st
   return planned;
 }
 
-SampleResult Qwen2Runner::SampleNext(Sequence& seq, const float* row) {
+SampleResult CpuRunner::SampleNext(Sequence& seq, const float* row) {
   SampleResult r = sampler_.Sample(row, info_.vocab_size, seq.sampling, &seq.counts, seq.num_generated,
                                    seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
   if (seq.guided) seq.guided->Advance(r.token_id);
@@ -227,7 +227,7 @@ SampleResult Qwen2Runner::SampleNext(Sequence& seq, const float* row) {
 // equals d, and otherwise it is the replacement. So each position samples exactly what decoding
 // without drafts samples there (the same draw of the same distribution, penalties and guided
 // state included), greedy and seeded alike.
-int32_t Qwen2Runner::SampleAndVerify(const Sampling& s, const float* logits, std::vector<SampledTokenOut>& out) {
+int32_t CpuRunner::SampleAndVerify(const Sampling& s, const float* logits, std::vector<SampledTokenOut>& out) {
   Sequence& seq = *s.seq;
   int32_t accepted = 0;
   for (int32_t i = 0; i <= s.num_drafts; ++i) {
@@ -244,7 +244,7 @@ int32_t Qwen2Runner::SampleAndVerify(const Sampling& s, const float* logits, std
   return accepted;
 }
 
-void Qwen2Runner::AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,
+void CpuRunner::AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t start, int32_t num_tokens,
                                 int32_t first_token_row, std::vector<PromptRows>& prompt_rows) {
   // The logits at position p score prompt token p + 1; the last prompt position scores the
   // first generated token, which the sampler reports.
@@ -255,7 +255,7 @@ void Qwen2Runner::AddPromptRows(uint64_t seq_id, const Sequence& seq, int32_t st
   prompt_rows.push_back(rows);
 }
 
-void Qwen2Runner::ScorePromptRows(const std::vector<PromptRows>& prompt_rows) {
+void CpuRunner::ScorePromptRows(const std::vector<PromptRows>& prompt_rows) {
   const int32_t vocab = info_.vocab_size;
   const auto total = static_cast<int32_t>(prompt_token_rows_.size());
   for (const PromptRows& p : prompt_rows) prompt_logprobs_.push_back({p.seq_id, p.first_index, {}});
