@@ -143,10 +143,10 @@ struct Runs {
 };
 // lookahead: the two ranks' (one rank runs without, for the plain tokens).
 Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int32_t lookahead = 0,
-                       SpeculativeMethod method = SpeculativeMethod::kNgram) {
+                       SpeculativeMethod method = SpeculativeMethod::kNgram, const ModelShape& shape = TpShape()) {
   const std::string model = dir.str() + "/model", store = dir.str() + "/store";
   std::filesystem::create_directories(store);
-  WriteRandomCheckpoint(TpShape(), 21, "bfloat16", model, {});
+  WriteRandomCheckpoint(shape, 21, "bfloat16", model, {});
   std::vector<pid_t> children;
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
@@ -168,9 +168,31 @@ Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int3
   return runs;
 }
 
+void ExpectTwoRanksMatchOne(const Runs& runs);
+
 TEST(TensorParallelTest, TwoRanksMatchOneUnderGloo) {
   TempDir dir("tp_test");
-  const Runs runs = RunOneAndTwoRanks(dir, "none");
+  ExpectTwoRanksMatchOne(RunOneAndTwoRanks(dir, "none"));
+}
+
+// Each other architecture's traits under the shard plan: Qwen3's q/k norm on a rank's heads
+// (head_dim 32, wider than hidden / heads), Llama's scaled rotary embedding and tied head,
+// Mistral untied.
+class TensorParallelArchitectureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelArchitectureTest, TwoRanksMatchOneUnderGloo) {
+  TempDir dir("tp_arch_test");
+  ModelShape shape = TinyShapeOf(GetParam());
+  shape.vocab_size = 2047;  // odd: the vocab-parallel LM head pads
+  shape.tie_word_embeddings = GetParam() != "MistralForCausalLM";
+  ExpectTwoRanksMatchOne(RunOneAndTwoRanks(dir, "none", 0, SpeculativeMethod::kNgram, shape));
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, TensorParallelArchitectureTest,
+                         ::testing::Values("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"),
+                         [](const auto& info) { return info.param.substr(0, info.param.find("For")); });
+
+void ExpectTwoRanksMatchOne(const Runs& runs) {
   if (::testing::Test::HasFailure()) return;
   const Outcome &want = runs.want, &r0 = runs.r0, &r1 = runs.r1;
   EXPECT_EQ(want.tp_size, 1);
