@@ -20,8 +20,11 @@ PIP_PACKAGES=(
   "tokenizers==0.20.3" "transformers==4.46.3" "safetensors==0.4.5"
   "grpcio==1.68.1" "grpcio-tools==1.68.1" "prometheus-client==0.21.1" "pytest==8.3.4"
   "openai==2.54.0" "jinja2==3.1.6" "grpcio-health-checking==1.68.1" "grpcio-reflection==1.68.1"
-  "kubernetes-validate==1.34.1"
+  "kubernetes-validate==1.34.1" "tiktoken==0.14.0"
 )
+# Data only, never imported: Llama 3's tokenizer.model, which tests/python/test_tokenizer_parity.py
+# converts to a tokenizer.json with transformers; installed without its dependencies.
+PIP_DATA_PACKAGES=("llama-models==0.3.0")
 
 missing=()
 for p in "${APT_PACKAGES[@]}" python3-torch; do
@@ -40,9 +43,10 @@ if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 stamp=.venv/.ferry-requirements
-want=$(printf '%s\n' "${PIP_PACKAGES[@]}")
+want=$(printf '%s\n' "${PIP_PACKAGES[@]}" "${PIP_DATA_PACKAGES[@]}")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${PIP_DATA_PACKAGES[@]}"
   printf '%s' "$want" > "$stamp"
 fi
 

@@ -234,3 +234,43 @@ def test_parity_with_ferry_trained_tokenizer(tmp_path, strings):
     for special in SPECIALS:
         assert hf.token_to_id(special) is not None
     check_parity(path, strings)
+
+
+# Llama 3's own tokenizer, as Meta ships it (llama-models' llama3/tokenizer.model, tiktoken's
+# ranks), converted to tokenizer.json by transformers' TikTokenConverter the way
+# convert_llama_weights_to_hf.py does: byte-level BPE behind Llama 3's own split pattern (digits in
+# runs of up to 3, unlike Qwen2's one at a time), 256 special tokens after the 128,000 merges.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                   "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+                   "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
+LLAMA3_SPECIALS += [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(LLAMA3_SPECIALS))]
+
+
+def llama3_tokenizer_json(out_dir):
+    import importlib.util
+
+    pytest.importorskip("tiktoken")  # TikTokenConverter reads the ranks with it
+    spec = importlib.util.find_spec("llama_models")  # located, never imported (its dependencies are not installed)
+    if spec is None:
+        pytest.skip("llama-models is not installed (scripts/setup.sh installs it)")
+    package = pathlib.Path(spec.submodule_search_locations[0]) / "llama3"
+    source = (package / "tokenizer.py").read_text()
+    assert LLAMA3_PATTERN in source and "num_reserved_special_tokens = 256" in source, "llama-models changed"
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    tok = TikTokenConverter(vocab_file=str(package / "tokenizer.model"), pattern=LLAMA3_PATTERN,
+                            additional_special_tokens=LLAMA3_SPECIALS).converted()
+    assert tok.get_vocab_size() == 128256
+    path = out_dir / "llama3_tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_parity_with_llama3_tokenizer(tmp_path, strings):
+    path = llama3_tokenizer_json(tmp_path)
+    check_parity(path, strings + ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
+                                  "1234567 digits 12 and 1,234,567.89"])

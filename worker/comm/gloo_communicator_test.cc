@@ -425,7 +425,11 @@ TEST(GlooCommunicator, APeerKilledMidWriteNeverKillsTheSurvivor) {
   }
   EXPECT_EQ(broken_pipes, 0) << "runs where the surviving rank died of SIGPIPE";
   // What makes it so, where the race above is rare: a rank of a group ignores SIGPIPE.
-  const auto results = RunRanks({.size = 2}, [](Communicator&) {
+  const auto results = RunRanks({.size = 2}, [](Communicator& comm) {
+    // Both ranks finish forming the group before either exits: a rank that returned at once
+    // closed its end while the other was still completing the rendezvous ("Connection closed by
+    // peer", 1 run in 6 under a concurrent build).
+    comm.Barrier();
     struct sigaction now {};
     sigaction(SIGPIPE, nullptr, &now);
     const std::string out = now.sa_handler == SIG_IGN ? "ignored" : "default";
