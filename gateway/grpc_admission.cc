@@ -49,7 +49,7 @@ Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::Serve
   if (request.has_token_ids()) {
     prompt_tokens = request.token_ids().ids_size();
   } else {
-    prompt_tokens = static_cast<int64_t>(generator.tokenizer().Encode(request.text()).size());
+    prompt_tokens = static_cast<int64_t>(generator.tokenizer().Encode(request.text(), AddsSpecialTokens(request)).size());
   }
   const auto& s = request.sampling();
   const int64_t max_tokens = s.has_max_tokens() && s.max_tokens() > 0 ? s.max_tokens() : kDefaultMaxTokens;

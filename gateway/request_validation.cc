@@ -190,7 +190,7 @@ std::string PreparePrompt(const ferry::v1::GenerateRequest& r, const ModelLimits
     return fmt::format("text is {} bytes, at least {} tokens: more than max_model_len {}", r.text().size(),
                        at_least, limits.max_model_len);
   }
-  ids = tokenizer.Encode(r.text());
+  ids = tokenizer.Encode(r.text(), AddsSpecialTokens(r));
   if (ids.empty()) return "prompt is empty: text produced no tokens";
   return {};
 }

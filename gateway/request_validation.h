@@ -16,6 +16,12 @@
 
 namespace ferry::gateway {
 
+// Whether a text prompt is encoded with the tokenizer's special tokens (GenerateRequest's
+// add_special_tokens; absent: true).
+inline bool AddsSpecialTokens(const ferry::v1::GenerateRequest& r) {
+  return !r.has_add_special_tokens() || r.add_special_tokens();
+}
+
 struct ModelLimits {
   int32_t max_model_len = 0;
   int32_t vocab_size = 0;

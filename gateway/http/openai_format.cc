@@ -561,6 +561,9 @@ std::variant<OpenAiRequest, ApiError> ParseCompletionRequest(const json& body, s
     }
   }
   if (logprobs) r.generate.mutable_sampling()->set_logprobs(*logprobs);
+  std::optional<bool> add_special_tokens;  // vLLM's extra; absent: true (the proto's default)
+  if (Error e = GetBool(body, "add_special_tokens", add_special_tokens)) return *e;
+  if (add_special_tokens) r.generate.set_add_special_tokens(*add_special_tokens);
   r.echo = echo.value_or(false);
   if (r.echo) {
     // The prompt's logprobs come with the same number of alternatives as the completion's.
@@ -588,6 +591,10 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
   if (max_completion_tokens && !s.has_max_tokens()) s.set_max_tokens(*max_completion_tokens);
   r.is_max_tokens_set = s.has_max_tokens();
   if (Error e = ParseChatLogprobs(body, s)) return *e;
+  // vLLM's extra, false by default on chat: the template writes the special tokens itself.
+  std::optional<bool> add_special_tokens;
+  if (Error e = GetBool(body, "add_special_tokens", add_special_tokens)) return *e;
+  r.generate.set_add_special_tokens(add_special_tokens.value_or(false));
   if (Error e = ReadChatConversation(body, c.messages, c.ending)) return *e;
   if (Error e = ReadChatToolFields(body, body_text, c.tools)) return *e;
   return BuildChatGeneration(std::move(c), chat);

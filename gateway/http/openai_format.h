@@ -7,7 +7,8 @@
 //   early also gives "length" (generation was cut by a limit); a non-streamed request that runs
 //   out of time is answered 504 instead, as gRPC's unary call ends DEADLINE_EXCEEDED.
 // - vendor extras accepted as vLLM does: top_k (-1 or 0: off), min_p, repetition_penalty,
-//   ignore_eos, stop_token_ids; plus Ferry's lane and timeout_ms.
+//   ignore_eos, stop_token_ids, add_special_tokens (the tokenizer's post-processor tokens, e.g.
+//   Llama 3's BOS: completions default true, chat false, as vLLM); plus Ferry's lane and timeout_ms.
 // - seed: 0 or absent picks a random seed (Ferry's rule); any other value is reproducible.
 // - chat without max_tokens may use the rest of the context (max_model_len - prompt), as vLLM.
 // - n > 1: n choices of the same prompt, choice i seeded with seed + i when a seed is set

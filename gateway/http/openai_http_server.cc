@@ -19,6 +19,7 @@
 #include "gateway/http/responses_format.h"
 #include "gateway/http/sse_stream.h"
 #include "gateway/http/tokenize_api.h"
+#include "gateway/request_validation.h"
 
 namespace ferry::gateway::http {
 
@@ -309,7 +310,7 @@ void OpenAiHttpServer::HandleTokenizer(const httplib::Request& req, httplib::Res
   if (encode) {
     auto text = ParseTokenizeRequest(*body, options_.chat_template, req.body);
     if (auto* error = std::get_if<ApiError>(&text)) return Refuse(req, res, *error);
-    answer = TokenizeResponseJson(tokenizer.Encode(std::get<std::string>(text)),
+    answer = TokenizeResponseJson(tokenizer.Encode(std::get<std::string>(text), TokenizeAddsSpecialTokens(*body)),
                                   generator_.options().limits.max_model_len);
   } else {
     auto ids = ParseDetokenizeRequest(*body, tokenizer.vocab_size());
@@ -371,7 +372,7 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
       // Tokenised once: the ids replace the text (the Generator would encode it again, ~56 ns
       // a byte here). An empty result, or a text too long to fit, keeps the text, whose refusal
       // then names it.
-      std::vector<int32_t> ids = tokenizer.Encode(g.text());
+      std::vector<int32_t> ids = tokenizer.Encode(g.text(), AddsSpecialTokens(request.generate));
       if (!ids.empty()) g.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
     }
     prompt_tokens += g.has_token_ids() ? g.token_ids().ids_size() : 0;
@@ -411,14 +412,25 @@ std::optional<ApiError> OpenAiHttpServer::TruncatePrompts(OpenAiRequest& request
   }
   for (size_t p = 0; p < request.prompts.size(); ++p) {
     ferry::v1::GenerateRequest& g = request.prompts[p];
+    // A text prompt keeps room for its special tokens, which are added after the cut (as
+    // Hugging Face's truncation does); a token-id prompt is cut as given.
+    const tokenizer::Tokenizer& tokenizer = generator_.tokenizer();
+    const bool specials = !g.has_token_ids() && AddsSpecialTokens(request.generate);
+    const auto num_special = static_cast<int64_t>(
+        specials ? tokenizer.special_prefix().size() + tokenizer.special_suffix().size() : 0);
     std::vector<int32_t> ids;
     if (g.has_token_ids()) {
       ids.assign(g.token_ids().ids().begin(), g.token_ids().ids().end());
     } else {
-      ids = generator_.tokenizer().Encode(g.text());
+      ids = tokenizer.Encode(g.text());
     }
-    if (static_cast<int64_t>(ids.size()) <= keep) continue;
-    ids.erase(ids.begin(), ids.end() - keep);
+    const int64_t keep_body = std::max<int64_t>(0, keep - num_special);
+    if (static_cast<int64_t>(ids.size()) <= keep_body) continue;
+    ids.erase(ids.begin(), ids.end() - keep_body);
+    if (specials) {
+      ids.insert(ids.begin(), tokenizer.special_prefix().begin(), tokenizer.special_prefix().end());
+      ids.insert(ids.end(), tokenizer.special_suffix().begin(), tokenizer.special_suffix().end());
+    }
     g.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
     if (p < request.echo_texts.size()) request.echo_texts[p].clear();  // decoded from the ids kept
   }

@@ -329,6 +329,7 @@ std::variant<ResponsesRequest, ApiError> ParseResponsesRequest(const json& body,
   c.request.endpoint = Endpoint::kChat;  // one choice: "n" is refused above, as unknown
   c.messages_field = "input";
   c.request.param_name = ResponsesParam;
+  c.request.generate.set_add_special_tokens(false);  // the chat template writes them
   if (auto e = ReadConversation(in, previous, c.messages, out.history)) return *e;
   if (auto e = ReadSettings(body, c.request)) return *e;
   if (auto e = ReadTools(in, c.tools)) return *e;

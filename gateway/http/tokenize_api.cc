@@ -46,6 +46,13 @@ std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const
   return body["prompt"].get<std::string>();
 }
 
+bool TokenizeAddsSpecialTokens(const json& body) {
+  if (body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()) {
+    return body["add_special_tokens"].get<bool>();
+  }
+  return !(body.contains("messages") && !body["messages"].is_null());
+}
+
 std::variant<std::vector<int32_t>, ApiError> ParseDetokenizeRequest(const json& body, int32_t vocab_size) {
   if (!body.is_object()) return InvalidField("", "the request body must be a JSON object");
   if (!body.contains("tokens") || !body["tokens"].is_array()) {

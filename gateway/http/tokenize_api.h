@@ -4,7 +4,7 @@
 //   POST /detokenize {"tokens": [...]}                          ->  {"prompt"}
 // "model" is accepted and ignored, as on the other endpoints. Messages are rendered with the chat
 // template and the assistant's turn opened (vLLM's add_generation_prompt, its default);
-// add_special_tokens is accepted: Qwen2's tokenizer adds no special tokens either way.
+// add_special_tokens as vLLM's: a prompt's default true, messages' false (the template writes them).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,8 @@ namespace ferry::gateway::http {
 // body_text: the text body was parsed from (tools are rendered in its key order; empty: sorted).
 std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const ChatTemplate& chat,
                                                          std::string_view body_text = {});
+// Whether /tokenize encodes with the tokenizer's special tokens (a body ParseTokenizeRequest took).
+bool TokenizeAddsSpecialTokens(const json& body);
 // The ids /detokenize decodes, each checked against [0, vocab_size).
 std::variant<std::vector<int32_t>, ApiError> ParseDetokenizeRequest(const json& body, int32_t vocab_size);
 

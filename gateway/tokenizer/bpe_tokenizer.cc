@@ -43,13 +43,23 @@ std::vector<AddedToken> NormalizedContents(const TokenizerSpec& spec) {
 }  // namespace
 
 BpeTokenizer::BpeTokenizer(const TokenizerSpec& spec, const std::string& source)
-    : normalize_nfc_(spec.normalize_nfc),
+    : special_prefix_(spec.special_prefix),
+      special_suffix_(spec.special_suffix),
+      normalize_nfc_(spec.normalize_nfc),
       splitters_(CompileSplitters(spec, source)),
       model_(BuildModel(spec, source)),
       raw_matcher_(spec.added_tokens, /*normalized_pass=*/false),
       normalized_matcher_(NormalizedContents(spec), /*normalized_pass=*/true) {
   for (const AddedToken& token : spec.added_tokens) added_ids_.emplace(token.content, token.id);
   BuildDecodeTable(spec);
+  for (const std::vector<int32_t>* ids : {&special_prefix_, &special_suffix_}) {
+    for (int32_t id : *ids) {
+      if (id >= vocab_size() || !is_known_[id]) {
+        throw std::runtime_error("tokenizer.json '" + source + "': post_processor: special token id " +
+                                 std::to_string(id) + " is not in the vocabulary");
+      }
+    }
+  }
 }
 
 void BpeTokenizer::BuildDecodeTable(const TokenizerSpec& spec) {
@@ -147,6 +157,15 @@ std::optional<int32_t> BpeTokenizer::TokenToId(std::string_view token) const {
   if (auto it = added_ids_.find(key); it != added_ids_.end()) return it->second;
   if (auto it = model_.vocab().find(key); it != model_.vocab().end()) return it->second;
   return std::nullopt;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  if (!add_special_tokens || (special_prefix().empty() && special_suffix().empty())) return Encode(text);
+  std::vector<int32_t> ids(special_prefix().begin(), special_prefix().end());
+  const std::vector<int32_t> body = Encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), special_suffix().begin(), special_suffix().end());
+  return ids;
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::FromJson(std::string_view json_text) {

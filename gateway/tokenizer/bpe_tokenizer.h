@@ -22,6 +22,9 @@ struct TokenizerSpec {
   std::vector<std::string> split_patterns;  // applied in order, each Isolated
   BpeModelSpec model;
   std::vector<AddedToken> added_tokens;
+  // The post_processor's single-sequence template (TemplateProcessing): the special tokens
+  // add_special_tokens=True puts before and after the text's ids (Llama 3's <|begin_of_text|>).
+  std::vector<int32_t> special_prefix, special_suffix;
 };
 
 // The largest token id a tokenizer.json may use. The tokenizer keeps a table indexed by id, so a
@@ -41,6 +44,8 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> TokenToId(std::string_view token) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
   int64_t MinTokensFor(size_t text_bytes) const override;
+  std::span<const int32_t> special_prefix() const override { return special_prefix_; }
+  std::span<const int32_t> special_suffix() const override { return special_suffix_; }
 
   // Appends the bytes `id` decodes to before UTF-8 repair; unknown ids, and
   // special tokens when `skip_special`, append nothing (as HF's decode drops them).
@@ -51,6 +56,7 @@ class BpeTokenizer final : public Tokenizer {
   void EncodeNormalized(std::string_view text, std::vector<int32_t>* ids) const;
   void BuildDecodeTable(const TokenizerSpec& spec);
 
+  std::vector<int32_t> special_prefix_, special_suffix_;
   bool normalize_nfc_;
   std::vector<RegexSplitter> splitters_;
   BpeModel model_;

@@ -1,6 +1,6 @@
 // ferry-tokenize: JSON-lines front end to the tokenizer (parity tests, scripts)
 // and the writer of trained demo tokenizers.
-//   ferry-tokenize --tokenizer PATH        stdin {"text": s} -> {"ids": [...]}
+//   ferry-tokenize --tokenizer PATH        stdin {"text": s[, "add_special_tokens": b]} -> {"ids": [...]}
 //                                          stdin {"ids": [...]} -> {"text": s}
 //   ferry-tokenize --train-out PATH --vocab-size N [--config-out PATH]
 #include <CLI/CLI.hpp>
@@ -31,7 +31,8 @@ json HandleLine(const Tokenizer& tokenizer, const std::string& line) {
   try {
     const json request = json::parse(line);
     if (request.contains("text")) {
-      return json{{"ids", tokenizer.Encode(request.at("text").get<std::string>())}};
+      const bool add_special_tokens = request.value("add_special_tokens", false);
+      return json{{"ids", tokenizer.Encode(request.at("text").get<std::string>(), add_special_tokens)}};
     }
     if (request.contains("ids")) {
       const auto ids = request.at("ids").get<std::vector<int32_t>>();

@@ -1,4 +1,4 @@
-// Hugging Face tokenizer.json byte-level BPE, as Qwen2 uses it.
+// Hugging Face tokenizer.json byte-level BPE, as Qwen2, Qwen3 and Llama 3 use it.
 // Contract used by the gateway (encode prompts, stream text) and ferry-make-model.
 #pragma once
 
@@ -24,6 +24,12 @@ class Tokenizer {
   // Same ids as HF tokenizers' encode(text, add_special_tokens=False):
   // added/special tokens in the text are matched whole.
   virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
+  // What HF's encode(text, add_special_tokens=True) puts around Encode's ids: the post_processor's
+  // single-sequence template (Llama 3's <|begin_of_text|> before; nothing for Qwen2).
+  virtual std::span<const int32_t> special_prefix() const = 0;
+  virtual std::span<const int32_t> special_suffix() const = 0;
+  // HF's encode(text, add_special_tokens=add): Encode's ids, inside the template's tokens when add.
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const;
   // Same as HF decode(ids, skip_special_tokens=skip_special); bytes that do
   // not form valid UTF-8 become U+FFFD as HF does.
   virtual std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;

@@ -157,6 +157,60 @@ void CheckDecoder(const json& node, const std::string& source) {
   if (type != "ByteLevel") Fail(source, "decoder", "unsupported type '" + type + "' (only ByteLevel)");
 }
 
+// TemplateProcessing's `single`: special tokens around exactly one "$A" sequence.
+void ParseTemplate(const json& node, const std::string& source, TokenizerSpec* spec) {
+  const std::string part = "post_processor.TemplateProcessing";
+  if (!node.contains("single") || !node["single"].is_array()) Fail(source, part, "single must be a list");
+  const json specials = node.value("special_tokens", json::object());
+  bool seen_sequence = false;
+  for (const json& item : node["single"]) {
+    if (item.contains("Sequence")) {
+      if (seen_sequence || item["Sequence"].value("id", "") != "A") {
+        Fail(source, part, "single must hold the sequence $A exactly once");
+      }
+      seen_sequence = true;
+      continue;
+    }
+    if (!item.contains("SpecialToken") || !item["SpecialToken"].contains("id")) {
+      Fail(source, part, "single holds only SpecialToken and Sequence items");
+    }
+    const std::string name = item["SpecialToken"]["id"].get<std::string>();
+    if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array()) {
+      Fail(source, part, "special token '" + name + "' has no ids in special_tokens");
+    }
+    std::vector<int32_t>& out = seen_sequence ? spec->special_suffix : spec->special_prefix;
+    for (const json& id : specials[name]["ids"]) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId) {
+        Fail(source, part, "special token '" + name + "' has an id that is not a token id");
+      }
+      out.push_back(id.get<int32_t>());
+    }
+  }
+  if (!seen_sequence) Fail(source, part, "single must hold the sequence $A");
+}
+
+// The post-processor: what add_special_tokens=True adds (TemplateProcessing's single template).
+// ByteLevel only adjusts offsets, which Ferry does not report; any other type would add tokens
+// differently and is refused.
+void ParsePostProcessor(const json& node, const std::string& source, TokenizerSpec* spec) {
+  if (node.is_null()) return;
+  const std::string type = TypeOf(node, source, "post_processor");
+  if (type == "ByteLevel") return;
+  if (type == "TemplateProcessing") return ParseTemplate(node, source, spec);
+  if (type != "Sequence" || !node.contains("processors") || !node["processors"].is_array()) {
+    Fail(source, "post_processor", "unsupported type '" + type + "' (ByteLevel, TemplateProcessing or a Sequence of them)");
+  }
+  int templates = 0;
+  for (const json& child : node["processors"]) {
+    const std::string child_type = TypeOf(child, source, "post_processor.processors");
+    if (child_type == "TemplateProcessing" && templates++ == 0) {
+      ParseTemplate(child, source, spec);
+    } else if (child_type != "ByteLevel") {
+      Fail(source, "post_processor", "unsupported '" + child_type + "' in its Sequence (ByteLevel and one TemplateProcessing)");
+    }
+  }
+}
+
 }  // namespace
 
 TokenizerSpec ParseTokenizerJson(std::string_view json_text, const std::string& source) {
@@ -167,8 +221,6 @@ TokenizerSpec ParseTokenizerJson(std::string_view json_text, const std::string& 
     Fail(source, "file", std::string("not valid JSON: ") + e.what());
   }
   if (!root.is_object()) Fail(source, "file", "top level is not an object");
-  // Encode's contract is add_special_tokens=False, which the post_processor only
-  // affects through offsets and added special tokens, so it is not interpreted.
   if (root.contains("truncation") && !root["truncation"].is_null()) Fail(source, "truncation", "must be null");
   if (root.contains("padding") && !root["padding"].is_null()) Fail(source, "padding", "must be null");
   if (!root.contains("model")) Fail(source, "model", "missing");
@@ -179,6 +231,7 @@ TokenizerSpec ParseTokenizerJson(std::string_view json_text, const std::string& 
     CheckDecoder(root.value("decoder", json()), source);
     ParseModel(root["model"], source, &spec.model);
     spec.added_tokens = ParseAddedTokens(root.value("added_tokens", json()), source);
+    ParsePostProcessor(root.value("post_processor", json()), source, &spec);
   } catch (const json::exception& e) {
     Fail(source, "structure", std::string("unexpected JSON type: ") + e.what());
   }

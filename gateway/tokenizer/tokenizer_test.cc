@@ -226,5 +226,55 @@ TEST(PerformanceTest, EncodesThousandsOfTokensQuickly) {
   EXPECT_LT(ms * 100.0 / ids.size(), 1.0);
 }
 
+// The post_processor's single template: what add_special_tokens=True adds (Llama 3's
+// <|begin_of_text|>, as HF's file has it: a Sequence of ByteLevel and TemplateProcessing).
+std::string WithPostProcessor(const std::string& post_processor) {
+  std::string json = SmallTokenizerJson(
+      "[]", false, R"([{"id": 13, "content": "<s>", "special": true}, {"id": 14, "content": "</s>", "special": true}])");
+  return json.substr(0, json.size() - 1) + R"(, "post_processor": )" + post_processor + "}";
+}
+
+TEST(PostProcessorTest, TheSingleTemplateIsWhatAddSpecialTokensAdds) {
+  const std::string llama3_form = R"({"type": "Sequence", "processors": [
+      {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                {"Sequence": {"id": "A", "type_id": 0}}],
+       "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [13], "tokens": ["<s>"]}}}]})";
+  const auto bos = Tokenizer::FromJson(WithPostProcessor(llama3_form));
+  EXPECT_EQ(bos->Encode("ab"), (std::vector<int32_t>{0, 1}));  // no merges in this vocabulary
+  EXPECT_EQ(bos->Encode("ab", /*add_special_tokens=*/true), (std::vector<int32_t>{13, 0, 1}));
+  EXPECT_EQ(bos->Encode("ab", /*add_special_tokens=*/false), (std::vector<int32_t>{0, 1}));
+  const auto both = Tokenizer::FromJson(WithPostProcessor(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "</s>"}}],
+      "special_tokens": {"<s>": {"ids": [13]}, "</s>": {"ids": [14]}}})"));
+  EXPECT_EQ(both->Encode("ab", true), (std::vector<int32_t>{13, 0, 1, 14}));
+  // Qwen2's: ByteLevel only, nothing added.
+  const auto none = Tokenizer::FromJson(WithPostProcessor(R"({"type": "ByteLevel", "trim_offsets": false})"));
+  EXPECT_EQ(none->Encode("ab", true), (std::vector<int32_t>{0, 1}));
+  EXPECT_TRUE(none->special_prefix().empty());
+}
+
+TEST(PostProcessorTest, WhatItCannotDoIsRefusedByName) {
+  auto refusal = [](const std::string& post_processor) -> std::string {
+    try {
+      Tokenizer::FromJson(WithPostProcessor(post_processor));
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(refusal(R"({"type": "BertProcessing", "sep": ["</s>", 14], "cls": ["<s>", 13]})").find("BertProcessing"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A"}}, {"Sequence": {"id": "B"}}],
+                        "special_tokens": {}})").find("$A exactly once"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<x>"}}, {"Sequence": {"id": "A"}}],
+                        "special_tokens": {}})").find("'<x>' has no ids"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<x>"}}, {"Sequence": {"id": "A"}}],
+                        "special_tokens": {"<x>": {"ids": [99]}}})").find("id 99 is not in the vocabulary"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace ferry::tokenizer

@@ -12,6 +12,7 @@ import os
 import pathlib
 import random
 import subprocess
+import sys
 import unicodedata
 
 import pytest
@@ -260,13 +261,19 @@ def llama3_tokenizer_json(out_dir):
     package = pathlib.Path(spec.submodule_search_locations[0]) / "llama3"
     source = (package / "tokenizer.py").read_text()
     assert LLAMA3_PATTERN in source and "num_reserved_special_tokens = 256" in source, "llama-models changed"
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    tok = TikTokenConverter(vocab_file=str(package / "tokenizer.model"), pattern=LLAMA3_PATTERN,
-                            additional_special_tokens=LLAMA3_SPECIALS).converted()
-    assert tok.get_vocab_size() == 128256
+    # In a child process: importing transformers' converter loads torch, which aborted this process
+    # when an earlier test had already started gRPC's threads (std::system_error at import).
     path = out_dir / "llama3_tokenizer.json"
-    tok.save(str(path))
+    convert = (
+        "import json, sys\n"
+        "from transformers.convert_slow_tokenizer import TikTokenConverter\n"
+        "tok = TikTokenConverter(vocab_file=sys.argv[1], pattern=sys.argv[2],\n"
+        "                        additional_special_tokens=json.loads(sys.argv[3])).converted()\n"
+        "tok.save(sys.argv[4])\n"
+    )
+    subprocess.run([sys.executable, "-c", convert, str(package / "tokenizer.model"), LLAMA3_PATTERN,
+                    json.dumps(LLAMA3_SPECIALS), str(path)], check=True, timeout=300)
+    assert Tokenizer.from_file(str(path)).get_vocab_size() == 128256
     return path
 
 
@@ -274,3 +281,26 @@ def test_parity_with_llama3_tokenizer(tmp_path, strings):
     path = llama3_tokenizer_json(tmp_path)
     check_parity(path, strings + ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
                                   "1234567 digits 12 and 1,234,567.89"])
+
+
+def test_llama3_post_processor_adds_its_bos(tmp_path, strings):
+    """Meta-Llama-3's tokenizer.json as published has this post-processor (ByteLevel, then a template
+    putting <|begin_of_text|> before the text): encode(add_special_tokens=True) adds it, and Ferry's
+    add_special_tokens gives the same ids."""
+    from tokenizers import processors
+
+    path = llama3_tokenizer_json(tmp_path)
+    hf = Tokenizer.from_file(str(path))
+    hf.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                      special_tokens=[("<|begin_of_text|>", 128000)]),
+    ])
+    hf.save(str(path))
+    sample = strings[::10]
+    expected = [hf.encode(s, add_special_tokens=True).ids for s in sample]
+    assert all(ids[0] == 128000 for ids in expected)
+    got = run_ferry(path, [{"text": s, "add_special_tokens": True} for s in sample])
+    assert [g.get("ids") for g in got] == expected
+    plain = run_ferry(path, [{"text": s} for s in sample])
+    assert [g.get("ids") for g in plain] == [hf.encode(s, add_special_tokens=False).ids for s in sample]
