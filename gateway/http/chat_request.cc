@@ -22,7 +22,11 @@ std::variant<OpenAiRequest, ApiError> BuildChatGeneration(ChatRequest chat_reque
     }
     s.mutable_guided()->set_json_schema(r.tools.named_schema);
   }
-  r.generate.set_text(chat.Render(chat_request.messages, r.tools.rendered, chat_request.ending));
+  auto prompt = chat.Render(chat_request.messages, r.tools.tools, chat_request.ending, chat_request.template_kwargs);
+  if (auto* e = std::get_if<ChatTemplateError>(&prompt)) {
+    return InvalidField(chat_request.messages_field, "the model's chat template refused the conversation: " + e->message);
+  }
+  r.generate.set_text(std::move(std::get<std::string>(prompt)));
   r.prompts.clear();
   r.prompts.emplace_back().set_text(r.generate.text());
   return std::move(r);

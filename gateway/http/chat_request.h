@@ -25,6 +25,7 @@ struct ChatRequest {
   ChatEnding ending;
   ToolsSpec tools;
   std::string messages_field = "messages";  // the conversation's field in the request's API
+  nlohmann::ordered_json template_kwargs;     // chat_template_kwargs (null: none)
 };
 
 // The tools checked (BuildTools), a named or "required" tool choice's schema as the request's one

@@ -349,13 +349,17 @@ std::variant<ChatMessage, ApiError> ParseMessage(const json& m, size_t i) {
   if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
     return InvalidField("messages", where + " must be an object with a string role");
   }
-  ChatMessage out{m["role"].get<std::string>(), "", {}};
+  ChatMessage out{m["role"].get<std::string>(), "", {}, ""};
   if (out.role != "system" && out.role != "user" && out.role != "assistant" && out.role != "tool") {
     return InvalidField("messages", fmt::format("{}.role = \"{}\" is not supported (system, user, assistant, tool)",
                                                  where, out.role));
   }
   if (out.role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
     if (Error e = ParseHistoryToolCalls(m["tool_calls"], where, out)) return *e;
+  }
+  if (out.role == "tool" && m.contains("tool_call_id") && !m["tool_call_id"].is_null()) {
+    if (!m["tool_call_id"].is_string()) return InvalidField("messages", where + ".tool_call_id must be a string");
+    out.tool_call_id = m["tool_call_id"].get<std::string>();
   }
   const json content = m.contains("content") ? m["content"] : json();
   if (content.is_string()) {
@@ -405,6 +409,26 @@ Error ReadChatConversation(const json& body, std::vector<ChatMessage>& messages,
     auto m = ParseMessage(body["messages"][i], i);
     if (auto* e = std::get_if<ApiError>(&m)) return *e;
     messages.push_back(std::move(std::get<ChatMessage>(m)));
+  }
+  return std::nullopt;
+}
+
+// chat_template_kwargs (vLLM's extra): more variables for the template (enable_thinking, ...), in
+// the client's key order; the ones the request itself sets are refused.
+Error ReadTemplateKwargs(const json& body, std::string_view body_text, ordered_json& out) {
+  if (!body.contains("chat_template_kwargs") || body["chat_template_kwargs"].is_null()) return std::nullopt;
+  if (!body["chat_template_kwargs"].is_object()) {
+    return InvalidField("chat_template_kwargs", fmt::format("chat_template_kwargs must be an object, got {}",
+                                                            Brief(body["chat_template_kwargs"])));
+  }
+  ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded() || !ordered.is_object()) ordered = ordered_json::parse(body.dump());
+  out = ordered["chat_template_kwargs"];
+  for (const char* key : {"messages", "tools", "documents", "add_generation_prompt"}) {
+    if (out.contains(key)) {
+      return InvalidField("chat_template_kwargs", fmt::format("chat_template_kwargs.{} is set by the request itself "
+                                                              "(its own field), not as a template argument", key));
+    }
   }
   return std::nullopt;
 }
@@ -597,16 +621,23 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
   r.generate.set_add_special_tokens(add_special_tokens.value_or(false));
   if (Error e = ReadChatConversation(body, c.messages, c.ending)) return *e;
   if (Error e = ReadChatToolFields(body, body_text, c.tools)) return *e;
+  if (Error e = ReadTemplateKwargs(body, body_text, c.template_kwargs)) return *e;
   return BuildChatGeneration(std::move(c), chat);
 }
 
-std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat,
-                                                     const std::vector<std::string>& tools) {
+std::variant<std::string, ApiError> RenderChatPrompt(const json& body, std::string_view body_text,
+                                                     const ChatTemplate& chat, const std::vector<ordered_json>& tools) {
   std::vector<ChatMessage> messages;
   ChatEnding ending;
   if (Error e = ReadChatConversation(body, messages, ending)) return *e;
   if (!chat.is_supported()) return InvalidField("messages", chat.unsupported_reason());
-  return chat.Render(messages, tools, ending);
+  ordered_json kwargs;
+  if (Error e = ReadTemplateKwargs(body, body_text, kwargs)) return *e;
+  auto prompt = chat.Render(messages, tools, ending, kwargs);
+  if (auto* e = std::get_if<ChatTemplateError>(&prompt)) {
+    return InvalidField("messages", "the model's chat template refused the conversation: " + e->message);
+  }
+  return std::move(std::get<std::string>(prompt));
 }
 
 std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r) {

@@ -131,9 +131,10 @@ std::variant<OpenAiRequest, ApiError> ParseChatRequest(const json& body, const C
                                                        std::string_view body_text = {});
 // body.messages rendered with `chat`, ending with the assistant's turn opened (the prompt a chat
 // request generates from).
-// tools: as ToolsRequest::rendered (none: no tools section).
-std::variant<std::string, ApiError> RenderChatPrompt(const json& body, const ChatTemplate& chat,
-                                                     const std::vector<std::string>& tools = {});
+// tools: as ToolsRequest::tools (none: no tools section).
+std::variant<std::string, ApiError> RenderChatPrompt(const json& body, std::string_view body_text,
+                                                     const ChatTemplate& chat,
+                                                     const std::vector<nlohmann::ordered_json>& tools = {});
 
 // One request per choice, in OpenAI's order: prompt p's choice i at index p * n + i, seeded with
 // seed + i when a seed is set (so a single request with seed + i reproduces it).

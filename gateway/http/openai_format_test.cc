@@ -157,7 +157,8 @@ TEST(ParseChat, Refusals) {
     return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{0, "parsed"};
   };
   const json hi = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
-  EXPECT_EQ(error(hi, ChatTemplate::FromTemplateText("[INST]")).http_status, 400);
+  EXPECT_EQ(error(hi, ChatTemplate::FromTemplateText("{% include 'other' %}")).http_status, 400);
+  EXPECT_EQ(error(hi, ChatTemplate::FromTemplateText("{{ raise_exception('x') }}")).param, "messages");
   EXPECT_EQ(error({{"messages", {{{"role", "function"}, {"content", "x"}}}}}, Qwen()).param, "messages");
   EXPECT_EQ(error({{"messages", json::array()}}, Qwen()).param, "messages");
   json top_only = hi;
@@ -479,7 +480,7 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
       {"skip_special_tokens", {false, true}},
       {"guided_whitespace_pattern", {"\\s*", ""}}, {"return_tokens_as_token_ids", {true, false}},
       {"priority", {-5, 0}},                       {"chat_template", {"{{ x }}", nullptr}},
-      {"chat_template_kwargs", {{{"enable_thinking", true}}, json::object()}}, {"echo", {true, false}}};
+      {"echo", {true, false}}};
   for (const auto& [key, values] : fields) {
     json asks = hi, default_value = hi;
     asks[key] = values.first;
@@ -492,6 +493,21 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
   }
   EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ParseCompletionRequest({{"prompt", "x"}, {"echo", true}})))
       << "echo is served on /v1/completions";
+}
+
+TEST(ParseChat, ChatTemplateKwargsAreTemplateVariables) {
+  const ChatTemplate t = ChatTemplate::FromTemplateText(
+      "{{ messages[0].content }}{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}");
+  json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  auto r = ParseChatRequest(body, t);
+  ASSERT_TRUE(std::holds_alternative<OpenAiRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<OpenAiRequest>(r).generate.text(), "Hi<no-think>");
+  body["chat_template_kwargs"] = {{"messages", json::array()}};
+  r = ParseChatRequest(body, t);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "chat_template_kwargs");
+  body["chat_template_kwargs"] = "enable_thinking";
+  EXPECT_EQ(std::get<ApiError>(ParseChatRequest(body, t)).param, "chat_template_kwargs");
   auto beam = ParseCompletionRequest({{"prompt", "x"}, {"use_beam_search", true}});
   ASSERT_TRUE(std::holds_alternative<ApiError>(beam));
   EXPECT_EQ(std::get<ApiError>(beam).message, "use_beam_search = true: beam search is not supported");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "gateway/http/openai_format.h"
+#include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway::http {
 
@@ -20,9 +21,9 @@ inline ApiError ParseError(const json& body) {
   return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
 }
 
+// Qwen2.5-Instruct's own template.
 inline const ChatTemplate& Qwen() {
-  static const ChatTemplate t = ChatTemplate::FromTemplateText(
-      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>");
+  static const ChatTemplate t = ChatTemplate::FromTemplateText(std::string(tokenizer::Qwen25ChatTemplate()));
   return t;
 }
 

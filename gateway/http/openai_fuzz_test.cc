@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "gateway/tokenizer/bpe_trainer.h"
 #include "gateway/http/openai_format.h"
 #include "gateway/http/tokenize_api.h"
 
@@ -81,7 +82,7 @@ void ExpectCleanOutcome(const json& body, Parse parse) {
 }
 
 const ChatTemplate& Template() {
-  static const ChatTemplate t = ChatTemplate::FromTemplateText("<|im_start|>system\nYou are a bot.<|im_end|>");
+  static const ChatTemplate t = ChatTemplate::FromTemplateText(std::string(tokenizer::Qwen25ChatTemplate()));
   return t;
 }
 

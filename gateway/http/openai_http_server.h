@@ -41,7 +41,7 @@ struct HttpServerOptions {
   std::vector<std::string> served_model_names;
   std::string model_root;  // the checkpoint path, /v1/models' "root"
   int64_t created = 0;     // when the gateway started serving it (Unix seconds), /v1/models' "created"
-  ChatTemplate chat_template = ChatTemplate::FromTemplateText("");
+  ChatTemplate chat_template = ChatTemplate::Unavailable("the gateway was started without a chat template");
   int num_threads = 1024;          // connections served at once, a thread each (--http-max-connections)
   // Largest request body read (--http-max-body-bytes); the gRPC front takes messages this large.
   size_t max_body_bytes = size_t{64} << 20;

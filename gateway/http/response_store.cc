@@ -8,7 +8,8 @@ size_t HistoryBytes(const std::vector<ChatMessage>& history) {
   size_t bytes = 0;
   for (const ChatMessage& m : history) {
     bytes += m.role.size() + m.content.size();
-    for (const auto& [name, arguments] : m.tool_calls) bytes += name.size() + arguments.size();
+    bytes += m.tool_call_id.size();
+    for (const ChatToolCall& c : m.tool_calls) bytes += c.id.size() + c.name.size() + c.arguments.dump().size();
   }
   return bytes;
 }

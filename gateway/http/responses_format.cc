@@ -96,20 +96,20 @@ std::optional<ApiError> AppendItem(const ojson& item, const std::string& where, 
     for (const char* key : {"call_id", "name", "arguments"}) {
       if (auto e = RequireString(item, key, where)) return e;
     }
-    std::optional<std::string> arguments = TemplateArguments(item["arguments"].get<std::string>());
+    std::optional<ojson> arguments = TemplateArguments(item["arguments"].get<std::string>());
     if (!arguments) {
       return InvalidField(where + ".arguments", fmt::format("{}.arguments = {} is not JSON", where,
                                                             Brief(item["arguments"])));
     }
     if (out.empty() || out.back().role != "assistant") out.push_back({"assistant", "", {}});
-    out.back().tool_calls.emplace_back(item["name"].get<std::string>(), std::move(*arguments));
+    out.back().tool_calls.push_back({item["call_id"].get<std::string>(), item["name"].get<std::string>(), std::move(*arguments)});
     return std::nullopt;
   }
   if (type == "function_call_output") {
     if (auto e = RequireString(item, "call_id", where)) return e;
     auto text = ItemText(item.value("output", ojson()), where + ".output");
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
-    out.push_back({"tool", std::move(std::get<std::string>(text)), {}});
+    out.push_back({"tool", std::move(std::get<std::string>(text)), {}, item["call_id"].get<std::string>()});
     return std::nullopt;
   }
   return InvalidField(where + ".type", fmt::format("{}.type = {} is not supported (message, function_call or "
@@ -164,7 +164,7 @@ std::optional<ApiError> ReadTools(const ojson& in, ToolsSpec& out) {
       if (t.contains("description")) function["description"] = t["description"];
       if (t.contains("parameters") && !t["parameters"].is_null()) function["parameters"] = t["parameters"];
       out.tools.push_back(std::move(std::get<ToolSpec>(spec)));
-      out.tools.back().rendered = PyJsonDumps(ojson{{"type", "function"}, {"function", std::move(function)}});
+      out.tools.back().tool = ojson{{"type", "function"}, {"function", std::move(function)}};
     }
   }
   if (in.contains("tool_choice") && !in["tool_choice"].is_null()) {
@@ -395,7 +395,7 @@ std::vector<ChatMessage> HistoryAfter(std::vector<ChatMessage> history, const Re
   for (const ToolCall& c : result.calls) {
     // A named call's arguments cut short by max_output_tokens are not JSON: the template writes
     // them as the string they are (what it writes for a string value).
-    turn.tool_calls.emplace_back(c.name, TemplateArguments(c.arguments).value_or(PyJsonDumps(ojson(c.arguments))));
+    turn.tool_calls.push_back({c.id, c.name, TemplateArguments(c.arguments).value_or(ojson(c.arguments))});
   }
   history.push_back(std::move(turn));
   return history;

@@ -5,13 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "gateway/http/response_store.h"
+#include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway::http {
 namespace {
 
 const ChatTemplate& Qwen() {
-  static const ChatTemplate t = ChatTemplate::FromTemplateText(
-      "<|im_start|> You are Qwen, created by Alibaba Cloud. You are a helpful assistant. <tool_call>");
+  static const ChatTemplate t = ChatTemplate::FromTemplateText(std::string(tokenizer::Qwen25ChatTemplate()));
   return t;
 }
 
@@ -69,8 +69,10 @@ TEST(ParseResponses, ItemsToolsAndPreviousHistory) {
   EXPECT_EQ(r.chat.tools.choice, ToolsRequest::Choice::kAuto);
   ASSERT_EQ(r.history.size(), 4u);  // previous + the call turn + its output + the developer's message
   ASSERT_EQ(r.history[1].tool_calls.size(), 1u);
-  EXPECT_EQ(r.history[1].tool_calls[0], (std::pair<std::string, std::string>("get_weather", R"({"city": "Oslo"})")));
+  EXPECT_EQ(r.history[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.history[1].tool_calls[0].arguments, nlohmann::ordered_json({{"city", "Oslo"}}));
   EXPECT_EQ(r.history[2].role, "tool");
+  EXPECT_EQ(r.history[2].tool_call_id, r.history[1].tool_calls[0].id) << "the call and its output keep their id";
   EXPECT_EQ(r.history[3].role, "system");
 }
 
@@ -164,7 +166,7 @@ TEST(ParseResponses, ErrorsAreInTheResponsesTermsAtTheSource) {
   EXPECT_EQ(ErrorFromStatus({StatusCode::kInvalidArgument, "sampling.top_p = 2 must be in (0, 1]"}, r9.chat.param_name)
                 .param,
             "top_p");
-  const ChatTemplate plain = ChatTemplate::FromTemplateText("{{ messages }}");
+  const ChatTemplate plain = ChatTemplate::FromTemplateText("{{ raise_exception('no conversation like this') }}");
   auto r = ParseResponsesRequest(json::parse(R"({"input": "Hi"})"), "", plain, nullptr);
   ASSERT_TRUE(std::holds_alternative<ApiError>(r));
   EXPECT_EQ(std::get<ApiError>(r).param, "input") << "a template that cannot render: the conversation's field";
@@ -194,14 +196,14 @@ TEST(ParseResponses, IsTheChatRequestItStandsFor) {
   const OpenAiRequest& expected = std::get<OpenAiRequest>(c);
   EXPECT_EQ(r.chat.generate.SerializeAsString(), expected.generate.SerializeAsString())
       << r.chat.generate.DebugString() << "\n" << expected.generate.DebugString();
-  EXPECT_EQ(r.chat.tools.rendered, expected.tools.rendered);
+  EXPECT_EQ(r.chat.tools.tools, expected.tools.tools);
   EXPECT_EQ(r.chat.tools.named_schema, expected.tools.named_schema);
   EXPECT_EQ(r.chat.is_max_tokens_set, expected.is_max_tokens_set);
 }
 
 TEST(ResponsesResult, HermesCallsBecomeFunctionCallItems) {
   ToolsRequest tools;
-  tools.rendered = {"{}"};
+  tools.tools = {nlohmann::ordered_json::object()};
   tools.names = {"get_weather"};
   tools.choice = ToolsRequest::Choice::kAuto;
   ferry::v1::GenerateResponse g;
@@ -234,12 +236,14 @@ TEST(ResponsesResult, HermesCallsBecomeFunctionCallItems) {
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(h[0].role, "assistant");
   EXPECT_EQ(h[0].content, "Checking.");
-  EXPECT_EQ(h[0].tool_calls, (std::vector<std::pair<std::string, std::string>>{{"get_weather", R"({"city": "Oslo"})"}}));
+  ASSERT_EQ(h[0].tool_calls.size(), 1u);
+  EXPECT_EQ(h[0].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(h[0].tool_calls[0].arguments, nlohmann::ordered_json({{"city", "Oslo"}}));
 }
 
 TEST(ResponsesResult, ACallCutShortStaysInTheHistoryAsItsText) {
   ToolsRequest tools;
-  tools.rendered = {"{}"};
+  tools.tools = {nlohmann::ordered_json::object()};
   tools.names = {"get_weather"};
   tools.choice = ToolsRequest::Choice::kNamed;
   tools.named = "get_weather";
@@ -248,7 +252,7 @@ TEST(ResponsesResult, ACallCutShortStaysInTheHistoryAsItsText) {
   g.set_finish_reason(ferry::v1::FINISH_REASON_LENGTH);
   const std::vector<ChatMessage> h = HistoryAfter({}, ResultFromGeneration(g, tools));
   ASSERT_EQ(h[0].tool_calls.size(), 1u);
-  EXPECT_EQ(h[0].tool_calls[0].second, R"("{\"city\": \"Os")") << "the template's tojson of the string";
+  EXPECT_EQ(h[0].tool_calls[0].arguments, R"({"city": "Os)") << "the text, as a string, for the template's tojson";
   const ResponsesRequest next = Parse(R"({"input": "Go on."})", &h);
   EXPECT_NE(next.chat.generate.text().find(R"({"name": "get_weather", "arguments": "{\"city\": \"Os"})"),
             std::string::npos)

@@ -28,16 +28,16 @@ std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const
   if (has_prompt == has_messages) return InvalidField("prompt", "set exactly one of prompt and messages");
   if (has_messages) {
     // With tools, the prompt a chat request with them would generate from (vLLM's /tokenize).
-    std::vector<std::string> tools;
+    std::vector<ordered_json> tools;
     if (body.contains("tools") && !body["tools"].is_null()) {
       ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
       if (ordered.is_discarded() || !ordered.is_object()) ordered = ordered_json::parse(body.dump());
       ordered.erase("tool_choice");  // the prompt is the same whichever is asked for
       auto parsed = ParseTools(ordered, chat.has_tools());
       if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
-      tools = std::move(std::get<ToolsRequest>(parsed).rendered);
+      tools = std::move(std::get<ToolsRequest>(parsed).tools);
     }
-    return RenderChatPrompt(body, chat, tools);
+    return RenderChatPrompt(body, body_text, chat, tools);
   }
   if (!body["prompt"].is_string()) {
     return InvalidField("prompt", fmt::format("prompt must be a string, got {} ({})", body["prompt"].type_name(),

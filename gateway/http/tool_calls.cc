@@ -167,20 +167,22 @@ std::optional<ApiError> ParseHistoryToolCalls(const nlohmann::json& calls, const
     }
     const nlohmann::json& f = call["function"];
     const nlohmann::json arguments = f.contains("arguments") ? f["arguments"] : nlohmann::json::object();
-    std::optional<std::string> rendered =
-        arguments.is_string() ? TemplateArguments(arguments.get<std::string>()) : PyJsonDumps(ordered_json::parse(arguments.dump()));
-    if (!rendered) {
+    std::optional<ordered_json> value =
+        arguments.is_string() ? TemplateArguments(arguments.get<std::string>()) : ordered_json::parse(arguments.dump());
+    if (!value) {
       return InvalidField("messages", fmt::format("{}.arguments = {} is not JSON", at, http::Brief(arguments)));
     }
-    out.tool_calls.emplace_back(f["name"].get<std::string>(), std::move(*rendered));
+    std::string id;
+    if (call.contains("id") && call["id"].is_string()) id = call["id"].get<std::string>();
+    out.tool_calls.push_back({std::move(id), f["name"].get<std::string>(), std::move(*value)});
   }
   return std::nullopt;
 }
 
-std::optional<std::string> TemplateArguments(const std::string& json_text) {
-  const ordered_json value = ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+std::optional<ordered_json> TemplateArguments(const std::string& json_text) {
+  ordered_json value = ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return std::nullopt;
-  return PyJsonDumps(value);
+  return value;
 }
 
 std::string PyJsonDumps(const ordered_json& value) {
@@ -231,7 +233,7 @@ std::variant<ToolsSpec, ApiError> ReadChatTools(const ordered_json& body) {
     auto spec = ReadToolFunction(tool["function"], fmt::format("tools[{}].function", i));
     if (auto* e = std::get_if<ApiError>(&spec)) return *e;
     out.tools.push_back(std::move(std::get<ToolSpec>(spec)));
-    out.tools.back().rendered = PyJsonDumps(tool);
+    out.tools.back().tool = tool;
   }
   const ordered_json parallel = body.value("parallel_tool_calls", ordered_json());
   if (!parallel.is_null() && !parallel.is_boolean()) {
@@ -250,7 +252,7 @@ std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool temp
     return out;  // nothing offered: no tools section, nothing parsed
   }
   if (!template_has_tools) {
-    return InvalidField("tools", "the model's chat template does not render tools (it has no <tool_call> format)");
+    return InvalidField("tools", "the model's chat template does not render tools (it never reads `tools`)");
   }
   if (spec.tools.size() > kMaxTools) {
     return InvalidField("tools", fmt::format("tools has {} entries, over the limit of {}", spec.tools.size(), kMaxTools));
@@ -260,7 +262,7 @@ std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool temp
       return InvalidField("tools", fmt::format("{}.name = \"{}\" is given twice", tool.field, tool.name));
     }
     out.names.push_back(tool.name);
-    out.rendered.push_back(tool.rendered);
+    out.tools.push_back(tool.tool);
   }
   out.parallel = spec.parallel;
   out.choice = spec.choice;

@@ -36,15 +36,16 @@ std::string PyJsonDumps(const nlohmann::ordered_json& value);
 
 struct ToolsRequest {
   enum class Choice { kNone, kAuto, kNamed, kRequired };
-  // Each tool as the template writes it (`tool | tojson`), in the request's order.
-  std::vector<std::string> rendered;
+  // Each tool as the chat template receives it (the request's object, keys in the client's
+  // order), in the request's order.
+  std::vector<nlohmann::ordered_json> tools;
   std::vector<std::string> names;
   Choice choice = Choice::kNone;
   std::string named;            // kNamed: the function
   std::string named_schema;     // kNamed: its parameters' JSON text (keys in the request's order);
                                 // kRequired: the array of calls' schema
   bool parallel = true;         // parallel_tool_calls
-  bool active() const { return !rendered.empty(); }
+  bool active() const { return !tools.empty(); }
 };
 
 // One tool a request offers, read from its API's form: chat's {"type": "function", "function":
@@ -53,7 +54,7 @@ struct ToolSpec {
   std::string field;  // the function's place in the request, in its API's terms: "tools[2].function", "tools[2]"
   std::string name;
   nlohmann::ordered_json parameters;  // its JSON schema, keys in the client's order; null: none (any object)
-  std::string rendered;               // the tool as the chat template writes it (`tool | tojson`)
+  nlohmann::ordered_json tool;        // the tool as the chat template receives it
 };
 
 // What a request says of tools, on domain types, whichever API it came from. BuildTools checks
@@ -67,7 +68,7 @@ struct ToolsSpec {
 };
 
 // A function's name, description and parameters from `f` (the object that holds them), `field`
-// naming it in the request's terms; the caller sets `rendered`.
+// naming it in the request's terms; the caller sets `tool`.
 std::variant<ToolSpec, ApiError> ReadToolFunction(const nlohmann::ordered_json& f, const std::string& field);
 
 // Chat's body.tools, tool_choice and parallel_tool_calls; `ordered` is the body parsed keeping
@@ -82,10 +83,9 @@ std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool temp
 // ReadChatTools then BuildTools.
 std::variant<ToolsRequest, ApiError> ParseTools(const nlohmann::ordered_json& ordered, bool template_has_tools);
 
-// A call's arguments as the chat template writes them (`tojson` of the value): a JSON text is
-// parsed, so that the template writes JSON rather than a quoted string (vLLM's rule); nullopt
-// when the text is not JSON.
-std::optional<std::string> TemplateArguments(const std::string& json_text);
+// A call's arguments as the chat template receives them: the JSON text parsed, so that the
+// template writes JSON rather than a quoted string (vLLM's rule); nullopt when it is not JSON.
+std::optional<nlohmann::ordered_json> TemplateArguments(const std::string& json_text);
 
 // An assistant message's tool_calls in the history (messages[i].tool_calls, `where` naming it):
 // [{"id", "type": "function", "function": {"name", "arguments"}}], arguments a JSON text (OpenAI's)

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gateway/http/openai_format.h"
+#include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway::http {
 namespace {
@@ -43,8 +44,8 @@ TEST(ParseTools, ReadsToolsInTheirOrderAndTheChoice) {
   auto r = ParseTools(Body(std::string("[") + kWeatherTool + "]"), true);
   ASSERT_TRUE(std::holds_alternative<ToolsRequest>(r)) << std::get<ApiError>(r).message;
   const ToolsRequest& t = std::get<ToolsRequest>(r);
-  ASSERT_EQ(t.rendered.size(), 1u);
-  EXPECT_EQ(t.rendered[0], R"({"type": "function", "function": {"name": "get_weather", "description": "Weather in a )"
+  ASSERT_EQ(t.tools.size(), 1u);
+  EXPECT_EQ(PyJsonDumps(t.tools[0]), R"({"type": "function", "function": {"name": "get_weather", "description": "Weather in a )"
                            R"(city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, )"
                            R"("unit": {"enum": ["c", "f"]}}, "required": ["city"]}}})");
   EXPECT_EQ(t.choice, ToolsRequest::Choice::kAuto) << "auto is the default with tools";
@@ -255,15 +256,14 @@ TEST(StreamToolCalls, HoldsOnlyWhatMayBeATagAndNamedCallsStreamTheirArguments) {
 }
 
 TEST(ChatTools, RendersToolsCallsAndResultsAsQwensTemplate) {
-  const ChatTemplate qwen = ChatTemplate::FromTemplateText(
-      "<|im_start|> You are Qwen, created by Alibaba Cloud. You are a helpful assistant. <tool_call>");
+  const ChatTemplate qwen = ChatTemplate::FromTemplateText(std::string(tokenizer::Qwen25ChatTemplate()));
   ASSERT_TRUE(qwen.has_tools());
   const std::vector<ChatMessage> messages = {
-      {"user", "Weather?", {}},
-      {"assistant", "", {{"get_weather", R"({"city": "Paris"})"}, {"get_time", "{}"}}},
-      {"tool", "18C", {}},
-      {"tool", "noon", {}},
-      {"assistant", "Nice.", {}}};
+      {"user", "Weather?", {}, ""},
+      {"assistant", "", {{"c1", "get_weather", {{"city", "Paris"}}}, {"c2", "get_time", nlohmann::ordered_json::object()}}, ""},
+      {"tool", "18C", {}, "c1"},
+      {"tool", "noon", {}, "c2"},
+      {"assistant", "Nice.", {}, ""}};
   const std::string expected =
       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
       "You may call one or more functions to assist with the user query.\n\nYou are provided with function "
@@ -275,12 +275,12 @@ TEST(ChatTools, RendersToolsCallsAndResultsAsQwensTemplate) {
       "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call><|im_end|>\n"
       "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\nnoon\n</tool_response><|im_end|>\n"
       "<|im_start|>assistant\nNice.<|im_end|>\n<|im_start|>assistant\n";
-  EXPECT_EQ(qwen.Render(messages, {R"({"t": 1})"}), expected);
-  EXPECT_FALSE(ChatTemplate::FromTemplateText("<|im_start|> no tools here").has_tools());
+  EXPECT_EQ(std::get<std::string>(qwen.Render(messages, {{{"t", 1}}})), expected);
+  EXPECT_FALSE(ChatTemplate::FromTemplateText("<|im_start|> no tool variable here").has_tools());
 }
 
 TEST(ChatTools, ParsesHistoryAndSetsANamedCallsSchema) {
-  const ChatTemplate qwen = ChatTemplate::FromTemplateText("<|im_start|> <tool_call>");
+  const ChatTemplate qwen = ChatTemplate::FromTemplateText(std::string(tokenizer::Qwen25ChatTemplate()));
   const std::string body_text = std::string(R"({"messages": [{"role": "user", "content": "Hi"},
       {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
        "function": {"name": "get_weather", "arguments": "{\"z\": 1, \"a\": [true]}"}}]},
@@ -318,7 +318,7 @@ TEST(ChatTools, ResponsesCarryTheCalls) {
   response.set_text("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>");
   response.set_finish_reason(ferry::v1::FINISH_REASON_EOS);
   ToolsRequest tools;
-  tools.rendered = {"{}"};
+  tools.tools = {ordered_json::object()};
   tools.choice = ToolsRequest::Choice::kAuto;
   json out = CompletionResponseJson(ctx, {response}, 1, &tools);
   const json& choice = out["choices"][0];

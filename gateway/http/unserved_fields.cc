@@ -33,8 +33,8 @@ const std::vector<Unserved>& UnservedFields() {
 const std::vector<Unserved>& UnservedChatFields() {
   static const std::vector<Unserved> kFields = {
       {"echo", false, "it is not supported on chat (/v1/completions echoes the prompt)"},
-      {"chat_template", "", "the model's own template is used (ChatML, rendered natively)"},
-      {"chat_template_kwargs", json::object(), "the model's own template takes no arguments here"},
+      {"chat_template", "", "the model's own template is used (or the gateway's --chat-template); a template per "
+                            "request is not served"},
       {"documents", json::array(), "it is not supported"},
   };
   return kFields;

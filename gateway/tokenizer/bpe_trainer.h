@@ -25,6 +25,9 @@ std::string TrainQwen2TokenizerJson(std::string_view corpus, int32_t vocab_size,
 // ChatML chat template, eos "<|im_end|>", pad "<|endoftext|>", no bos.
 std::string Qwen2TokenizerConfigJson(std::string_view tokenizer_json, int64_t model_max_length = 32768);
 
+// Qwen2.5-Instruct's chat template, as its tokenizer_config.json has it (the one above writes).
+std::string_view Qwen25ChatTemplate();
+
 // A few tens of KB of varied text (prose, code, Chinese, numbers, emoji) for
 // training demo tokenizers.
 std::string_view DefaultTrainingCorpus();

@@ -67,6 +67,8 @@ constexpr std::string_view kQwen25ChatTemplate = R"JINJA({%- if tools %}
 
 }  // namespace
 
+std::string_view Qwen25ChatTemplate() { return kQwen25ChatTemplate; }
+
 std::string Qwen2TokenizerConfigJson(std::string_view tokenizer_json, int64_t model_max_length) {
   using nlohmann::ordered_json;
   const ordered_json tokenizer = ordered_json::parse(tokenizer_json);

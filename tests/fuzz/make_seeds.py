@@ -187,7 +187,26 @@ def request_seeds():
     write("generate_request", "sampling", ld(1, b"req-2") + ld(2, b"Tell me a story") + ld(4, sampling))
 
 
+def jinja_seeds():
+    here = os.path.dirname(os.path.abspath(__file__))
+    source = open(os.path.join(here, "..", "..", "gateway", "tokenizer", "tokenizer_config.cc")).read()
+    qwen = source[source.index('R"JINJA(') + len('R"JINJA('):source.index(')JINJA"')]
+    write("jinja_template", "qwen25", qwen.encode())
+    write("jinja_template", "macros_loops",
+          b"{% macro m(a, b=2) %}{{ a * b }}{% endmacro %}{% set ns = namespace(n=0) %}"
+          b"{% for x in messages|selectattr('role', 'ne', 'tool') if x.content %}{% set ns.n = ns.n + 1 %}"
+          b"{{ loop.index }}{{ m(loop.length) }}{% if loop.last %}{% break %}{% endif %}{% else %}none{% endfor %}"
+          b"{{ ns.n }}{{ messages[::-1][0].content.split(' ')|join('-')|upper|trim }}")
+    write("jinja_template", "whitespace_control",
+          b"a\n  {%- if bos_token -%}\n {{ bos_token }}\n  {%+ endif %}\n{# c #}\n  {% set x = 'y' %}\n{{- x ~ 1 -}}")
+    write("jinja_template", "tojson_vars",
+          b"{{ tools|tojson(indent=2) }}{{ messages[2].tool_calls[0].function.arguments|items|list }}"
+          b"{% set b %}{{ 'x' * 3 }}{% endset %}{{ b|length }}\x00"
+          b'{"tools": [{"a": [1, {"b": null}]}], "messages": [0, 1, {"tool_calls": [{"function": {"arguments": {"k": 1}}}]}]}')
+
+
 if __name__ == "__main__":
+    jinja_seeds()
     tokenizer_seeds()
     openai_seeds()
     schema_seeds()

@@ -13,6 +13,7 @@
 #include "gateway/http/openai_format.h"
 #include "gateway/http/responses_format.h"
 #include "gateway/http/tokenize_api.h"
+#include "gateway/tokenizer/bpe_trainer.h"
 #include "tests/fuzz/request_check.h"
 
 namespace {
@@ -21,8 +22,8 @@ using ferry::gateway::http::ApiError;
 using ferry::gateway::http::json;
 
 const ferry::gateway::http::ChatTemplate& Template() {
-  static const auto t = ferry::gateway::http::ChatTemplate::FromTemplateText(
-      "<|im_start|>system\nYou are a bot.<|im_end|>");
+  static const auto t =
+      ferry::gateway::http::ChatTemplate::FromTemplateText(std::string(ferry::tokenizer::Qwen25ChatTemplate()));
   return t;
 }
 
