@@ -5,8 +5,8 @@
 namespace ferry::gateway {
 
 CompletionText::CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop,
-                               int32_t min_tokens, bool include_stop)
-    : decoder_(tokenizer, /*skip_special=*/true), stop_(std::move(stop)), min_tokens_(min_tokens),
+                               int32_t min_tokens, bool include_stop, bool skip_special)
+    : decoder_(tokenizer, skip_special), stop_(std::move(stop)), min_tokens_(min_tokens),
       include_stop_(include_stop) {}
 
 size_t CompletionText::HoldBack() const {

@@ -15,8 +15,9 @@ class CompletionText {
  public:
   // Stop strings are looked for only from the min_tokens-th token on (vLLM's min_tokens: text
   // before it is emitted as is, and a stop string within it ends nothing).
+  // skip_special: special tokens are left out of the text (vLLM's skip_special_tokens).
   CompletionText(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop, int32_t min_tokens = 0,
-                 bool include_stop = false);
+                 bool include_stop = false, bool skip_special = true);
 
   // Adds one token; returns the text that is now final (may be empty). After
   // a stop string matched, stopped() is true and further tokens are ignored.
@@ -24,6 +25,7 @@ class CompletionText {
   // Generation ended without a stop: returns all text still held back.
   std::string Finish();
   bool stopped() const { return stopped_; }
+  bool include_stop() const { return include_stop_; }
 
  private:
   // Bytes at the end of pending_ that must wait: the longest suffix that is a

@@ -111,12 +111,17 @@ ferry::v1::GenerateChunk StreamProgress::Consume(const ferry::v1::TokenEvent& ev
     ++prompt_logprobs_seen;
     AddDecoded(lp, lp.token_id(), tokenizer, chunk.add_prompt_logprobs());
   }
+  // The token that ended the sequence (EOS, a stop token id) is counted but not written, unless
+  // include_stop_str_in_output: vLLM's rule, which matters once special tokens are kept in the text.
+  const bool ended_by_token =
+      event.finish() == ferry::v1::FINISH_KIND_EOS || event.finish() == ferry::v1::FINISH_KIND_STOP_TOKEN;
   for (int i = 0; i < event.token_ids_size(); ++i) {
     const int32_t token = event.token_ids(i);
     chunk.add_token_ids(token);
     token_ids.push_back(token);
     if (i < event.logprobs_size()) AddDecoded(event.logprobs(i), token, tokenizer, chunk.add_logprobs());
     ++completion_tokens;
+    if (ended_by_token && i + 1 == event.token_ids_size() && !text.include_stop()) break;
     chunk.mutable_text()->append(text.Add(token));
     if (text.stopped()) {
       reason = ferry::v1::FINISH_REASON_STOP;
@@ -205,7 +210,8 @@ void GenerationCall::Start(ferry::v1::GenerateRequest request) {
 
 void GenerationCall::NewProgress() {
   const ValidatedRequest& v = admitted_->v;
-  progress_.emplace(StreamProgress{CompletionText(context_.tokenizer, v.stop, v.submit.sampling().min_tokens(), v.include_stop)});
+  progress_.emplace(StreamProgress{CompletionText(context_.tokenizer, v.stop, v.submit.sampling().min_tokens(),
+                                                  v.include_stop, v.skip_special_tokens)});
   progress_->final_chunk.set_request_id(v.submit.request_id());
   if (v.submit.sampling().has_prompt_logprobs()) progress_->first_prompt_token = v.submit.prompt_token_ids(0);
   held_.Clear();

@@ -45,6 +45,7 @@ struct Flags {
   size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
   std::vector<std::string> served_model_names;    // empty: the --tokenizer path
   std::string chat_template;                       // empty: the model's own
+  std::string tool_call_parser;                    // empty: the chat template's format
   size_t response_store_size = 1000;  // stored /v1/responses kept at most
   int response_retention_s = 3600;    // and for how long
 };
@@ -95,6 +96,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--chat-template", f.chat_template,
                  "The chat template (a Jinja file, or the template itself) in place of the model's own "
                  "(chat_template.jinja, or tokenizer_config.json's chat_template)");
+  app.add_option("--tool-call-parser", f.tool_call_parser,
+                 "How the model answers tool_choice \"auto\" (vLLM's names: hermes, llama3_json, mistral); default: "
+                 "the format its chat template writes past calls in")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "mistral"}));
   app.add_option("--response-store-size", f.response_store_size,
                  "Stored /v1/responses kept at most (GET, previous_response_id); the oldest go first")
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
@@ -167,6 +172,10 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
     spdlog::critical("chat template: {}", *error);
     return nullptr;
   }
+  auto& chat = std::get<ferry::gateway::http::ChatTemplate>(chat_template);
+  if (!flags.tool_call_parser.empty()) chat.set_tool_format(*ferry::gateway::http::ToolFormatFromName(flags.tool_call_parser));
+  spdlog::info("chat template: {}; tool calls parsed as {}", chat.is_supported() ? "the model's" : chat.unsupported_reason(),
+               ferry::gateway::http::ToolFormatName(chat.tool_format()));
   try {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
       generator, auth,

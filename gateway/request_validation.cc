@@ -251,8 +251,10 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   ferry::v1::SamplingParams& p = *sub.mutable_sampling() = r.sampling();
   out.stop.assign(p.stop().begin(), p.stop().end());
   out.include_stop = p.include_stop_str_in_output();
+  out.skip_special_tokens = !p.has_skip_special_tokens() || p.skip_special_tokens();
   p.clear_stop();
   p.clear_include_stop_str_in_output();
+  p.clear_skip_special_tokens();
   if (p.guided().kind_case() == ferry::v1::GuidedDecoding::KIND_NOT_SET) p.clear_guided();  // no constraint
   p.set_max_tokens(max_tokens);
   if (!p.has_temperature()) p.set_temperature(d.has_temperature() ? d.temperature() : 0.f);

@@ -57,6 +57,7 @@ struct ValidatedRequest {
   ferry::v1::SubmitRequest submit;  // prompt tokenised, sampling resolved (sampling.proto)
   std::vector<std::string> stop;    // stop strings, valid UTF-8
   bool include_stop = false;        // the matched stop string ends the text, not cut from it
+  bool skip_special_tokens = true;  // the text leaves out special tokens
   std::string lane;
   Lane lane_rules;  // the lane's admission rules
 };

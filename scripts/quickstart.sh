@@ -17,5 +17,7 @@ echo "quickstart: starting the stack: gRPC on 127.0.0.1:$PORT, OpenAI HTTP on 12
 echo "quickstart: call it with: build/bin/ferry-client --target 127.0.0.1:$PORT --stream \"Hello\""
 echo "quickstart:           or: curl 127.0.0.1:$HTTP_PORT/v1/completions -H 'Content-Type: application/json' \\"
 echo "quickstart:                 -d '{\"prompt\": \"Hello\", \"max_tokens\": 16}'"
-# Any further arguments go to ferry-launch, e.g. --max-num-seqs 64 --max-model-len 4096.
-exec build/bin/ferry-launch --model "$MODEL" --port "$PORT" --http-port "$HTTP_PORT" --metrics-port 9400 "$@"
+# Any further arguments go to ferry-launch, e.g. --max-num-seqs 64 --max-model-len 4096, or for a
+# model whose template is not in its directory, --chat-template FILE (and --tool-call-parser NAME).
+exec build/bin/ferry-launch --model "$MODEL" --port "$PORT" --http-port "$HTTP_PORT" \
+  --metrics-port "${FERRY_METRICS_PORT:-9400}" "$@"

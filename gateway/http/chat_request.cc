@@ -7,9 +7,16 @@ namespace ferry::gateway::http {
 std::variant<OpenAiRequest, ApiError> BuildChatGeneration(ChatRequest chat_request, const ChatTemplate& chat) {
   OpenAiRequest& r = chat_request.request;
   if (!chat.is_supported()) return InvalidField(chat_request.messages_field, chat.unsupported_reason());
-  auto tools = BuildTools(chat_request.tools, chat.has_tools());
+  auto tools = BuildTools(chat_request.tools, chat.has_tools(), chat.tool_format());
   if (auto* e = std::get_if<ApiError>(&tools)) return *e;
   r.tools = std::move(std::get<ToolsRequest>(tools));
+  // Mistral marks its calls with the special token [TOOL_CALLS]: the text keeps special tokens
+  // for the parser to see it, as vLLM's mistral parser asks (unless the client said otherwise).
+  auto& sampling = *r.generate.mutable_sampling();
+  if (r.tools.active() && r.tools.format == ToolFormat::kMistral && r.tools.choice == ToolsRequest::Choice::kAuto &&
+      !sampling.has_skip_special_tokens()) {
+    sampling.set_skip_special_tokens(false);
+  }
   // A named choice generates the function's arguments under its parameters' schema, "required"
   // an array of calls under the tools' schemas: the request's one structured output constraint.
   const bool named = r.tools.choice == ToolsRequest::Choice::kNamed;

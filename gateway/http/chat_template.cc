@@ -99,6 +99,7 @@ std::variant<ChatTemplate, std::string> ChatTemplate::Parse(
     }
     t.templates_.push_back({name, std::make_shared<const jinja::Template>(std::move(std::get<jinja::Template>(parsed)))});
     t.has_tools_ = t.has_tools_ || text.find("tools") != std::string::npos;
+    if (t.tool_format_ == ToolFormat::kNone) t.tool_format_ = ToolFormatOfTemplate(text);
   }
   return t;
 }

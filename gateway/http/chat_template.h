@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gateway/http/tool_formats.h"
+
 namespace ferry::gateway::jinja {
 class Template;
 class Dict;
@@ -77,6 +79,10 @@ class ChatTemplate {
 
   // The template renders tools (it reads the `tools` variable).
   bool has_tools() const { return has_tools_; }
+  // How the model answers tool_choice "auto": the format its template writes past calls in
+  // (ToolFormatOfTemplate), or what --tool-call-parser set.
+  ToolFormat tool_format() const { return tool_format_; }
+  void set_tool_format(ToolFormat format) { tool_format_ = format; }
 
   // The prompt, or why the template refused (its raise_exception, or what jinja2 would raise).
   // Call only when supported. tools: each tool as the request gave it (none: tools is None).
@@ -102,6 +108,7 @@ class ChatTemplate {
 
   std::string unsupported_reason_;
   bool has_tools_ = false;
+  ToolFormat tool_format_ = ToolFormat::kNone;
   std::vector<Named> templates_;  // "default" first when named
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
 };

@@ -211,6 +211,9 @@ Error ParseSampling(const json& body, std::string_view body_text, SamplingParams
   if (Error e = GetBool(body, "ignore_eos", ignore_eos)) return e;
   if (Error e = GetBool(body, "include_stop_str_in_output", include_stop)) return e;
   if (include_stop) s.set_include_stop_str_in_output(*include_stop);
+  std::optional<bool> skip_special;
+  if (Error e = GetBool(body, "skip_special_tokens", skip_special)) return e;
+  if (skip_special) s.set_skip_special_tokens(*skip_special);
   if (max_tokens) s.set_max_tokens(*max_tokens);
   if (top_k) s.set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM's "off" is -1
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));

@@ -477,7 +477,6 @@ TEST(ParseChat, UnservedVllmFieldsAreRefusedUnlessDefault) {
   const std::vector<std::pair<std::string, std::pair<json, json>>> fields = {
       {"use_beam_search", {true, false}},         {"length_penalty", {0.5, 1}},
       {"early_stopping", {true, false}},          {"bad_words", {json::array({"x"}), json::array()}},
-      {"skip_special_tokens", {false, true}},
       {"guided_whitespace_pattern", {"\\s*", ""}}, {"return_tokens_as_token_ids", {true, false}},
       {"priority", {-5, 0}},                       {"chat_template", {"{{ x }}", nullptr}},
       {"echo", {true, false}}};

@@ -36,7 +36,7 @@ constexpr std::chrono::milliseconds kWatchQueuedAfter{50};
 std::shared_ptr<std::vector<StreamToolCalls>> ToolParsers(const ToolsRequest& tools, int32_t num_choices) {
   if (!tools.active() || tools.choice == ToolsRequest::Choice::kNone) return nullptr;
   auto parsers = std::make_shared<std::vector<StreamToolCalls>>();
-  for (int32_t i = 0; i < num_choices; ++i) parsers->emplace_back(tools.choice, tools.named, tools.parallel);
+  for (int32_t i = 0; i < num_choices; ++i) parsers->emplace_back(tools.choice, tools.named, tools.parallel, tools.format);
   return parsers;
 }
 

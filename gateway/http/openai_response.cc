@@ -94,9 +94,7 @@ json FinishJson(ferry::v1::FinishReason reason, bool tools_called = false) {
 
 // A chat choice's message with tools asked for: the calls its text holds (tool_calls.h).
 json ToolsMessage(const ToolsRequest& tools, const std::string& text, bool& tools_called) {
-  const ParsedOutput parsed = tools.choice == ToolsRequest::Choice::kNamed    ? NamedCallOutput(tools.named, text)
-                              : tools.choice == ToolsRequest::Choice::kRequired ? RequiredOutput(text)
-                                                                                : ParseHermesOutput(text, tools.parallel);
+  const ParsedOutput parsed = ParseChoiceOutput(tools, text);
   json calls = json::array();
   for (const ToolCall& c : parsed.calls) {
     calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});

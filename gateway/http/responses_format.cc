@@ -356,9 +356,7 @@ ResponsesResult ResultFromGeneration(const ferry::v1::GenerateResponse& response
   r.usage = response.usage();
   std::optional<std::string> text = response.text();
   if (tools.active() && tools.choice != ToolsRequest::Choice::kNone) {
-    ParsedOutput parsed = tools.choice == ToolsRequest::Choice::kNamed    ? NamedCallOutput(tools.named, *text)
-                          : tools.choice == ToolsRequest::Choice::kRequired ? RequiredOutput(*text)
-                                                                            : ParseHermesOutput(*text, tools.parallel);
+    ParsedOutput parsed = ParseChoiceOutput(tools, *text);
     text = parsed.content;
     r.calls = std::move(parsed.calls);
   }

@@ -32,8 +32,8 @@ std::variant<std::string, ApiError> ParseTokenizeRequest(const json& body, const
     if (body.contains("tools") && !body["tools"].is_null()) {
       ordered_json ordered = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
       if (ordered.is_discarded() || !ordered.is_object()) ordered = ordered_json::parse(body.dump());
-      ordered.erase("tool_choice");  // the prompt is the same whichever is asked for
-      auto parsed = ParseTools(ordered, chat.has_tools());
+      ordered["tool_choice"] = "none";  // the prompt is the same whichever is asked for
+      auto parsed = ParseTools(ordered, chat.has_tools(), chat.tool_format());
       if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
       tools = std::move(std::get<ToolsRequest>(parsed).tools);
     }

@@ -98,11 +98,11 @@ std::optional<ApiError> RequiredSchema(const std::vector<ToolSpec>& tools, Tools
 }
 
 // {"name": string, "parameters": any}: one item of a "required" choice's array.
-std::optional<ToolCall> CallFromItem(const ordered_json& item) {
+std::optional<ToolCall> CallFromItem(const ordered_json& item, ToolFormat format) {
   if (!item.is_object() || !item.contains("name") || !item["name"].is_string() || !item.contains("parameters")) {
     return std::nullopt;
   }
-  return ToolCall{NewToolCallId(), item["name"].get<std::string>(), PyJsonDumps(item["parameters"])};
+  return ToolCall{NewToolCallId(format), item["name"].get<std::string>(), PyJsonDumps(item["parameters"])};
 }
 
 // Chat's tool_choice: "none", "auto" (or null), "required" or {"type": "function", "function":
@@ -191,10 +191,6 @@ std::string PyJsonDumps(const ordered_json& value) {
   return out;
 }
 
-std::string NewToolCallId() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
-}
 
 std::variant<ToolSpec, ApiError> ReadToolFunction(const ordered_json& f, const std::string& field) {
   const ordered_json name = f.value("name", ordered_json());
@@ -243,8 +239,9 @@ std::variant<ToolsSpec, ApiError> ReadChatTools(const ordered_json& body) {
   return out;
 }
 
-std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool template_has_tools) {
+std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool template_has_tools, ToolFormat format) {
   ToolsRequest out;
+  out.format = format;
   if (spec.tools.empty()) {
     if (spec.choice == ToolsRequest::Choice::kNamed || spec.choice == ToolsRequest::Choice::kRequired) {
       return InvalidField("tool_choice", fmt::format("tool_choice = {} needs tools", spec.choice_text));
@@ -253,6 +250,12 @@ std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool temp
   }
   if (!template_has_tools) {
     return InvalidField("tools", "the model's chat template does not render tools (it never reads `tools`)");
+  }
+  if (spec.choice == ToolsRequest::Choice::kAuto && format == ToolFormat::kNone) {
+    return InvalidField("tool_choice", "tool_choice \"auto\" (the default with tools) needs the format the model "
+                                       "answers calls in, and the chat template's is none Ferry parses (hermes, "
+                                       "llama3_json, mistral): start the gateway with --tool-call-parser, or ask for "
+                                       "\"required\" or a named function");
   }
   if (spec.tools.size() > kMaxTools) {
     return InvalidField("tools", fmt::format("tools has {} entries, over the limit of {}", spec.tools.size(), kMaxTools));
@@ -275,10 +278,10 @@ std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool temp
   return out;
 }
 
-std::variant<ToolsRequest, ApiError> ParseTools(const ordered_json& body, bool template_has_tools) {
+std::variant<ToolsRequest, ApiError> ParseTools(const ordered_json& body, bool template_has_tools, ToolFormat format) {
   auto spec = ReadChatTools(body);
   if (auto* e = std::get_if<ApiError>(&spec)) return *e;
-  return BuildTools(std::get<ToolsSpec>(spec), template_has_tools);
+  return BuildTools(std::get<ToolsSpec>(spec), template_has_tools, format);
 }
 
 ParsedOutput ParseHermesOutput(const std::string& text, bool parallel) {
@@ -299,24 +302,48 @@ ParsedOutput ParseHermesOutput(const std::string& text, bool parallel) {
   return out;
 }
 
-ParsedOutput NamedCallOutput(const std::string& name, const std::string& text) {
-  return {std::nullopt, {ToolCall{NewToolCallId(), name, text}}};
+ParsedOutput NamedCallOutput(const std::string& name, const std::string& text, ToolFormat format) {
+  return {std::nullopt, {ToolCall{NewToolCallId(format), name, text}}};
 }
 
-ParsedOutput RequiredOutput(const std::string& text) {
+ParsedOutput ParseChoiceOutput(const ToolsRequest& tools, const std::string& text) {
+  switch (tools.choice) {
+    case ToolsRequest::Choice::kNamed: return NamedCallOutput(tools.named, text, tools.format);
+    case ToolsRequest::Choice::kRequired: return RequiredOutput(text, tools.format);
+    default: break;
+  }
+  switch (tools.format) {
+    case ToolFormat::kLlama3Json: return ParseLlama3JsonOutput(text, tools.parallel);
+    case ToolFormat::kMistral: return ParseMistralOutput(text, tools.parallel);
+    default: return ParseHermesOutput(text, tools.parallel);
+  }
+}
+
+ParsedOutput RequiredOutput(const std::string& text, ToolFormat format) {
   const ordered_json items = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!items.is_array()) return {text, {}};
   ParsedOutput out;
   for (const ordered_json& item : items) {
-    std::optional<ToolCall> call = CallFromItem(item);
+    std::optional<ToolCall> call = CallFromItem(item, format);
     if (!call) return {text, {}};
     out.calls.push_back(std::move(*call));
   }
   return out;
 }
 
-StreamToolCalls::StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel)
-    : choice_(choice), named_(std::move(named)), parallel_(parallel) {}
+StreamToolCalls::StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel, ToolFormat format)
+    : choice_(choice), named_(std::move(named)), parallel_(parallel), format_(format) {
+  if (choice_ == ToolsRequest::Choice::kAuto && (format == ToolFormat::kLlama3Json || format == ToolFormat::kMistral)) {
+    held_calls_.emplace(format, parallel);
+  }
+}
+
+void StreamToolCalls::SendCalls(const std::vector<ToolCall>& calls, StreamDelta& out) {
+  for (const ToolCall& call : calls) {
+    if (out.tool_calls.is_null()) out.tool_calls = nlohmann::json::array();
+    out.tool_calls.push_back(CallDelta(calls_++, call));
+  }
+}
 
 StreamDelta StreamToolCalls::Feed(const std::string& text) {
   StreamDelta out;
@@ -328,7 +355,7 @@ StreamDelta StreamToolCalls::Feed(const std::string& text) {
     if (text.empty()) return out;
     nlohmann::json delta = {{"index", 0}, {"function", {{"arguments", text}}}};
     if (named_id_.empty()) {
-      named_id_ = NewToolCallId();
+      named_id_ = NewToolCallId(format_);
       delta["id"] = named_id_;
       delta["type"] = "function";
       delta["function"]["name"] = named_;
@@ -339,6 +366,10 @@ StreamDelta StreamToolCalls::Feed(const std::string& text) {
   }
   if (choice_ == ToolsRequest::Choice::kRequired) {
     FeedRequired(text, out);
+    return out;
+  }
+  if (held_calls_) {
+    out.content = held_calls_->Feed(text);
     return out;
   }
   held_ += text;
@@ -371,6 +402,12 @@ StreamDelta StreamToolCalls::Feed(const std::string& text) {
 StreamDelta StreamToolCalls::Finish() {
   StreamDelta out;
   if (choice_ != ToolsRequest::Choice::kAuto) return out;
+  if (held_calls_) {
+    ParsedOutput parsed = held_calls_->Finish();
+    out.content = parsed.content.value_or("");
+    SendCalls(parsed.calls, out);
+    return out;
+  }
   if (in_call_) {
     TakeCall(held_, /*closed=*/false, out);  // an unclosed block still counts, as in the whole-text parser
   } else if (!past_first_) {
@@ -403,7 +440,7 @@ void StreamToolCalls::FeedRequired(const std::string& text, StreamDelta& out) {
     }
     if (before >= 2 || depth_ >= 2) item_ += c;
     if (before != 2 || depth_ != 1) continue;
-    std::optional<ToolCall> call = CallFromItem(ordered_json::parse(item_, nullptr, /*allow_exceptions=*/false));
+    std::optional<ToolCall> call = CallFromItem(ordered_json::parse(item_, nullptr, /*allow_exceptions=*/false), format_);
     item_.clear();
     if (!call) continue;
     if (out.tool_calls.is_null()) out.tool_calls = nlohmann::json::array();

@@ -25,6 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gateway/http/tool_formats.h"
+
 namespace ferry::gateway::http {
 
 struct ApiError;
@@ -45,6 +47,7 @@ struct ToolsRequest {
   std::string named_schema;     // kNamed: its parameters' JSON text (keys in the request's order);
                                 // kRequired: the array of calls' schema
   bool parallel = true;         // parallel_tool_calls
+  ToolFormat format = ToolFormat::kHermes;  // how tool_choice "auto" output is parsed (tool_formats.h)
   bool active() const { return !tools.empty(); }
 };
 
@@ -78,10 +81,13 @@ std::variant<ToolsSpec, ApiError> ReadChatTools(const nlohmann::ordered_json& or
 // The checks every API shares (the tool count, unique names, a choice that needs tools, a choice's
 // schema as the worker will compile it) and the ToolsRequest. template_has_tools: the chat
 // template renders tools (else tools are a 400 naming the template).
-std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool template_has_tools);
+// format: how the model answers tool_choice "auto" (kNone: not known, and "auto" is refused).
+std::variant<ToolsRequest, ApiError> BuildTools(const ToolsSpec& spec, bool template_has_tools,
+                                                ToolFormat format = ToolFormat::kHermes);
 
 // ReadChatTools then BuildTools.
-std::variant<ToolsRequest, ApiError> ParseTools(const nlohmann::ordered_json& ordered, bool template_has_tools);
+std::variant<ToolsRequest, ApiError> ParseTools(const nlohmann::ordered_json& ordered, bool template_has_tools,
+                                                ToolFormat format = ToolFormat::kHermes);
 
 // A call's arguments as the chat template receives them: the JSON text parsed, so that the
 // template writes JSON rather than a quoted string (vLLM's rule); nullopt when it is not JSON.
@@ -93,25 +99,16 @@ std::optional<nlohmann::ordered_json> TemplateArguments(const std::string& json_
 // JSON rather than as a quoted string. Appends to out.tool_calls.
 std::optional<ApiError> ParseHistoryToolCalls(const nlohmann::json& calls, const std::string& where, ChatMessage& out);
 
-struct ToolCall {
-  std::string id;         // "chatcmpl-tool-<hex>"
-  std::string name;
-  std::string arguments;  // JSON text
-};
-std::string NewToolCallId();
-
-// What one choice's whole text says.
-struct ParsedOutput {
-  std::optional<std::string> content;  // nullopt: JSON null (the text was all calls)
-  std::vector<ToolCall> calls;
-};
-// tool_choice "auto": the Hermes blocks of `text`.
+// tool_choice "auto" in the hermes format: the <tool_call> blocks of `text`.
 ParsedOutput ParseHermesOutput(const std::string& text, bool parallel);
 // A named tool choice: the text is the function's arguments.
-ParsedOutput NamedCallOutput(const std::string& name, const std::string& text);
+ParsedOutput NamedCallOutput(const std::string& name, const std::string& text, ToolFormat format = ToolFormat::kHermes);
 // tool_choice "required": the text is a JSON array of {"name", "parameters"}; a text that is not
 // (cut short by max_tokens) stays content.
-ParsedOutput RequiredOutput(const std::string& text);
+ParsedOutput RequiredOutput(const std::string& text, ToolFormat format = ToolFormat::kHermes);
+// What a choice's whole text says under the request's tools: the named call, the required
+// array, or "auto" parsed in the request's format.
+ParsedOutput ParseChoiceOutput(const ToolsRequest& tools, const std::string& text);
 
 // One chunk's share of a streamed choice: the content to send (possibly less than the chunk's
 // text: a possible "<tool_call>" is held back until it is told apart) and the calls it completes,
@@ -124,7 +121,7 @@ struct StreamDelta {
 // A streamed choice's tool-call parsing, fed its chunks' texts in order.
 class StreamToolCalls {
  public:
-  StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel);
+  StreamToolCalls(ToolsRequest::Choice choice, std::string named, bool parallel, ToolFormat format = ToolFormat::kHermes);
   StreamDelta Feed(const std::string& text);
   // The end of the choice: what was held back.
   StreamDelta Finish();
@@ -135,9 +132,13 @@ class StreamToolCalls {
   void TakeCall(const std::string& block, bool closed, StreamDelta& out);
   void FeedRequired(const std::string& text, StreamDelta& out);
 
+  void SendCalls(const std::vector<ToolCall>& calls, StreamDelta& out);
+
   const ToolsRequest::Choice choice_;
   const std::string named_;
   const bool parallel_;
+  const ToolFormat format_;
+  std::optional<HeldToolCalls> held_calls_;  // auto in llama3_json or mistral
   std::string held_;        // auto: text not yet sent (a possible tag, or a call's body)
   bool in_call_ = false;    // auto: held_ is inside <tool_call>
   bool past_first_ = false; // auto: a <tool_call> was seen; later plain text is not content

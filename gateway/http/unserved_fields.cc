@@ -19,7 +19,6 @@ const std::vector<Unserved>& UnservedFields() {
       {"length_penalty", 1.0, "it applies to beam search, which is not supported"},
       {"early_stopping", false, "it applies to beam search, which is not supported"},
       {"bad_words", json::array(), "it is not supported (logit_bias bans single tokens)"},
-      {"skip_special_tokens", true, "special tokens are always skipped in the text"},
       {"spaces_between_special_tokens", true, "special tokens are always skipped in the text"},
       {"guided_whitespace_pattern", "", "it is not supported (JSON whitespace runs are at most 32 bytes)"},
       {"logits_processors", json::array(), "it is not supported"},

@@ -48,6 +48,8 @@ struct Flags {
   std::vector<std::string> scheduler_args;  // passed through
   std::vector<std::string> gateway_args;    // passed through
   std::vector<std::string> served_model_names;  // the gateway's --served-model-name
+  std::string chat_template;                    // the gateway's --chat-template
+  std::string tool_call_parser;                 // the gateway's --tool-call-parser
   std::string tls = "off";                  // auto: a throwaway CA and certificates (loopback_pki.h)
   ferry::launch::EngineFlags engine;        // forwarded before the passed-through flags
   std::optional<ferry::launch::LoopbackPki> pki;  // with --tls auto, once made
@@ -77,6 +79,11 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--scheduler-arg", f.scheduler_args, "Extra flag for the scheduler, e.g. --scheduler-arg=--max-num-seqs=32");
   app.add_option("--served-model-name", f.served_model_names,
                  "Model ids the OpenAI front answers to (one or more; default: the --model path)");
+  app.add_option("--chat-template", f.chat_template,
+                 "The chat template (a Jinja file, or the text) in place of the model's own (vLLM's flag)");
+  app.add_option("--tool-call-parser", f.tool_call_parser,
+                 "How the model answers tool_choice \"auto\": hermes, llama3_json or mistral (default: the format "
+                 "its chat template writes)");
   app.add_option("--tls", f.tls,
                  "auto: TLS on every hop with a throwaway CA and certificates made in <run-dir>/tls (mutual TLS "
                  "inside; clients trust <run-dir>/tls/ca.pem); off: plaintext")
@@ -184,6 +191,8 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
       f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port", std::to_string(f.metrics_port)};
   if (f.http_port >= 0) gateway_argv.insert(gateway_argv.end(), {"--http-port", std::to_string(f.http_port)});
   for (const std::string& name : f.served_model_names) gateway_argv.push_back("--served-model-name=" + name);
+  if (!f.chat_template.empty()) gateway_argv.push_back("--chat-template=" + f.chat_template);
+  if (!f.tool_call_parser.empty()) gateway_argv.push_back("--tool-call-parser=" + f.tool_call_parser);
   if (PassedDrainS(f) < 0 && GatewayDrainS(f) != kGatewayDefaultDrainS) {
     gateway_argv.push_back("--drain-grace-s=" + std::to_string(GatewayDrainS(f)));
   }
