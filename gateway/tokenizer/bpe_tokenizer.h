@@ -16,10 +16,37 @@
 
 namespace ferry::tokenizer {
 
+// One normalizer step: NFC, Prepend(text) (a non-empty piece gets text in front), or
+// Replace(text, with) (every occurrence of the string).
+struct NormalizerStep {
+  enum class Kind { kNfc, kPrepend, kReplace };
+  Kind kind;
+  std::string text;
+  std::string with;
+};
+
+// The Metaspace pre-tokenizer (SentencePiece-style files without the legacy normalizers):
+// spaces become `replacement`, which is put in front of a piece unless it starts with it
+// (kAlways), or only of the piece at the start of the input (kFirst); split: words start at it.
+struct MetaspaceSpec {
+  enum class Prepend { kAlways, kFirst, kNever };
+  std::string replacement = "\u2581";
+  Prepend prepend = Prepend::kAlways;
+  bool split = true;
+};
+
 // Everything of tokenizer.json that affects encode/decode, already validated.
 struct TokenizerSpec {
-  bool normalize_nfc = false;
+  bool normalize_nfc = false;               // some step is NFC (text may shrink: MinTokensFor)
+  std::vector<NormalizerStep> normalizers;  // applied in order
   std::vector<std::string> split_patterns;  // applied in order, each Isolated
+  std::optional<MetaspaceSpec> metaspace;   // SentencePiece-style pre-tokenizer
+  // SentencePiece-style decoding (model.byte_level false): each token's `decode_from` becomes
+  // `decode_to` (Replace, or the Metaspace decoder), <0xXX> tokens are bytes (ByteFallback: a run
+  // that is not UTF-8 gives one U+FFFD per byte), and up to decode_strip leading spaces of the
+  // whole text go (Strip).
+  std::string decode_from, decode_to;
+  int decode_strip = 0;
   BpeModelSpec model;
   std::vector<AddedToken> added_tokens;
   // The post_processor's single-sequence template (TemplateProcessing): the special tokens
@@ -50,14 +77,22 @@ class BpeTokenizer final : public Tokenizer {
   // Appends the bytes `id` decodes to before UTF-8 repair; unknown ids, and
   // special tokens when `skip_special`, append nothing (as HF's decode drops them).
   void AppendTokenBytes(int32_t id, bool skip_special, std::string* out) const;
+  // Leading spaces of the whole decoded text that decoding removes (SentencePiece's Strip).
+  int decode_strip() const { return decode_strip_; }
 
  private:
-  void EncodePlain(std::string_view raw_text, std::vector<int32_t>* ids) const;
-  void EncodeNormalized(std::string_view text, std::vector<int32_t>* ids) const;
+  // at_start: the text begins the input (Metaspace's "first" prepends only there).
+  void EncodePlain(std::string_view raw_text, bool at_start, std::vector<int32_t>* ids) const;
+  void EncodeNormalized(std::string_view text, bool at_start, std::vector<int32_t>* ids) const;
+  std::string Normalize(std::string_view text) const;
   void BuildDecodeTable(const TokenizerSpec& spec);
 
   std::vector<int32_t> special_prefix_, special_suffix_;
   bool normalize_nfc_;
+  std::vector<NormalizerStep> normalizers_;
+  std::optional<MetaspaceSpec> metaspace_;
+  int decode_strip_ = 0;
+  std::vector<uint8_t> is_byte_;  // a <0xXX> token of a SentencePiece-style decoder
   std::vector<RegexSplitter> splitters_;
   BpeModel model_;
   AddedTokenMatcher raw_matcher_;

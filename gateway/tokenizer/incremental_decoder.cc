@@ -23,12 +23,23 @@ std::string IncrementalDecoder::Add(int32_t token_id) {
   std::string text;
   const size_t consumed = AppendUtf8Lossy(pending_, /*is_final=*/false, &text);
   pending_.erase(0, consumed);
-  return text;
+  return StripStart(std::move(text));
 }
 
 std::string IncrementalDecoder::Flush() {
   std::string text = Utf8Lossy(pending_);
   pending_.clear();
+  return StripStart(std::move(text));
+}
+
+// SentencePiece-style decoding drops the whole text's leading spaces (HF's Strip decoder): the
+// first text emitted loses them; nothing after it does.
+std::string IncrementalDecoder::StripStart(std::string text) {
+  if (started_ || text.empty()) return text;
+  const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer_);
+  const int strip = bpe != nullptr ? bpe->decode_strip() : 0;
+  for (int n = 0; n < strip && !text.empty() && text[0] == ' '; ++n) text.erase(0, 1);
+  started_ = !text.empty() || strip == 0;
   return text;
 }
 

@@ -55,7 +55,10 @@ class IncrementalDecoder {
 
  private:
   const Tokenizer& tokenizer_;
+  std::string StripStart(std::string text);
+
   bool skip_special_;
+  bool started_ = false;  // some text was emitted (the leading-space strip is done)
   // Token bytes not yet emitted: at most the start of one UTF-8 character
   // that may still complete (everything before it has been emitted).
   std::string pending_;

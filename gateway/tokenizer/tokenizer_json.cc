@@ -1,5 +1,7 @@
-// tokenizer.json parsing: accepts what Qwen2-style byte-level BPE files use and
-// refuses the rest by name, so an unsupported file fails loudly at load time.
+// tokenizer.json parsing: accepts what the byte-level BPE files of Qwen2, Qwen3 and Llama 3 use,
+// and the SentencePiece-style BPE files of Mistral and Llama 2 (byte fallback, Prepend/Replace or
+// Metaspace, the Replace/ByteFallback/Fuse/Strip decoders), and refuses the rest by name, so an
+// unsupported file fails loudly at load time.
 #include <nlohmann/json.hpp>
 
 #include <stdexcept>
@@ -39,16 +41,50 @@ bool IsEmptyOrNull(const json& node, const char* key) {
   return !node.contains(key) || node[key].is_null() || (node[key].is_string() && node[key].get<std::string>().empty());
 }
 
-bool ParseNormalizer(const json& node, const std::string& source) {
-  if (node.is_null()) return false;
-  const std::string type = TypeOf(node, source, "normalizer");
-  if (type == "NFC") return true;
-  if (type == "Sequence" && node.contains("normalizers") && node["normalizers"].is_array()) {
-    bool nfc = false;
-    for (const json& child : node["normalizers"]) nfc = ParseNormalizer(child, source) || nfc;
-    return nfc;
+// Replace's {"String": s} pattern (a regex pattern is refused).
+std::string StringPattern(const json& node, const std::string& source, const std::string& part) {
+  if (!node.contains("pattern") || !node["pattern"].is_object() || !node["pattern"].contains("String") ||
+      !node["pattern"]["String"].is_string()) {
+    Fail(source, part, "only {\"String\": ...} patterns are supported");
   }
-  Fail(source, "normalizer", "unsupported type '" + type + "' (only NFC)");
+  const std::string s = node["pattern"]["String"].get<std::string>();
+  if (s.empty()) Fail(source, part, "an empty pattern is unsupported");
+  if (!node.contains("content") || !node["content"].is_string()) Fail(source, part, "content must be a string");
+  return s;
+}
+
+void ParseNormalizer(const json& node, const std::string& source, TokenizerSpec* spec) {
+  if (node.is_null()) return;
+  const std::string type = TypeOf(node, source, "normalizer");
+  if (type == "NFC") {
+    spec->normalize_nfc = true;
+    spec->normalizers.push_back({NormalizerStep::Kind::kNfc, "", ""});
+  } else if (type == "Prepend") {
+    if (!node.contains("prepend") || !node["prepend"].is_string()) Fail(source, "normalizer.Prepend", "prepend must be a string");
+    spec->normalizers.push_back({NormalizerStep::Kind::kPrepend, node["prepend"].get<std::string>(), ""});
+  } else if (type == "Replace") {
+    const std::string from = StringPattern(node, source, "normalizer.Replace");
+    spec->normalizers.push_back({NormalizerStep::Kind::kReplace, from, node["content"].get<std::string>()});
+  } else if (type == "Sequence" && node.contains("normalizers") && node["normalizers"].is_array()) {
+    for (const json& child : node["normalizers"]) ParseNormalizer(child, source, spec);
+  } else {
+    Fail(source, "normalizer", "unsupported type '" + type + "' (NFC, Prepend, Replace or a Sequence of them)");
+  }
+}
+
+void ParseMetaspace(const json& node, const std::string& source, TokenizerSpec* spec) {
+  MetaspaceSpec m;
+  if (!node.contains("replacement") || !node["replacement"].is_string() || node["replacement"].get<std::string>().empty()) {
+    Fail(source, "pre_tokenizer.Metaspace", "replacement must be a character");
+  }
+  m.replacement = node["replacement"].get<std::string>();
+  const std::string scheme = node.value("prepend_scheme", node.value("add_prefix_space", true) ? "always" : "never");
+  if (scheme == "always") m.prepend = MetaspaceSpec::Prepend::kAlways;
+  else if (scheme == "first") m.prepend = MetaspaceSpec::Prepend::kFirst;
+  else if (scheme == "never") m.prepend = MetaspaceSpec::Prepend::kNever;
+  else Fail(source, "pre_tokenizer.Metaspace", "prepend_scheme '" + scheme + "' is unsupported (always, first, never)");
+  m.split = node.value("split", true);
+  spec->metaspace = m;
 }
 
 void ParseByteLevel(const json& node, const std::string& source, TokenizerSpec* spec) {
@@ -66,9 +102,14 @@ void ParseSplit(const json& node, const std::string& source, TokenizerSpec* spec
   spec->split_patterns.push_back(node["pattern"]["Regex"].get<std::string>());
 }
 
+// Sets model.byte_level: ByteLevel makes a byte-level file; none, or Metaspace, a
+// SentencePiece-style one.
 void ParsePreTokenizer(const json& node, const std::string& source, TokenizerSpec* spec) {
-  if (node.is_null()) Fail(source, "pre_tokenizer", "null is unsupported (ByteLevel is required)");
+  spec->model.byte_level = false;
+  if (node.is_null()) return;
   const std::string type = TypeOf(node, source, "pre_tokenizer");
+  if (type == "Metaspace") return ParseMetaspace(node, source, spec);
+  spec->model.byte_level = true;
   if (type == "ByteLevel") return ParseByteLevel(node, source, spec);
   if (type != "Sequence" || !node.contains("pretokenizers") || !node["pretokenizers"].is_array()) {
     Fail(source, "pre_tokenizer", "unsupported type '" + type + "'");
@@ -112,10 +153,17 @@ void ParseModel(const json& node, const std::string& source, BpeModelSpec* model
   if (node.contains("dropout") && !node["dropout"].is_null() && node["dropout"].get<double>() != 0.0) {
     Fail(source, "model.dropout", "dropout is unsupported");
   }
-  if (!IsEmptyOrNull(node, "unk_token")) Fail(source, "model.unk_token", "unk_token is unsupported");
   if (!IsEmptyOrNull(node, "continuing_subword_prefix")) Fail(source, "model.continuing_subword_prefix", "unsupported");
   if (!IsEmptyOrNull(node, "end_of_word_suffix")) Fail(source, "model.end_of_word_suffix", "unsupported");
-  if (!IsFalseOrAbsent(node, "byte_fallback")) Fail(source, "model.byte_fallback", "unsupported");
+  // SentencePiece-style files only: a byte-level vocabulary has every byte's symbol.
+  const bool byte_fallback = !IsFalseOrAbsent(node, "byte_fallback");
+  if (model->byte_level && byte_fallback) Fail(source, "model.byte_fallback", "unsupported with a ByteLevel pre_tokenizer");
+  if (model->byte_level && !IsEmptyOrNull(node, "unk_token")) {
+    Fail(source, "model.unk_token", "unsupported with a ByteLevel pre_tokenizer");
+  }
+  model->byte_fallback = byte_fallback;
+  if (!IsEmptyOrNull(node, "unk_token")) model->unk_token = node["unk_token"].get<std::string>();
+  model->fuse_unk = node.value("fuse_unk", false);
   model->ignore_merges = node.value("ignore_merges", false);
   if (!node.contains("vocab") || !node["vocab"].is_object()) Fail(source, "model.vocab", "expected an object");
   for (const auto& [token, id] : node["vocab"].items()) {
@@ -151,10 +199,45 @@ std::vector<AddedToken> ParseAddedTokens(const json& node, const std::string& so
   return tokens;
 }
 
-void CheckDecoder(const json& node, const std::string& source) {
-  if (node.is_null()) Fail(source, "decoder", "null is unsupported (only ByteLevel)");
+// A byte-level file decodes with ByteLevel; a SentencePiece-style one with Metaspace, or a
+// Sequence of Replace (the replacement back to a space), ByteFallback, Fuse and Strip (leading
+// spaces), the chain transformers' LlamaConverter writes.
+void ParseDecoder(const json& node, const std::string& source, TokenizerSpec* spec) {
+  if (node.is_null()) Fail(source, "decoder", "null is unsupported");
   const std::string type = TypeOf(node, source, "decoder");
-  if (type != "ByteLevel") Fail(source, "decoder", "unsupported type '" + type + "' (only ByteLevel)");
+  if (spec->model.byte_level) {
+    if (type != "ByteLevel") Fail(source, "decoder", "unsupported type '" + type + "' with a ByteLevel pre_tokenizer");
+    return;
+  }
+  const std::string part = "decoder (SentencePiece-style)";
+  if (type == "Metaspace") {
+    if (!node.contains("replacement") || !node["replacement"].is_string()) Fail(source, "decoder.Metaspace", "replacement");
+    spec->decode_from = node["replacement"].get<std::string>();
+    spec->decode_to = " ";
+    spec->decode_strip = node.value("prepend_scheme", "always") == "never" ? 0 : 1;
+    return;
+  }
+  if (type != "Sequence" || !node.contains("decoders") || !node["decoders"].is_array()) {
+    Fail(source, part, "unsupported type '" + type + "' (Metaspace, or a Sequence of Replace, ByteFallback, Fuse, Strip)");
+  }
+  bool byte_fallback = false;
+  for (const json& child : node["decoders"]) {
+    const std::string child_type = TypeOf(child, source, "decoder.decoders");
+    if (child_type == "Replace" && spec->decode_from.empty()) {
+      spec->decode_from = StringPattern(child, source, "decoder.Replace");
+      spec->decode_to = child["content"].get<std::string>();
+    } else if (child_type == "ByteFallback") {
+      byte_fallback = true;
+    } else if (child_type == "Fuse") {
+    } else if (child_type == "Strip" && child.value("content", "") == " " && child.value("stop", 0) == 0) {
+      spec->decode_strip = child.value("start", 0);
+      if (spec->decode_strip < 0 || spec->decode_strip > 16) Fail(source, "decoder.Strip", "start out of range");
+    } else {
+      Fail(source, part, "unsupported '" + child_type + "' in its Sequence (Replace, ByteFallback, Fuse, Strip of \" \" "
+                         "at the start)");
+    }
+  }
+  if (spec->model.byte_fallback && !byte_fallback) Fail(source, part, "model.byte_fallback needs a ByteFallback decoder");
 }
 
 // TemplateProcessing's `single`: special tokens around exactly one "$A" sequence.
@@ -226,10 +309,10 @@ TokenizerSpec ParseTokenizerJson(std::string_view json_text, const std::string& 
   if (!root.contains("model")) Fail(source, "model", "missing");
   TokenizerSpec spec;
   try {
-    spec.normalize_nfc = ParseNormalizer(root.value("normalizer", json()), source);
+    ParseNormalizer(root.value("normalizer", json()), source, &spec);
     ParsePreTokenizer(root.value("pre_tokenizer", json()), source, &spec);
-    CheckDecoder(root.value("decoder", json()), source);
     ParseModel(root["model"], source, &spec.model);
+    ParseDecoder(root.value("decoder", json()), source, &spec);
     spec.added_tokens = ParseAddedTokens(root.value("added_tokens", json()), source);
     ParsePostProcessor(root.value("post_processor", json()), source, &spec);
   } catch (const json::exception& e) {

@@ -8,7 +8,7 @@ with the template's message.
 
 The messages transformers gets are those vLLM gives the template: content as a string, an
 assistant's tool_calls with their arguments parsed from JSON, a tool result's tool_call_id. The
-templates come from PyPI packages (scripts/fetch_chat_templates.py, run by scripts/setup.sh)."""
+templates come from PyPI packages (scripts/fetch_reference_data.py, run by scripts/setup.sh)."""
 
 import json
 import os
@@ -22,7 +22,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BUILD = os.environ.get("FERRY_BUILD_DIR", os.path.join(ROOT, "build"))
 RENDER_CHAT = os.path.join(BUILD, "bin", "ferry-render-chat")
-TEMPLATES = os.path.join(ROOT, ".venv", "share", "ferry-chat-templates")
+TEMPLATES = os.path.join(ROOT, ".venv", "share", "ferry-reference")
 CONVERSATIONS = 200
 
 FAMILIES = {

@@ -20,7 +20,7 @@ from conftest import binary, run_transformers
 openai = pytest.importorskip("openai")
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = ROOT / ".venv" / "share" / "ferry-chat-templates"
+TEMPLATES = ROOT / ".venv" / "share" / "ferry-reference"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]

@@ -304,3 +304,47 @@ def test_llama3_post_processor_adds_its_bos(tmp_path, strings):
     assert [g.get("ids") for g in got] == expected
     plain = run_ferry(path, [{"text": s} for s in sample])
     assert [g.get("ids") for g in plain] == [hf.encode(s, add_special_tokens=False).ids for s in sample]
+
+
+# Mistral v0.3's own tokenizer (mistral-common's SentencePiece model of Mistral-7B-v0.3, fetched by
+# scripts/fetch_reference_data.py), converted to tokenizer.json by transformers' LlamaConverter as
+# Hugging Face's files were: SentencePiece-style BPE over characters with byte fallback (<0xXX>),
+# unk fused, "▁" for spaces, decoded by Replace, ByteFallback, Fuse and Strip. legacy=True writes
+# Prepend and Replace normalizers (Llama 2's files), legacy=False the Metaspace pre-tokenizer
+# (prepend_scheme "first"): both forms are in published checkpoints.
+MISTRAL_MODEL = REPO / ".venv" / "share" / "ferry-reference" / "mistral-v0.3.model"
+MISTRAL_TEXTS = ["[INST] What is 2+2? [/INST]", "<s>[INST] hi [/INST] Hello!</s>", " leading space", "trailing  ",
+                 "  two leading", "[TOOL_CALLS] [{\"name\": \"f\"}]", "\u0000\u0001 control bytes \u001f", "tab\tand\nnewline",
+                 "unicode 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and emoji 🧑🏾‍🚀 falls back to bytes", "▁ the replacement itself ▁▁"]
+
+
+def mistral_tokenizer_json(out_dir, legacy):
+    if not MISTRAL_MODEL.exists():
+        pytest.skip(f"{MISTRAL_MODEL} missing: scripts/setup.sh fetches it from PyPI (mistral-common)")
+    pytest.importorskip("sentencepiece")
+    path = out_dir / f"mistral_legacy{int(legacy)}.json"
+    convert = (
+        "import sys\n"
+        "from transformers import LlamaTokenizerFast\n"
+        "tok = LlamaTokenizerFast(vocab_file=sys.argv[1], legacy=sys.argv[2] == '1', from_slow=True)\n"
+        "tok.backend_tokenizer.save(sys.argv[3])\n"
+    )
+    subprocess.run([sys.executable, "-c", convert, str(MISTRAL_MODEL), str(int(legacy)), str(path)], check=True,
+                   timeout=300)
+    spec = json.loads(path.read_text())
+    assert spec["model"]["byte_fallback"] and len(spec["model"]["vocab"]) == 32768
+    assert (spec["pre_tokenizer"] is None) == legacy, spec["pre_tokenizer"]
+    return path
+
+
+@pytest.mark.parametrize("legacy", [True, False], ids=["prepend-replace", "metaspace"])
+def test_parity_with_mistral_tokenizer(tmp_path, strings, legacy):
+    path = mistral_tokenizer_json(tmp_path, legacy)
+    check_parity(path, strings + MISTRAL_TEXTS)
+    # Its post-processor puts <s> first: add_special_tokens as Hugging Face's encode.
+    hf = Tokenizer.from_file(str(path))
+    sample = strings[::10] + MISTRAL_TEXTS
+    got = run_ferry(path, [{"text": s, "add_special_tokens": True} for s in sample])
+    want = [hf.encode(s, add_special_tokens=True).ids for s in sample]
+    assert [g.get("ids") for g in got] == want
+    assert all(ids[0] == 1 for ids in want), "the template's BOS"

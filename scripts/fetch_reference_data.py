@@ -1,9 +1,10 @@
-"""Fetches the published chat templates the template parity test renders
-(tests/python/test_chat_template_parity.py) from PyPI packages that ship them, checks each
-against its pinned SHA-256, and writes them to OUT_DIR. Data only: nothing is imported or
-installed. Exits 0 with a warning when PyPI cannot be reached (the test then skips, saying why).
+"""Fetches the reference data the parity tests compare Ferry with, from PyPI packages that ship
+it, checks each file against its pinned SHA-256, and writes them to OUT_DIR: the published chat
+templates (tests/python/test_chat_template_parity.py) and Mistral v0.3's SentencePiece tokenizer
+model (tests/python/test_tokenizer_parity.py). Data only: nothing is imported or installed. Exits
+0 with a warning when PyPI cannot be reached (the tests then skip, saying why).
 
-  python scripts/fetch_chat_templates.py OUT_DIR
+  python scripts/fetch_reference_data.py OUT_DIR
 
 Sources (each template as its model repository's tokenizer_config.json has it):
 - llama-cpp-python's sdist vendors llama.cpp, whose models/templates/ holds templates fetched from
@@ -11,6 +12,9 @@ Sources (each template as its model repository's tokenizer_config.json has it):
   template as Qwen2.5-0.5B-Instruct), Qwen3-0.6B, Llama-3.1-8B-Instruct, Llama-3.2-3B-Instruct.
 - axolotl's wheel ships Mistral-7B-Instruct-v0.3's template as mistral_v2v3.jinja (its
   Qwen2.5 copy is byte-identical to llama.cpp's, a check on the route).
+- mistral-common's wheel ships Mistral's tokenizers; mistral_instruct_tokenizer_240323.model.v3 is
+  the SentencePiece model of Mistral-7B(-Instruct)-v0.3 (32,768 tokens), written as
+  mistral-v0.3.model (the test converts it to tokenizer.json with transformers).
 """
 
 import hashlib
@@ -26,6 +30,9 @@ import zipfile
 # (project, file): fetched through PyPI's simple index, checked against the digest it lists.
 SDIST = ("llama-cpp-python", "llama_cpp_python-0.3.36.tar.gz")
 WHEEL = ("axolotl", "axolotl-0.19.0-py3-none-any.whl")
+MISTRAL_WHEEL = ("mistral-common", "mistral_common-1.13.1-py3-none-any.whl")
+MISTRAL_MODEL = ("mistral_common/data/mistral_instruct_tokenizer_240323.model.v3",
+                 "mistral-v0.3.model")
 PREFIX_LLAMA = "vendor/llama.cpp/models/templates/"
 PREFIX_AXOLOTL = "axolotl/utils/chat_templates/templates/"
 
@@ -83,21 +90,25 @@ def main(out_dir):
         try:
             sdist = download(SDIST, os.path.join(tmp, "sdist"))
             wheel = download(WHEEL, os.path.join(tmp, "wheel"))
+            mistral = download(MISTRAL_WHEEL, os.path.join(tmp, "mistral"))
         except (urllib.error.URLError, OSError) as e:
-            print(f"fetch_chat_templates: PyPI not reachable ({e}); the template parity test will skip")
+            print(f"fetch_reference_data: PyPI not reachable ({e}); the template parity test will skip")
             return 0
         for name, (source, inner, sha) in TEMPLATES.items():
             data = read_sdist(sdist, inner) if source == "sdist" else read_wheel(wheel, inner)
             got = hashlib.sha256(data).hexdigest()
             if got != sha:
-                print(f"fetch_chat_templates: {name} ({inner}) has sha256 {got}, not the pinned {sha}")
+                print(f"fetch_reference_data: {name} ({inner}) has sha256 {got}, not the pinned {sha}")
                 return 1
             with open(os.path.join(out_dir, name + ".jinja"), "wb") as f:
                 f.write(data)
         if read_wheel(wheel, PREFIX_AXOLOTL + "qwen_25.jinja") != read_sdist(sdist, TEMPLATES["qwen2.5"][1]):
-            print("fetch_chat_templates: axolotl's and llama.cpp's Qwen2.5 templates differ")
+            print("fetch_reference_data: axolotl's and llama.cpp's Qwen2.5 templates differ")
             return 1
-    print(f"fetch_chat_templates: {len(TEMPLATES)} templates in {out_dir}")
+        inner, name = MISTRAL_MODEL
+        with open(os.path.join(out_dir, name), "wb") as f:
+            f.write(read_wheel(mistral, inner))  # the wheel's digest (PyPI's) pins it
+    print(f"fetch_reference_data: {len(TEMPLATES)} templates and a tokenizer model in {out_dir}")
     return 0
 
 
