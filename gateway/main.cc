@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "common/logging.h"
@@ -161,28 +162,35 @@ std::vector<std::string> FirstReplicas(const ferry::gateway::DiscoverySources& s
   }
 }
 
+// The chat template (the model's, or --chat-template) and its tool-call format; null (logged)
+// when the template cannot be served. Loaded before anything connects: a bad one fails the start.
+std::optional<ferry::gateway::http::ChatTemplate> LoadChatTemplate(const Flags& flags) {
+  auto loaded = ferry::gateway::http::ChatTemplate::Load(flags.tokenizer, flags.chat_template);
+  if (auto* error = std::get_if<std::string>(&loaded)) {
+    spdlog::critical("chat template: {}", *error);
+    return std::nullopt;
+  }
+  auto& chat = std::get<ferry::gateway::http::ChatTemplate>(loaded);
+  if (!flags.tool_call_parser.empty()) chat.set_tool_format(*ferry::gateway::http::ToolFormatFromName(flags.tool_call_parser));
+  spdlog::info("chat template: {}; tool calls parsed as {}", chat.is_supported() ? "the model's" : chat.unsupported_reason(),
+               ferry::gateway::http::ToolFormatName(chat.tool_format()));
+  return std::move(chat);
+}
+
 // Starts the OpenAI-compatible HTTP front on --http-port; null (logged) when it cannot listen.
 std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& flags,
+                                                                  ferry::gateway::http::ChatTemplate chat,
                                                                   ferry::gateway::Generator& generator,
                                                                   ferry::gateway::Authenticator& auth,
                                                                   ferry::MetricsServer& metrics) {
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
-  auto chat_template = ferry::gateway::http::ChatTemplate::Load(flags.tokenizer, flags.chat_template);
-  if (auto* error = std::get_if<std::string>(&chat_template)) {
-    spdlog::critical("chat template: {}", *error);
-    return nullptr;
-  }
-  auto& chat = std::get<ferry::gateway::http::ChatTemplate>(chat_template);
-  if (!flags.tool_call_parser.empty()) chat.set_tool_format(*ferry::gateway::http::ToolFormatFromName(flags.tool_call_parser));
-  spdlog::info("chat template: {}; tool calls parsed as {}", chat.is_supported() ? "the model's" : chat.unsupported_reason(),
-               ferry::gateway::http::ToolFormatName(chat.tool_format()));
   try {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
       generator, auth,
       ferry::gateway::http::HttpServerOptions{
           flags.served_model_names.empty() ? std::vector<std::string>{flags.tokenizer} : flags.served_model_names,
           flags.tokenizer, static_cast<int64_t>(std::time(nullptr)),
-          std::move(std::get<ferry::gateway::http::ChatTemplate>(chat_template)), flags.http_max_connections,
+          std::move(chat), flags.http_max_connections,
           flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
           ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
                                                        std::chrono::seconds(flags.response_retention_s)},
@@ -230,6 +238,8 @@ int main(int argc, char** argv) {
     spdlog::critical("cannot load tokenizer: {}", e.what());
     return 1;
   }
+  std::optional<ferry::gateway::http::ChatTemplate> chat_template;
+  if (flags.http_port >= 0 && !(chat_template = LoadChatTemplate(flags))) return 1;
 
   // Each connection its own TCP connection (a local subchannel pool), so that their reads run
   // on separate threads. Two at least: with one, the thread reading it carried every token's work
@@ -296,7 +306,7 @@ int main(int argc, char** argv) {
   // OpenAI-compatible HTTP front over the same Generator; stopped before the Generator goes.
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
   if (flags.http_port >= 0) {
-    http = StartHttp(flags, generator, *auth, metrics);
+    http = StartHttp(flags, std::move(*chat_template), generator, *auth, metrics);
     if (!http) return 1;
   }
   // SERVING only while some scheduler replica behind answers (each needs its workers).

@@ -121,3 +121,30 @@ def test_shape_disagrees_with_config(model_copy, tmp_path):
     proc, ready = start_worker(model_copy, tmp_path)
     assert proc.returncode != 0 and not ready.exists()
     assert "mlp" in proc.stderr and "shape" in proc.stderr, proc.stderr
+
+
+def start_gateway(model_dir):
+    return subprocess.run([str(binary("ferry-gateway")), "--scheduler", "127.0.0.1:9", "--tokenizer", str(model_dir),
+                           "--port", "0", "--http-port", "0", "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_unserved_chat_template_construct_fails_the_gateway_at_start(model_copy):
+    cfg = json.loads((model_copy / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m.content }}\n{% include 'footer.jinja' %}{% endfor %}"
+    (model_copy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    proc = start_gateway(model_copy)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    for said in ("tokenizer_config.json", "chat_template", "line 2", "include", "gateway/jinja/README.md"):
+        assert said in out, out
+
+
+def test_malformed_tokenizer_json_fails_the_gateway_at_start(model_copy):
+    (model_copy / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, '
+                                               '"pre_tokenizer": {"type": "Whitespace"}}')
+    proc = start_gateway(model_copy)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    for said in ("tokenizer.json", "pre_tokenizer", "Whitespace"):
+        assert said in out, out
