@@ -1,6 +1,9 @@
 """The checkpoint ferry-make-model writes is a real Hugging Face checkpoint:
 transformers loads it unchanged, and its greedy generation equals what the
 whole Ferry stack returns for the same prompts."""
+import json
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -68,7 +71,9 @@ def test_other_families_load_in_transformers_and_the_stack_generates_the_same(pr
     assert type(model).__name__ == {"tiny-llama": "LlamaForCausalLM", "tiny-mistral": "MistralForCausalLM"}[preset]
     model.generation_config.eos_token_id = None
     (tmp_path / "stack").mkdir()
-    s = Stack(model_dir, tmp_path / "stack", ["--worker-arg=--dtype=float32"])
+    # Prefill in 16-token chunks with prefix caching on: what Qwen2 is tested with, on this family.
+    s = Stack(model_dir, tmp_path / "stack", ["--worker-arg=--dtype=float32", "--scheduler-arg=--enable-prefix-caching",
+                                              "--scheduler-arg=--max-num-batched-tokens=16"])
     channel = grpc.insecure_channel(s.gateway)
     try:
         stub = ferry_pb.gen_grpc.GenerationStub(channel)
@@ -77,9 +82,29 @@ def test_other_families_load_in_transformers_and_the_stack_generates_the_same(pr
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
                                      synced_gpus=False, pad_token_id=0)
+                logprobs = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
             req = ferry_pb.gen.GenerateRequest(text=prompt.encode(), sampling=ferry_pb.gen.SamplingParams(
-                max_tokens=16, temperature=0.0, ignore_eos=True))
-            assert list(stub.Generate(req, timeout=60).token_ids) == out[0, ids.shape[1]:].tolist(), prompt
+                max_tokens=16, temperature=0.0, ignore_eos=True, prompt_logprobs=1))
+            first = stub.Generate(req, timeout=60)
+            assert list(first.token_ids) == out[0, ids.shape[1]:].tolist(), prompt
+            # Prompt logprobs over chunked prefill: transformers' log-softmax of each prompt token.
+            got = [p.logprob for p in first.prompt_logprobs[1:]]
+            want = [logprobs[i - 1, ids[0, i]].item() for i in range(1, ids.shape[1])]
+            assert got == pytest.approx(want, abs=1e-3), prompt
+        # A long prompt twice: the second time its full blocks come from the prefix cache (a request
+        # asking for prompt logprobs computes them all), and the tokens do not change.
+        long_prompt = " ".join(PROMPTS) * 3
+        req = ferry_pb.gen.GenerateRequest(text=long_prompt.encode(), sampling=ferry_pb.gen.SamplingParams(
+            max_tokens=8, temperature=0.0, ignore_eos=True))
+        first, again = stub.Generate(req, timeout=60), stub.Generate(req, timeout=60)
+        assert first.usage.prompt_tokens > 48 and again.usage.cached_tokens >= 32, again.usage
+        assert list(again.token_ids) == list(first.token_ids)
+        # Structured output on this family: the text is one the constraint allows, whole.
+        sampling = ferry_pb.gen.SamplingParams(max_tokens=32, temperature=0.0)
+        sampling.guided.regex = r"(yes|no), [0-9]{2} [a-z]{3}"
+        req = ferry_pb.gen.GenerateRequest(text=PROMPTS[0].encode(), sampling=sampling)
+        text = stub.Generate(req, timeout=60).text
+        assert re.fullmatch(r"(yes|no), [0-9]{2} [a-z]{3}", text), text
     finally:
         channel.close()
         assert s.stop() == 0
