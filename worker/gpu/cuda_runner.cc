@@ -23,11 +23,8 @@ using ferry::kMinTemperature;  // below it, greedy (common/sampling_limits.h)
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 
 // Whether a row needs the full sampler (on the device; on the host past the device sampler's
-// capacity) rather than the device argmax.
-bool NeedsHostSampler(const SamplingOptions& o) {
-  return o.temperature >= kMinTemperature || HasPenalties(o) || o.logprobs >= 0 || !o.logit_bias.empty() ||
-         o.min_tokens > 0 || o.guided.kind != GuidedSpec::Kind::kNone || !o.allowed_token_ids.empty();
-}
+// capacity) rather than the device argmax: the sampler's own decision (sampler.h).
+bool NeedsHostSampler(const SamplingOptions& o) { return !ArgmaxSuffices(o); }
 
 }  // namespace
 

@@ -101,6 +101,17 @@ std::string CheckSamplingOptions(const SamplingOptions& o) {
   return {};
 }
 
+// A new field changes the size: decide in ArgmaxSuffices whether it rules out the argmax, then
+// update the size here (x86-64, libstdc++).
+static_assert(sizeof(SamplingOptions) == 248, "SamplingOptions changed: does ArgmaxSuffices need the new field?");
+
+bool ArgmaxSuffices(const SamplingOptions& o) {
+  // top_p, top_k, min_p and seed only shape a draw, which greedy never makes.
+  return o.temperature < kMinTemperature && !HasPenalties(o) && o.logprobs < 0 && o.logit_bias.empty() &&
+         (o.min_tokens == 0 || o.min_tokens_suppressed_ids.empty()) && o.guided.kind == GuidedSpec::Kind::kNone &&
+         o.allowed_token_ids.empty();
+}
+
 bool HasPenalties(const SamplingOptions& o) {
   return o.presence_penalty != 0.f || o.frequency_penalty != 0.f || o.repetition_penalty != 1.f;
 }

@@ -29,6 +29,12 @@ std::string CheckSamplingOptions(const SamplingOptions& options);
 // Whether any penalty is on, i.e. whether sampling needs the sequence's TokenCounts.
 bool HasPenalties(const SamplingOptions& options);
 
+// Whether the argmax of the raw logits is what Sampler::Sample returns and all it returns (no
+// logprobs): the fast path a backend may take (the GPU's device argmax). Reads every field of
+// SamplingOptions; sampler.cc fails to compile when a field is added until it is decided here, so
+// a new option cannot be silently skipped by a fast path.
+bool ArgmaxSuffices(const SamplingOptions& options);
+
 // The distinct tokens a sequence has seen, with how often each was generated, kept up to date
 // one token at a time so a penalty step costs O(distinct tokens), never O(vocab) or O(length).
 class TokenCounts {

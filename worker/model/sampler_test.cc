@@ -149,6 +149,38 @@ TEST(SamplerTest, GuidedMaskLimitsWhatIsSampled) {
   EXPECT_EQ(sampler.Sample(logits.data(), 5, early, nullptr, 0, &allowed).token_id, 1);
 }
 
+// The fast-path rule: whenever ArgmaxSuffices, the full sampler returns the argmax and nothing
+// else; each option that changes the result (or adds logprobs) turns it off.
+TEST(SamplerTest, ArgmaxSufficesExactlyWhenTheSamplerGivesTheArgmax) {
+  constexpr int32_t kVocab = 500;
+  Sampler sampler;
+  std::vector<SamplingOptions> suffices(4);
+  suffices[1].top_p = 0.3f;  // shapes a draw only
+  suffices[2].top_k = 5;
+  suffices[2].seed = 77;
+  suffices[3].min_tokens = 3;  // with nothing to suppress
+  for (size_t i = 0; i < suffices.size(); ++i) {
+    ASSERT_TRUE(ArgmaxSuffices(suffices[i])) << i;
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      const std::vector<float> logits = RandomLogits(kVocab, seed);
+      const SampleResult r = sampler.Sample(logits.data(), kVocab, suffices[i], nullptr, static_cast<int32_t>(seed));
+      EXPECT_EQ(r.token_id, std::max_element(logits.begin(), logits.end()) - logits.begin());
+      EXPECT_TRUE(r.top_logprobs.empty());
+    }
+  }
+  std::vector<SamplingOptions> needs(8);
+  needs[0].temperature = 0.7f;
+  needs[1].repetition_penalty = 1.2f;
+  needs[2].presence_penalty = 0.5f;
+  needs[3].logprobs = 0;
+  needs[4].logit_bias = {{3, 5.f}};
+  needs[5].min_tokens = 2;
+  needs[5].min_tokens_suppressed_ids = {1};
+  needs[6].allowed_token_ids = {1, 2};
+  needs[7].guided.kind = GuidedSpec::Kind::kRegex;
+  for (size_t i = 0; i < needs.size(); ++i) EXPECT_FALSE(ArgmaxSuffices(needs[i])) << i;
+}
+
 TEST(SamplerTest, GreedyPicksLowestIdOnTies) {
   Sampler sampler;
   const std::vector<float> logits{0.f, 3.f, 1.f, 3.f, -1.f};
