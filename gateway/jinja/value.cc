@@ -1,5 +1,7 @@
 #include "gateway/jinja/value.h"
 
+#include "common/utf8.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -195,39 +197,29 @@ std::string ReprString(const std::string& s) {
   return out + quote;
 }
 
+// json.dumps' string: common/utf8's escapes (ensure_ascii=False), then with ensure_ascii every
+// character outside ' '..'~' as \uXXXX (a surrogate pair past the BMP), as Python writes it.
 void JsonString(const std::string& s, bool ensure_ascii, std::string& out) {
-  out += '"';
-  for (size_t i = 0; i < s.size();) {
+  if (!ensure_ascii) return AppendJsonString(out, s);
+  std::string plain;
+  AppendJsonString(plain, s);
+  for (size_t i = 0; i < plain.size();) {
     size_t len = 0;
-    const uint32_t cp = DecodeAt(s, i, &len);
-    char buf[16];
-    switch (cp) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (cp < 0x20 || (ensure_ascii && cp == 0x7F)) {
-          std::snprintf(buf, sizeof buf, "\\u%04x", cp);
-          out += buf;
-        } else if (ensure_ascii && cp > 0x7F) {
-          if (cp >= 0x10000) {  // a surrogate pair, as Python writes it
-            const uint32_t v = cp - 0x10000;
-            std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
-          } else {
-            std::snprintf(buf, sizeof buf, "\\u%04x", cp);
-          }
-          out += buf;
-        } else {
-          out.append(s, i, len);
-        }
-    }
+    const uint32_t cp = DecodeAt(plain, i, &len);
     i += len;
+    if (cp < 0x7F) {
+      out += static_cast<char>(cp);
+      continue;
+    }
+    char buf[16];
+    if (cp >= 0x10000) {
+      const uint32_t v = cp - 0x10000;
+      std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+    } else {
+      std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+    }
+    out += buf;
   }
-  out += '"';
 }
 
 void JsonValue(const Value& v, const JsonOptions& o, int depth, std::string& out) {

@@ -132,6 +132,21 @@ def serve(s: Stack):
     assert code == 0, f"ferry-launch exited {code} on SIGTERM:\n{s.log_text()}"
 
 
+def streamed_tool_calls(stream):
+    """An openai client's chat stream (one choice) summed up: (content, [[name, arguments], ...] by
+    index, finish_reason)."""
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            calls.setdefault(c.index, ["", ""])
+            calls[c.index][0] += c.function.name or ""
+            calls[c.index][1] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
 def run_transformers(script: str, model: Path, payload):
     """Runs `script` (reading JSON on stdin, printing JSON last) with the model directory as argv[1].
     transformers runs in its own process: importing it beside grpc here aborts the interpreter."""

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import Stack, post_json as post, serve, run_transformers
+from conftest import Stack, post_json as post, serve, run_transformers, streamed_tool_calls
 
 openai = pytest.importorskip("openai")
 tokenizers = pytest.importorskip("tokenizers")
@@ -141,18 +141,9 @@ def test_auto_tool_calls_are_parsed_from_the_text(client):
     assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
         ("get_weather", {"city": "Paris"}), ("get_time", {})]
     assert choice.message.tool_calls[0].function.arguments == '{"city": "Paris"}'  # json.dumps' spacing, as vLLM
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for c in delta.tool_calls or []:
-            calls.setdefault(c.index, ["", ""])
-            calls[c.index][0] += c.function.name or ""
-            calls[c.index][1] += c.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
+    content, calls, finish = streamed_tool_calls(client.chat.completions.create(stream=True, **kwargs))
     assert content == "Sure.\n" and finish == "tool_calls"
-    assert [tuple(calls[i]) for i in sorted(calls)] == [(c.function.name, c.function.arguments)
-                                                         for c in choice.message.tool_calls]
+    assert calls == [[c.function.name, c.function.arguments] for c in choice.message.tool_calls]
     # n = 2: each choice parsed on its own, streamed ones too.
     two = client.chat.completions.create(n=2, **kwargs)
     assert [[c.function.name for c in ch.message.tool_calls] for ch in two.choices] == [["get_weather", "get_time"]] * 2

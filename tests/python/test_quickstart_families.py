@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import binary, run_transformers
+from conftest import binary, run_transformers, streamed_tool_calls
 
 openai = pytest.importorskip("openai")
 
@@ -86,16 +86,8 @@ def test_tool_call_in_the_familys_format(quickstart):
     assert choice.message.content == ("Checking. " if preset == "tiny-mistral" else None)
     if preset == "tiny-mistral":
         assert re.fullmatch(r"[A-Za-z0-9]{9}", call.id), "Mistral's template takes 9-character ids only"
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for c in delta.tool_calls or []:
-            calls.setdefault(c.index, ["", ""])
-            calls[c.index][0] += c.function.name or ""
-            calls[c.index][1] += c.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and calls == {0: ["get_weather", call.function.arguments]}
+    content, calls, finish = streamed_tool_calls(client.chat.completions.create(stream=True, **kwargs))
+    assert finish == "tool_calls" and calls == [["get_weather", call.function.arguments]]
     assert content == (choice.message.content or "")
 
     # The call and its result go back; the prompt is the template's, as transformers renders it.
