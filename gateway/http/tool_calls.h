@@ -1,13 +1,14 @@
-// OpenAI tools (function calling) on /v1/chat/completions, in the Hermes format of Qwen2.5's
-// chat template: the tools are rendered into the system turn (chat_template.h), and the model
-// answers a call as <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>. Plain functions
-// and per-stream state on JSON: no sockets, testable alone.
+// OpenAI tools (function calling) on /v1/chat/completions: the request's tools go to the model's
+// chat template (chat_template.h), which renders them with past calls and results; the model
+// answers a call in its family's format (tool_formats.h: hermes <tool_call> blocks, Llama 3's
+// JSON, Mistral's [TOOL_CALLS]). Plain functions and per-stream state on JSON: no sockets,
+// testable alone.
 //
-// tool_choice, as vLLM's OpenAI server (with --tool-call-parser hermes) serves it:
-// - "auto" (the default with tools): the text is generated freely and its <tool_call> blocks
-//   become message.tool_calls (the text before the first is the content), finish_reason
-//   "tool_calls". A block that is not a JSON object with "name" and "arguments" leaves the
-//   whole text as content, as vLLM's parser does.
+// tool_choice, as vLLM's OpenAI server (with --tool-call-parser) serves it:
+// - "auto" (the default with tools): the text is generated freely and parsed in the model's
+//   format: its calls become message.tool_calls (the text before them is the content),
+//   finish_reason "tool_calls". Text that is not calls in that format stays content, as vLLM's
+//   parsers leave it. With no known format, "auto" is refused (BuildTools).
 // - {"type": "function", "function": {"name": N}}: the output is N's arguments, generated under
 //   its `parameters` schema (structured output), and returned as one call of N.
 // - "required": as vLLM, the output is a JSON array of at least one {"name": N, "parameters": {...}},
