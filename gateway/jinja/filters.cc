@@ -502,10 +502,22 @@ Dict Globals(const ValueLimits& limits) {
           const int64_t stop = one ? a.positional[0].as_int() : a.positional[1].as_int();
           const int64_t step = a.positional.size() == 3 ? a.positional[2].as_int() : 1;
           if (step == 0) throw Error{"range() arg 3 must not be zero", a.line};
-          const double count = std::max(0.0, std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step)));
-          CheckLimit(static_cast<size_t>(std::min(count, 1e15)), limits.max_items, "a list", a.line);
+          // Python's len(range): a stop not ahead of start in the step's direction gives no items.
+          // Unsigned spans, so that a range across all of int64 neither overflows nor rounds.
+          const bool forward = step > 0;
+          uint64_t count = 0;
+          if (forward ? start < stop : start > stop) {
+            const uint64_t span = forward ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start)
+                                          : static_cast<uint64_t>(start) - static_cast<uint64_t>(stop);
+            const uint64_t stride = forward ? static_cast<uint64_t>(step) : uint64_t{0} - static_cast<uint64_t>(step);
+            count = (span - 1) / stride + 1;
+          }
+          CheckLimit(count, limits.max_items, "a list", a.line);
           List out;
-          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::Int(i));
+          out.reserve(count);
+          for (uint64_t k = 0; k < count; ++k) {  // start + k * step stays between start and stop
+            out.push_back(Value::Int(static_cast<int64_t>(static_cast<uint64_t>(start) + k * static_cast<uint64_t>(step))));
+          }
           return Value::MakeList(std::move(out));
         }));
   auto make_dict = [](CallArgs& a, bool ns) {
