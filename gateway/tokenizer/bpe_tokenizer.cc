@@ -85,7 +85,8 @@ int FallbackByte(const std::string& token) {
 BpeTokenizer::BpeTokenizer(const TokenizerSpec& spec, const std::string& source)
     : special_prefix_(spec.special_prefix),
       special_suffix_(spec.special_suffix),
-      normalize_nfc_(spec.normalize_nfc),
+      normalize_nfc_(std::any_of(spec.normalizers.begin(), spec.normalizers.end(),
+                                 [](const NormalizerStep& s) { return s.kind == NormalizerStep::Kind::kNfc; })),
       normalizers_(spec.normalizers),
       metaspace_(spec.metaspace),
       decode_strip_(spec.decode_strip),

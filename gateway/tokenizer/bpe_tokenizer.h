@@ -37,7 +37,6 @@ struct MetaspaceSpec {
 
 // Everything of tokenizer.json that affects encode/decode, already validated.
 struct TokenizerSpec {
-  bool normalize_nfc = false;               // some step is NFC (text may shrink: MinTokensFor)
   std::vector<NormalizerStep> normalizers;  // applied in order
   std::vector<std::string> split_patterns;  // applied in order, each Isolated
   std::optional<MetaspaceSpec> metaspace;   // SentencePiece-style pre-tokenizer
@@ -88,7 +87,7 @@ class BpeTokenizer final : public Tokenizer {
   void BuildDecodeTable(const TokenizerSpec& spec);
 
   std::vector<int32_t> special_prefix_, special_suffix_;
-  bool normalize_nfc_;
+  bool normalize_nfc_;  // some normalizer step is NFC (text may shrink: MinTokensFor)
   std::vector<NormalizerStep> normalizers_;
   std::optional<MetaspaceSpec> metaspace_;
   int decode_strip_ = 0;

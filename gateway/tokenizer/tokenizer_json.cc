@@ -57,7 +57,6 @@ void ParseNormalizer(const json& node, const std::string& source, TokenizerSpec*
   if (node.is_null()) return;
   const std::string type = TypeOf(node, source, "normalizer");
   if (type == "NFC") {
-    spec->normalize_nfc = true;
     spec->normalizers.push_back({NormalizerStep::Kind::kNfc, "", ""});
   } else if (type == "Prepend") {
     if (!node.contains("prepend") || !node["prepend"].is_string()) Fail(source, "normalizer.Prepend", "prepend must be a string");
