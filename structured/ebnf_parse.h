@@ -1,6 +1,6 @@
 // The syntax of structured/ebnf_grammar.h parsed into rules, shared by the grammar's two compilers:
 // to a regular expression (ebnf_grammar.cc) and to a pushdown automaton (grammar_pda.cc).
-// Internal to common/ and to tests (worker/model/grammar_reference.h reads the rules directly).
+// Internal to common/ and to tests (worker/engine/grammar_reference.h reads the rules directly).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // A grammar of structured/ebnf_grammar.h, recursive or not, as a pushdown automaton over bytes. Each
 // rule is an epsilon-free NFA whose edges read one byte (from a set) or call a rule; the worker
-// (worker/model/guided_grammar.h) runs it as a set of stacks of such states, one stack per way
+// (worker/engine/guided_grammar.h) runs it as a set of stacks of such states, one stack per way
 // the text so far can be parsed.
 //
 // What is refused at compile time, so that every state the worker reaches can still end:

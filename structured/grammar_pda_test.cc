@@ -1,6 +1,6 @@
 // The pushdown automaton's compiler: what it refuses, naming where, and how CheckGrammarCached
 // picks between a regex's DFA and the automaton. Its language is tested against a reference
-// recogniser in worker/model/guided_grammar_test.cc.
+// recogniser in worker/engine/guided_grammar_test.cc.
 #include "structured/grammar_pda.h"
 
 #include <gtest/gtest.h>

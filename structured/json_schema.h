@@ -1,5 +1,5 @@
 // JSON Schema compiled for guided decoding: a graph of the value shapes a text may take, which
-// the worker's byte automaton walks (worker/model/guided_schema.h) and which the gateway and
+// the worker's byte automaton walks (worker/engine/guided_schema.h) and which the gateway and
 // scheduler compile too, to refuse a schema before it reaches a step.
 //
 // What is generated is always valid under the schema; what cannot be guaranteed is refused with

@@ -1,6 +1,6 @@
 // A JSON Schema string's `pattern` and `format`, with its `minLength` and `maxLength`, as one DFA
 // over the string's JSON text between its quotes (structured/regex_dfa.h's RegexDfa), which the
-// schema automaton (worker/model/guided_schema.h) walks inside such a string.
+// schema automaton (worker/engine/guided_schema.h) walks inside such a string.
 //
 // The content is constrained first (each regex matched whole, the length counted in characters,
 // as JSON Schema counts code points), then encoded: `"` and `\` are written \" and \\, the

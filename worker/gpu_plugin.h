@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "worker/engine/model_runner.h"
 #include "worker/gpu/cuda_runner_options.h"
-#include "worker/model/model_runner.h"
 
 namespace prometheus {
 class Registry;

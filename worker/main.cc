@@ -11,10 +11,10 @@
 #include "common/service_main.h"
 #include "common/timeouts.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/model_runner.h"
+#include "worker/engine/speculative_config.h"
 #include "worker/gpu_plugin.h"
 #include "worker/model/linear.h"
-#include "worker/model/model_runner.h"
-#include "worker/model/speculative_config.h"
 #include "worker/sim_runner.h"
 #include "worker/worker_service.h"
 

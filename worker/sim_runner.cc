@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "worker/model/model_config.h"
+#include "worker/arch/model_config.h"
 
 namespace ferry::worker {
 

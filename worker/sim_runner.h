@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "common/cost_model.h"
-#include "worker/model/model_runner.h"
+#include "worker/engine/model_runner.h"
 
 namespace ferry::worker {
 

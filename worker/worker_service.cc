@@ -15,8 +15,8 @@
 #include "common/metrics.h"
 #include "proto/speculative.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/speculative_config.h"
-#include "worker/model/step_validation.h"
+#include "worker/engine/speculative_config.h"
+#include "worker/engine/step_validation.h"
 
 namespace ferry::worker {
 

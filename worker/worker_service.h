@@ -1,5 +1,5 @@
 // gRPC adapter of the worker: translates ferry.v1 step messages to the engine's
-// domain types (worker/model/model_runner.h) and back. No decisions here.
+// domain types (worker/engine/model_runner.h) and back. No decisions here.
 #pragma once
 
 #include <chrono>
@@ -17,7 +17,7 @@
 
 #include "ferry/v1/worker.grpc.pb.h"
 #include "worker/device_metrics.h"
-#include "worker/model/model_runner.h"
+#include "worker/engine/model_runner.h"
 
 namespace ferry::worker {
 

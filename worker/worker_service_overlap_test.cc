@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "worker/model/random_checkpoint.h"
+#include "worker/arch/random_checkpoint.h"
 #include "worker/sim_runner.h"
 #include "worker/worker_service.h"
 

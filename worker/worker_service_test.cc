@@ -16,7 +16,7 @@
 #include <unordered_map>
 
 #include "worker/comm/communicator.h"
-#include "worker/model/step_validation.h"
+#include "worker/engine/step_validation.h"
 
 namespace ferry::worker {
 namespace {

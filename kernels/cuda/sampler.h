@@ -1,5 +1,5 @@
 // The full sampler on the device, batched: one block per row, for every parameter the CPU
-// sampler (worker/model/sampler.h, the reference) serves. Per row, in the CPU's order:
+// sampler (worker/engine/sampler.h, the reference) serves. Per row, in the CPU's order:
 //   1. logit bias, then min_tokens suppression (bias entries of -inf), on a scratch copy of the row;
 //   2. the allowed-ids / guided-decoding bitmask (a rejected id reads as -inf);
 //   3. repetition, then frequency and presence penalties (vLLM's order);

@@ -1,4 +1,4 @@
-// Token selection on the GPU. Reference: worker/model/sampler (Argmax: the first maximum, i.e.
+// Token selection on the GPU. Reference: worker/engine/sampler (Argmax: the first maximum, i.e.
 // the lowest id among equal logits).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The safetensors header parser (worker/model/safetensors.h's ParseSafetensorsHeader) on raw file
+// The safetensors header parser (worker/checkpoint/safetensors.h's ParseSafetensorsHeader) on raw file
 // bytes: the tensors or a std::runtime_error naming the file, never a crash. Every tensor it
 // accepts lies inside the data section with no negative dimension, an element count within
 // kMaxTensorElements and, for the readable dtypes, exactly the bytes its shape needs.
@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "tests/fuzz/fuzz_check.h"
-#include "worker/model/safetensors.h"
+#include "worker/checkpoint/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ExpectRefusalOrSuccess<std::runtime_error>([&] {

@@ -12,7 +12,7 @@
 #include "common/logging.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 #include "gateway/tokenizer/tokenizer.h"
-#include "worker/model/random_checkpoint.h"
+#include "worker/arch/random_checkpoint.h"
 
 namespace fs = std::filesystem;
 

@@ -19,19 +19,14 @@ namespace ferry::worker::gpu {
 
 namespace kcu = kernels::cuda;
 
-CudaQwen2Model::CudaQwen2Model(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream)
+CudaModel::CudaModel(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream)
     : config_(LoadModelConfig(dir)),
       options_(options),
       shard_(PlanShard(config_, options.comm ? options.comm->rank() : 0, options.comm ? options.comm->size() : 1)),
       stream_(stream) {
   const ModelConfig& c = config_;
-  // The CUDA engine implements Qwen2's layer only (qkv biases, the default rotary embedding):
-  // another architecture's traits would be ignored here, so it is refused.
-  if (c.architecture != "Qwen2ForCausalLM") {
-    throw std::runtime_error(dir + "/config.json: architecture " + c.architecture +
-                             " is not served by the CUDA engine yet (it serves Qwen2ForCausalLM); the CPU engine "
-                             "serves it");
-  }
+  // Every architecture the registry serves (worker/arch): its reader refused what neither engine
+  // implements, and the traits it set (qkv_bias, qk_norm, rope_scaling) are each honoured below.
   if (!kcu::AttentionSupported(c.head_dim, shard_.num_q_heads, shard_.num_kv_heads)) {
     throw std::runtime_error(dir + ": the CUDA attention kernels are not compiled for head_dim " +
                              std::to_string(c.head_dim) + " with " + std::to_string(shard_.num_q_heads) +
@@ -47,20 +42,22 @@ CudaQwen2Model::CudaQwen2Model(const std::string& dir, const CudaModelOptions& o
   FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
   gemm_ = std::make_unique<CublasGemm>(stream_);
   LoadWeights(dir);
-  // The cos/sin table of every position, computed by the CPU kernel so both backends rotate by
-  // identical values.
+  // The cos/sin table of every position from the architecture's frequencies (RopeInvFreq: Llama
+  // 3's rope_scaling included), computed by the CPU kernel so both backends rotate by identical
+  // values.
   std::vector<int32_t> positions(max_model_len_);
   std::iota(positions.begin(), positions.end(), 0);
   std::vector<float> table(int64_t{max_model_len_} * c.head_dim);
-  kernels::cpu::RotaryTable(positions.data(), max_model_len_, c.head_dim, c.rope_theta, table.data());
+  const std::vector<float> inv_freq = RopeInvFreq(c);
+  kernels::cpu::RotaryTableFromFreqs(positions.data(), max_model_len_, c.head_dim, inv_freq.data(), table.data());
   rope_ = DeviceBuffer(table.size() * sizeof(float));
   FERRY_CUDA_CHECK(cudaMemcpy(rope_.get(), table.data(), rope_.bytes(), cudaMemcpyHostToDevice));
   AllocateActivations();
 }
 
-CudaQwen2Model::~CudaQwen2Model() = default;
+CudaModel::~CudaModel() = default;
 
-void CudaQwen2Model::AllocateActivations() {
+void CudaModel::AllocateActivations() {
   const ModelConfig& c = config_;
   const int64_t t = options_.max_tokens, s = options_.max_seqs, hidden = c.hidden_size, d = c.head_dim;
   const int64_t q_dim = shard_.num_q_heads * d, qkv_dim = q_dim + 2 * shard_.num_kv_heads * d;
@@ -87,19 +84,19 @@ void CudaQwen2Model::AllocateActivations() {
   argmax_ = DeviceBuffer(s * 4);
 }
 
-int64_t CudaQwen2Model::kv_bytes_per_block() const {
+int64_t CudaModel::kv_bytes_per_block() const {
   return 2 * int64_t{config_.num_hidden_layers} * options_.block_size * shard_.num_kv_heads * config_.head_dim *
          int64_t{2};
 }
 
-void CudaQwen2Model::AllocateKvCache(int32_t num_blocks) {
+void CudaModel::AllocateKvCache(int32_t num_blocks) {
   const int64_t bytes = kv_bytes_per_block() / 2 * num_blocks;
   k_cache_ = DeviceBuffer(bytes);
   v_cache_ = DeviceBuffer(bytes);
   num_kv_blocks_ = num_blocks;
 }
 
-void CudaQwen2Model::Upload(int32_t num_seqs, int32_t table_cols) {
+void CudaModel::Upload(int32_t num_seqs, int32_t table_cols) {
   FERRY_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), host_meta_.as<void>(), layout_.block_tables * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
   if (num_seqs > 0 && table_cols > 0) {
@@ -111,8 +108,8 @@ void CudaQwen2Model::Upload(int32_t num_seqs, int32_t table_cols) {
   }
 }
 
-void CudaQwen2Model::Forward(const ForwardShape& shape) {
-  if (num_kv_blocks_ == 0) throw std::logic_error("CudaQwen2Model::Forward before AllocateKvCache");
+void CudaModel::Forward(const ForwardShape& shape) {
+  if (num_kv_blocks_ == 0) throw std::logic_error("CudaModel::Forward before AllocateKvCache");
   const ModelConfig& c = config_;
   FERRY_CUDA_CHECK(kcu::Embedding({Meta(layout_.token_ids), embed_.as<uint16_t>(), x_.as<float>(), shape.num_tokens,
                                    c.hidden_size, stream_}));
@@ -120,7 +117,7 @@ void CudaQwen2Model::Forward(const ForwardShape& shape) {
   ComputeLogits(shape);
 }
 
-void CudaQwen2Model::RunLayer(int32_t index, const ForwardShape& shape, bool first) {
+void CudaModel::RunLayer(int32_t index, const ForwardShape& shape, bool first) {
   const ModelConfig& c = config_;
   Layer& l = layers_[index];
   const int32_t n = shape.num_tokens, hidden = c.hidden_size;
@@ -141,7 +138,7 @@ void CudaQwen2Model::RunLayer(int32_t index, const ForwardShape& shape, bool fir
   ReduceRowParallel(int64_t{n} * hidden);
 }
 
-void CudaQwen2Model::Attention(int32_t index, const ForwardShape& shape) {
+void CudaModel::Attention(int32_t index, const ForwardShape& shape) {
   const ModelConfig& c = config_;
   Layer& l = layers_[index];
   const int32_t n = shape.num_tokens, d = c.head_dim;
@@ -149,8 +146,13 @@ void CudaQwen2Model::Attention(int32_t index, const ForwardShape& shape) {
   const int64_t qkv_dim = q_dim + 2 * kv_dim;
   gemm_->Run(h_.as<uint16_t>(), l.qkv.as<uint16_t>(), qkv_.as<float>(), n, qkv_dim, c.hidden_size);
   float* q = qkv_.as<float>();
-  FERRY_CUDA_CHECK(kcu::QkvBiasRotary({q, l.qkv_bias.as<float>(), rope_.as<float>(), Meta(layout_.positions), n,
-                                       shard_.num_q_heads, shard_.num_kv_heads, d, qkv_dim, stream_}));
+  // Bias (qkv_bias), each head's q/k norm (qk_norm), then the rotation; an empty buffer is null.
+  kcu::QkvRotaryArgs rotary{q, l.qkv_bias.as<float>(), rope_.as<float>(), Meta(layout_.positions), n,
+                            shard_.num_q_heads, shard_.num_kv_heads, d, qkv_dim, stream_};
+  rotary.q_norm = l.q_norm.as<float>();
+  rotary.k_norm = l.k_norm.as<float>();
+  rotary.norm_eps = c.rms_norm_eps;
+  FERRY_CUDA_CHECK(kcu::QkvBiasRotary(rotary));
   const int64_t layer_elems = int64_t{num_kv_blocks_} * options_.block_size * kv_dim;
   uint16_t* k_cache = k_cache_.as<uint16_t>() + index * layer_elems;
   uint16_t* v_cache = v_cache_.as<uint16_t>() + index * layer_elems;
@@ -176,11 +178,11 @@ void CudaQwen2Model::Attention(int32_t index, const ForwardShape& shape) {
 }
 
 // Row-parallel projections leave a partial sum per rank; NCCL sums them in place on the stream.
-void CudaQwen2Model::ReduceRowParallel(int64_t count) {
+void CudaModel::ReduceRowParallel(int64_t count) {
   if (options_.comm != nullptr) options_.comm->AllReduceSum(delta_.as<float>(), static_cast<size_t>(count));
 }
 
-void CudaQwen2Model::ComputeLogits(const ForwardShape& shape) {
+void CudaModel::ComputeLogits(const ForwardShape& shape) {
   const ModelConfig& c = config_;
   const int32_t rows = shape.num_logits;
   if (rows == 0) return;

@@ -1,5 +1,6 @@
-// Qwen2 forward pass on one GPU (or one tensor-parallel shard of it): bf16 weights in device
-// memory (fused q/k/v and gate/up, the CPU path's sharding), a paged bf16 KV cache, and fp32
+// The decoder forward pass of every architecture the registry serves (worker/arch: Qwen2, Qwen3,
+// Llama, Mistral, by their traits) on one GPU (or one tensor-parallel shard of it): bf16 weights
+// in device memory (fused q/k/v and gate/up, the CPU path's sharding), a paged bf16 KV cache, and fp32
 // activations between bf16 GEMM inputs, as the CPU bf16 path. Every launch takes its sizes from
 // a ForwardShape and its per-step inputs from the BatchLayout buffer, so a decode step can be
 // captured once per batch size and replayed (decode_graphs.h). Knows nothing of sequences or
@@ -13,12 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "worker/arch/model_config.h"
+#include "worker/arch/shard_plan.h"
 #include "worker/gpu/attention_impl.h"
 #include "worker/gpu/batch_layout.h"
 #include "worker/gpu/device_buffer.h"
 #include "worker/gpu/gemm.h"
-#include "worker/model/model_config.h"
-#include "worker/model/cpu_model.h"
 
 namespace ferry::worker {
 class Checkpoint;
@@ -36,12 +37,12 @@ struct CudaModelOptions {
   AttentionImpls attention;      // FERRY_ATTENTION_IMPL (attention_impl.h)
 };
 
-class CudaQwen2Model {
+class CudaModel {
  public:
   // Reads config.json and this rank's share of the weights, uploads them as bf16 and allocates
   // every activation buffer for the capacities. Throws std::runtime_error / CudaError.
-  CudaQwen2Model(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream);
-  ~CudaQwen2Model();
+  CudaModel(const std::string& dir, const CudaModelOptions& options, cudaStream_t stream);
+  ~CudaModel();
 
   const ModelConfig& config() const { return config_; }
   const ShardPlan& shard() const { return shard_; }

@@ -13,7 +13,6 @@
 #ifndef FERRY_GPU_NO_NCCL
 #include "worker/comm/nccl_communicator.h"
 #endif
-#include "worker/model/step_validation.h"
 
 namespace ferry::worker::gpu {
 namespace {
@@ -22,13 +21,9 @@ using ferry::kMinTemperature;  // below it, greedy (common/sampling_limits.h)
 
 [[noreturn]] void Invalid(const std::string& what) { throw std::invalid_argument(what); }
 
-// Whether a row needs the full sampler (on the device; on the host past the device sampler's
-// capacity) rather than the device argmax: the sampler's own decision (sampler.h).
-bool NeedsHostSampler(const SamplingOptions& o) { return !ArgmaxSuffices(o); }
-
 }  // namespace
 
-struct CudaQwen2Runner::Planned {
+struct CudaRunner::Planned {
   uint64_t seq_id = 0;
   Sequence* seq = nullptr;
   int32_t num_tokens = 0;
@@ -37,7 +32,7 @@ struct CudaQwen2Runner::Planned {
   int32_t device_slot = -1;  // row of the device sampler; -1: argmax or the host sampler
 };
 
-CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(options) {
+CudaRunner::CudaRunner(const CudaRunnerOptions& options) : options_(options) {
   const RunnerOptions& r = options.runner;
   if (r.comm != nullptr) throw std::runtime_error("the CUDA runner needs NCCL, not a host communicator");
   if (const std::string error = CudaRunnerOptionsError(options); !error.empty()) throw std::runtime_error(error);
@@ -61,7 +56,7 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
   m.block_size = r.block_size;
   m.comm = comm_.get();
   m.attention = attention;
-  model_ = std::make_unique<CudaQwen2Model>(r.model_dir, m, stream_);
+  model_ = std::make_unique<CudaModel>(r.model_dir, m, stream_);
   builder_ = std::make_unique<BatchBuilder>(model_->layout(), model_->host_meta(), r.block_size);
   device_sampler_ = std::make_unique<DeviceSampler>(
       DeviceSamplerOptions{options.max_num_seqs, model_->config().vocab_size, options.sampler_max_entries});
@@ -82,8 +77,8 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
                                c.default_repetition_penalty};
   info_.tp_rank = options.tp_rank;
   info_.tp_size = options.tp_size;
-  guided_vocab_ = LoadGuidedVocab(r.model_dir, info_.vocab_size, info_.eos_token_ids);
-  info_.supports_guided_decoding = guided_vocab_ != nullptr;
+  seqs_ = SequenceTable(&info_, LoadGuidedVocab(r.model_dir, info_.vocab_size, info_.eos_token_ids));
+  info_.supports_guided_decoding = seqs_.guided_vocab() != nullptr;
   // Graphs for tensor parallelism would capture NCCL calls too; eager there until measured.
   if (!options.enforce_eager && options.tp_size == 1) {
     const auto sizes = options.cuda_graph_sizes.empty() ? DefaultGraphSizes(options.max_num_seqs)
@@ -92,7 +87,7 @@ CudaQwen2Runner::CudaQwen2Runner(const CudaRunnerOptions& options) : options_(op
   }
 }
 
-int32_t CudaQwen2Runner::KvBlocksFromUtilization() const {
+int32_t CudaRunner::KvBlocksFromUtilization() const {
   size_t free_bytes = 0, total_bytes = 0;
   FERRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   // Everything in use now (weights, activations, cuBLAS, the CUDA context, other processes)
@@ -110,7 +105,7 @@ int32_t CudaQwen2Runner::KvBlocksFromUtilization() const {
   return static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
 }
 
-CudaQwen2Runner::~CudaQwen2Runner() {
+CudaRunner::~CudaRunner() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   model_.reset();
   comm_.reset();
@@ -120,11 +115,11 @@ CudaQwen2Runner::~CudaQwen2Runner() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation: as CpuRunner, plus the capacities the device buffers were sized for. Nothing is
-// changed unless the whole step can be applied.
+// Validation: the sequence table's (as the CPU engine), plus the capacities the device buffers
+// were sized for. Nothing is changed unless the whole step can be applied.
 
-void CudaQwen2Runner::Validate(const StepSpec& step) const {
-  const int64_t num_tokens = ValidateStep(step, info_, seqs_);
+void CudaRunner::Validate(const StepSpec& step) const {
+  const int64_t num_tokens = seqs_.Validate(step);
   if (num_tokens > options_.max_num_batched_tokens) {
     Invalid("step computes " + std::to_string(num_tokens) + " tokens, more than the GPU worker's " +
             "--max-num-batched-tokens " + std::to_string(options_.max_num_batched_tokens));
@@ -132,21 +127,6 @@ void CudaQwen2Runner::Validate(const StepSpec& step) const {
   if (static_cast<int64_t>(step.scheduled.size()) > options_.max_num_seqs) {
     Invalid("step schedules " + std::to_string(step.scheduled.size()) + " sequences, more than the GPU worker's " +
             "--max-num-seqs " + std::to_string(options_.max_num_seqs));
-  }
-}
-
-void CudaQwen2Runner::Apply(const StepSpec& step) {
-  for (uint64_t id : step.finished_ids) seqs_.erase(id);
-  for (uint64_t id : step.preempted_ids) seqs_.erase(id);
-  for (const NewSequenceSpec& n : step.new_sequences) {
-    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated, {}, {}, {}};
-    if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
-    seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
-    seq.allowed = AllowedIdsMask(n.sampling.allowed_token_ids, info_.vocab_size);
-  }
-  for (const ScheduledSpec& s : step.scheduled) {
-    Sequence& seq = seqs_.at(s.seq_id);
-    seq.block_table.insert(seq.block_table.end(), s.new_block_ids.begin(), s.new_block_ids.end());
   }
 }
 
@@ -159,14 +139,14 @@ void CudaQwen2Runner::Apply(const StepSpec& step) {
 // serves every step. What overlaps the device running N+1 is everything the worker does
 // between steps: answering N over gRPC and taking in N+2, which the scheduler's async
 // scheduling sends before it has N's answer. One synchronisation per step, at its readback.
-std::vector<SampledTokenOut> CudaQwen2Runner::Step(const StepSpec& step) {
+std::vector<SampledTokenOut> CudaRunner::Step(const StepSpec& step) {
   Submit(step);
   return Collect();
 }
 
-void CudaQwen2Runner::Submit(const StepSpec& step) {
+void CudaRunner::Submit(const StepSpec& step) {
   if (in_flight_.size() >= static_cast<size_t>(kMaxSubmittedSteps)) {
-    throw std::logic_error("CudaQwen2Runner::Submit: " + std::to_string(in_flight_.size()) +
+    throw std::logic_error("CudaRunner::Submit: " + std::to_string(in_flight_.size()) +
                            " steps submitted and not collected");
   }
   if (!in_flight_.empty()) Finish(in_flight_.back());
@@ -174,13 +154,13 @@ void CudaQwen2Runner::Submit(const StepSpec& step) {
   f.wall_start = std::chrono::steady_clock::now();
   Validate(step);
   if (!healthy_) throw std::runtime_error("GPU worker is unhealthy since an earlier failure: " + unhealthy_reason_);
-  Apply(step);
+  seqs_.Apply(step);
   f.step = step;
   try {
     if (!step.scheduled.empty()) {
       f.plan = BuildBatch(step);
       for (const Planned& p : f.plan) {
-        f.timing.host_sampled_rows += p.logits_row >= 0 && p.device_slot < 0 && NeedsHostSampler(p.seq->sampling);
+        f.timing.host_sampled_rows += p.logits_row >= 0 && p.device_slot < 0 && !ArgmaxSuffices(p.seq->sampling);
       }
       Launch(f.plan, &f.timing);
     }
@@ -190,14 +170,14 @@ void CudaQwen2Runner::Submit(const StepSpec& step) {
   in_flight_.push_back(std::move(f));
 }
 
-bool CudaQwen2Runner::Ready() const {
+bool CudaRunner::Ready() const {
   if (in_flight_.empty()) return true;
   const InFlight& f = in_flight_.front();
   return f.finished || f.plan.empty() || cudaEventQuery(stop_) != cudaErrorNotReady;
 }
 
-std::vector<SampledTokenOut> CudaQwen2Runner::Collect() {
-  if (in_flight_.empty()) throw std::logic_error("CudaQwen2Runner::Collect with no step submitted");
+std::vector<SampledTokenOut> CudaRunner::Collect() {
+  if (in_flight_.empty()) throw std::logic_error("CudaRunner::Collect with no step submitted");
   Finish(in_flight_.front());
   InFlight done = std::move(in_flight_.front());
   in_flight_.pop_front();
@@ -206,7 +186,7 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Collect() {
 }
 
 // Waits for the step's device work and commits its samples; a failure is kept for Collect.
-void CudaQwen2Runner::Finish(InFlight& f) {
+void CudaRunner::Finish(InFlight& f) {
   if (f.finished) return;
   f.finished = true;
   last_logits_.clear();
@@ -228,8 +208,8 @@ void CudaQwen2Runner::Finish(InFlight& f) {
 
 // The step's sequences are aborted: forget them, so a re-send as new is accepted. Returns what
 // the step fails with.
-std::exception_ptr CudaQwen2Runner::Failed(const StepSpec& step, const std::exception& e) {
-  for (const ScheduledSpec& s : step.scheduled) seqs_.erase(s.seq_id);
+std::exception_ptr CudaRunner::Failed(const StepSpec& step, const std::exception& e) {
+  for (const ScheduledSpec& s : step.scheduled) seqs_.Erase(s.seq_id);
   OnFailure(e);
   if (observer_) observer_(StepTiming{});  // lets metrics see the health change
   // A broken tensor-parallel group stays recognisable: the worker exits for a restart.
@@ -239,7 +219,7 @@ std::exception_ptr CudaQwen2Runner::Failed(const StepSpec& step, const std::exce
   return std::make_exception_ptr(std::runtime_error(std::string("GPU step failed: ") + e.what()));
 }
 
-void CudaQwen2Runner::OnFailure(const std::exception& e) {
+void CudaRunner::OnFailure(const std::exception& e) {
   if (!healthy_) return;
   cudaGetLastError();  // clears a non-sticky launch error
   // A sticky error (illegal address, ...) poisons the context: every later call returns it.
@@ -260,7 +240,7 @@ void CudaQwen2Runner::OnFailure(const std::exception& e) {
 }
 
 // Decodes (one token) first, then the rest, each group in scheduled order.
-std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec& step) {
+std::vector<CudaRunner::Planned> CudaRunner::BuildBatch(const StepSpec& step) {
   std::vector<Planned> plan;
   plan.reserve(step.scheduled.size());
   builder_->Reset();
@@ -270,19 +250,18 @@ std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec
     for (const ScheduledSpec& s : step.scheduled) {
       if ((s.num_tokens == 1) != (pass == 0)) continue;
       Sequence& seq = seqs_.at(s.seq_id);
-      const bool samples = seq.num_computed + s.num_tokens == static_cast<int32_t>(seq.token_ids.size());
+      const bool samples = seq.ReachesEnd(s.num_tokens);
       builder_->AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens, seq.num_computed, seq.block_table,
                             samples);
       Planned p{s.seq_id, &seq, s.num_tokens};
       if (samples) {
         p.logits_row = num_logits++;
-        if (NeedsHostSampler(seq.sampling)) {
-          const TokenMask* mask = seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get());
-          p.device_slot = device_sampler_->Add({&seq.sampling, &seq.counts, seq.num_generated, mask, p.logits_row});
+        if (!ArgmaxSuffices(seq.sampling)) {
+          p.device_slot = device_sampler_->Add({&seq.sampling, &seq.counts, seq.num_generated, seq.mask(), p.logits_row});
         }
         if (options_.runner.keep_logits) {
           p.host_slot = p.logits_row;
-        } else if (NeedsHostSampler(seq.sampling) && p.device_slot < 0) {
+        } else if (!ArgmaxSuffices(seq.sampling) && p.device_slot < 0) {
           p.host_slot = num_host++;
         }
       }
@@ -295,7 +274,7 @@ std::vector<CudaQwen2Runner::Planned> CudaQwen2Runner::BuildBatch(const StepSpec
   return plan;
 }
 
-void CudaQwen2Runner::Launch(const std::vector<Planned>& plan, StepTiming* timing) {
+void CudaRunner::Launch(const std::vector<Planned>& plan, StepTiming* timing) {
   BatchBuilder& b = *builder_;
   const int32_t num_logits = b.shape(1).num_logits;
   const bool decode_only = b.num_decode() == b.num_seqs() && num_logits == b.num_seqs();
@@ -335,7 +314,7 @@ void CudaQwen2Runner::Launch(const std::vector<Planned>& plan, StepTiming* timin
 }
 
 // Polls rather than blocks, so a hung kernel turns into an error after step_timeout_s.
-void CudaQwen2Runner::WaitForDevice(cudaEvent_t event) {
+void CudaRunner::WaitForDevice(cudaEvent_t event) {
   const auto start = std::chrono::steady_clock::now();
   const auto timeout = std::chrono::duration<double>(options_.step_timeout_s);
   for (int spins = 0;; ++spins) {
@@ -354,7 +333,7 @@ void CudaQwen2Runner::WaitForDevice(cudaEvent_t event) {
   }
 }
 
-std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const std::vector<Planned>& plan) {
+std::vector<SampledTokenOut> CudaRunner::Commit(const StepSpec& step, const std::vector<Planned>& plan) {
   std::unordered_map<uint64_t, const Planned*> by_id;
   for (const Planned& p : plan) by_id[p.seq_id] = &p;
   std::vector<SampledTokenOut> out;
@@ -367,9 +346,9 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
     SampleResult r;
     if (p.device_slot >= 0) {
       r = ToSampleResult(device_sampler_->result(p.device_slot), seq.sampling, vocab);
-    } else if (NeedsHostSampler(seq.sampling)) {
+    } else if (!ArgmaxSuffices(seq.sampling)) {
       r = sampler_.Sample(host_logits_.as<float>() + size_t(p.host_slot) * vocab, vocab, seq.sampling, &seq.counts,
-                          seq.num_generated, seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
+                          seq.num_generated, seq.mask());
     } else {
       r.token_id = host_ids_.as<int32_t>()[p.logits_row];
     }
@@ -377,10 +356,7 @@ std::vector<SampledTokenOut> CudaQwen2Runner::Commit(const StepSpec& step, const
       const float* row = host_logits_.as<float>() + size_t(p.host_slot) * vocab;
       last_logits_.insert(last_logits_.end(), row, row + vocab);
     }
-    if (seq.guided) seq.guided->Advance(r.token_id);
-    seq.token_ids.push_back(r.token_id);
-    ++seq.num_generated;
-    if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);
+    seq.Append(r.token_id);
     out.push_back({s.seq_id, r.token_id, seq.sampling.logprobs >= 0, r.logprob, std::move(r.top_logprobs)});
   }
   return out;

@@ -1,6 +1,6 @@
 // The GPU ModelRunner: the same engine contract as the CPU CpuRunner (worker/model/README.md:
 // StepSpec semantics, validation before any change, samples in scheduled order, seeded
-// sampling), running CudaQwen2Model on one device. Greedy rows are picked by a device argmax;
+// sampling), running CudaModel on one device. Greedy rows are picked by a device argmax;
 // rows that need the full sampler (temperature, penalties, logprobs, guided decoding) are sampled
 // on the device (device_sampler.h: the CPU Sampler's rules and distribution, under the CPU path's
 // guided-decoding masks). Only a row whose penalty and bias entries overflow the device
@@ -26,17 +26,16 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "worker/engine/model_runner.h"
+#include "worker/engine/sampler.h"
+#include "worker/engine/sequence_state.h"
 #include "worker/gpu/batch_builder.h"
-#include "worker/gpu/cuda_runner_options.h"
 #include "worker/gpu/cuda_model.h"
+#include "worker/gpu/cuda_runner_options.h"
 #include "worker/gpu/decode_graphs.h"
 #include "worker/gpu/device_sampler.h"
-#include "worker/model/guided_decoding.h"
-#include "worker/model/model_runner.h"
-#include "worker/model/sampler.h"
 
 namespace ferry::worker::gpu {
 
@@ -49,10 +48,10 @@ struct StepTiming {
   int32_t host_sampled_rows = 0;  // rows the CPU Sampler took (device sampler capacity full)
 };
 
-class CudaQwen2Runner final : public ModelRunner {
+class CudaRunner final : public ModelRunner {
  public:
-  explicit CudaQwen2Runner(const CudaRunnerOptions& options);
-  ~CudaQwen2Runner() override;
+  explicit CudaRunner(const CudaRunnerOptions& options);
+  ~CudaRunner() override;
 
   const ModelInfo& info() const override { return info_; }
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
@@ -62,7 +61,7 @@ class CudaQwen2Runner final : public ModelRunner {
   void Submit(const StepSpec& step) override;
   std::vector<SampledTokenOut> Collect() override;
   bool Ready() const override;
-  void ForgetAll() override { seqs_.clear(); }
+  void ForgetAll() override { seqs_.Clear(); }
 
   // Safe to read from any thread (health checks, metrics).
   bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
@@ -71,21 +70,11 @@ class CudaQwen2Runner final : public ModelRunner {
   const std::vector<float>& last_logits() const { return last_logits_; }
   // Seconds the device spent executing steps (sum of StepTiming::gpu_seconds).
   double busy_seconds() const { return busy_seconds_; }
-  const CudaQwen2Model& model() const { return *model_; }
+  const CudaModel& model() const { return *model_; }
   void set_step_observer(std::function<void(const StepTiming&)> observer) { observer_ = std::move(observer); }
 
  private:
-  struct Sequence {
-    std::vector<int32_t> token_ids;
-    int32_t num_computed = 0;
-    std::vector<int32_t> block_table;
-    SamplingOptions sampling;
-    int32_t num_generated = 0;
-    TokenCounts counts;
-    // Guided decoding: the constraint's state after the generated tokens; null when unguided.
-    std::unique_ptr<GuidedMatcher> guided;
-    std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
-  };
+  using Sequence = SequenceState;
   struct Planned;  // one scheduled sequence's place in the device batch
   // A submitted step; at most one is launched and not finished at a time.
   struct InFlight {
@@ -100,7 +89,6 @@ class CudaQwen2Runner final : public ModelRunner {
 
   int32_t KvBlocksFromUtilization() const;
   void Validate(const StepSpec& step) const;
-  void Apply(const StepSpec& step);
   void Finish(InFlight& f);
   std::exception_ptr Failed(const StepSpec& step, const std::exception& e);
   std::vector<Planned> BuildBatch(const StepSpec& step);
@@ -114,14 +102,13 @@ class CudaQwen2Runner final : public ModelRunner {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<CudaQwen2Model> model_;
+  std::unique_ptr<CudaModel> model_;
   std::unique_ptr<BatchBuilder> builder_;
   DecodeGraphs graphs_;
-  std::unordered_map<uint64_t, Sequence> seqs_;
+  // The sequences, with the vocabulary guided decoding walks (tokenizer.json; null: unsupported).
+  SequenceTable seqs_;
   Sampler sampler_;                                 // the fallback
   std::unique_ptr<DeviceSampler> device_sampler_;   // every other row that is not plain greedy
-  // The vocabulary's bytes for guided decoding (tokenizer.json); null: not supported.
-  std::unique_ptr<GuidedVocab> guided_vocab_;
   PinnedBuffer host_ids_;     // [max_num_seqs] argmax ids
   PinnedBuffer host_logits_;  // [rows, vocab] rows the host samples from (grown on demand)
   std::vector<float> last_logits_;

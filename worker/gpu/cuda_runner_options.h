@@ -1,4 +1,4 @@
-// CudaQwen2Runner's options, apart from cuda_runner.h so that ferry-worker (which loads the GPU
+// CudaRunner's options, apart from cuda_runner.h so that ferry-worker (which loads the GPU
 // engine as a plugin, worker/gpu_plugin.h) can fill them without CUDA headers.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/model_runner.h"
+#include "worker/engine/model_runner.h"
 
 namespace ferry::worker::gpu {
 

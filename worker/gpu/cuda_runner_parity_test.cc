@@ -91,7 +91,7 @@ void RunCase(const std::string& preset) {
     o.max_num_seqs = 8;
     o.max_num_batched_tokens = 1024;
     o.enforce_eager = eager;
-    CudaQwen2Runner gpu(o);
+    CudaRunner gpu(o);
     const testing::Trace got = testing::Drive(gpu, c.script, &want.tokens);
     const parity::ParityReport report = parity::CompareTraces(want, got);
     parity::PrintReport(report, c.preset + ", " + (eager ? "eager" : "cuda graphs") + ", " +
@@ -106,6 +106,22 @@ TEST(CudaRunnerParity, TinyMatchesCpu) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
   RunCase("tiny");
 }
+
+// Each other architecture of the registry through the GPU engine: Qwen3's per-head q/k norms and
+// no biases, Llama 3's scaled rotary frequencies and tied head, Mistral's untied head.
+class CudaRunnerFamilyParity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaRunnerFamilyParity, MatchesCpu) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
+  RunCase(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaRunnerFamilyParity, ::testing::Values("tiny-qwen3", "tiny-llama", "tiny-mistral"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::erase(name, '-');
+                           return name;
+                         });
 
 TEST(CudaRunnerParity, Qwen2_5_0_5BMatchesCpu) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";

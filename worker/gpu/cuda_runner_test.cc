@@ -9,10 +9,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/gpu/batch_builder.h"
 #include "worker/gpu/cuda_runner.h"
 #include "worker/gpu/decode_graphs.h"
-#include "worker/model/random_checkpoint.h"
 
 namespace ferry::worker::gpu {
 namespace {
@@ -105,14 +105,14 @@ class CudaRunnerTest : public ::testing::Test {
     o.runner.num_kv_blocks = 64;
     o.max_num_seqs = 4;
     o.max_num_batched_tokens = 128;
-    runner_ = std::make_unique<CudaQwen2Runner>(o);
+    runner_ = std::make_unique<CudaRunner>(o);
   }
   void TearDown() override {
     runner_.reset();
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
   std::filesystem::path dir_;
-  std::unique_ptr<CudaQwen2Runner> runner_;
+  std::unique_ptr<CudaRunner> runner_;
 };
 
 TEST_F(CudaRunnerTest, RejectsBadStepsAndKeepsWorking) {
@@ -171,7 +171,7 @@ TEST_F(CudaRunnerTest, HostFallbackPastTheSamplerCapacityAgreesAndIsCounted) {
     o.max_num_batched_tokens = 128;
     o.sampler_max_entries = run == 0 ? 0 : 2;  // run 1: a 4-token history does not fit
     runner_.reset();
-    runner_ = std::make_unique<CudaQwen2Runner>(o);
+    runner_ = std::make_unique<CudaRunner>(o);
     runner_->set_step_observer([&, run](const StepTiming& t) { host_rows[run] += t.host_sampled_rows; });
     SamplingOptions sampling;
     sampling.repetition_penalty = 1.3f;
@@ -249,7 +249,7 @@ TEST(CudaRunnerGuided, TextsKeepToTheirConstraint) {
   o.runner.num_kv_blocks = 64;
   o.max_num_seqs = 4;
   o.max_num_batched_tokens = 128;
-  CudaQwen2Runner runner(o);
+  CudaRunner runner(o);
   ASSERT_TRUE(runner.info().supports_guided_decoding);
   auto bytes = [&](int32_t id) { return id < 256 ? std::string(1, static_cast<char>(id)) : words.at(size_t(id - 256)); };
   const std::vector<std::string> choices = {"red", "green", "blue sky"};

@@ -23,7 +23,7 @@ DecodeGraphs::~DecodeGraphs() {
   for (auto& [size, entry] : graphs_) cudaGraphExecDestroy(entry.exec);
 }
 
-void DecodeGraphs::Capture(CudaQwen2Model& model, BatchBuilder& builder, const std::vector<int32_t>& sizes,
+void DecodeGraphs::Capture(CudaModel& model, BatchBuilder& builder, const std::vector<int32_t>& sizes,
                            cudaStream_t stream) {
   const int32_t kv_heads = model.shard().num_kv_heads;
   for (int32_t size : sizes) {

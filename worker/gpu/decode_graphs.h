@@ -14,7 +14,7 @@
 namespace ferry::worker::gpu {
 
 class BatchBuilder;
-class CudaQwen2Model;
+class CudaModel;
 
 // vLLM's default capture sizes, up to max_num_seqs: 1, 2, 4, then multiples of 8.
 std::vector<int32_t> DefaultGraphSizes(int32_t max_num_seqs);
@@ -27,7 +27,7 @@ class DecodeGraphs {
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
   // Captures a graph per size (throws CudaError; a failed capture leaves the stream usable).
-  void Capture(CudaQwen2Model& model, BatchBuilder& builder, const std::vector<int32_t>& sizes, cudaStream_t stream);
+  void Capture(CudaModel& model, BatchBuilder& builder, const std::vector<int32_t>& sizes, cudaStream_t stream);
   // The smallest captured size >= num_seqs, or 0 when there is none.
   int32_t SizeFor(int32_t num_seqs) const;
   // Decode splits the graph of `size` was captured with.

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "kernels/cuda/sampler.h"
+#include "worker/engine/guided_decoding.h"
+#include "worker/engine/model_runner.h"
+#include "worker/engine/sampler.h"
 #include "worker/gpu/device_buffer.h"
-#include "worker/model/guided_decoding.h"
-#include "worker/model/model_runner.h"
-#include "worker/model/sampler.h"
 
 namespace ferry::worker::gpu {
 

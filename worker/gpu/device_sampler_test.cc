@@ -1,5 +1,5 @@
 // The device sampler's host side (packing: runs everywhere) and, where a GPU is present, the
-// device sampler end to end against the CPU engine's Sampler (worker/model/sampler.h).
+// device sampler end to end against the CPU engine's Sampler (worker/engine/sampler.h).
 #include "worker/gpu/device_sampler.h"
 
 #include <gtest/gtest.h>

@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/gpu/attention_impl.h"
 #include "worker/gpu/cuda_runner.h"
-#include "worker/model/random_checkpoint.h"
 
 namespace ferry::worker::gpu {
 namespace {
@@ -91,7 +91,7 @@ class Bench {
     o.max_num_seqs = max_batch_;
     o.max_num_batched_tokens = f.max_num_batched_tokens;
     o.enforce_eager = f.enforce_eager;
-    runner_ = std::make_unique<CudaQwen2Runner>(o);
+    runner_ = std::make_unique<CudaRunner>(o);
     for (int32_t b = 0; b < spare; ++b) spare_.push_back(b);
     for (int32_t b = o.runner.num_kv_blocks - 1; b >= spare; --b) free_.push_back(b);
     seqs_.resize(max_batch_);
@@ -214,7 +214,7 @@ class Bench {
 
   BenchFlags flags_;
   int32_t max_batch_;
-  std::unique_ptr<CudaQwen2Runner> runner_;
+  std::unique_ptr<CudaRunner> runner_;
   std::vector<int32_t> free_;
   std::vector<int32_t> spare_;  // blocks of PrefillLatencyMs's sequence
   std::vector<Seq> seqs_;
@@ -235,7 +235,7 @@ double Offline(const BenchFlags& f, bool sampled) {
   o.max_num_seqs = f.max_num_seqs;
   o.max_num_batched_tokens = f.max_num_batched_tokens;
   o.enforce_eager = f.enforce_eager;
-  CudaQwen2Runner runner(o);
+  CudaRunner runner(o);
   struct Req {
     int32_t computed = 0, generated = 0;
     std::vector<int32_t> blocks;

@@ -9,7 +9,7 @@ prometheus::Histogram::BucketBoundaries StepBuckets() {
 
 }  // namespace
 
-GpuMetrics::GpuMetrics(CudaQwen2Runner& runner, prometheus::Registry& registry) : runner_(runner) {
+GpuMetrics::GpuMetrics(CudaRunner& runner, prometheus::Registry& registry) : runner_(runner) {
   auto& step = prometheus::BuildHistogram().Name("ferry_worker_gpu_step_seconds")
                    .Help("Device time of one engine step, by phase").Register(registry);
   step_decode_ = &step.Add({{"phase", "decode"}}, StepBuckets());

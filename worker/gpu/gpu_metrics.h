@@ -24,7 +24,7 @@ namespace ferry::worker::gpu {
 class GpuMetrics {
  public:
   // Registers the series and hooks the runner's step observer; `runner` outlives this.
-  GpuMetrics(CudaQwen2Runner& runner, prometheus::Registry& registry);
+  GpuMetrics(CudaRunner& runner, prometheus::Registry& registry);
   ~GpuMetrics();
   GpuMetrics(const GpuMetrics&) = delete;
   GpuMetrics& operator=(const GpuMetrics&) = delete;
@@ -32,7 +32,7 @@ class GpuMetrics {
  private:
   void OnStep(const StepTiming& timing);
 
-  CudaQwen2Runner& runner_;
+  CudaRunner& runner_;
   prometheus::Histogram* step_decode_;
   prometheus::Histogram* step_prefill_;
   prometheus::Histogram* step_mixed_;

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     o.max_num_seqs = 1;
     o.max_num_batched_tokens = prompt_len;
     o.runner.keep_logits = true;
-    gpu::CudaQwen2Runner runner(o);
+    gpu::CudaRunner runner(o);
     const int32_t vocab = runner.info().vocab_size;
     std::vector<int32_t> prompt(prompt_len), generated;
     uint32_t x = 2024;

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "worker/checkpoint/safetensors.h"
 #include "worker/gpu/parity_compare.h"
 #include "worker/gpu/parity_fixture.h"
 #include "worker/model/cpu_runner.h"
 #include "worker/model/runner_test_util.h"
-#include "worker/model/safetensors.h"
 
 namespace ferry::worker::gpu {
 namespace {

@@ -1,5 +1,5 @@
-// The engine parity check's shared pieces: the two cases (the ferry-make-model presets' shapes,
-// fixed seeds), the step script both engines run, and a file holding the CPU engine's result
+// The engine parity check's shared pieces: the cases (the ferry-make-model presets' shapes, fixed
+// seeds: Qwen2 tiny and 0.5B-sized, and each other architecture of the registry at a tiny shape), the step script both engines run, and a file holding the CPU engine's result
 // (its tokens, which the GPU engine is teacher-forced with, the top of every logits row and some
 // whole rows) for machines that can build the GPU engine but not the CPU one
 // (tests/gpu/device_check.sh on the GPU machine). The file records a hash of the checkpoint it came
@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/gpu/runner_driver.h"
-#include "worker/model/random_checkpoint.h"
 
 namespace ferry::worker::gpu::testing {
 
 struct ParityCase {
-  std::string preset;  // "tiny" | "qwen2.5-0.5b"
+  std::string preset;  // "tiny" | "qwen2.5-0.5b" | "tiny-qwen3" | "tiny-llama" | "tiny-mistral"
   ModelShape shape;
   uint64_t seed = 0;
   Script script;
@@ -59,6 +59,16 @@ inline ParityCase MakeParityCase(const std::string& preset) {
     c.seed = 2024;
     c.script = MakeScript(c.shape.vocab_size, {64, 9, 200, 48}, 128);
     c.kept_samples = {0, 1, 15, 31};
+  } else if (preset == "tiny-qwen3" || preset == "tiny-llama" || preset == "tiny-mistral") {
+    const std::string arch = preset == "tiny-qwen3"   ? "Qwen3ForCausalLM"
+                             : preset == "tiny-llama" ? "LlamaForCausalLM"
+                                                      : "MistralForCausalLM";
+    c.shape = TinyShapeOf(arch);
+    // Qwen3's heads wider than hidden / heads, at a width the CUDA attention kernels are built for
+    // (16 and 64; kernels/cuda AttentionSupported).
+    if (preset == "tiny-qwen3") c.shape.head_dim = 64;
+    c.seed = 11;
+    c.script = MakeScript(c.shape.vocab_size, {40, 7, 100, 48}, 32);
   } else {
     throw std::invalid_argument("unknown parity preset " + preset);
   }

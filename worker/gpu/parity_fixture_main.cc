@@ -1,7 +1,7 @@
 // ferry-gpu-parity-fixture: records the CPU engine's result for an engine parity case, for
 // GPU machines that cannot build the CPU engine (tests/gpu/prepare.sh, then run.sh there).
 //
-//   ferry-gpu-parity-fixture --preset tiny|qwen2.5-0.5b --model-dir DIR --out FILE
+//   ferry-gpu-parity-fixture --preset tiny|qwen2.5-0.5b|tiny-qwen3|tiny-llama|tiny-mistral --model-dir DIR --out FILE
 // Writes the preset's checkpoint to DIR first when DIR has none.
 #include <cstdio>
 #include <cstring>
@@ -20,7 +20,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
   }
   if (preset.empty() || dir.empty() || out.empty()) {
-    std::fprintf(stderr, "usage: %s --preset tiny|qwen2.5-0.5b --model-dir DIR --out FILE\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s --preset tiny|qwen2.5-0.5b|tiny-qwen3|tiny-llama|tiny-mistral --model-dir DIR "
+                 "--out FILE\n",
+                 argv[0]);
     return 2;
   }
   try {

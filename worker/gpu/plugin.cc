@@ -41,7 +41,7 @@ class GpuRunnerWithMetrics final : public ModelRunner {
   void ForgetAll() override { runner_.ForgetAll(); }
 
  private:
-  CudaQwen2Runner runner_;
+  CudaRunner runner_;
   GpuMetrics metrics_;
 };
 

@@ -1,4 +1,4 @@
-// Test helper: drives any runner with last_logits() (CpuRunner, CudaQwen2Runner) through the
+// Test helper: drives any runner with last_logits() (CpuRunner, CudaRunner) through the
 // same steps, the way the scheduler would: chunked prefill mixed with decodes, block ids from a
 // scrambled pool, an optional prefix-cached sequence sharing another's first blocks. Two
 // runners driven with the same Script see the same steps (same sequences, tokens and blocks),
@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/engine/model_runner.h"
 #include "worker/gpu/parity_compare.h"
-#include "worker/model/model_runner.h"
 
 namespace ferry::worker::gpu::testing {
 

@@ -1,7 +1,7 @@
 // compressed-tensors int8 checkpoints: the schemes Ferry runs load, every other one is refused
 // naming the field and its value, and int8 tensors are never read as float weights (or the
 // reverse). The numerics are in hf_parity_test (Int8CheckpointMatchesItsReference).
-#include "worker/model/compressed_tensors.h"
+#include "worker/checkpoint/compressed_tensors.h"
 
 #include <gtest/gtest.h>
 

@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "kernels/cpu/paged_attention.h"
-#include "worker/model/compressed_tensors.h"
+#include "worker/arch/model_config.h"
+#include "worker/arch/shard_plan.h"
+#include "worker/checkpoint/compressed_tensors.h"
 #include "worker/model/linear.h"
-#include "worker/model/model_config.h"
 
 namespace ferry::worker {
 
-class Checkpoint;    // worker/model/safetensors.h
+class Checkpoint;    // worker/checkpoint/safetensors.h
 class Communicator;  // worker/comm/communicator.h
 
 // What one rank's cache holds per layer and slot.
@@ -87,18 +88,6 @@ struct ModelOptions {
   // Tensor parallelism: load and run shard comm->rank() of comm->size(). Not owned.
   Communicator* comm = nullptr;
 };
-
-// This rank's slice of the heads, the MLP and the vocabulary (all of them when unsharded).
-struct ShardPlan {
-  int32_t rank = 0;
-  int32_t size = 1;
-  int32_t q_head_begin = 0, num_q_heads = 0;    // query heads [begin, begin + num)
-  int32_t kv_head_begin = 0, num_kv_heads = 0;  // KV heads; replicated when fewer than ranks
-  int64_t inter_begin = 0, inter_size = 0;      // intermediate columns
-  int64_t vocab_begin = 0, vocab_rows = 0;      // LM head rows; vocab_rows * size >= vocab
-};
-// Throws std::runtime_error when the model cannot be split that way.
-ShardPlan PlanShard(const ModelConfig& config, int32_t rank, int32_t size);
 
 class CpuModel {
  public:

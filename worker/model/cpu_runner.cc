@@ -11,9 +11,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "worker/engine/ngram_proposer.h"
 #include "worker/model/draft_proposer.h"
-#include "worker/model/ngram_proposer.h"
-#include "worker/model/step_validation.h"
 
 namespace ferry::worker {
 namespace {
@@ -73,8 +72,8 @@ CpuRunner::CpuRunner(const RunnerOptions& options) : options_(options) {
                                c.default_repetition_penalty};
   info_.supports_prompt_logprobs = true;
   cache_ = std::make_unique<KvCache>(model_->kv_layout(), info_.num_kv_blocks, info_.block_size);
-  guided_vocab_ = LoadGuidedVocab(options.model_dir, info_.vocab_size, info_.eos_token_ids);
-  info_.supports_guided_decoding = guided_vocab_ != nullptr;
+  seqs_ = SequenceTable(&info_, LoadGuidedVocab(options.model_dir, info_.vocab_size, info_.eos_token_ids));
+  info_.supports_guided_decoding = seqs_.guided_vocab() != nullptr;
   info_.speculative = options.speculative;
   info_.speculative_methods = {SpeculativeMethod::kNgram};
   if (options.speculative.method == SpeculativeMethod::kDraftModel) {
@@ -84,39 +83,12 @@ CpuRunner::CpuRunner(const RunnerOptions& options) : options_(options) {
   }
 }
 
+// Everything is validated against the state the step would produce before any of it is applied,
+// so a rejected step leaves the runner exactly as it was.
 std::vector<SampledTokenOut> CpuRunner::Step(const StepSpec& step) {
-  Validate(step);
-  Apply(step);
+  seqs_.Validate(step);
+  seqs_.Apply(step);
   return RunAndSample(step);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Validation: everything is checked against the state the step would produce before any of it
-// is applied, so a rejected step leaves the runner exactly as it was.
-
-void CpuRunner::Validate(const StepSpec& step) const { ValidateStep(step, info_, seqs_); }
-
-// ---------------------------------------------------------------------------------------------
-// Applying and running
-
-void CpuRunner::Apply(const StepSpec& step) {
-  // Unknown finished/preempted ids are ignored: forgetting twice is harmless.
-  for (uint64_t id : step.finished_ids) seqs_.erase(id);
-  for (uint64_t id : step.preempted_ids) seqs_.erase(id);
-  for (const NewSequenceSpec& n : step.new_sequences) {
-    Sequence& seq = seqs_[n.seq_id] = Sequence{n.token_ids, n.num_cached_tokens, {}, n.sampling, n.num_generated};
-    seq.prompt_logprobs = n.prompt_logprobs;
-    seq.prompt_len = static_cast<int32_t>(n.token_ids.size()) - n.num_generated;
-    // After a preemption token_ids ends with the num_generated tokens sampled before it.
-    if (HasPenalties(n.sampling)) seq.counts.Reset(n.token_ids, n.num_generated);
-    seq.guided = SequenceMatcher(n.sampling.guided, guided_vocab_.get(), n.token_ids, n.num_generated);
-    seq.allowed = AllowedIdsMask(n.sampling.allowed_token_ids, info_.vocab_size);
-    seq.speculative = n.speculative;
-  }
-  for (const ScheduledSpec& s : step.scheduled) {
-    Sequence& seq = seqs_.at(s.seq_id);
-    seq.block_table.insert(seq.block_table.end(), s.new_block_ids.begin(), s.new_block_ids.end());
-  }
 }
 
 std::vector<SampledTokenOut> CpuRunner::RunAndSample(const StepSpec& step) {
@@ -134,8 +106,8 @@ std::vector<SampledTokenOut> CpuRunner::RunAndSample(const StepSpec& step) {
     const ScheduledSpec& s = step.scheduled[i];
     Sampling& p = planned[i];
     Sequence& seq = *p.seq;
-    const auto known = static_cast<int32_t>(seq.token_ids.size());
-    const bool reaches_end = seq.num_computed + s.num_tokens == known;
+    const int32_t known = seq.num_known();
+    const bool reaches_end = seq.ReachesEnd(s.num_tokens);
     // The drafts follow the known tokens for this pass only, in the slots the scheduler reserved:
     // rows for the last known token and each draft give the distributions that verify them.
     seq.token_ids.insert(seq.token_ids.end(), drafts_.begin() + p.draft_begin,
@@ -160,7 +132,7 @@ std::vector<SampledTokenOut> CpuRunner::RunAndSample(const StepSpec& step) {
   const std::vector<float>& logits = model_->Forward(batch_, *cache_);
   if (options_.keep_logits) last_logits_.assign(logits.begin(), logits.end());
   for (const Sampling& s : sampling) {
-    const auto known = static_cast<int32_t>(s.seq->token_ids.size());
+    const int32_t known = s.seq->num_known();
     // An accepted draft's K/V, written this pass, is valid; a rejected one's slot is the
     // scheduler's to reuse.
     const int32_t accepted = SampleAndVerify(s, logits.data() + int64_t{s.first_row} * info_.vocab_size, out);
@@ -190,8 +162,7 @@ std::vector<CpuRunner::Sampling> CpuRunner::ProposeDrafts(const StepSpec& step) 
   for (const ScheduledSpec& s : step.scheduled) {
     Sequence& seq = seqs_.at(s.seq_id);
     Sampling p{s.seq_id, &seq, 0, static_cast<int32_t>(drafts_.size()), 0};
-    const bool reaches_end = seq.num_computed + s.num_tokens == static_cast<int32_t>(seq.token_ids.size());
-    if (reaches_end && s.num_lookahead_tokens > 0) {
+    if (seq.ReachesEnd(s.num_tokens) && s.num_lookahead_tokens > 0) {
       if (seq.speculative == SpeculativeMethod::kNgram) {
         const SpeculativeConfig& c = options_.speculative;
         p.num_drafts =
@@ -211,12 +182,8 @@ std::vector<CpuRunner::Sampling> CpuRunner::ProposeDrafts(const StepSpec& step) 
 }
 
 SampleResult CpuRunner::SampleNext(Sequence& seq, const float* row) {
-  SampleResult r = sampler_.Sample(row, info_.vocab_size, seq.sampling, &seq.counts, seq.num_generated,
-                                   seq.allowed ? seq.allowed.get() : SamplingMask(seq.guided.get()));
-  if (seq.guided) seq.guided->Advance(r.token_id);
-  seq.token_ids.push_back(r.token_id);
-  ++seq.num_generated;
-  if (HasPenalties(seq.sampling)) seq.counts.AddGenerated(r.token_id);
+  SampleResult r = sampler_.Sample(row, info_.vocab_size, seq.sampling, &seq.counts, seq.num_generated, seq.mask());
+  seq.Append(r.token_id);
   return r;
 }
 

@@ -1,18 +1,18 @@
-// The CPU ModelRunner: per-sequence state over a CpuModel and its paged KV cache.
-// ModelRunner::Create returns one of these; tests construct it directly to read logits.
+// The CPU ModelRunner: the engine layer's sequence table (worker/engine/sequence_state.h) over a
+// CpuModel and its paged KV cache. ModelRunner::Create returns one of these; tests construct it
+// directly to read logits.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "worker/model/draft_proposer.h"
-#include "worker/model/guided_decoding.h"
-#include "worker/model/model_runner.h"
+#include "worker/engine/model_runner.h"
+#include "worker/engine/sampler.h"
+#include "worker/engine/sequence_state.h"
 #include "worker/model/cpu_model.h"
-#include "worker/model/sampler.h"
+#include "worker/model/draft_proposer.h"
 
 namespace ferry::worker {
 
@@ -24,7 +24,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<SampledTokenOut> Step(const StepSpec& step) override;
   std::vector<PromptLogprobsOut> TakePromptLogprobs() override { return std::move(prompt_logprobs_); }
   SpeculationCounts TakeSpeculationCounts() override { return std::exchange(speculation_, {}); }
-  void ForgetAll() override { seqs_.clear(); }
+  void ForgetAll() override { seqs_.Clear(); }
 
   // With RunnerOptions::keep_logits, the fp32 logits the last Step sampled from, one row per
   // sampled position in scheduled order (with drafts: 1 + drafts rows for the sequence, some
@@ -34,23 +34,7 @@ class CpuRunner final : public ModelRunner {
   int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
 
  private:
-  struct Sequence {
-    std::vector<int32_t> token_ids;    // prompt + every token generated so far
-    int32_t num_computed = 0;          // tokens whose K/V are in the cache
-    std::vector<int32_t> block_table;  // physical block ids, in position order
-    SamplingOptions sampling;
-    int32_t num_generated = 0;         // index of the next draw in the seeded stream
-    // Occurrences of token_ids for penalties, rebuilt when (re)sent and extended per sample;
-    // left empty when the options have no penalty.
-    TokenCounts counts;
-    int32_t prompt_logprobs = -1;  // NewSequenceSpec.prompt_logprobs
-    int32_t prompt_len = 0;        // token_ids.size() - num_generated when (re)sent
-    // Guided decoding: the constraint's state after the generated tokens; null when unguided.
-    std::unique_ptr<GuidedMatcher> guided;
-    std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
-    SpeculativeMethod speculative = SpeculativeMethod::kNone;
-    int32_t draft_computed = 0;  // kDraftModel: positions whose K/V the draft model's cache holds
-  };
+  using Sequence = SequenceState;
   // A sequence that samples this step: its logits rows [first_row, first_row + 1 + drafts).
   struct Sampling {
     uint64_t seq_id = 0;
@@ -68,9 +52,6 @@ class CpuRunner final : public ModelRunner {
     int32_t count = 0;
   };
 
-  // Throws std::invalid_argument (state untouched) unless the whole step can be applied.
-  void Validate(const StepSpec& step) const;
-  void Apply(const StepSpec& step);
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
   // Per scheduled sequence, its drafts in drafts_ (none short of its end or without lookahead).
   std::vector<Sampling> ProposeDrafts(const StepSpec& step);
@@ -93,10 +74,9 @@ class CpuRunner final : public ModelRunner {
   std::unique_ptr<CpuModel> model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DraftProposer> draft_;  // --speculative-config draft_model; else null
-  // The vocabulary's bytes for guided decoding (tokenizer.json); null when the checkpoint has
-  // no byte-level tokenizer.json, and then guided decoding is not supported.
-  std::unique_ptr<GuidedVocab> guided_vocab_;
-  std::unordered_map<uint64_t, Sequence> seqs_;
+  // Guided decoding walks the vocabulary's bytes from tokenizer.json, which the table holds;
+  // without a byte-level tokenizer.json it is not supported.
+  SequenceTable seqs_;
   Sampler sampler_;
   ForwardBatch batch_;  // rebuilt each step; kept to reuse its capacity
   std::vector<float> last_logits_;

@@ -6,10 +6,11 @@
 #include <string>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "worker/model/compressed_tensors.h"
+#include "worker/arch/tensor_names.h"
+#include "worker/checkpoint/compressed_tensors.h"
+#include "worker/checkpoint/safetensors.h"
 #include "worker/model/cpu_model.h"
 #include "worker/model/cpu_model_internal.h"
-#include "worker/model/safetensors.h"
 
 namespace ferry::worker {
 namespace {
@@ -85,16 +86,16 @@ void CpuModel::LoadWeights(const std::string& dir) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
   const std::vector<int64_t> vocab_shape{vocab, hidden};
-  std::vector<float> embed = ckpt.Read("model.embed_tokens.weight", vocab_shape);
+  std::vector<float> embed = ckpt.Read(kEmbedTokensTensor, vocab_shape);
   // A tied model reuses the embedding matrix as the LM head (HF ignores any lm_head.weight).
   const int64_t head_begin = std::min(shard_.vocab_begin, vocab);
   const int64_t head_rows = std::min(vocab, shard_.vocab_begin + shard_.vocab_rows) - head_begin;
   // Padding rows (past the vocabulary on the last rank) stay zero, scale 0.
-  Projection head{"lm_head", std::vector<float>(shard_.vocab_rows * hidden, 0.f), {}, false};
+  Projection head{kLmHeadModule, std::vector<float>(shard_.vocab_rows * hidden, 0.f), {}, false};
   if (c.tie_word_embeddings) {
     std::copy_n(embed.begin() + head_begin * hidden, head_rows * hidden, head.w.begin());
   } else if (head_rows > 0) {
-    Projection read = ReadProjection(ckpt, scheme, "lm_head", vocab_shape, true, head_begin, head_rows);
+    Projection read = ReadProjection(ckpt, scheme, kLmHeadModule, vocab_shape, true, head_begin, head_rows);
     std::copy(read.w.begin(), read.w.end(), head.w.begin());
     head.int8 = read.int8;
     if (read.int8) {
@@ -114,7 +115,7 @@ void CpuModel::LoadWeights(const std::string& dir) {
   std::vector<float>().swap(embed);
   lm_head_ = std::make_unique<Linear>(MakeLinear(&context_, std::move(head), shard_.vocab_rows, hidden,
                                                  std::vector<float>{}, /*accumulate=*/false, head_quant));
-  final_norm_ = ckpt.Read("model.norm.weight", {hidden});
+  final_norm_ = ckpt.Read(kFinalNormTensor, {hidden});
   layers_.resize(c.num_hidden_layers);
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) LoadLayer(ckpt, scheme, i);
 }
@@ -126,47 +127,47 @@ void CpuModel::LoadLayer(const Checkpoint& ckpt, const std::optional<Int8Checkpo
   const int64_t hidden = c.hidden_size, d = c.head_dim, inter = c.intermediate_size;
   const int64_t q_dim = int64_t{c.num_attention_heads} * d;
   const int64_t kv_dim = int64_t{c.num_key_value_heads} * d;
-  const std::string p = "model.layers." + std::to_string(index) + ".";
+  const LayerTensors t = LayerTensorNames(c, index);
   Layer& l = layers_[index];
-  l.input_norm = ckpt.Read(p + "input_layernorm.weight", {hidden});
-  l.post_norm = ckpt.Read(p + "post_attention_layernorm.weight", {hidden});
+  l.input_norm = ckpt.Read(t.input_norm, {hidden});
+  l.post_norm = ckpt.Read(t.post_norm, {hidden});
   auto rows = [&](const std::string& module, const std::vector<int64_t>& shape, int64_t begin, int64_t count) {
-    return ReadProjection(ckpt, scheme, p + module, shape, true, begin, count);
+    return ReadProjection(ckpt, scheme, module, shape, true, begin, count);
   };
   auto cols = [&](const std::string& module, const std::vector<int64_t>& shape, int64_t begin, int64_t count) {
-    return ReadProjection(ckpt, scheme, p + module, shape, false, begin, count);
+    return ReadProjection(ckpt, scheme, module, shape, false, begin, count);
   };
   // Column-parallel QKV, fused: this rank's q rows, then its k rows, then its v rows.
   const int64_t q0 = s.q_head_begin * d, nq = s.num_q_heads * d;
   const int64_t k0 = s.kv_head_begin * d, nk = s.num_kv_heads * d;
-  RequireSameScheme(scheme, {p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"});
-  RequireSameScheme(scheme, {p + "mlp.gate_proj", p + "mlp.up_proj"});
-  Projection qkv = rows("self_attn.q_proj", {q_dim, hidden}, q0, nq);
-  Append(qkv, rows("self_attn.k_proj", {kv_dim, hidden}, k0, nk));
-  Append(qkv, rows("self_attn.v_proj", {kv_dim, hidden}, k0, nk));
+  RequireSameScheme(scheme, {t.q_proj, t.k_proj, t.v_proj});
+  RequireSameScheme(scheme, {t.gate_proj, t.up_proj});
+  Projection qkv = rows(t.q_proj, {q_dim, hidden}, q0, nq);
+  Append(qkv, rows(t.k_proj, {kv_dim, hidden}, k0, nk));
+  Append(qkv, rows(t.v_proj, {kv_dim, hidden}, k0, nk));
   std::vector<float> b;  // none without qkv_bias
   if (c.qkv_bias) {
-    b = ReadRows(ckpt, p + "self_attn.q_proj.bias", {q_dim}, q0, nq);
-    Append(b, ReadRows(ckpt, p + "self_attn.k_proj.bias", {kv_dim}, k0, nk));
-    Append(b, ReadRows(ckpt, p + "self_attn.v_proj.bias", {kv_dim}, k0, nk));
+    b = ReadRows(ckpt, t.q_proj + ".bias", {q_dim}, q0, nq);
+    Append(b, ReadRows(ckpt, t.k_proj + ".bias", {kv_dim}, k0, nk));
+    Append(b, ReadRows(ckpt, t.v_proj + ".bias", {kv_dim}, k0, nk));
   }
   if (c.qk_norm) {
-    l.q_norm = ckpt.Read(p + "self_attn.q_norm.weight", {d});
-    l.k_norm = ckpt.Read(p + "self_attn.k_norm.weight", {d});
+    l.q_norm = ckpt.Read(t.q_norm, {d});
+    l.k_norm = ckpt.Read(t.k_norm, {d});
   }
   // Unsharded, projections accumulate straight into the residual stream; sharded, each rank's
   // partial sum goes through the all-reduce first.
   const bool accumulate = options_.comm == nullptr;
   const Quantization quant = options_.quantization;
   l.qkv.emplace(MakeLinear(&context_, std::move(qkv), nq + 2 * nk, hidden, std::move(b), false, quant));
-  l.o_proj.emplace(MakeLinear(&context_, cols("self_attn.o_proj", {hidden, q_dim}, q0, nq), hidden, nq,
+  l.o_proj.emplace(MakeLinear(&context_, cols(t.o_proj, {hidden, q_dim}, q0, nq), hidden, nq,
                               std::vector<float>{}, accumulate, quant));
   // Column-parallel gate and up, fused so SiluAndMul sees [gate | up] per row.
-  Projection gate_up = rows("mlp.gate_proj", {inter, hidden}, s.inter_begin, s.inter_size);
-  Append(gate_up, rows("mlp.up_proj", {inter, hidden}, s.inter_begin, s.inter_size));
+  Projection gate_up = rows(t.gate_proj, {inter, hidden}, s.inter_begin, s.inter_size);
+  Append(gate_up, rows(t.up_proj, {inter, hidden}, s.inter_begin, s.inter_size));
   l.gate_up.emplace(MakeLinear(&context_, std::move(gate_up), 2 * s.inter_size, hidden, std::vector<float>{},
                                false, quant));
-  l.down.emplace(MakeLinear(&context_, cols("mlp.down_proj", {hidden, inter}, s.inter_begin, s.inter_size), hidden,
+  l.down.emplace(MakeLinear(&context_, cols(t.down_proj, {hidden, inter}, s.inter_begin, s.inter_size), hidden,
                             s.inter_size, std::vector<float>{}, accumulate, quant));
 }
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "worker/model/sampler.h"
+#include "worker/engine/sampler.h"
 
 namespace ferry::worker {
 

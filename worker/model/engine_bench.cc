@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/linear.h"
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/cpu_runner.h"
-#include "worker/model/random_checkpoint.h"
+#include "worker/model/linear.h"
 
 namespace ferry::worker {
 namespace {

@@ -8,9 +8,9 @@
 #include <set>
 
 #include "structured/regex_dfa.h"
-#include "worker/model/guided_automata.h"
-#include "worker/model/guided_schema.h"
-#include "worker/model/random_checkpoint.h"
+#include "worker/arch/random_checkpoint.h"
+#include "worker/engine/guided_automata.h"
+#include "worker/engine/guided_schema.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

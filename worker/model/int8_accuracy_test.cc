@@ -5,9 +5,9 @@
 
 #include <cstdio>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/bf16_test_util.h"
 #include "worker/model/quant_eval.h"
-#include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

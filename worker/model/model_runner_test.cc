@@ -8,8 +8,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/bf16_test_util.h"
-#include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

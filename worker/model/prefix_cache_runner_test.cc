@@ -4,9 +4,9 @@
 
 #include <cmath>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/bf16_test_util.h"
 #include "worker/model/cpu_runner.h"
-#include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

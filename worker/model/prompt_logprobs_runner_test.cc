@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/model/random_checkpoint.h"
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "worker/model/random_checkpoint.h"
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

@@ -13,25 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "worker/model/cpu_runner.h"
 
 namespace ferry::worker::testing {
 
-// A fresh directory under the temp dir, removed when destroyed.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("ferry_" + tag + "_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using ferry::testing::TempDir;
 
 class MiniScheduler {
  public:

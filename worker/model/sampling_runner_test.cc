@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "worker/model/random_checkpoint.h"
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

@@ -5,8 +5,8 @@
 
 #include <map>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/model/cpu_runner.h"
-#include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {

@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "worker/arch/random_checkpoint.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/random_checkpoint.h"
 #include "worker/model/runner_test_util.h"
 
 namespace ferry::worker {
