@@ -52,21 +52,33 @@ std::vector<double> Reference(const Shape& s, const std::vector<float>& qkv, con
   return out;
 }
 
+// The cos/sin of every position, as the engines upload it: [max_position, head_dim].
+std::vector<float> Table(const Shape& s) {
+  std::vector<int32_t> all_positions(s.max_position);
+  for (int i = 0; i < s.max_position; ++i) all_positions[i] = i;
+  std::vector<float> table(int64_t{s.max_position} * s.head_dim);
+  cpu::RotaryTable(all_positions.data(), s.max_position, s.head_dim, s.theta, table.data());
+  return table;
+}
+
+// Random positions, the first and the last position among them.
+std::vector<int32_t> Positions(const Shape& s, int tokens, std::mt19937& rng) {
+  std::vector<int32_t> positions(tokens);
+  std::uniform_int_distribution<int> pos(0, s.max_position - 1);
+  for (auto& p : positions) p = pos(rng);
+  positions[0] = 0;
+  positions[1] = s.max_position - 1;
+  return positions;
+}
+
 TEST(CudaQkvBiasRotary, MatchesReference) {
   FERRY_SKIP_WITHOUT_GPU();
   std::mt19937 rng(testing::TestSeed());
   for (const Shape& s : {Shape{4, 2, 16, 1e4f, 2048}, Shape{14, 2, 64, 1e6f, 32768}, Shape{7, 1, 64, 1e6f, 4096}}) {
     const int tokens = 45;
     const int64_t qkv_dim = (s.heads + 2 * s.kv_heads) * s.head_dim, stride = qkv_dim + 8;
-    std::vector<int32_t> all_positions(s.max_position);
-    for (int i = 0; i < s.max_position; ++i) all_positions[i] = i;
-    std::vector<float> table(int64_t{s.max_position} * s.head_dim);
-    cpu::RotaryTable(all_positions.data(), s.max_position, s.head_dim, s.theta, table.data());
-    std::vector<int32_t> positions(tokens);
-    std::uniform_int_distribution<int> pos(0, s.max_position - 1);
-    for (auto& p : positions) p = pos(rng);
-    positions[0] = 0;
-    positions[1] = s.max_position - 1;
+    const std::vector<float> table = Table(s);
+    const std::vector<int32_t> positions = Positions(s, tokens, rng);
     const auto qkv = testing::RandomVector(tokens * stride, rng);
     const auto bias = testing::RandomVector(qkv_dim, rng);
     DeviceVector<float> d_qkv(qkv), d_bias(bias), d_table(table);
@@ -103,13 +115,8 @@ TEST(CudaQkvBiasRotary, NormsEachHeadBeforeTheRotation) {
   for (const Shape& s : {Shape{4, 2, 16, 1e4f, 512}, Shape{16, 8, 128, 1e6f, 4096}, Shape{7, 1, 64, 1e6f, 1024}}) {
     const int tokens = 37;
     const int64_t qkv_dim = (s.heads + 2 * s.kv_heads) * s.head_dim, stride = qkv_dim + 4;
-    std::vector<int32_t> all_positions(s.max_position);
-    for (int i = 0; i < s.max_position; ++i) all_positions[i] = i;
-    std::vector<float> table(int64_t{s.max_position} * s.head_dim);
-    cpu::RotaryTable(all_positions.data(), s.max_position, s.head_dim, s.theta, table.data());
-    std::vector<int32_t> positions(tokens);
-    std::uniform_int_distribution<int> pos(0, s.max_position - 1);
-    for (auto& p : positions) p = pos(rng);
+    const std::vector<float> table = Table(s);
+    const std::vector<int32_t> positions = Positions(s, tokens, rng);
     const auto qkv = testing::RandomVector(tokens * stride, rng);
     const auto q_norm = testing::RandomVector(s.head_dim, rng), k_norm = testing::RandomVector(s.head_dim, rng);
     DeviceVector<float> d_qkv(qkv), d_table(table), d_q_norm(q_norm), d_k_norm(k_norm);
