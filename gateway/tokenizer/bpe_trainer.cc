@@ -3,7 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <stdexcept>
 #include <queue>
 #include <unordered_map>
 
@@ -26,11 +28,11 @@ uint64_t PairKey(int32_t left, int32_t right) {
 int32_t LeftOf(uint64_t key) { return static_cast<int32_t>(key >> 32); }
 int32_t RightOf(uint64_t key) { return static_cast<int32_t>(key & 0xFFFFFFFFu); }
 
-// Pre-tokenises the corpus as the tokenizer will, and counts each distinct
-// piece; std::map keeps the word order (and so training) deterministic.
-std::vector<Word> CountWords(std::string_view corpus) {
-  const std::string text = NormalizeNfc(Utf8Lossy(corpus));
-  const RegexSplitter splitter(kQwen2SplitPattern);
+// Pre-tokenises the corpus as a byte-level tokenizer will (NFC when `nfc`, then `pattern`), and
+// counts each distinct piece; std::map keeps the word order (and so training) deterministic.
+std::vector<Word> CountByteLevelWords(std::string_view corpus, std::string_view pattern, bool nfc) {
+  const std::string text = nfc ? NormalizeNfc(Utf8Lossy(corpus)) : Utf8Lossy(corpus);
+  const RegexSplitter splitter(pattern);
   std::vector<std::string_view> pieces;
   splitter.Split(text, &pieces);
   std::map<std::string_view, int64_t> counts;
@@ -133,18 +135,17 @@ bool MergeInWord(int32_t left, int32_t right, int32_t new_id, Word* word) {
 }
 
 struct TrainedBpe {
-  std::vector<std::string> tokens;  // byte-level strings, indexed by id
+  std::vector<std::string> tokens;  // indexed by id: the initial symbols, then one per new merge
   std::vector<std::pair<int32_t, int32_t>> merges;
 };
 
-TrainedBpe TrainBpe(std::vector<Word> words, int32_t vocab_size) {
+// BPE over `words`, whose symbols are ids of `initial` (the tokens that start the vocabulary), until
+// the vocabulary holds vocab_size tokens or no pair is left.
+TrainedBpe TrainBpe(std::vector<Word> words, std::vector<std::string> initial, int32_t vocab_size) {
   TrainedBpe bpe;
+  bpe.tokens = std::move(initial);
   std::unordered_map<std::string, int32_t> id_of;
-  const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
-  for (int rank = 0; rank < 256; ++rank) {
-    bpe.tokens.push_back(alphabet.CharOf(alphabet.ByteAtRank(rank)));
-    id_of[bpe.tokens.back()] = rank;
-  }
+  for (int32_t id = 0; id < static_cast<int32_t>(bpe.tokens.size()); ++id) id_of.emplace(bpe.tokens[id], id);
   PairStats stats(words);
   uint64_t key = 0;
   while (static_cast<int32_t>(bpe.tokens.size()) < vocab_size && stats.PopBest(&key)) {
@@ -165,6 +166,14 @@ TrainedBpe TrainBpe(std::vector<Word> words, int32_t vocab_size) {
   return bpe;
 }
 
+// The 256 byte symbols in GPT-2's bytes_to_unicode order.
+std::vector<std::string> ByteLevelSymbols() {
+  const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
+  std::vector<std::string> symbols;
+  for (int rank = 0; rank < 256; ++rank) symbols.push_back(alphabet.CharOf(alphabet.ByteAtRank(rank)));
+  return symbols;
+}
+
 OrderedJson ByteLevelJson() {
   return OrderedJson{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
 }
@@ -174,15 +183,17 @@ OrderedJson AddedTokenJson(int32_t id, const std::string& content) {
                      {"rstrip", false},  {"normalized", false}, {"special", true}};
 }
 
-OrderedJson PreTokenizerJson() {
+OrderedJson PreTokenizerJson(std::string_view pattern) {
   OrderedJson split{{"type", "Split"},
-                    {"pattern", {{"Regex", std::string(kQwen2SplitPattern)}}},
+                    {"pattern", {{"Regex", std::string(pattern)}}},
                     {"behavior", "Isolated"},
                     {"invert", false}};
   return OrderedJson{{"type", "Sequence"}, {"pretokenizers", OrderedJson::array({split, ByteLevelJson()})}};
 }
 
-OrderedJson ModelJson(const TrainedBpe& bpe) {
+// The BPE model: byte-level (no unknown token), or SentencePiece-style (unk_token "<unk>", fused,
+// byte fallback), as each family's file has it.
+OrderedJson ModelJson(const TrainedBpe& bpe, bool sentencepiece) {
   OrderedJson vocab = OrderedJson::object();
   // ordered_map's own insert searches linearly (quadratic here); tokens are
   // unique, so append to its underlying vector directly.
@@ -191,19 +202,94 @@ OrderedJson ModelJson(const TrainedBpe& bpe) {
   entries.reserve(bpe.tokens.size());
   for (size_t id = 0; id < bpe.tokens.size(); ++id) entries.emplace_back(bpe.tokens[id], id);
   OrderedJson merges = OrderedJson::array();
-  // Byte-level symbols never contain U+0020, so Qwen2's "a b" form is unambiguous.
+  // Neither kind of symbol contains U+0020 (byte-level maps it, SentencePiece-style writes "▁"), so
+  // the "a b" form is unambiguous.
   for (const auto& [left, right] : bpe.merges) merges.push_back(bpe.tokens[left] + " " + bpe.tokens[right]);
-  return OrderedJson{{"type", "BPE"},          {"dropout", nullptr},        {"unk_token", nullptr},
-                     {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-                     {"byte_fallback", false}, {"ignore_merges", false},    {"vocab", std::move(vocab)},
+  const OrderedJson unk = sentencepiece ? OrderedJson("<unk>") : OrderedJson(nullptr);
+  const OrderedJson affix = sentencepiece ? OrderedJson(nullptr) : OrderedJson("");
+  return OrderedJson{{"type", "BPE"},          {"dropout", nullptr},         {"unk_token", unk},
+                     {"continuing_subword_prefix", affix}, {"end_of_word_suffix", affix}, {"fuse_unk", sentencepiece},
+                     {"byte_fallback", sentencepiece}, {"ignore_merges", false}, {"vocab", std::move(vocab)},
                      {"merges", std::move(merges)}};
+}
+
+// TemplateProcessing that puts `bos` (id `bos_id`) before each text, and before each of a pair.
+OrderedJson BosTemplateJson(const std::string& bos, int32_t bos_id) {
+  const OrderedJson special{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}};
+  auto seq = [](const char* id, int type_id) { return OrderedJson{{"Sequence", {{"id", id}, {"type_id", type_id}}}}; };
+  return OrderedJson{{"type", "TemplateProcessing"},
+                     {"single", OrderedJson::array({special, seq("A", 0)})},
+                     {"pair", OrderedJson::array({special, seq("A", 0), OrderedJson{{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
+                                                  seq("B", 1)})},
+                     {"special_tokens", {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}};
+}
+
+// Counts the words of a SentencePiece-style tokenizer: the text with "▁" prepended and for every
+// space (its normaliser), cut before each "▁" (SentencePiece's split_by_whitespace), each word a
+// sequence of characters. The most frequent characters that together make up kCharacterCoverage
+// of the text (SentencePiece's default), and at most half of what vocab_size leaves after
+// `symbols` (so merges get the other half), get ids, appended to `symbols`, most frequent first
+// (ties: smaller text); the rarest are left to byte fallback, and words are cut around them so no
+// merge spans one.
+std::vector<Word> CountSentencePieceWords(std::string_view corpus, int32_t vocab_size, std::vector<std::string>* symbols) {
+  static constexpr std::string_view kSpace = "\xe2\x96\x81";  // ▁
+  static constexpr double kCharacterCoverage = 0.9995;
+  std::string text(kSpace);
+  for (char c : Utf8Lossy(corpus)) {
+    if (c == ' ') {
+      text += kSpace;
+    } else {
+      text += c;
+    }
+  }
+  std::vector<std::string> chars;  // the text's characters, in order
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);  // valid UTF-8 (Utf8Lossy)
+    const size_t n = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    chars.push_back(text.substr(i, n));
+    i += n;
+  }
+  std::map<std::string, int64_t> char_counts;
+  for (const std::string& c : chars) ++char_counts[c];
+  std::vector<std::pair<std::string, int64_t>> by_count(char_counts.begin(), char_counts.end());
+  std::stable_sort(by_count.begin(), by_count.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::unordered_map<std::string, int32_t> id_of;
+  const size_t max_chars = static_cast<size_t>(std::max<int64_t>(0, (vocab_size - int64_t{static_cast<int64_t>(symbols->size())}) / 2));
+  int64_t covered = 0;
+  for (const auto& [c, count] : by_count) {
+    if (static_cast<double>(covered) >= kCharacterCoverage * static_cast<double>(chars.size())) break;
+    if (id_of.size() == max_chars) break;
+    covered += count;
+    id_of.emplace(c, static_cast<int32_t>(symbols->size()));
+    symbols->push_back(c);
+  }
+  std::map<std::vector<int32_t>, int64_t> counts;
+  std::vector<int32_t> word;
+  auto end_word = [&] {
+    if (!word.empty()) ++counts[word];
+    word.clear();
+  };
+  for (const std::string& c : chars) {
+    if (c == kSpace) end_word();
+    const auto it = id_of.find(c);
+    if (it == id_of.end()) {
+      end_word();
+      continue;
+    }
+    word.push_back(it->second);
+  }
+  end_word();
+  std::vector<Word> words;
+  for (const auto& [symbols_of_word, count] : counts) words.push_back(Word{symbols_of_word, count});
+  return words;
 }
 
 }  // namespace
 
 std::string TrainQwen2TokenizerJson(std::string_view corpus, int32_t vocab_size,
                                     const std::vector<std::string>& special_tokens) {
-  const TrainedBpe bpe = TrainBpe(CountWords(corpus), vocab_size);
+  const TrainedBpe bpe = TrainBpe(CountByteLevelWords(corpus, kQwen2SplitPattern, /*nfc=*/true), ByteLevelSymbols(),
+                                  vocab_size);
   OrderedJson added = OrderedJson::array();
   int32_t next_id = static_cast<int32_t>(bpe.tokens.size());
   for (const std::string& special : special_tokens) added.push_back(AddedTokenJson(next_id++, special));
@@ -212,10 +298,73 @@ std::string TrainQwen2TokenizerJson(std::string_view corpus, int32_t vocab_size,
                    {"padding", nullptr},
                    {"added_tokens", std::move(added)},
                    {"normalizer", {{"type", "NFC"}}},
-                   {"pre_tokenizer", PreTokenizerJson()},
+                   {"pre_tokenizer", PreTokenizerJson(kQwen2SplitPattern)},
                    {"post_processor", ByteLevelJson()},
                    {"decoder", ByteLevelJson()},
-                   {"model", ModelJson(bpe)}};
+                   {"model", ModelJson(bpe, /*sentencepiece=*/false)}};
+  return root.dump(2) + "\n";
+}
+
+std::string TrainLlama3TokenizerJson(std::string_view corpus, int32_t vocab_size,
+                                     const std::vector<std::string>& special_tokens) {
+  if (special_tokens.empty()) throw std::invalid_argument("a Llama 3 tokenizer needs its BOS token");
+  const TrainedBpe bpe = TrainBpe(CountByteLevelWords(corpus, kLlama3SplitPattern, /*nfc=*/false), ByteLevelSymbols(),
+                                  vocab_size);
+  OrderedJson added = OrderedJson::array();
+  const auto bos_id = static_cast<int32_t>(bpe.tokens.size());
+  int32_t next_id = bos_id;
+  for (const std::string& special : special_tokens) added.push_back(AddedTokenJson(next_id++, special));
+  OrderedJson root{{"version", "1.0"},
+                   {"truncation", nullptr},
+                   {"padding", nullptr},
+                   {"added_tokens", std::move(added)},
+                   {"normalizer", nullptr},
+                   {"pre_tokenizer", PreTokenizerJson(kLlama3SplitPattern)},
+                   {"post_processor", {{"type", "Sequence"},
+                                       {"processors", OrderedJson::array({OrderedJson{{"type", "ByteLevel"},
+                                                                                       {"add_prefix_space", true},
+                                                                                       {"trim_offsets", false},
+                                                                                       {"use_regex", true}},
+                                                                           BosTemplateJson(special_tokens[0], bos_id)})}}},
+                   {"decoder", ByteLevelJson()},
+                   {"model", ModelJson(bpe, /*sentencepiece=*/false)}};
+  return root.dump(2) + "\n";
+}
+
+std::string TrainSentencePieceTokenizerJson(std::string_view corpus, int32_t vocab_size,
+                                            const std::vector<std::string>& special_tokens) {
+  if (special_tokens.size() < 3) throw std::invalid_argument("a SentencePiece-style tokenizer needs <unk>, <s>, </s>");
+  std::vector<std::string> symbols = special_tokens;
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+    symbols.push_back(hex);
+  }
+  std::vector<Word> words = CountSentencePieceWords(corpus, vocab_size, &symbols);
+  const TrainedBpe bpe = TrainBpe(std::move(words), std::move(symbols), vocab_size);
+  OrderedJson added = OrderedJson::array();
+  for (int32_t id = 0; id < static_cast<int32_t>(special_tokens.size()); ++id) {
+    added.push_back(AddedTokenJson(id, special_tokens[static_cast<size_t>(id)]));
+  }
+  static const std::string kSpace = "\xe2\x96\x81";
+  const OrderedJson normalizer{
+      {"type", "Sequence"},
+      {"normalizers", OrderedJson::array({OrderedJson{{"type", "Prepend"}, {"prepend", kSpace}},
+                                          OrderedJson{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}}})}};
+  const OrderedJson decoder{
+      {"type", "Sequence"},
+      {"decoders", OrderedJson::array({OrderedJson{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                                       OrderedJson{{"type", "ByteFallback"}}, OrderedJson{{"type", "Fuse"}},
+                                       OrderedJson{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  OrderedJson root{{"version", "1.0"},
+                   {"truncation", nullptr},
+                   {"padding", nullptr},
+                   {"added_tokens", std::move(added)},
+                   {"normalizer", normalizer},
+                   {"pre_tokenizer", nullptr},
+                   {"post_processor", BosTemplateJson(special_tokens[1], 1)},
+                   {"decoder", decoder},
+                   {"model", ModelJson(bpe, /*sentencepiece=*/true)}};
   return root.dump(2) + "\n";
 }
 

@@ -11,6 +11,9 @@ namespace ferry::tokenizer {
 // Qwen2's pre-tokenizer pattern (also used by the trainer).
 inline constexpr std::string_view kQwen2SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Llama 3's: Qwen2's with digits in runs of up to three.
+inline constexpr std::string_view kLlama3SplitPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // GPT-2's pattern, which ByteLevel(use_regex=true) applies.
 inline constexpr std::string_view kGpt2SplitPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";

@@ -172,10 +172,10 @@ def render_reference(cases):
             return json.load(f)
 
 
-def render_ferry(family, template, bodies, tmp_path):
+def render_ferry(family, template, special_tokens, bodies, tmp_path):
     model = tmp_path / family
     model.mkdir()
-    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, **FAMILIES[family]}))
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, **special_tokens}))
     lines = "".join(json.dumps(b, ensure_ascii=False) + "\n" for b in bodies)
     out = subprocess.run([RENDER_CHAT, "--model", str(model)], input=lines, capture_output=True, text=True,
                          timeout=300, check=True)
@@ -190,11 +190,33 @@ def test_published_template_renders_as_transformers(family, tmp_path):
         pytest.skip(f"{path} missing: scripts/setup.sh fetches the published templates from PyPI")
     if not os.path.exists(RENDER_CHAT):
         pytest.skip(f"{RENDER_CHAT} not built (set FERRY_BUILD_DIR)")
-    template = open(path, encoding="utf-8").read()
+    check_renders_as_transformers(family, open(path, encoding="utf-8").read(), FAMILIES[family], tmp_path)
+
+
+# The templates ferry-make-model writes for its Llama- and Mistral-shaped models (Ferry's own, in
+# their families' formats), held to the same rule; conversations shaped as for the family.
+MAKE_MODEL_PRESETS = {"tiny-llama": "llama3.2", "tiny-mistral": "mistral-v0.3", "tiny-qwen3": "qwen2.5"}
+
+
+@pytest.mark.parametrize("preset", list(MAKE_MODEL_PRESETS))
+def test_make_model_template_renders_as_transformers(preset, tmp_path):
+    pytest.importorskip("transformers")
+    make_model = os.path.join(BUILD, "bin", "ferry-make-model")
+    if not os.path.exists(RENDER_CHAT) or not os.path.exists(make_model):
+        pytest.skip(f"{RENDER_CHAT} or {make_model} not built (set FERRY_BUILD_DIR)")
+    out = tmp_path / "model"
+    subprocess.run([make_model, "--preset", preset, "--out", str(out)], check=True, capture_output=True, timeout=120)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if isinstance(config.get(k), str)}
+    check_renders_as_transformers(MAKE_MODEL_PRESETS[preset], config["chat_template"], special, tmp_path)
+
+
+def check_renders_as_transformers(family, template, special_tokens, tmp_path):
+    """200 conversations shaped for `family`, rendered by transformers and by the gateway's path."""
     rng = random.Random(f"{family}-20261206")
     bodies = [conversation(rng, family) for _ in range(CONVERSATIONS)]
-    want = render_reference([{"template": template, "body": b, "special_tokens": FAMILIES[family]} for b in bodies])
-    got = render_ferry(family, template, bodies, tmp_path)
+    want = render_reference([{"template": template, "body": b, "special_tokens": special_tokens} for b in bodies])
+    got = render_ferry(family, template, special_tokens, bodies, tmp_path)
     assert len(got) == len(bodies)
     failures, rendered = [], 0
     for body, w, g in zip(bodies, want, got):

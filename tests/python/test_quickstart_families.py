@@ -1,5 +1,6 @@
 """The quickstart (scripts/quickstart.sh, FERRY_MODEL=...) serving a Llama-shaped and a Mistral-shaped
-model with its family's published chat template (--chat-template; scripts/setup.sh fetches them),
+model, each with its family's published chat template (--chat-template; scripts/setup.sh fetches
+them) and with the template ferry-make-model writes beside its own family's tokenizer (no flag),
 called with the official openai client: a chat, streamed and not; a tool call under tool_choice
 "auto" in the family's own format (Llama 3's JSON, Mistral's [TOOL_CALLS]), parsed streamed and
 not; and the call and its result sent back, rendered as transformers renders the template.
@@ -32,20 +33,26 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=[(preset, source) for source in ("published", "own") for preset in FAMILIES],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def quickstart(request, tmp_path_factory):
-    preset = request.param
-    template = TEMPLATES / (FAMILIES[preset][0] + ".jinja")
-    if not template.exists():
-        pytest.skip(f"{template} missing: scripts/setup.sh fetches the published templates from PyPI")
+    preset, source = request.param
     work = tmp_path_factory.mktemp(preset)
     model = work / "model"
     subprocess.run([str(binary("ferry-make-model")), "--preset", preset, "--seed", "3", "--out", str(model)],
                    check=True, capture_output=True)
+    flags = []
+    if source == "published":
+        path = TEMPLATES / (FAMILIES[preset][0] + ".jinja")
+        if not path.exists():
+            pytest.skip(f"{path} missing: scripts/setup.sh fetches the published templates from PyPI")
+        flags, template = ["--chat-template", str(path)], path.read_text()
+    else:
+        template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
     ready = work / "stack.json"
     env = dict(os.environ, FERRY_MODEL=str(model), FERRY_PORT="0", FERRY_HTTP_PORT="0", FERRY_METRICS_PORT="0")
     log = open(work / "quickstart.log", "wb")
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "quickstart.sh"), "--chat-template", str(template),
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "quickstart.sh"), *flags,
                              "--served-model-name", "m", "--run-dir", str(work / "run"), "--ready-file", str(ready)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 300  # setup.sh checks and builds first (a no-op when built)
@@ -56,7 +63,7 @@ def quickstart(request, tmp_path_factory):
     ports = json.loads(ready.read_text())
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports['gateway']['http_port']}/v1", api_key="unused",
                            max_retries=0)
-    yield preset, model, template.read_text(), client, work
+    yield preset, model, template, client, work
     proc.send_signal(2)  # Ctrl-C, as a quickstart user stops it
     assert proc.wait(timeout=60) == 0, (work / "quickstart.log").read_text()[-3000:]
     log.close()

@@ -348,3 +348,25 @@ def test_parity_with_mistral_tokenizer(tmp_path, strings, legacy):
     want = [hf.encode(s, add_special_tokens=True).ids for s in sample]
     assert [g.get("ids") for g in got] == want
     assert all(ids[0] == 1 for ids in want), "the template's BOS"
+
+
+# The tokenizers ferry-make-model writes for its Llama- and Mistral-shaped models (trained by
+# gateway/tokenizer/bpe_trainer.cc in each family's configuration): transformers' library must load
+# them as written, and Ferry must encode and decode as it does, the post-processor's BOS included.
+@pytest.mark.parametrize("preset,bos", [("tiny-llama", "<|begin_of_text|>"), ("tiny-mistral", "<s>")])
+def test_parity_with_make_model_tokenizers(tmp_path, strings, preset, bos):
+    make_model = BUILD_DIR / "bin" / "ferry-make-model"
+    if not make_model.exists():
+        pytest.skip(f"{make_model} not built (set FERRY_BUILD_DIR)")
+    subprocess.run([str(make_model), "--preset", preset, "--out", str(tmp_path)], check=True, capture_output=True,
+                   timeout=120)
+    path = tmp_path / "tokenizer.json"
+    hf = Tokenizer.from_file(str(path))
+    bos_id = hf.token_to_id(bos)
+    assert bos_id is not None
+    check_parity(path, strings + MISTRAL_TEXTS)
+    sample = strings[::10]
+    expected = [hf.encode(s, add_special_tokens=True).ids for s in sample]
+    assert all(ids[0] == bos_id for ids in expected)
+    got = run_ferry(path, [{"text": s, "add_special_tokens": True} for s in sample])
+    assert [g.get("ids") for g in got] == expected

@@ -1,13 +1,17 @@
 // ferry-make-model: writes a random-weight checkpoint of a served architecture (Qwen2, Qwen3,
-// Llama, Mistral) in exactly the Hugging Face layout (config.json, generation_config.json, model.safetensors,
-// tokenizer.json, tokenizer_config.json), so tests and the demo need no
-// download and a real checkpoint loads through the same code.
+// Llama, Mistral) in exactly the Hugging Face layout (config.json, generation_config.json,
+// model.safetensors, tokenizer.json, tokenizer_config.json), with a tokenizer and chat template of
+// the architecture's family, so tests and the demo need no download and a real checkpoint loads
+// through the same code.
 #include <CLI/CLI.hpp>
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "common/logging.h"
 #include "gateway/tokenizer/bpe_trainer.h"
@@ -22,6 +26,55 @@ void WriteText(const fs::path& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
   if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+// What the checkpoint takes from its tokenizer.
+struct FamilyTokenizer {
+  int32_t bos_id = 0;
+  std::vector<int32_t> eos_ids;  // generation_config.json's, config.json's eos first
+  int32_t vocab_size = 0;        // ids the tokenizer uses; the embedding rows past them are zero
+};
+
+// Trains the architecture's family of tokenizer on the demo corpus and writes tokenizer.json and
+// tokenizer_config.json with its chat template: Llama 3's byte-level configuration for Llama,
+// SentencePiece-style BPE with Mistral's control tokens for Mistral, Qwen2's with ChatML for Qwen2
+// and Qwen3.
+FamilyTokenizer WriteFamilyTokenizer(const ferry::worker::ModelShape& shape, int32_t vocab, const std::string& dir) {
+  namespace tk = ferry::tokenizer;
+  std::vector<std::string> specials;
+  std::string bos, json, config;
+  std::vector<std::string> eos;
+  const std::string_view corpus = tk::DefaultTrainingCorpus();
+  if (shape.architecture == "LlamaForCausalLM") {
+    specials = {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                "<|python_tag|>"};
+    json = tk::TrainLlama3TokenizerJson(corpus, std::min<int32_t>(vocab, shape.vocab_size - 6), specials);
+    config = tk::Llama3TokenizerConfigJson(json, shape.max_position_embeddings);
+    bos = "<|begin_of_text|>";
+    eos = {"<|eot_id|>", "<|end_of_text|>"};
+  } else if (shape.architecture == "MistralForCausalLM") {
+    specials = {"<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"};
+    json = tk::TrainSentencePieceTokenizerJson(corpus, std::min(vocab, shape.vocab_size), specials);
+    config = tk::MistralTokenizerConfigJson(json, shape.max_position_embeddings);
+    bos = "<s>";
+    eos = {"</s>"};
+  } else {
+    specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    json = tk::TrainQwen2TokenizerJson(corpus, std::min<int32_t>(vocab, shape.vocab_size - 3), specials);
+    config = tk::Qwen2TokenizerConfigJson(json, shape.max_position_embeddings);
+    bos = "<|endoftext|>";
+    eos = {"<|im_end|>", "<|endoftext|>"};
+  }
+  WriteText(fs::path(dir) / "tokenizer.json", json);
+  WriteText(fs::path(dir) / "tokenizer_config.json", config);
+  const auto tokenizer = tk::Tokenizer::FromJson(json);
+  FamilyTokenizer out;
+  out.bos_id = tokenizer->TokenToId(bos).value();
+  for (const std::string& e : eos) out.eos_ids.push_back(tokenizer->TokenToId(e).value());
+  out.vocab_size = tokenizer->vocab_size();
+  spdlog::info("tokenizer: {} tokens, bos {}, eos {}", out.vocab_size, bos, fmt::join(eos, " and "));
+  return out;
 }
 
 }  // namespace
@@ -58,23 +111,12 @@ int main(int argc, char** argv) {
 
   try {
     ferry::worker::ModelShape shape = presets.at(preset);
-    // The tokenizer is a byte-level BPE trained here in Qwen2's configuration, with ChatML's special
-    // tokens and template, whatever the architecture (the families' own tokenizers: issue #55).
     if (tokenizer_vocab == 0) tokenizer_vocab = preset.rfind("tiny", 0) == 0 ? 1024 : 8192;
-    tokenizer_vocab = std::min(tokenizer_vocab, shape.vocab_size - 3);
     fs::create_directories(out_dir);
-    const std::vector<std::string> specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-    const std::string tokenizer_json =
-        ferry::tokenizer::TrainQwen2TokenizerJson(ferry::tokenizer::DefaultTrainingCorpus(), tokenizer_vocab, specials);
-    WriteText(fs::path(out_dir) / "tokenizer.json", tokenizer_json);
-    auto tokenizer = ferry::tokenizer::Tokenizer::FromJson(tokenizer_json);
-    const int32_t im_end = tokenizer->TokenToId("<|im_end|>").value();
-    const int32_t endoftext = tokenizer->TokenToId("<|endoftext|>").value();
-    WriteText(fs::path(out_dir) / "tokenizer_config.json", ferry::tokenizer::Qwen2TokenizerConfigJson(tokenizer_json, shape.max_position_embeddings));
-    spdlog::info("tokenizer: {} tokens (eos {} and {})", tokenizer->vocab_size(), im_end, endoftext);
-    shape.bos_token_id = endoftext;
-    shape.eos_token_id = im_end;
-    ferry::worker::WriteRandomCheckpoint(shape, seed, dtype, out_dir, {im_end, endoftext}, tokenizer->vocab_size());
+    const FamilyTokenizer t = WriteFamilyTokenizer(shape, tokenizer_vocab, out_dir);
+    shape.bos_token_id = t.bos_id;
+    shape.eos_token_id = t.eos_ids.front();
+    ferry::worker::WriteRandomCheckpoint(shape, seed, dtype, out_dir, t.eos_ids, t.vocab_size);
     spdlog::info("wrote {} checkpoint ({}) to {}", preset, dtype, out_dir);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());

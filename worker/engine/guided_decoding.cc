@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -329,6 +330,58 @@ void GuidedVocab::BuildTrie() {
   close_to(0);
 }
 
+namespace {
+
+constexpr std::string_view kMetaspace = "\xe2\x96\x81";  // ▁, SentencePiece's space
+
+// Whether a tokenizer.json spells spaces as "▁" (Mistral's and Llama 2's SentencePiece-style
+// BPE): its model falls back to bytes, or its decoder maps "▁" back to a space (Metaspace, or a
+// Replace of "▁").
+bool IsSentencePieceStyle(const nlohmann::json& j) {
+  const nlohmann::json& model = j["model"];
+  if (model.is_object() && model.value("byte_fallback", false) == true) return true;
+  if (!j.contains("decoder") || !j["decoder"].is_object()) return false;
+  const nlohmann::json& d = j["decoder"];
+  std::vector<const nlohmann::json*> steps{&d};
+  if (d.contains("decoders") && d["decoders"].is_array()) {
+    for (const nlohmann::json& step : d["decoders"]) steps.push_back(&step);
+  }
+  for (const nlohmann::json* step : steps) {
+    if (!step->is_object()) continue;
+    const std::string type = step->value("type", "");
+    if (type == "Metaspace") return true;
+    if (type == "Replace" && step->contains("pattern") && (*step)["pattern"].is_object() &&
+        (*step)["pattern"].value("String", "") == kMetaspace) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The bytes a SentencePiece-style token stands for: a byte-fallback token "<0xHH>" the one byte,
+// any other its text with every "▁" a space. The decoder's Strip of the output's first space is
+// the detokenizer's (the text a client sees), not the constraint's: a guided sequence's text is
+// its tokens' bytes as they are, so a constraint that starts with "{" admits "{" first and not
+// "▁{", and the text the client sees is the same.
+std::string SentencePieceBytes(const std::string& token, bool byte_fallback) {
+  if (byte_fallback && token.size() == 6 && token.rfind("<0x", 0) == 0 && token[5] == '>' &&
+      std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4]))) {
+    return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+  }
+  std::string out;
+  for (size_t i = 0; i < token.size();) {
+    if (token.compare(i, kMetaspace.size(), kMetaspace) == 0) {
+      out += ' ';
+      i += kMetaspace.size();
+    } else {
+      out += token[i++];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& path, int32_t vocab_size,
                                                             std::vector<int32_t> eos_ids) {
   std::ifstream in(path);
@@ -343,6 +396,8 @@ std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& p
   if (vocab == nullptr || !vocab->contains("vocab") || !(*vocab)["vocab"].is_object()) {
     throw std::runtime_error(path + ": no model.vocab object (guided decoding reads byte-level BPE vocabularies)");
   }
+  const bool sentencepiece = IsSentencePieceStyle(j);
+  const bool byte_fallback = (*vocab).value("byte_fallback", false) == true;
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::Get();
   std::vector<std::string> bytes(static_cast<size_t>(std::max(vocab_size, 0)));
   for (const auto& [entry, id_json] : (*vocab)["vocab"].items()) {
@@ -350,7 +405,9 @@ std::unique_ptr<GuidedVocab> GuidedVocab::FromTokenizerJson(const std::string& p
     const int64_t id = id_json.get<int64_t>();
     if (id < 0 || id >= vocab_size) continue;
     std::string b;
-    if (!alphabet.Decode(entry, &b)) {
+    if (sentencepiece) {
+      b = SentencePieceBytes(entry, byte_fallback);
+    } else if (!alphabet.Decode(entry, &b)) {
       throw std::runtime_error(path + ": vocabulary entry " + std::to_string(id) + " is not byte-level");
     }
     bytes[static_cast<size_t>(id)] = std::move(b);

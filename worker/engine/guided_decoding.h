@@ -49,10 +49,12 @@ class GuidedVocab {
   // accepted.
   GuidedVocab(std::vector<std::string> token_bytes, std::vector<int32_t> eos_ids);
 
-  // A Hugging Face tokenizer.json whose model is a byte-level BPE (Qwen2, GPT-2): each
-  // model.vocab string mapped back to bytes through GPT-2's bytes_to_unicode; added tokens
-  // marked special are never allowed, other added tokens stand for their content. Ids at or
-  // past vocab_size are ignored. Throws std::runtime_error naming the file on a bad one.
+  // A Hugging Face tokenizer.json whose model is a byte-level BPE (Qwen2, Llama 3, GPT-2): each
+  // model.vocab string mapped back to bytes through GPT-2's bytes_to_unicode; or a
+  // SentencePiece-style BPE (Mistral, Llama 2: byte fallback, or "▁" decoded to a space): "▁" is a
+  // space and "<0xHH>" the byte. Added tokens marked special are never allowed, other added
+  // tokens stand for their content. Ids at or past vocab_size are ignored. Throws
+  // std::runtime_error naming the file on a bad one.
   static std::unique_ptr<GuidedVocab> FromTokenizerJson(const std::string& path, int32_t vocab_size,
                                                         std::vector<int32_t> eos_ids);
 
@@ -147,8 +149,8 @@ class GuidedMatcher {
 std::unique_ptr<GuidedMatcher> MakeGuidedMatcher(const GuidedSpec& spec, GuidedVocab& vocab);
 
 // What a runner (CPU or GPU) needs around the matchers.
-// The vocabulary of model_dir/tokenizer.json; null when there is none or it is not a byte-level
-// BPE, and the backend then reports no guided decoding (ModelInfo.supports_guided_decoding),
+// The vocabulary of model_dir/tokenizer.json; null when there is none or it is neither a
+// byte-level nor a SentencePiece-style BPE, and the backend then reports no guided decoding (ModelInfo.supports_guided_decoding),
 // which the scheduler refuses with INVALID_ARGUMENT.
 std::unique_ptr<GuidedVocab> LoadGuidedVocab(const std::string& model_dir, int32_t vocab_size,
                                              std::vector<int32_t> eos_ids);

@@ -362,5 +362,39 @@ TEST(GuidedVocabTest, ReadsAByteLevelTokenizerJson) {
   std::filesystem::remove(path);
 }
 
+// Mistral's and Llama 2's tokenizer.json: "▁" is a space, "<0xHH>" one byte; in both published
+// forms (byte fallback with Prepend/Replace normalisers, and the Metaspace decoder alone).
+TEST(GuidedVocabTest, ReadsASentencePieceStyleTokenizerJson) {
+  const auto path = std::filesystem::temp_directory_path() / "ferry_guided_sp_tokenizer.json";
+  const std::string space = "\xE2\x96\x81";
+  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"<0x0A>", 3}, {"<0xE9>", 4},
+                          {space + "{", 5}, {"{", 6}, {space + space + "a", 7}, {"<0x>", 8}};
+  nlohmann::json added = {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+                          {{"id", 1}, {"content", "<s>"}, {"special", true}},
+                          {{"id", 2}, {"content", "</s>"}, {"special", true}}};
+  for (const bool fallback : {true, false}) {
+    nlohmann::json j = {{"model", {{"type", "BPE"}, {"byte_fallback", fallback}, {"vocab", vocab}}},
+                        {"added_tokens", added}};
+    if (!fallback) j["decoder"] = {{"type", "Metaspace"}, {"replacement", space}};
+    std::ofstream(path) << j.dump();
+    const auto v = GuidedVocab::FromTokenizerJson(path.string(), 9, {2});
+    EXPECT_EQ(v->bytes(0), "");
+    EXPECT_EQ(v->bytes(2), "");
+    EXPECT_EQ(v->bytes(3), fallback ? "\n" : "<0x0A>") << "bytes only with byte fallback";
+    EXPECT_EQ(v->bytes(4), fallback ? "\xE9" : "<0xE9>");
+    EXPECT_EQ(v->bytes(5), " {");
+    EXPECT_EQ(v->bytes(6), "{");
+    EXPECT_EQ(v->bytes(7), "  a");
+    EXPECT_EQ(v->bytes(8), "<0x>") << "not a byte token";
+    // A constraint starting with "{" takes "{" first, never " {".
+    GuidedSpec spec;
+    spec.kind = GuidedSpec::Kind::kChoice;
+    spec.choices = {"{"};
+    auto m = MakeGuidedMatcher(spec, *v);
+    EXPECT_EQ(Members(m->Allowed()), (std::vector<int32_t>{6}));
+  }
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace ferry::worker
