@@ -34,6 +34,11 @@ class Communicator {
   // Copies root's bytes to every rank.
   virtual void Broadcast(void* data, size_t bytes, int root) = 0;
   virtual void Barrier() = 0;
+  // A device communicator's collectives are stream-ordered: they return once enqueued, and a
+  // failure (a peer gone) shows later. The caller that waits for the stream polls this while it
+  // waits; it throws CommError once the group has failed. A host communicator's collectives
+  // complete before they return, so there is nothing to poll.
+  virtual void PollAsyncError() {}
 };
 
 struct GlooOptions {

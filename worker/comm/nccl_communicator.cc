@@ -43,11 +43,12 @@ void Pause(int spins) {
 
 // The communicator is non-blocking (ncclConfig_t::blocking = 0): NCCL calls may return
 // ncclInProgress and finish in the background, and nothing NCCL does waits forever on the
-// host. Every collective is then waited for with a deadline, polling both the stream and the
-// communicator's asynchronous error; on a timeout or an error the communicator is aborted
-// (ncclCommAbort frees the kernels stuck on a dead peer) and CommError thrown. Inside a CUDA
-// graph capture nothing runs yet: only the enqueue is checked, and the replay is bounded by
-// the runner's own wait for its step.
+// host. A collective returns once enqueued on the stream (the enqueue itself bounded by the
+// timeout): the host does not wait for it, since the next kernel on the stream does, and a
+// forward pass issues two a layer. Completion and a peer's failure are the stream waiter's:
+// the runner's wait for its step, bounded by its step timeout, polls PollAsyncError, which
+// aborts the communicator (ncclCommAbort frees the kernels stuck on a dead peer) and throws
+// CommError on an asynchronous error. Barrier alone waits for its collective on the host.
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int size, ncclComm_t comm, cudaStream_t stream, std::chrono::seconds timeout)
@@ -110,9 +111,11 @@ class NcclCommunicator final : public Communicator {
   // the host then waits for, since no rank's copy can finish before all join.
   void Barrier() override {
     if (IsCapturing()) throw std::runtime_error("NCCL Barrier: cannot wait inside a CUDA graph capture");
+    const auto deadline = Clock::now() + timeout_;
     Collective("ncclAllReduce (Barrier)", [&] {
       return ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
     });
+    WaitForCompletion("ncclAllReduce (Barrier)", deadline);
   }
 
  private:
@@ -128,8 +131,18 @@ class NcclCommunicator final : public Communicator {
       Pause(spins);
     }
     if (status != ncclSuccess) Abort(what, ncclGetErrorString(status));
-    if (!IsCapturing()) WaitForCompletion(what, deadline);
   }
+
+ public:
+  void PollAsyncError() override {
+    if (!failure_.empty()) throw CommError("NCCL communicator failed: " + failure_);
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t polled = ncclCommGetAsyncError(comm_, &async);
+    if (polled != ncclSuccess) async = polled;
+    if (async != ncclSuccess && async != ncclInProgress) Abort("a collective", ncclGetErrorString(async));
+  }
+
+ private:
 
   // Everything enqueued on the stream so far, the collective last, has finished.
   void WaitForCompletion(const char* what, Clock::time_point deadline) {

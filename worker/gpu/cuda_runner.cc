@@ -313,7 +313,10 @@ void CudaRunner::Launch(const std::vector<Planned>& plan, StepTiming* timing) {
   FERRY_CUDA_CHECK(cudaEventRecord(stop_, stream_));  // Finish waits for it
 }
 
-// Polls rather than blocks, so a hung kernel turns into an error after step_timeout_s.
+// Polls rather than blocks, so a hung kernel turns into an error after step_timeout_s; with
+// tensor-parallel peers it polls the communicator too, whose collectives are only enqueued (a peer's
+// failure shows here, as CommError). Yields between polls rather than sleeping: a sleep's wake-up
+// (tens of microseconds) would be added to every step.
 void CudaRunner::WaitForDevice(cudaEvent_t event) {
   const auto start = std::chrono::steady_clock::now();
   const auto timeout = std::chrono::duration<double>(options_.step_timeout_s);
@@ -321,6 +324,7 @@ void CudaRunner::WaitForDevice(cudaEvent_t event) {
     const cudaError_t status = cudaEventQuery(event);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady) FERRY_CUDA_CHECK(status);
+    if (comm_ && spins % 64 == 0) comm_->PollAsyncError();
     if (std::chrono::steady_clock::now() - start > timeout) {
       healthy_ = false;
       unhealthy_reason_ = "a GPU step did not finish within " + std::to_string(options_.step_timeout_s) + " s";
@@ -329,7 +333,7 @@ void CudaRunner::WaitForDevice(cudaEvent_t event) {
       if (comm_) throw CommError(unhealthy_reason_ + " (tensor-parallel rank " + std::to_string(options_.tp_rank) + ")");
       throw std::runtime_error(unhealthy_reason_);
     }
-    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    std::this_thread::yield();
   }
 }
 

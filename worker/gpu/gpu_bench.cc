@@ -1,10 +1,11 @@
 // ferry-gpu-bench: the GPU engine through ModelRunner::Step, as the worker drives it.
 // Prefills --batch-max sequences of --context tokens (chunks of --max-num-batched-tokens), then
 // times decode steps at each --batch size and compares them with the memory floor: the bytes a
-// decode step must read (every weight once, plus each sequence's K/V) over --peak-gbs.
+// decode step must read (every weight once, plus each sequence's K/V) over this card's memory
+// bandwidth, measured at start by a device-to-device copy (--peak-gbs overrides it).
 //
 //   build/bin/ferry-gpu-bench [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20]
-//                             [--peak-gbs 4800] [--enforce-eager] [--json FILE]
+//                             [--peak-gbs GBS] [--enforce-eager] [--json FILE]
 //                             [--offline 2048 [--output 128] [--max-num-seqs 256] [--sampled]]
 // --offline N also runs N requests of --context prompt / --output generated tokens, all sent
 // at once, through a scheduler-like loop (the engine's share of the e2e throughput goal);
@@ -40,7 +41,7 @@ struct BenchFlags {
   int32_t context = 512;
   std::vector<int32_t> batches = {1, 64, 256};
   int32_t steps = 20;
-  double peak_gbs = 4800;  // H200 HBM3e
+  double peak_gbs = 0;  // 0: MeasureCopyGbs() on this card
   int32_t max_num_batched_tokens = 8192;
   bool enforce_eager = false;
   std::string json;
@@ -78,6 +79,31 @@ struct AttentionRun {
   std::vector<DecodeResult> mixed;  // eager mixed steps: decodes + a 256-token chunk
   std::vector<DecodeResult> decode;
 };
+
+// This card's memory bandwidth as a large device-to-device copy achieves it (each byte read once
+// and written once), in GB/s: the floor's denominator, whatever the card, where a constant would
+// be one card's datasheet. The best of a few repetitions of a 1 GiB copy.
+double MeasureCopyGbs() {
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FERRY_CUDA_CHECK(cudaEventCreate(&start));
+  FERRY_CUDA_CHECK(cudaEventCreate(&stop));
+  FERRY_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  float best_ms = 0;
+  for (int rep = 0; rep < 6; ++rep) {  // the first warms up
+    FERRY_CUDA_CHECK(cudaEventRecord(start));
+    FERRY_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    FERRY_CUDA_CHECK(cudaEventRecord(stop));
+    FERRY_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FERRY_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(bytes) / (best_ms / 1e3) / 1e9;
+}
 
 class Bench {
  public:
@@ -328,7 +354,7 @@ void Report(const BenchFlags& f, const std::vector<AttentionRun>& runs, double o
   if (f.json.empty()) return;
   std::ofstream out(f.json);
   // The first run's figures keep their old keys; every run is under "attention".
-  out << "{\"context\": " << f.context << ", \"prefill_tokens_per_s\": " << runs[0].prefill_tps
+  out << "{\"context\": " << f.context << ", \"peak_gbs\": " << f.peak_gbs << ", \"prefill_tokens_per_s\": " << runs[0].prefill_tps
       << ", \"prefill_latency_ms\": " << runs[0].prefill_latency_ms << ", \"decode\": [";
   for (size_t i = 0; i < runs[0].decode.size(); ++i) {
     const DecodeResult& r = runs[0].decode[i];
@@ -391,13 +417,13 @@ bool ParseFlags(int argc, char** argv, ferry::worker::gpu::BenchFlags* f) {
       for (std::string item; std::getline(list, item, ',');) f->batches.push_back(std::atoi(item.c_str()));
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20] [--peak-gbs 4800]\n"
+                   "usage: %s [--model-dir DIR] [--context 512] [--batch 1,64,256] [--steps 20] [--peak-gbs GBS]\n"
                    "          [--max-num-batched-tokens 8192] [--enforce-eager] [--json FILE] [--attention new --attention old]\n"
                    "          [--offline REQUESTS [--output 128] [--max-num-seqs 256] [--sampled]]\n", argv[0]);
       return false;
     }
   }
-  return !f->batches.empty() && f->context > 0 && f->steps > 0;
+  return !f->batches.empty() && f->context > 0 && f->steps > 0 && f->peak_gbs >= 0;
 }
 
 }  // namespace
@@ -419,6 +445,15 @@ int main(int argc, char** argv) {
       std::printf("writing a random qwen2.5-0.5b checkpoint to %s\n", temp.c_str());
       WriteRandomCheckpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp, {});
       f.model_dir = temp;
+    }
+    cudaDeviceProp prop{};
+    FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    if (f.peak_gbs <= 0) {
+      f.peak_gbs = gpu::MeasureCopyGbs();
+      std::printf("%s: %.0f GB/s by a 1 GiB device-to-device copy (the memory floor's bandwidth)\n", prop.name,
+                  f.peak_gbs);
+    } else {
+      std::printf("%s: memory floor at --peak-gbs %.0f GB/s\n", prop.name, f.peak_gbs);
     }
     // The offline run uses the first choice.
     std::vector<std::string> choices = f.attention;

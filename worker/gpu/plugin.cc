@@ -1,4 +1,6 @@
 // libferry-gpu.so: the GPU engine behind worker/gpu_plugin.h (why a plugin: see there).
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -6,6 +8,7 @@
 #include <type_traits>
 
 #include "worker/comm/nccl_communicator.h"
+#include "worker/engine/forwarding_runner.h"
 #include "worker/comm/rendezvous.h"
 #include "worker/gpu/cuda_runner.h"
 #include "worker/gpu/gpu_metrics.h"
@@ -30,17 +33,22 @@ std::string ExchangeNcclId(const GpuPluginOptions& options, std::unique_ptr<Rend
   return FetchFromRendezvousHost(dir, "nccl_unique_id", deadline);
 }
 
-// The runner and its series, destroyed together (metrics first: they observe the runner).
-class GpuRunnerWithMetrics final : public ModelRunner {
+// The runner and its series, destroyed together (metrics first: they observe the runner). The
+// whole contract is forwarded (overlap included), and every call that drives the runner first
+// makes its device current on the calling thread: steps come on gRPC threads, where device 0 is
+// current, and rank N of a tensor-parallel group (every GPU visible) runs on device N.
+class GpuRunnerWithMetrics final : public ForwardingRunner {
  public:
   GpuRunnerWithMetrics(const CudaRunnerOptions& options, prometheus::Registry& registry)
-      : runner_(options), metrics_(runner_, registry) {}
-  const ModelInfo& info() const override { return runner_.info(); }
-  std::vector<SampledTokenOut> Step(const StepSpec& step) override { return runner_.Step(step); }
-  bool healthy() const override { return runner_.healthy(); }
-  void ForgetAll() override { runner_.ForgetAll(); }
+      : ForwardingRunner(runner_), device_(options.device), runner_(options), metrics_(runner_, registry) {}
+  // The runner frees its device memory and stream on the destroying thread: on its device too.
+  ~GpuRunnerWithMetrics() override { cudaSetDevice(device_); }
+
+ protected:
+  void Enter() const override { FERRY_CUDA_CHECK(cudaSetDevice(device_)); }
 
  private:
+  const int device_;
   CudaRunner runner_;
   GpuMetrics metrics_;
 };
