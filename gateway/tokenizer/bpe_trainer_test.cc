@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "gateway/tokenizer/regex_splitter.h"
 #include "gateway/tokenizer/tokenizer.h"
 #include "gateway/tokenizer/tokenizer_test_util.h"
 #include "gateway/tokenizer/unicode_util.h"
@@ -82,6 +83,49 @@ TEST(TokenizerConfigTest, LooksLikeQwen25Instruct) {
   EXPECT_NE(chat_template.find("'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>'"),
             std::string::npos);
   EXPECT_NE(chat_template.find("add_generation_prompt"), std::string::npos);
+}
+
+// Llama 3's configuration: no normaliser, its own split pattern, the BOS the post-processor adds;
+// deterministic, and the corpus round-trips without NFC.
+TEST(BpeTrainerTest, Llama3ConfigurationRoundTripsAndAddsItsBos) {
+  const std::vector<std::string> specials = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"};
+  const std::string text = TrainLlama3TokenizerJson(DefaultTrainingCorpus(), 1500, specials);
+  EXPECT_EQ(text, TrainLlama3TokenizerJson(DefaultTrainingCorpus(), 1500, specials));
+  const json file = json::parse(text);
+  EXPECT_TRUE(file["normalizer"].is_null());
+  EXPECT_EQ(file["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"], std::string(kLlama3SplitPattern));
+  const auto tokenizer = Tokenizer::FromJson(text);
+  EXPECT_EQ(tokenizer->vocab_size(), 1503);
+  const std::string_view corpus = DefaultTrainingCorpus();
+  const std::vector<int32_t> ids = tokenizer->Encode(corpus);
+  EXPECT_LT(ids.size(), corpus.size() / 2);
+  EXPECT_EQ(tokenizer->Decode(ids), Utf8Lossy(corpus));
+  EXPECT_EQ(tokenizer->Encode("hi", /*add_special_tokens=*/true).front(), 1500);
+}
+
+// SentencePiece-style: the special tokens from id 0, then the 256 byte tokens, then characters and
+// merges; "▁" for spaces; a character the vocabulary lacks falls back to its bytes and decodes back.
+TEST(BpeTrainerTest, SentencePieceConfigurationRoundTripsWithByteFallback) {
+  const std::vector<std::string> specials = {"<unk>", "<s>", "</s>", "[INST]"};
+  const std::string text = TrainSentencePieceTokenizerJson(DefaultTrainingCorpus(), 1024, specials);
+  EXPECT_EQ(text, TrainSentencePieceTokenizerJson(DefaultTrainingCorpus(), 1024, specials));
+  const json file = json::parse(text);
+  const json& model = file["model"];
+  EXPECT_TRUE(model["byte_fallback"].get<bool>());
+  EXPECT_EQ(model["unk_token"], "<unk>");
+  EXPECT_EQ(model["vocab"]["<unk>"], 0);
+  EXPECT_EQ(model["vocab"]["[INST]"], 3);
+  EXPECT_EQ(model["vocab"]["<0x00>"], 4);
+  EXPECT_EQ(model["vocab"]["<0xFF>"], 259);
+  EXPECT_EQ(model["vocab"].size(), 1024u);
+  EXPECT_GT(model["merges"].size(), 300u) << "characters take at most half of what the bytes leave";
+  const auto tokenizer = Tokenizer::FromJson(text);
+  const std::string sample = "Hello world, 2+2=4 \xF0\x9F\xA6\x80 done";  // a crab: no character token for it
+  const std::vector<int32_t> ids = tokenizer->Encode(sample);
+  EXPECT_EQ(tokenizer->Decode(ids), sample);
+  EXPECT_EQ(tokenizer->Encode(sample, /*add_special_tokens=*/true).front(), 1);  // <s>
+  const std::string_view corpus = DefaultTrainingCorpus();
+  EXPECT_LT(tokenizer->Encode(corpus).size(), corpus.size() / 2);
 }
 
 }  // namespace
