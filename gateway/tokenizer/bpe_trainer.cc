@@ -17,6 +17,8 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
+constexpr std::string_view kMetaspace = "\xe2\x96\x81";  // ▁, SentencePiece's space
+
 struct Word {
   std::vector<int32_t> symbols;
   int64_t count = 0;
@@ -232,12 +234,11 @@ OrderedJson BosTemplateJson(const std::string& bos, int32_t bos_id) {
 // (ties: smaller text); the rarest are left to byte fallback, and words are cut around them so no
 // merge spans one.
 std::vector<Word> CountSentencePieceWords(std::string_view corpus, int32_t vocab_size, std::vector<std::string>* symbols) {
-  static constexpr std::string_view kSpace = "\xe2\x96\x81";  // ▁
   static constexpr double kCharacterCoverage = 0.9995;
-  std::string text(kSpace);
+  std::string text(kMetaspace);
   for (char c : Utf8Lossy(corpus)) {
     if (c == ' ') {
-      text += kSpace;
+      text += kMetaspace;
     } else {
       text += c;
     }
@@ -270,7 +271,7 @@ std::vector<Word> CountSentencePieceWords(std::string_view corpus, int32_t vocab
     word.clear();
   };
   for (const std::string& c : chars) {
-    if (c == kSpace) end_word();
+    if (c == kMetaspace) end_word();
     const auto it = id_of.find(c);
     if (it == id_of.end()) {
       end_word();
@@ -346,14 +347,14 @@ std::string TrainSentencePieceTokenizerJson(std::string_view corpus, int32_t voc
   for (int32_t id = 0; id < static_cast<int32_t>(special_tokens.size()); ++id) {
     added.push_back(AddedTokenJson(id, special_tokens[static_cast<size_t>(id)]));
   }
-  static const std::string kSpace = "\xe2\x96\x81";
+  const std::string space(kMetaspace);
   const OrderedJson normalizer{
       {"type", "Sequence"},
-      {"normalizers", OrderedJson::array({OrderedJson{{"type", "Prepend"}, {"prepend", kSpace}},
-                                          OrderedJson{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}}})}};
+      {"normalizers", OrderedJson::array({OrderedJson{{"type", "Prepend"}, {"prepend", space}},
+                                          OrderedJson{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}})}};
   const OrderedJson decoder{
       {"type", "Sequence"},
-      {"decoders", OrderedJson::array({OrderedJson{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+      {"decoders", OrderedJson::array({OrderedJson{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
                                        OrderedJson{{"type", "ByteFallback"}}, OrderedJson{{"type", "Fuse"}},
                                        OrderedJson{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
   OrderedJson root{{"version", "1.0"},

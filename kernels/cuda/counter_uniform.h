@@ -1,5 +1,5 @@
 // The seeded draw of the samplers, callable from host and device code alike. A copy of
-// worker/engine/sampler.cc's CounterUniform (kernels/ depends on nothing of ours); the two are
+// common/counter_uniform.h's CounterUniform (kernels/ depends on nothing of ours); the two are
 // compared bit for bit on the host by worker/gpu/device_sampler_test.cc.
 #pragma once
 

@@ -45,23 +45,26 @@ FamilyTokenizer WriteFamilyTokenizer(const ferry::worker::ModelShape& shape, int
   std::string bos, json, config;
   std::vector<std::string> eos;
   const std::string_view corpus = tk::DefaultTrainingCorpus();
+  // Byte-level files put their special tokens after the BPE vocabulary: both fit the embedding.
+  auto bpe_budget = [&] { return std::min(vocab, shape.vocab_size - static_cast<int32_t>(specials.size())); };
   if (shape.architecture == "LlamaForCausalLM") {
     specials = {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                 "<|python_tag|>"};
-    json = tk::TrainLlama3TokenizerJson(corpus, std::min<int32_t>(vocab, shape.vocab_size - 6), specials);
+    json = tk::TrainLlama3TokenizerJson(corpus, bpe_budget(), specials);
     config = tk::Llama3TokenizerConfigJson(json, shape.max_position_embeddings);
     bos = "<|begin_of_text|>";
     eos = {"<|eot_id|>", "<|end_of_text|>"};
   } else if (shape.architecture == "MistralForCausalLM") {
     specials = {"<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                 "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"};
+    // SentencePiece-style ids count the special tokens among the vocabulary.
     json = tk::TrainSentencePieceTokenizerJson(corpus, std::min(vocab, shape.vocab_size), specials);
     config = tk::MistralTokenizerConfigJson(json, shape.max_position_embeddings);
     bos = "<s>";
     eos = {"</s>"};
   } else {
     specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-    json = tk::TrainQwen2TokenizerJson(corpus, std::min<int32_t>(vocab, shape.vocab_size - 3), specials);
+    json = tk::TrainQwen2TokenizerJson(corpus, bpe_budget(), specials);
     config = tk::Qwen2TokenizerConfigJson(json, shape.max_position_embeddings);
     bos = "<|endoftext|>";
     eos = {"<|im_end|>", "<|endoftext|>"};
