@@ -10,7 +10,7 @@ APT_PACKAGES=(
   prometheus-cpp-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libutf8proc-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev libcpp-httplib-dev libssl-dev
-  prometheus python3 python3-venv python3-pip python3-matplotlib iproute2
+  prometheus python3 python3-venv python3-pip python3-matplotlib python3-psutil python3-yaml iproute2
   clang-14 libclang-rt-14-dev libfuzzer-14-dev ccache
   libprotoc-dev libc-ares-dev libre2-dev  # scripts/tsan-deps.sh builds Debian's gRPC source against them
 )
@@ -25,6 +25,12 @@ PIP_PACKAGES=(
 # Data only, never imported: Llama 3's tokenizer.model, which tests/python/test_tokenizer_parity.py
 # converts to a tokenizer.json with transformers; installed without its dependencies.
 PIP_DATA_PACKAGES=("llama-models==0.3.0")
+# PEFT, the LoRA reference (tests/python/test_lora_parity.py, tests/fixtures/make_hf_tiny_lora.py),
+# also without dependencies: Debian's torch calls itself 1.13.0a0, which pip ranks below the
+# ">=1.13.0" PEFT asks for, and it would pull a CUDA torch of gigabytes from PyPI over it. The
+# rest of what they import (numpy, packaging, psutil, pyyaml, tqdm, safetensors, huggingface_hub,
+# transformers) is installed above.
+PIP_NO_DEPS_PACKAGES=("peft==0.13.2" "accelerate==0.34.2")
 
 missing=()
 for p in "${APT_PACKAGES[@]}" python3-torch; do
@@ -43,10 +49,11 @@ if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 stamp=.venv/.ferry-requirements
-want=$(printf '%s\n' "${PIP_PACKAGES[@]}" "${PIP_DATA_PACKAGES[@]}")
+want=$(printf '%s\n' "${PIP_PACKAGES[@]}" "${PIP_DATA_PACKAGES[@]}" "${PIP_NO_DEPS_PACKAGES[@]}")
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${PIP_DATA_PACKAGES[@]}"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${PIP_DATA_PACKAGES[@]}" \
+    "${PIP_NO_DEPS_PACKAGES[@]}"
   printf '%s' "$want" > "$stamp"
 fi
 # Reference data for the parity tests (published chat templates, Mistral's tokenizer model): from

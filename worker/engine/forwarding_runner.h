@@ -47,6 +47,18 @@ class ForwardingRunner : public ModelRunner {
     Enter();
     target_.ForgetAll();
   }
+  void LoadLora(const std::string& name, const std::string& path) override {
+    Enter();
+    target_.LoadLora(name, path);
+  }
+  void UnloadLora(const std::string& name) override {
+    Enter();
+    target_.UnloadLora(name);
+  }
+  std::vector<std::string> LoraNames() const override {
+    Enter();
+    return target_.LoraNames();
+  }
 
  protected:
   // Called on the calling thread before each call that drives the runner (all but info, healthy

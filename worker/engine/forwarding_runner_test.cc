@@ -33,6 +33,12 @@ class RecordingRunner final : public ModelRunner {
     return false;
   }
   void ForgetAll() override { Record("ForgetAll", {}); }
+  void LoadLora(const std::string& name, const std::string& path) override { Record("LoadLora " + name + "=" + path, {}); }
+  void UnloadLora(const std::string& name) override { Record("UnloadLora " + name, {}); }
+  std::vector<std::string> LoraNames() const override {
+    calls_.push_back("LoraNames@" + std::to_string(*entered_));
+    return {"a", "b"};
+  }
 
   std::vector<std::string>& calls() const { return calls_; }
 
@@ -75,10 +81,14 @@ TEST(ForwardingRunnerTest, ForwardsTheWholeContractEnteringBeforeEachDrivingCall
   EXPECT_EQ(r.TakePromptLogprobs().size(), 1u);
   EXPECT_EQ(r.TakeSpeculationCounts().num_accepted_tokens, 5);
   r.ForgetAll();
+  r.LoadLora("x", "/p");
+  EXPECT_EQ(r.LoraNames(), (std::vector<std::string>{"a", "b"}));
+  r.UnloadLora("x");
   // Each call reached the runner after exactly one more Enter.
   EXPECT_EQ(w.inner().calls(), (std::vector<std::string>{"Step@1", "Submit@2", "Ready@3", "Collect@4",
                                                           "TakePromptLogprobs@5", "TakeSpeculationCounts@6",
-                                                          "ForgetAll@7"}));
+                                                          "ForgetAll@7", "LoadLora x=/p@8", "LoraNames@9",
+                                                          "UnloadLora x@10"}));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/speculative.h"
+#include "worker/lora/lora_options.h"
 
 namespace ferry::worker {
 
@@ -63,6 +64,8 @@ struct RunnerOptions {
   // step read as a leak in the soak test). 0: grown on demand. A step beyond them still runs.
   int32_t reserve_tokens = 0;
   int32_t reserve_logits_rows = 0;
+  // LoRA adapters (issue #57): off unless lora.enable.
+  LoraOptions lora;
 };
 
 // Sampling defaults from generation_config.json; unset fields fall back to
@@ -92,6 +95,9 @@ struct ModelInfo {
   SpeculativeConfig speculative;          // RunnerOptions::speculative (the server's default)
   // Methods NewSequenceSpec.speculative may name; empty: none (lookahead slots are left unused).
   std::vector<SpeculativeMethod> speculative_methods;
+  // Distinct LoRA adapters one step may run (NewSequenceSpec.lora_name); 0: no adapters served.
+  int32_t max_loras = 0;
+  int32_t max_lora_rank = 0;
 };
 
 // Structured output (guided decoding; mirrors ferry.v1.GuidedDecoding): the sequence samples only
@@ -152,6 +158,8 @@ struct NewSequenceSpec {
   int32_t prompt_logprobs = -1;
   // How its drafts are proposed when a step gives it lookahead slots (the scheduler resolved it).
   SpeculativeMethod speculative = SpeculativeMethod::kNone;
+  // The LoRA adapter it runs under (a name the runner has loaded); empty: the base model.
+  std::string lora_name;
 };
 
 // One sequence's share of a step (mirrors ferry.v1.ScheduledSequence).
@@ -244,6 +252,19 @@ class ModelRunner {
   // scheduler opens a new Step stream: a restarted scheduler numbers its sequences from 1 again
   // and knows nothing of the old ones.
   virtual void ForgetAll() = 0;
+
+  // LoRA adapters (info().max_loras > 0): reads the PEFT adapter at `path` for this model and
+  // rank and serves it as `name` from the next step on; UnloadLora stops serving it (sequences
+  // running under it finish with it). Both throw std::invalid_argument naming the field, the
+  // value and the limit, changing nothing. A runner without adapters refuses both.
+  virtual void LoadLora(const std::string& name, const std::string& /*path*/) {
+    throw std::invalid_argument("lora_name \"" + name + "\": this engine serves no LoRA adapters (--enable-lora)");
+  }
+  virtual void UnloadLora(const std::string& name) {
+    throw std::invalid_argument("lora_name \"" + name + "\": this engine serves no LoRA adapters (--enable-lora)");
+  }
+  // The adapters served, by name.
+  virtual std::vector<std::string> LoraNames() const { return {}; }
 };
 
 }  // namespace ferry::worker

@@ -17,6 +17,8 @@
 
 namespace ferry::worker {
 
+struct LoraAdapter;  // worker/lora/lora_adapter.h: engines that serve adapters set it
+
 struct SequenceState {
   std::vector<int32_t> token_ids;    // prompt + every token generated so far
   int32_t num_computed = 0;          // tokens whose K/V are in the cache
@@ -33,6 +35,9 @@ struct SequenceState {
   std::unique_ptr<const TokenMask> allowed;  // allowed_token_ids; null: any
   SpeculativeMethod speculative = SpeculativeMethod::kNone;
   int32_t draft_computed = 0;  // kDraftModel: positions whose K/V the draft model's cache holds
+  // The adapter it runs under (NewSequenceSpec.lora_name), held for as long as it runs: an
+  // eviction or an unload never frees weights it reads. Null: the base model.
+  std::shared_ptr<const LoraAdapter> lora;
 
   int32_t num_known() const { return static_cast<int32_t>(token_ids.size()); }
   // Whether computing `num_tokens` more reaches the end of the known tokens (the step samples).

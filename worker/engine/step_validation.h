@@ -59,6 +59,9 @@ inline void ValidateNew(const NewSequenceSpec& seq, const ModelInfo& info) {
   const std::string id = Id(seq.seq_id);
   const auto num_tokens = static_cast<int64_t>(seq.token_ids.size());
   if (num_tokens == 0) Invalid(id + ": no tokens");
+  if (!seq.lora_name.empty() && info.max_loras == 0) {
+    Invalid(id + ": lora_name \"" + seq.lora_name + "\", but this engine serves no LoRA adapters (--enable-lora)");
+  }
   if (num_tokens > info.max_model_len) {
     Invalid(id + ": " + std::to_string(num_tokens) + " tokens exceed max_model_len " +
             std::to_string(info.max_model_len));

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/paged_attention.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/cpu_model_internal.h"
@@ -53,8 +54,11 @@ int64_t KvCache::BytesPerBlock(const ModelConfig& config, int32_t block_size) {
 
 void ForwardBatch::AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
                                const std::vector<int32_t>& block_table, int32_t block_size,
-                               int32_t num_last_logits) {
+                               int32_t num_last_logits, const LoraAdapter* adapter) {
   if (query_start.empty()) query_start.push_back(0);
+  // Kept [num_seqs] once any sequence has an adapter.
+  if (adapter != nullptr && adapters.size() < context_lens.size()) adapters.resize(context_lens.size(), nullptr);
+  if (adapter != nullptr || !adapters.empty()) adapters.push_back(adapter);
   for (int32_t i = 0; i < num_tokens; ++i) {
     const int32_t pos = context_len + i;
     token_ids.push_back(tokens[i]);
@@ -165,6 +169,7 @@ const std::vector<float>& CpuModel::Forward(const ForwardBatch& batch, KvCache& 
   Embed(batch);
   // Every layer rotates by the same positions: the cos/sin table is computed once per step.
   kc::RotaryTableFromFreqs(batch.positions.data(), n, c.head_dim, rope_inv_freq_.data(), ws.rope.data());
+  GroupLoraRows(batch);
   for (int32_t i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, cache);
   ComputeLogits(batch.logits_rows);
   return ws.logits;
@@ -198,24 +203,71 @@ void CpuModel::RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache
   Workspace& ws = *ws_;
   kc::RmsNorm(ws.x.data(), l.input_norm.data(), ws.h.data(), n, hidden, config_.rms_norm_eps);
   Attention(index, batch, cache);
-  AddToResidual(*l.o_proj, ws.attn.data(), n);
+  AddToResidual(*l.o_proj, ws.attn.data(), n, index, LoraTarget::kO);
   kc::RmsNorm(ws.x.data(), l.post_norm.data(), ws.h.data(), n, hidden, config_.rms_norm_eps);
   l.gate_up->Forward(ws.h.data(), ws.gate_up.data(), n);
-  kc::SiluAndMul(ws.gate_up.data(), ws.act.data(), n, shard_.inter_size);
-  AddToResidual(*l.down, ws.act.data(), n);
+  const int64_t inter = shard_.inter_size;
+  ApplyLora(index, LoraTarget::kGate, ws.h.data(), hidden, ws.gate_up.data(), 2 * inter);
+  ApplyLora(index, LoraTarget::kUp, ws.h.data(), hidden, ws.gate_up.data() + inter, 2 * inter);
+  kc::SiluAndMul(ws.gate_up.data(), ws.act.data(), n, inter);
+  AddToResidual(*l.down, ws.act.data(), n, index, LoraTarget::kDown);
+}
+
+void CpuModel::GroupLoraRows(const ForwardBatch& batch) {
+  Workspace& ws = *ws_;
+  ws.lora_groups_used = 0;
+  if (!batch.adapters.empty() && static_cast<int32_t>(batch.adapters.size()) != batch.num_seqs()) {
+    throw std::invalid_argument("Forward: the batch names an adapter for " + std::to_string(batch.adapters.size()) +
+                                " of its " + std::to_string(batch.num_seqs()) + " sequences");
+  }
+  for (int32_t s = 0; s < static_cast<int32_t>(batch.adapters.size()); ++s) {
+    const LoraAdapter* adapter = batch.adapters[s];
+    if (adapter == nullptr) continue;
+    if (static_cast<int32_t>(adapter->layers.size()) != config_.num_hidden_layers) {
+      throw std::invalid_argument("Forward: adapter " + adapter->name + " has " + std::to_string(adapter->layers.size()) +
+                                  " layers, the model " + std::to_string(config_.num_hidden_layers));
+    }
+    size_t g = 0;
+    while (g < ws.lora_groups_used && ws.lora_groups[g].adapter != adapter) ++g;
+    if (g == ws.lora_groups_used) {
+      if (g == ws.lora_groups.size()) ws.lora_groups.emplace_back();
+      ws.lora_groups[g].adapter = adapter;
+      ws.lora_groups[g].rows.clear();
+      ++ws.lora_groups_used;
+    }
+    for (int32_t row = batch.query_start[s]; row < batch.query_start[s + 1]; ++row) ws.lora_groups[g].rows.push_back(row);
+  }
+}
+
+void CpuModel::ApplyLora(int32_t layer, LoraTarget target, const float* x, int64_t x_stride, float* out,
+                         int64_t out_stride) {
+  const Workspace& ws = *ws_;
+  for (size_t g = 0; g < ws.lora_groups_used; ++g) {
+    const Workspace::LoraGroup& group = ws.lora_groups[g];
+    const std::optional<LoraModule>& m = group.adapter->layers[layer][static_cast<int32_t>(target)];
+    if (!m) continue;
+    const kc::LoraWeights w{m->a.data(), m->b_t.data(), group.adapter->config.rank, m->in, m->out,
+                            group.adapter->scale};
+    kc::LoraShrinkExpand(w, x, x_stride, out, out_stride, group.rows.data(), static_cast<int64_t>(group.rows.size()));
+  }
 }
 
 // x += proj(in). Unsharded the projection accumulates into x itself; sharded, each rank holds
 // a partial sum over its slice of the input, summed across ranks first (bitwise identical on
 // every rank, so the replicated residual stream stays identical too).
-void CpuModel::AddToResidual(Linear& proj, const float* in, int64_t num_tokens) {
+// A row-parallel projection's LoRA update is a partial sum too (A holds this rank's input
+// columns), so it joins the same all-reduce.
+void CpuModel::AddToResidual(Linear& proj, const float* in, int64_t num_tokens, int32_t layer, LoraTarget target) {
   Workspace& ws = *ws_;
+  const int64_t hidden = config_.hidden_size;
   if (options_.comm == nullptr) {
     proj.Forward(in, ws.x.data(), num_tokens);
+    ApplyLora(layer, target, in, proj.k(), ws.x.data(), hidden);
     return;
   }
-  const int64_t count = num_tokens * config_.hidden_size;
+  const int64_t count = num_tokens * hidden;
   proj.Forward(in, ws.partial.data(), num_tokens);
+  ApplyLora(layer, target, in, proj.k(), ws.partial.data(), hidden);
   options_.comm->AllReduceSum(ws.partial.data(), static_cast<size_t>(count));
   kc::AddInPlace(ws.x.data(), ws.partial.data(), count);
 }
@@ -230,6 +282,10 @@ void CpuModel::Attention(int32_t index, const ForwardBatch& batch, KvCache& cach
   float* q = ws.qkv.data();  // q, k and v are column ranges of each qkv row
   float* k = q + q_dim;
   float* v = k + kv_dim;
+  const int64_t hidden = c.hidden_size;
+  ApplyLora(index, LoraTarget::kQ, ws.h.data(), hidden, q, qkv_dim);
+  ApplyLora(index, LoraTarget::kK, ws.h.data(), hidden, k, qkv_dim);
+  ApplyLora(index, LoraTarget::kV, ws.h.data(), hidden, v, qkv_dim);
   if (c.qk_norm) NormalizeHeads(layers_[index], q, k, n, qkv_dim);
   kc::RotaryParams rope{n, shard_.num_q_heads, shard_.num_kv_heads, c.head_dim, c.rope_theta,
                         qkv_dim, qkv_dim};

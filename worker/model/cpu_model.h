@@ -16,6 +16,7 @@
 #include "worker/arch/model_config.h"
 #include "worker/arch/shard_plan.h"
 #include "worker/checkpoint/compressed_tensors.h"
+#include "worker/lora/lora_adapter.h"
 #include "worker/model/linear.h"
 
 namespace ferry::worker {
@@ -69,6 +70,9 @@ struct ForwardBatch {
   std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_rows;   // token rows whose logits are wanted, any order
+  // [num_seqs]: each sequence's LoRA adapter (nullptr: the base model), loaded for this model and
+  // rank; not owned, alive through Forward. Empty: none has one.
+  std::vector<const LoraAdapter*> adapters;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
@@ -77,7 +81,7 @@ struct ForwardBatch {
   // wanted, in position order.
   void AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
                    const std::vector<int32_t>& block_table, int32_t block_size,
-                   int32_t num_last_logits);
+                   int32_t num_last_logits, const LoraAdapter* adapter = nullptr);
 };
 
 struct ModelOptions {
@@ -130,7 +134,13 @@ class CpuModel {
   void RunLayer(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void Attention(int32_t index, const ForwardBatch& batch, KvCache& cache);
   void NormalizeHeads(const Layer& l, float* q, float* k, int64_t num_tokens, int64_t qkv_dim);
-  void AddToResidual(Linear& proj, const float* in, int64_t num_tokens);
+  void AddToResidual(Linear& proj, const float* in, int64_t num_tokens, int32_t layer, LoraTarget target);
+  // The batch's token rows grouped by adapter (Workspace::lora_groups), once per Forward.
+  void GroupLoraRows(const ForwardBatch& batch);
+  // out[row, :] += each adapter's update of `target` in `layer` on its rows; x [num_tokens, in]
+  // at x_stride, out [num_tokens, out] at out_stride (a column range of a fused projection).
+  void ApplyLora(int32_t layer, LoraTarget target, const float* x, int64_t x_stride, float* out,
+                 int64_t out_stride);
   void ComputeLogits(std::span<const int32_t> token_rows);
   void GrowForTokens(int64_t num_tokens);   // the per-token buffers of the workspace
   void GrowForLogits(int64_t logits_rows);  // the logits buffers

@@ -38,6 +38,13 @@ struct CpuModel::Workspace {
   std::vector<float> local_logits;  // [num_logits_rows, vocab_rows] this rank's vocab slice
   std::vector<float> gathered;      // [size, num_logits_rows, vocab_rows]
   std::vector<float> logits;        // [num_logits_rows, vocab]
+  // The step's token rows of each adapter in the batch (GroupLoraRows); `used` of them valid.
+  struct LoraGroup {
+    const LoraAdapter* adapter = nullptr;
+    std::vector<int32_t> rows;
+  };
+  std::vector<LoraGroup> lora_groups;
+  size_t lora_groups_used = 0;
 };
 
 }  // namespace ferry::worker

@@ -81,13 +81,74 @@ CpuRunner::CpuRunner(const RunnerOptions& options) : options_(options) {
                                              info_.block_size, info_.vocab_size, info_.max_model_len);
     info_.speculative_methods.push_back(SpeculativeMethod::kDraftModel);
   }
+  if (options.lora.enable) {
+    try {
+      lora_ = std::make_unique<LoraRegistry>(c, model_->shard(), options.lora);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(std::string("LoRA: ") + e.what());
+    }
+    info_.max_loras = options.lora.max_loras;
+    info_.max_lora_rank = options.lora.max_lora_rank;
+  }
+}
+
+void CpuRunner::LoadLora(const std::string& name, const std::string& path) {
+  if (lora_ == nullptr) ModelRunner::LoadLora(name, path);
+  lora_->Load(name, path);
+}
+
+void CpuRunner::UnloadLora(const std::string& name) {
+  if (lora_ == nullptr) ModelRunner::UnloadLora(name);
+  lora_->Unload(name);
+}
+
+std::vector<std::string> CpuRunner::LoraNames() const { return lora_ ? lora_->Names() : std::vector<std::string>{}; }
+
+std::vector<std::shared_ptr<const LoraAdapter>> CpuRunner::AcquireAdapters(const StepSpec& step) {
+  std::vector<std::shared_ptr<const LoraAdapter>> out;
+  bool any = false;
+  for (const NewSequenceSpec& n : step.new_sequences) any = any || !n.lora_name.empty();
+  if (!any) return out;
+  for (const NewSequenceSpec& n : step.new_sequences) {
+    if (n.lora_name.empty()) {
+      out.emplace_back();
+      continue;
+    }
+    if (lora_ == nullptr) {
+      throw std::invalid_argument("sequence " + std::to_string(n.seq_id) + ": lora_name \"" + n.lora_name +
+                                  "\", but this engine serves no LoRA adapters (--enable-lora)");
+    }
+    try {
+      out.push_back(lora_->Acquire(n.lora_name));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("sequence " + std::to_string(n.seq_id) + ": " + e.what());
+    }
+  }
+  // Distinct adapters among the sequences the step runs: those it starts and those it continues.
+  std::unordered_set<const LoraAdapter*> distinct;
+  for (const auto& a : out) {
+    if (a) distinct.insert(a.get());
+  }
+  for (const ScheduledSpec& s : step.scheduled) {
+    bool is_new = false;
+    for (const NewSequenceSpec& n : step.new_sequences) is_new = is_new || n.seq_id == s.seq_id;
+    if (!is_new && seqs_.at(s.seq_id).lora) distinct.insert(seqs_.at(s.seq_id).lora.get());
+  }
+  if (static_cast<int32_t>(distinct.size()) > lora_->options().max_loras) {
+    throw std::invalid_argument("the step runs " + std::to_string(distinct.size()) +
+                                " distinct LoRA adapters, above --max-loras " +
+                                std::to_string(lora_->options().max_loras));
+  }
+  return out;
 }
 
 // Everything is validated against the state the step would produce before any of it is applied,
 // so a rejected step leaves the runner exactly as it was.
 std::vector<SampledTokenOut> CpuRunner::Step(const StepSpec& step) {
   seqs_.Validate(step);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters = AcquireAdapters(step);
   seqs_.Apply(step);
+  for (size_t i = 0; i < adapters.size(); ++i) seqs_.at(step.new_sequences[i].seq_id).lora = std::move(adapters[i]);
   return RunAndSample(step);
 }
 
@@ -114,7 +175,7 @@ std::vector<SampledTokenOut> CpuRunner::RunAndSample(const StepSpec& step) {
                          drafts_.begin() + p.draft_begin + p.num_drafts);
     const int32_t first_token_row = batch_.num_tokens();
     batch_.AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens + p.num_drafts, seq.num_computed,
-                       seq.block_table, info_.block_size, reaches_end ? 1 + p.num_drafts : 0);
+                       seq.block_table, info_.block_size, reaches_end ? 1 + p.num_drafts : 0, seq.lora.get());
     seq.token_ids.resize(static_cast<size_t>(known));
     if (seq.prompt_logprobs >= 0) {
       AddPromptRows(s.seq_id, seq, seq.num_computed, s.num_tokens, first_token_row, prompt_rows);

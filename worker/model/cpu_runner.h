@@ -11,6 +11,7 @@
 #include "worker/engine/model_runner.h"
 #include "worker/engine/sampler.h"
 #include "worker/engine/sequence_state.h"
+#include "worker/lora/lora_registry.h"
 #include "worker/model/cpu_model.h"
 #include "worker/model/draft_proposer.h"
 
@@ -25,6 +26,11 @@ class CpuRunner final : public ModelRunner {
   std::vector<PromptLogprobsOut> TakePromptLogprobs() override { return std::move(prompt_logprobs_); }
   SpeculationCounts TakeSpeculationCounts() override { return std::exchange(speculation_, {}); }
   void ForgetAll() override { seqs_.Clear(); }
+  void LoadLora(const std::string& name, const std::string& path) override;
+  void UnloadLora(const std::string& name) override;
+  std::vector<std::string> LoraNames() const override;
+  // The adapters this runner serves; null without --enable-lora.
+  const LoraRegistry* lora() const { return lora_.get(); }
 
   // With RunnerOptions::keep_logits, the fp32 logits the last Step sampled from, one row per
   // sampled position in scheduled order (with drafts: 1 + drafts rows for the sequence, some
@@ -53,6 +59,10 @@ class CpuRunner final : public ModelRunner {
   };
 
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
+  // The adapters of the step's new sequences, in order (null: the base), read if evicted; throws
+  // std::invalid_argument for an adapter not served or more distinct ones than max_loras running
+  // together, before anything changes.
+  std::vector<std::shared_ptr<const LoraAdapter>> AcquireAdapters(const StepSpec& step);
   // Per scheduled sequence, its drafts in drafts_ (none short of its end or without lookahead).
   std::vector<Sampling> ProposeDrafts(const StepSpec& step);
   // Samples the sequence's rows in order from `logits` ([rows, vocab]), accepting each draft the
@@ -85,6 +95,7 @@ class CpuRunner final : public ModelRunner {
   std::vector<int32_t> drafts_;             // this step's drafts, all sequences
   std::vector<int32_t> proposal_;           // Propose's scratch
   SpeculationCounts speculation_;           // of the last Step
+  std::unique_ptr<LoraRegistry> lora_;      // --enable-lora; else null
 };
 
 }  // namespace ferry::worker

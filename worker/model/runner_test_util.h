@@ -58,6 +58,9 @@ class MiniScheduler {
     s.lookahead = lookahead;
   }
 
+  // The LoRA adapter sequence `id` runs under (sent with it; again after a preemption).
+  void SetLora(uint64_t id, std::string lora_name) { seqs_.at(id).lora_name = std::move(lora_name); }
+
   // One engine step: each (id, max_tokens) computes up to max_tokens of its uncomputed tokens.
   // Returns the samples; records each sample's token and logits row.
   std::vector<SampledTokenOut> Step(const std::vector<std::pair<uint64_t, int32_t>>& work) {
@@ -70,7 +73,8 @@ class MiniScheduler {
       if (!s.sent) {
         spec.new_sequences.push_back({.seq_id = id, .token_ids = s.tokens, .num_generated = s.num_generated(),
                                       .sampling = s.sampling,
-                                      .speculative = s.method});
+                                      .speculative = s.method,
+                                      .lora_name = s.lora_name});
         s.sent = true;
       }
       const int32_t n = std::min<int32_t>(max_tokens, int32_t(s.tokens.size()) - s.num_computed);
@@ -169,6 +173,7 @@ class MiniScheduler {
     SamplingOptions sampling;
     int32_t lookahead = 0;
     SpeculativeMethod method = SpeculativeMethod::kNone;
+    std::string lora_name;  // NewSequenceSpec.lora_name (SetLora)
     bool sent = false;
     std::vector<std::vector<float>> logits;  // one [vocab] row per sample
     int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }

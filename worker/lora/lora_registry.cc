@@ -1,0 +1,80 @@
+#include "worker/lora/lora_registry.h"
+
+#include <stdexcept>
+
+namespace ferry::worker {
+
+void ValidateLoraOptions(const LoraOptions& o) {
+  auto refuse = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (!o.enable) {
+    if (!o.modules.empty()) refuse("--lora-modules needs --enable-lora");
+    return;
+  }
+  if (o.max_loras < 1) refuse("--max-loras = " + std::to_string(o.max_loras) + ", want >= 1");
+  if (o.max_lora_rank < 1 || o.max_lora_rank > 512) {
+    refuse("--max-lora-rank = " + std::to_string(o.max_lora_rank) + ", want 1..512");
+  }
+  if (o.max_cpu_loras != 0 && o.max_cpu_loras < o.max_loras) {
+    refuse("--max-cpu-loras = " + std::to_string(o.max_cpu_loras) + " is below --max-loras " +
+           std::to_string(o.max_loras) + " (0: --max-loras)");
+  }
+}
+
+LoraRegistry::LoraRegistry(const ModelConfig& base, const ShardPlan& shard, const LoraOptions& options)
+    : base_(base), shard_(shard), options_(options) {
+  ValidateLoraOptions(options_);
+  for (const auto& [name, path] : options_.modules) Load(name, path);
+}
+
+std::shared_ptr<const LoraAdapter> LoraRegistry::Read(const std::string& name, const std::string& path) const {
+  return std::make_shared<const LoraAdapter>(
+      LoadLoraAdapter(name, path, base_, shard_, LoraLimits{options_.max_lora_rank}));
+}
+
+void LoraRegistry::Remember(std::shared_ptr<const LoraAdapter> adapter) {
+  cache_.push_front(std::move(adapter));
+  const size_t keep = static_cast<size_t>(options_.max_cpu_loras > 0 ? options_.max_cpu_loras : options_.max_loras);
+  while (cache_.size() > keep) cache_.pop_back();  // a running sequence still holds its own copy
+}
+
+void LoraRegistry::Load(const std::string& name, const std::string& path) {
+  if (!options_.enable) throw std::invalid_argument("LoRA adapters are off: start with --enable-lora");
+  if (name.empty()) throw std::invalid_argument("lora_name is empty");
+  if (Has(name)) {
+    throw std::invalid_argument("lora_name \"" + name + "\" is already loaded (from " + paths_.at(name) +
+                                "): unload it first");
+  }
+  std::shared_ptr<const LoraAdapter> adapter = Read(name, path);  // throws with nothing registered
+  ++num_reads_;
+  paths_[name] = path;
+  Remember(std::move(adapter));
+}
+
+void LoraRegistry::Unload(const std::string& name) {
+  if (!Has(name)) throw std::invalid_argument("lora_name \"" + name + "\" is not loaded");
+  paths_.erase(name);
+  cache_.remove_if([&](const std::shared_ptr<const LoraAdapter>& a) { return a->name == name; });
+}
+
+std::vector<std::string> LoraRegistry::Names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, path] : paths_) out.push_back(name);
+  return out;
+}
+
+std::shared_ptr<const LoraAdapter> LoraRegistry::Acquire(const std::string& name) {
+  const auto known = paths_.find(name);
+  if (known == paths_.end()) throw std::invalid_argument("lora_name \"" + name + "\" is not loaded");
+  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    if ((*it)->name == name) {
+      cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front();
+    }
+  }
+  std::shared_ptr<const LoraAdapter> adapter = Read(name, known->second);
+  ++num_reads_;
+  Remember(adapter);
+  return adapter;
+}
+
+}  // namespace ferry::worker
