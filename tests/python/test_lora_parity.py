@@ -41,3 +41,36 @@ def test_lora_fixture_matches_peft(base, name):
     with torch.no_grad(), model.disable_adapter():
         base_logits = model(input_ids=torch.tensor([full])).logits[0]
     assert torch.max(torch.abs(base_logits[-1] - logits[-1])) > 1e-2
+
+
+def test_make_model_adapters_load_in_peft(tmp_path):
+    """ferry-make-model --lora-for writes PEFT's exact layout: PEFT loads every tensor (none
+    unexpected or missing) and the adapter changes the base model's logits."""
+    import subprocess
+
+    from conftest import binary
+
+    from safetensors.torch import load_file
+
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    subprocess.run([str(binary("ferry-make-model")), "--preset", "tiny-llama", "--seed", "3", "--dtype", "float32",
+                    "--out", str(base)], check=True, capture_output=True)
+    subprocess.run([str(binary("ferry-make-model")), "--lora-for", str(base), "--out", str(adapter),
+                    "--lora-rank", "4", "--lora-targets", "q_proj,o_proj,down_proj", "--lora-rslora",
+                    "--dtype", "float32"], check=True, capture_output=True)
+    config = peft.PeftConfig.from_pretrained(str(adapter))
+    assert config.r == 4 and config.use_rslora and set(config.target_modules) == {"q_proj", "o_proj", "down_proj"}
+    model = transformers.LlamaForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32).eval()
+    tokens = torch.tensor([[5, 17, 300, 42, 7]])
+    with torch.no_grad():
+        before = model(input_ids=tokens).logits
+    model = peft.PeftModel.from_pretrained(model, str(adapter)).eval()
+    written = load_file(str(adapter / "adapter_model.safetensors"))
+    loaded = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    assert len(loaded) == len(written) > 0
+    for name, value in written.items():
+        key = name.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
+        assert torch.equal(loaded[key], value), name
+    with torch.no_grad():
+        after = model(input_ids=tokens).logits
+    assert torch.max(torch.abs(after - before)) > 1e-2

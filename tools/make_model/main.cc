@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "gateway/tokenizer/bpe_trainer.h"
 #include "gateway/tokenizer/tokenizer.h"
 #include "worker/arch/random_checkpoint.h"
+#include "worker/lora/random_adapter.h"
 
 namespace fs = std::filesystem;
 
@@ -82,11 +84,42 @@ FamilyTokenizer WriteFamilyTokenizer(const ferry::worker::ModelShape& shape, int
 
 }  // namespace
 
+// --lora-for: one random adapter for the checkpoint at `base_dir`.
+int WriteAdapter(const std::string& base_dir, const std::string& out_dir, ferry::worker::RandomAdapterSpec spec,
+                 const std::string& targets, uint64_t seed, const std::string& dtype, bool alpha_given) {
+  ferry::InitLogging("make-model");
+  try {
+    const ferry::worker::ModelConfig base = ferry::worker::LoadModelConfig(base_dir);
+    nlohmann::json config = {{"r", spec.rank}, {"lora_alpha", 1}};
+    if (targets == "all-linear") {
+      config["target_modules"] = targets;
+    } else {
+      nlohmann::json list = nlohmann::json::array();
+      std::stringstream in(targets);
+      for (std::string name; std::getline(in, name, ',');) list.push_back(name);
+      config["target_modules"] = list;
+    }
+    spec.targets = ferry::worker::ParseLoraAdapterConfig(config, "--lora-targets").targets;
+    if (!alpha_given) spec.alpha = 2.0 * spec.rank;
+    spec.seed = seed + 1;
+    spec.dtype = dtype;
+    spec.base_model = base.name;
+    ferry::worker::WriteRandomLoraAdapter(base, spec, out_dir);
+    spdlog::info("wrote a rank-{} LoRA adapter ({}) for {} to {}", spec.rank, targets, base_dir, out_dir);
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"ferry-make-model: write a random-weight checkpoint (Hugging Face layout) of a served architecture"};
   std::string preset = "tiny", out_dir, dtype = "bfloat16";
   uint64_t seed = 0;
   int tokenizer_vocab = 0;
+  std::string lora_for, lora_targets = "all-linear";
+  ferry::worker::RandomAdapterSpec lora;
   const std::map<std::string, ferry::worker::ModelShape> presets = {
       {"tiny", ferry::worker::TinyShape()},
       {"qwen2.5-0.5b", ferry::worker::Qwen2_5_0_5BShape()},
@@ -109,7 +142,19 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "Weight dtype on disk")->check(CLI::IsMember({"bfloat16", "float16", "float32"}));
   app.add_option("--seed", seed, "Random seed (same seed, same checkpoint)");
   app.add_option("--tokenizer-vocab", tokenizer_vocab, "BPE vocabulary to train (0: preset default)");
+  // A LoRA adapter instead of a checkpoint (issue #57): PEFT's layout, for the base at DIR.
+  app.add_option("--lora-for", lora_for,
+                 "write a random LoRA adapter (PEFT layout: adapter_config.json + adapter_model.safetensors) for the "
+                 "checkpoint in this directory into --out, instead of a checkpoint");
+  app.add_option("--lora-rank", lora.rank, "--lora-for: r")->check(CLI::Range(1, 512));
+  app.add_option("--lora-alpha", lora.alpha, "--lora-for: lora_alpha (default 2 r)");
+  app.add_flag("--lora-rslora", lora.use_rslora, "--lora-for: use_rslora");
+  app.add_option("--lora-targets", lora_targets,
+                 "--lora-for: target_modules, comma-separated among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                 "down_proj, or all-linear");
   CLI11_PARSE(app, argc, argv);
+  if (!lora_for.empty()) return WriteAdapter(lora_for, out_dir, lora, lora_targets, seed, dtype,
+                                             app.count("--lora-alpha") > 0);
   ferry::InitLogging("make-model");
 
   try {

@@ -124,13 +124,15 @@ LoraAdapterConfig ParseLoraAdapterConfig(const nlohmann::json& json, const std::
 }
 
 int64_t LoraAdapter::bytes() const {
-  int64_t floats = 0;
+  int64_t bytes = 0;
   for (const auto& layer : layers) {
     for (const std::optional<LoraModule>& m : layer) {
-      if (m) floats += static_cast<int64_t>(m->a.size() + m->b_t.size());
+      if (!m) continue;
+      bytes += static_cast<int64_t>((m->a.size() + m->b_t.size()) * sizeof(float) +
+                                    (m->a_bf16.size() + m->b_t_bf16.size()) * sizeof(uint16_t));
     }
   }
-  return floats * static_cast<int64_t>(sizeof(float));
+  return bytes;
 }
 
 namespace {
@@ -165,7 +167,8 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 // Reads one lora_A / lora_B pair into this rank's LoraModule.
-LoraModule ReadModule(const SafetensorsFile& file, const std::string& prefix, const ModuleShape& m, int32_t rank) {
+LoraModule ReadModule(const SafetensorsFile& file, const std::string& prefix, const ModuleShape& m, int32_t rank,
+                      bool bf16) {
   const std::string a_name = prefix + ".lora_A.weight", b_name = prefix + ".lora_B.weight";
   for (const auto& [name, want] : {std::pair{a_name, std::vector<int64_t>{rank, m.in}},
                                    std::pair{b_name, std::vector<int64_t>{m.out, rank}}}) {
@@ -200,6 +203,13 @@ LoraModule ReadModule(const SafetensorsFile& file, const std::string& prefix, co
   const int64_t row0 = m.row_parallel ? 0 : m.begin;
   for (int64_t j = 0; j < rank; ++j) {
     for (int64_t o = 0; o < out.out; ++o) out.b_t[j * out.out + o] = b[(row0 + o) * rank + j];
+  }
+  if (bf16) {
+    for (auto [from, to] : {std::pair{&out.a, &out.a_bf16}, std::pair{&out.b_t, &out.b_t_bf16}}) {
+      to->resize(from->size());
+      for (size_t i = 0; i < from->size(); ++i) (*to)[i] = FloatToBf16((*from)[i]);
+      std::vector<float>().swap(*from);
+    }
   }
   return out;
 }
@@ -256,7 +266,7 @@ LoraAdapter LoadLoraAdapter(const std::string& name, const std::string& dir, con
       const char* parent = t <= static_cast<int32_t>(LoraTarget::kO) ? "self_attn" : "mlp";
       const std::string prefix = "base_model.model.model.layers." + std::to_string(layer) + "." + parent + "." +
                                  LoraTargetName(target);
-      adapter.layers[layer][t] = ReadModule(file, prefix, ShapeOf(target, base, shard), rank);
+      adapter.layers[layer][t] = ReadModule(file, prefix, ShapeOf(target, base, shard), rank, limits.bf16_weights);
     }
   }
   return adapter;

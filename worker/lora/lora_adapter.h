@@ -40,9 +40,12 @@ struct LoraAdapterConfig {
 LoraAdapterConfig ParseLoraAdapterConfig(const nlohmann::json& json, const std::string& where);
 
 // One projection's update on this rank.
+// The weights in fp32 (a, b_t) or bf16 (a_bf16, b_t_bf16; LoraLimits::bf16_weights), one pair set.
 struct LoraModule {
   std::vector<float> a;    // [rank, in]: lora_A, its input columns this rank's (row-parallel)
   std::vector<float> b_t;  // [rank, out]: lora_B transposed, its output rows this rank's (column-parallel)
+  std::vector<uint16_t> a_bf16;    // [rank, in]
+  std::vector<uint16_t> b_t_bf16;  // [rank, out]
   int64_t in = 0;
   int64_t out = 0;
 };
@@ -59,6 +62,9 @@ struct LoraAdapter {
 
 struct LoraLimits {
   int32_t max_lora_rank = 16;  // vLLM's --max-lora-rank
+  // Keep A and B in bf16 (the bf16 engine's choice: half the bytes a step reads per adapter, and
+  // exact for an adapter saved in bf16), else fp32 (the parity tests' exact path).
+  bool bf16_weights = false;
 };
 
 // Loads the adapter at `dir` for `base` (its config and this rank's shard). Every tensor must be

@@ -20,15 +20,16 @@ void ValidateLoraOptions(const LoraOptions& o) {
   }
 }
 
-LoraRegistry::LoraRegistry(const ModelConfig& base, const ShardPlan& shard, const LoraOptions& options)
-    : base_(base), shard_(shard), options_(options) {
+LoraRegistry::LoraRegistry(const ModelConfig& base, const ShardPlan& shard, const LoraOptions& options,
+                           bool bf16_weights)
+    : base_(base), shard_(shard), options_(options), bf16_weights_(bf16_weights) {
   ValidateLoraOptions(options_);
   for (const auto& [name, path] : options_.modules) Load(name, path);
 }
 
 std::shared_ptr<const LoraAdapter> LoraRegistry::Read(const std::string& name, const std::string& path) const {
   return std::make_shared<const LoraAdapter>(
-      LoadLoraAdapter(name, path, base_, shard_, LoraLimits{options_.max_lora_rank}));
+      LoadLoraAdapter(name, path, base_, shard_, LoraLimits{options_.max_lora_rank, bf16_weights_}));
 }
 
 void LoraRegistry::Remember(std::shared_ptr<const LoraAdapter> adapter) {

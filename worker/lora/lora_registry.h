@@ -22,8 +22,9 @@ void ValidateLoraOptions(const LoraOptions& options);
 
 class LoraRegistry {
  public:
-  // Registers and reads every module of `options` (a bad one throws, naming it).
-  LoraRegistry(const ModelConfig& base, const ShardPlan& shard, const LoraOptions& options);
+  // Registers and reads every module of `options` (a bad one throws, naming it). bf16_weights:
+  // LoraLimits::bf16_weights for every adapter.
+  LoraRegistry(const ModelConfig& base, const ShardPlan& shard, const LoraOptions& options, bool bf16_weights = false);
 
   const LoraOptions& options() const { return options_; }
   // Reads the adapter at `path` and registers it as `name`. Throws std::invalid_argument (the
@@ -47,6 +48,7 @@ class LoraRegistry {
   const ModelConfig base_;
   const ShardPlan shard_;
   const LoraOptions options_;
+  const bool bf16_weights_;
   std::map<std::string, std::string> paths_;                 // registered: name -> directory
   std::list<std::shared_ptr<const LoraAdapter>> cache_;      // in memory, most recent first
   int64_t num_reads_ = 0;

@@ -241,15 +241,29 @@ void CpuModel::GroupLoraRows(const ForwardBatch& batch) {
 
 void CpuModel::ApplyLora(int32_t layer, LoraTarget target, const float* x, int64_t x_stride, float* out,
                          int64_t out_stride) {
-  const Workspace& ws = *ws_;
+  Workspace& ws = *ws_;
+  ws.lora_segments.clear();
   for (size_t g = 0; g < ws.lora_groups_used; ++g) {
     const Workspace::LoraGroup& group = ws.lora_groups[g];
     const std::optional<LoraModule>& m = group.adapter->layers[layer][static_cast<int32_t>(target)];
     if (!m) continue;
-    const kc::LoraWeights w{m->a.data(), m->b_t.data(), group.adapter->config.rank, m->in, m->out,
-                            group.adapter->scale};
-    kc::LoraShrinkExpand(w, x, x_stride, out, out_stride, group.rows.data(), static_cast<int64_t>(group.rows.size()));
+    kc::LoraSegment seg;
+    kc::LoraWeights& w = seg.weights;
+    w.a = m->a.empty() ? nullptr : m->a.data();
+    w.b_t = m->b_t.empty() ? nullptr : m->b_t.data();
+    w.a_bf16 = m->a_bf16.data();
+    w.b_t_bf16 = m->b_t_bf16.data();
+    w.rank = group.adapter->config.rank;
+    w.k = m->in;
+    w.n = m->out;
+    w.scale = group.adapter->scale;
+    seg.rows = group.rows.data();
+    seg.num_rows = static_cast<int64_t>(group.rows.size());
+    ws.lora_segments.push_back(seg);
   }
+  if (ws.lora_segments.empty()) return;
+  kc::LoraShrinkExpand(ws.lora_segments.data(), static_cast<int64_t>(ws.lora_segments.size()), x, x_stride, out,
+                       out_stride);
 }
 
 // x += proj(in). Unsharded the projection accumulates into x itself; sharded, each rank holds

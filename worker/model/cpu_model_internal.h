@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/cpu/lora.h"
 #include "worker/model/linear.h"
 #include "worker/model/cpu_model.h"
 
@@ -45,6 +46,7 @@ struct CpuModel::Workspace {
   };
   std::vector<LoraGroup> lora_groups;
   size_t lora_groups_used = 0;
+  std::vector<kernels::cpu::LoraSegment> lora_segments;  // one projection's, ApplyLora's scratch
 };
 
 }  // namespace ferry::worker

@@ -83,7 +83,8 @@ CpuRunner::CpuRunner(const RunnerOptions& options) : options_(options) {
   }
   if (options.lora.enable) {
     try {
-      lora_ = std::make_unique<LoraRegistry>(c, model_->shard(), options.lora);
+      lora_ = std::make_unique<LoraRegistry>(c, model_->shard(), options.lora,
+                                             model_options.dtype == MatmulDtype::kBfloat16);
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(std::string("LoRA: ") + e.what());
     }

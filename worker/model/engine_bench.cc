@@ -5,7 +5,10 @@
 //
 //   build/bin/ferry-engine-bench [--model-dir DIR] [--dtype auto|bfloat16|float32] [--context 512]
 //                                [--quantization none|int8] [--no-quantize-lm-head]
-//                                [--threads N] [google benchmark flags]
+//                                [--threads N] [--lora N --lora-rank R] [google benchmark flags]
+// --lora N: N random rank-R adapters on all seven projections (bf16 on disk, worker/lora/
+// random_adapter.h), sequence i under adapter i % N: the multi-LoRA cost against the same run
+// without (issue #57).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "worker/arch/random_checkpoint.h"
+#include "worker/lora/random_adapter.h"
 #include "worker/model/cpu_runner.h"
 #include "worker/model/linear.h"
 
@@ -32,6 +36,9 @@ struct BenchFlags {
   bool quantize_lm_head = true;
   int32_t context = 512;
   int32_t threads = 0;
+  int32_t lora = 0;       // adapters; 0: the base model alone
+  int32_t lora_rank = 16;
+  std::string lora_dir;   // where the adapters are written (a temp directory)
 };
 
 constexpr int32_t kMaxBatch = 64;
@@ -42,8 +49,23 @@ constexpr int32_t kMaxDecodeSteps = 512;  // per sequence, over all decode bench
 // `context` tokens prefilled once; a batch-b benchmark decodes sequences [0, b).
 class Engine {
  public:
-  explicit Engine(const BenchFlags& flags) : context_(flags.context) {
+  explicit Engine(const BenchFlags& flags) : context_(flags.context), num_adapters_(flags.lora) {
     RunnerOptions options;
+    if (flags.lora > 0) {
+      options.lora.enable = true;
+      options.lora.max_loras = flags.lora;
+      options.lora.max_lora_rank = flags.lora_rank;
+      const ModelConfig config = LoadModelConfig(flags.model_dir);
+      for (int32_t i = 0; i < flags.lora; ++i) {
+        RandomAdapterSpec spec;
+        spec.rank = flags.lora_rank;
+        spec.alpha = 2.0 * flags.lora_rank;
+        spec.seed = 7 + i;
+        const std::string dir = flags.lora_dir + "/adapter" + std::to_string(i);
+        WriteRandomLoraAdapter(config, spec, dir);
+        options.lora.modules.push_back({"adapter" + std::to_string(i), dir});
+      }
+    }
     options.model_dir = flags.model_dir;
     options.dtype = flags.dtype;
     options.quantization = flags.quantization;
@@ -60,7 +82,7 @@ class Engine {
     for (int32_t first = 0; first < kMaxBatch; first += 4) {
       StepSpec spec;
       for (int32_t i = first; i < first + 4; ++i) {
-        spec.new_sequences.push_back({Id(i), Prompt(context_, i), 0, {}});
+        spec.new_sequences.push_back(New(Id(i), i));
         spec.scheduled.push_back(Schedule(i, context_));
       }
       for (const auto& out : runner_->Step(spec)) seqs_[out.seq_id - 1].length += 1;
@@ -81,7 +103,7 @@ class Engine {
   // A fresh `context`-token prompt computed in one step, then forgotten.
   void Prefill(uint64_t id) {
     StepSpec spec;
-    spec.new_sequences.push_back({id, Prompt(context_, static_cast<int32_t>(id)), 0, {}});
+    spec.new_sequences.push_back(New(id, 0));
     const int32_t num_blocks = (context_ + kBlockSize - 1) / kBlockSize;
     ScheduledSpec s{id, context_, {}};
     for (int32_t b = 0; b < num_blocks; ++b) s.new_block_ids.push_back(free_[free_.size() - 1 - b]);
@@ -98,6 +120,13 @@ class Engine {
   };
 
   static uint64_t Id(int32_t i) { return static_cast<uint64_t>(i) + 1; }
+
+  // Sequence `id`'s prompt, under adapter `slot` % adapters when there are any.
+  NewSequenceSpec New(uint64_t id, int32_t slot) const {
+    NewSequenceSpec n{id, Prompt(context_, static_cast<int32_t>(id - 1)), 0, {}};
+    if (num_adapters_ > 0) n.lora_name = "adapter" + std::to_string(slot % num_adapters_);
+    return n;
+  }
 
   static std::vector<int32_t> Prompt(int32_t len, int32_t salt) {
     std::vector<int32_t> p(len);
@@ -119,6 +148,7 @@ class Engine {
   }
 
   int32_t context_;
+  int32_t num_adapters_;
   std::unique_ptr<CpuRunner> runner_;
   std::vector<int32_t> free_;
   std::vector<Seq> seqs_;
@@ -160,6 +190,10 @@ BenchFlags ParseFlags(int* argc, char** argv) {
       flags.context = std::atoi(argv[++i]);
     } else if (arg == "--threads" && has_value) {
       flags.threads = std::atoi(argv[++i]);
+    } else if (arg == "--lora" && has_value) {
+      flags.lora = std::atoi(argv[++i]);
+    } else if (arg == "--lora-rank" && has_value) {
+      flags.lora_rank = std::atoi(argv[++i]);
     } else {
       argv[kept++] = argv[i];
     }
@@ -182,13 +216,22 @@ int main(int argc, char** argv) {
     WriteRandomCheckpoint(Qwen2_5_0_5BShape(), 2024, "bfloat16", temp_dir, {});
     flags.model_dir = temp_dir;
   }
+  if (flags.lora > 0) {
+    flags.lora_dir = (std::filesystem::temp_directory_path() /
+                      ("ferry_engine_bench_lora_" + std::to_string(::getpid()))).string();
+  }
   benchmark::Initialize(&argc, argv);
   {
     Engine eng(flags);
     engine = &eng;
-    std::printf("model %s, dtype %s, quantization %s%s, context %d\n", flags.model_dir.c_str(),
+    std::printf("model %s, dtype %s, quantization %s%s, context %d", flags.model_dir.c_str(),
                 ResolveMatmulDtype(flags.dtype).c_str(), flags.quantization.c_str(),
                 flags.quantize_lm_head ? "" : " (lm_head unquantized)", flags.context);
+    if (flags.lora > 0) {
+      std::printf(", %d LoRA adapters of rank %d on all seven projections, sequence i under adapter i %% %d",
+                  flags.lora, flags.lora_rank, flags.lora);
+    }
+    std::printf("\n");
     for (int64_t batch : {1, 4, 16, 64}) {
       benchmark::RegisterBenchmark("Decode", BM_Decode)
           ->Arg(batch)->ArgName("batch")->Unit(benchmark::kMillisecond)->Iterations(16)
@@ -201,5 +244,6 @@ int main(int argc, char** argv) {
   }
   benchmark::Shutdown();
   if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
+  if (!flags.lora_dir.empty()) std::filesystem::remove_all(flags.lora_dir);
   return 0;
 }

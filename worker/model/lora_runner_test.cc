@@ -45,10 +45,11 @@ struct AdapterSetup {
   }
 };
 
-RunnerOptions Options(const AdapterSetup& s, int32_t max_loras, int32_t max_cpu_loras = 0) {
+RunnerOptions Options(const AdapterSetup& s, int32_t max_loras, int32_t max_cpu_loras = 0,
+                      const std::string& dtype = "float32") {
   RunnerOptions o;
   o.model_dir = s.model;
-  o.dtype = "float32";
+  o.dtype = dtype;
   o.block_size = 4;
   o.num_kv_blocks = 1024;
   o.keep_logits = true;
@@ -74,9 +75,13 @@ SamplingOptions SamplingOf(int32_t i) {
   return s;
 }
 
-TEST(LoraRunner, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGetsAlone) {
+// fp32 (fp32 adapter weights) and bf16 (bf16 adapter weights, kernels/cpu/lora.h's other path).
+class LoraRunnerDtype : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraRunnerDtype, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGetsAlone) {
+  if (GetParam() == "bfloat16" && !Bf16MatmulAvailable()) GTEST_SKIP() << "no bf16 matmul on this CPU";
   AdapterSetup s;
-  CpuRunner together(Options(s, kNumAdapters));
+  CpuRunner together(Options(s, kNumAdapters, 0, GetParam()));
   MiniScheduler batch(together, 1024);
   std::vector<uint64_t> ids;
   for (int32_t i = 0; i < 32; ++i) {
@@ -93,7 +98,7 @@ TEST(LoraRunner, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGetsAlone
   for (uint64_t id = 0; id < 32; id += 4) batch.Preempt(id);
   batch.RunUntil(ids, kNumNew, 5);
 
-  CpuRunner alone_runner(Options(s, 1));
+  CpuRunner alone_runner(Options(s, 1, 0, GetParam()));
   for (int32_t i = 0; i < 32; ++i) {
     MiniScheduler alone(alone_runner, 1024);
     alone.Add(i, Prompt(i), SamplingOf(i));
@@ -113,6 +118,8 @@ TEST(LoraRunner, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGetsAlone
   EXPECT_NE(batch.Generated(0), batch.Generated(2));
   EXPECT_NE(batch.Logits(1).front(), batch.Logits(3).front());
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LoraRunnerDtype, ::testing::Values("float32", "bfloat16"));
 
 TEST(LoraRunner, RefusesWhatTheContractRefusesChangingNothing) {
   AdapterSetup s;
