@@ -135,6 +135,7 @@ ferry::gateway::ModelLimits ModelLimitsFrom(const std::shared_ptr<grpc::Channel>
   limits.max_model_len = info.max_model_len();
   limits.vocab_size = info.vocab_size();
   limits.defaults = info.generation_defaults();
+  limits.lora_names.assign(info.lora_names().begin(), info.lora_names().end());
   spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
                info.vocab_size());
   return limits;

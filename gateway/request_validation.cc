@@ -1,5 +1,6 @@
 #include "gateway/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "structured/ebnf_grammar.h"
@@ -264,6 +265,7 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   if (!p.has_repetition_penalty()) p.set_repetition_penalty(d.has_repetition_penalty() ? d.repetition_penalty() : 1.f);
   sub.set_priority(lane.priority);
   sub.set_lane(lane.name);
+  sub.set_lora_name(r.lora_name());
   sub.set_queue_timeout_ms(lane.queue_timeout_ms);
   out.lane = lane.name;
   out.lane_rules = lane;
@@ -292,6 +294,13 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   if (std::string e = CheckRequestId(r.request_id()); !e.empty()) return ValidationError{e};
   const auto lane = lanes.Find(r.lane());
   if (!lane) return ValidationError{FieldMessage("lane", r.lane(), "is not a known lane (" + lanes.Names() + ")")};
+  if (!r.lora_name().empty() &&
+      std::find(limits.lora_names.begin(), limits.lora_names.end(), r.lora_name()) == limits.lora_names.end()) {
+    return ValidationError{FieldMessage(
+        "lora_name", r.lora_name(),
+        limits.lora_names.empty() ? std::string("is not served: the model serves no LoRA adapters")
+                                  : fmt::format("is not served (adapters: {})", fmt::join(limits.lora_names, ", ")))};
+  }
   const auto& s = r.sampling();
   if (std::string e = CheckSampling(s); !e.empty()) return ValidationError{e};
   std::vector<int32_t> ids;

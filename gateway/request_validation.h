@@ -28,6 +28,8 @@ struct ModelLimits {
   // From the model's generation_config.json (via the scheduler's Info); a request's unset
   // optional sampling fields take these first.
   ferry::v1::GenerationDefaults defaults;
+  // The LoRA adapters every replica serves (SchedulerInfo.lora_names): GenerateRequest.lora_name.
+  std::vector<std::string> lora_names;
 };
 
 using ferry::kMaxLogprobs;  // common/sampling_limits.h

@@ -101,6 +101,7 @@ ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1
                                                  : worker_info.max_model_len();
   config.block_size = worker_info.block_size();
   config.num_kv_blocks = worker_info.num_kv_blocks();
+  config.max_loras = worker_info.max_loras();
   config.aging_interval_ms = flags.aging_interval_ms;
   config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   config.debug_leak_kv_every = flags.debug_leak_kv_every;
@@ -126,6 +127,8 @@ ferry::v1::SchedulerInfo InfoFrom(const ferry::v1::WorkerInfo& worker_info,
   info.set_supports_guided_decoding(worker_info.supports_guided_decoding());
   *info.mutable_speculative() = worker_info.speculative();
   *info.mutable_speculative_methods() = worker_info.speculative_methods();
+  info.set_max_loras(worker_info.max_loras());
+  *info.mutable_lora_names() = worker_info.lora_names();
   return info;
 }
 

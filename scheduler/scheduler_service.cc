@@ -43,7 +43,18 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   }
   spec.priority = r.priority();
   spec.lane = r.lane();
+  spec.lora_name = r.lora_name();
   return spec;
+}
+
+// A request may name only an adapter every worker of the replica serves.
+void CheckLora(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
+  if (r.lora_name().empty()) return;
+  const auto& names = info.lora_names();
+  if (std::find(names.begin(), names.end(), r.lora_name()) != names.end()) return;
+  throw std::invalid_argument(fmt::format("lora_name = \"{}\" is not served by this replica (serves {})", r.lora_name(),
+                                          names.empty() ? std::string("no adapters: --enable-lora --lora-modules")
+                                                        : fmt::format("{}", fmt::join(names, ", "))));
 }
 
 void ToProto(const LoopState& s, ferry::v1::SchedulerState* out) {
@@ -352,6 +363,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
     try {
       CheckPromptLogprobs(request, info_);
       CheckGuided(request, info_);
+      CheckLora(request, info_);
       if (submit.timeout_ms() < 0) {
         throw std::invalid_argument(fmt::format("timeout_ms = {} must be >= 0", submit.timeout_ms()));
       }

@@ -116,6 +116,15 @@ ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForEveryRank(std::chrono::seconds tim
           }
         }
         first.mutable_speculative_methods()->Assign(common.begin(), common.end());
+        // Every rank must run each adapter a sequence names: only common ones, at the smallest bound.
+        std::vector<std::string> adapters;
+        for (const std::string& name : first.lora_names()) {
+          if (std::find(info.lora_names().begin(), info.lora_names().end(), name) != info.lora_names().end()) {
+            adapters.push_back(name);
+          }
+        }
+        first.mutable_lora_names()->Assign(adapters.begin(), adapters.end());
+        first.set_max_loras(std::min(first.max_loras(), info.max_loras()));
         incarnations_[r] = info.incarnation_id();
         break;
       }
@@ -186,6 +195,7 @@ void ToStepRequest(uint64_t step_id, const StepPlan& plan, ferry::v1::StepReques
     out->mutable_token_ids()->Add(seq.token_ids.begin(), seq.token_ids.end());
     out->set_num_generated(seq.num_generated);
     out->set_num_cached_tokens(seq.num_cached_tokens);
+    out->set_lora_name(seq.lora_name);
     // The gateway's message as it came (its encoding parsed here; the scheduler read a copy).
     if (!out->mutable_sampling()->ParseFromString(seq.sampling.encoded)) {
       throw std::invalid_argument(fmt::format("sequence {}: sampling parameters do not decode", seq.seq_id));

@@ -46,6 +46,7 @@ struct Flags {
   bool enforce_eager = false;
   std::string gpu_plugin;  // empty: libferry-gpu.so beside the executable
   std::string speculative_config;  // vLLM's JSON; empty: off
+  std::vector<std::string> lora_modules;  // NAME=PATH
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -101,6 +102,17 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "Most tokens in a step the GPU buffers hold (--device cuda); the CPU engine reserves its "
                  "activation workspace for a step this large at start")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--enforce-eager", f.enforce_eager, "No CUDA graphs for decode steps (--device cuda)");
+  // LoRA (issue #57), vLLM's flags.
+  app.add_flag("--enable-lora", f.runner.lora.enable, "Serve LoRA adapters (--lora-modules)");
+  app.add_option("--lora-modules", f.lora_modules,
+                 "NAME=PATH: a LoRA adapter in PEFT's layout served as NAME (repeatable; needs --enable-lora)");
+  app.add_option("--max-loras", f.runner.lora.max_loras, "Most distinct LoRA adapters in one step")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--max-lora-rank", f.runner.lora.max_lora_rank, "Largest adapter rank served")
+      ->check(CLI::Range(1, 512));
+  app.add_option("--max-cpu-loras", f.runner.lora.max_cpu_loras,
+                 "Adapters kept in memory (0: --max-loras); the others are read again at their next use")
+      ->check(CLI::Range(0, 65536));
   app.add_option("--gpu-plugin", f.gpu_plugin, "The GPU engine library for --device cuda (default: "
                  "libferry-gpu.so beside ferry-worker)");
 }
@@ -132,9 +144,19 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prome
   if (!flags.speculative_config.empty() && (flags.backend != "cpu" || flags.device != "cpu")) {
     throw std::invalid_argument("--speculative-config runs on the CPU engine only (--backend cpu --device cpu)");
   }
+  if (flags.runner.lora.enable && (flags.backend != "cpu" || flags.device != "cpu")) {
+    throw std::invalid_argument("--enable-lora runs on the CPU engine only (--backend cpu --device cpu)");
+  }
   if (flags.backend == "cpu" && flags.device == "cuda") return MakeCudaRunner(flags, registry);
   if (flags.backend == "cpu") {
     ferry::worker::RunnerOptions runner = flags.runner;
+    for (const std::string& module : flags.lora_modules) {
+      const size_t eq = module.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == module.size()) {
+        throw std::invalid_argument("--lora-modules \"" + module + "\": want NAME=PATH");
+      }
+      runner.lora.modules.push_back({module.substr(0, eq), module.substr(eq + 1)});
+    }
     runner.speculative = ferry::worker::ParseSpeculativeConfig(flags.speculative_config);
     runner.reserve_tokens = flags.max_num_batched_tokens;
     runner.reserve_logits_rows = flags.max_num_seqs;

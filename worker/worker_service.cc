@@ -143,7 +143,10 @@ std::string StepWatch::Problem(Clock::time_point now, int step_timeout_s) const 
 
 WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, WorkerServiceOptions options)
     : incarnation_id_(NewIncarnationId()),
-      runner_(runner), metrics_(std::make_unique<WorkerMetrics>(registry)), options_(std::move(options)) {}
+      runner_(runner),
+      lora_names_(runner.LoraNames()),
+      metrics_(std::make_unique<WorkerMetrics>(registry)),
+      options_(std::move(options)) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -172,6 +175,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   out->mutable_speculative()->set_method(ToProto(info.speculative.method));
   out->mutable_speculative()->set_num_speculative_tokens(info.speculative.num_speculative_tokens);
   for (SpeculativeMethod m : info.speculative_methods) out->add_speculative_methods(ToProto(m));
+  out->set_max_loras(info.max_loras);
+  for (const std::string& name : lora_names_) out->add_lora_names(name);
   return grpc::Status::OK;
 }
 
@@ -257,6 +262,7 @@ StepSpec ToStepSpec(const ferry::v1::StepRequest& request) {
                                   std::to_string(n.speculative().method()) + " is not a SpeculativeMethod");
     }
     s.speculative = *method == SpeculativeMethod::kDefault ? SpeculativeMethod::kNone : *method;
+    s.lora_name = n.lora_name();
     spec.new_sequences.push_back(std::move(s));
   }
   for (const auto& s : request.scheduled()) {

@@ -108,6 +108,9 @@ class WorkerService final : public ferry::v1::Worker::Service {
   std::unordered_set<uint64_t> refused_;
 
   ModelRunner& runner_;
+  // The adapters served (--lora-modules), read from the runner at construction: Info answers
+  // from any thread, and the runner is driven by the step thread alone.
+  const std::vector<std::string> lora_names_;
   // The runner is single-threaded; a second Step stream (a reconnecting
   // scheduler) waits here rather than interleaving steps.
   std::mutex step_mutex_;

@@ -208,6 +208,12 @@ void OpenAiHttpServer::AddRoutes() {
       data.push_back({{"id", name}, {"object", "model"}, {"created", options_.created}, {"owned_by", "ferry"},
                       {"root", options_.model_root}, {"max_model_len", generator_.options().limits.max_model_len}});
     }
+    // Each LoRA adapter as a model of its own, its parent the base (vLLM's listing).
+    for (const std::string& name : generator_.options().limits.lora_names) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", options_.created}, {"owned_by", "ferry"},
+                      {"root", name}, {"parent", options_.served_model_names.front()},
+                      {"max_model_len", generator_.options().limits.max_model_len}});
+    }
     res.set_content(json{{"object", "list"}, {"data", std::move(data)}}.dump(), "application/json");
   });
   if (options_.metrics_text) {
@@ -330,6 +336,7 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
   OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
   auto model = ServedModel(request.model);
   if (auto* error = std::get_if<ApiError>(&model)) return Refuse(req, res, *error);
+  if (IsAdapter(std::get<std::string>(model))) request.generate.set_lora_name(std::get<std::string>(model));
   std::string tenant;
   int64_t max_tokens = 0;
   if (auto error = Admit(req, request, tenant, max_tokens)) return Refuse(req, res, *error);
@@ -341,12 +348,22 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
   RespondWhole(req, std::move(request), ctx, res, tenant, max_tokens);
 }
 
+bool OpenAiHttpServer::IsAdapter(const std::string& model) const {
+  const std::vector<std::string>& adapters = generator_.options().limits.lora_names;
+  return std::find(adapters.begin(), adapters.end(), model) != adapters.end();
+}
+
 std::variant<std::string, ApiError> OpenAiHttpServer::ServedModel(const std::string& requested) const {
   const std::vector<std::string>& names = options_.served_model_names;
   if (requested.empty()) return names.front();
   if (std::find(names.begin(), names.end(), requested) != names.end()) return requested;
+  // A LoRA adapter's name selects the base model under that adapter.
+  if (IsAdapter(requested)) return requested;
+  std::vector<std::string> served = names;
+  const std::vector<std::string>& adapters = generator_.options().limits.lora_names;
+  served.insert(served.end(), adapters.begin(), adapters.end());
   ApiError e = InvalidField("model", fmt::format("the model `{}` does not exist: this server serves {}", requested,
-                                                 fmt::join(names, ", ")));
+                                                 fmt::join(served, ", ")));
   e.http_status = 404;
   e.code = "model_not_found";
   return e;
@@ -573,6 +590,7 @@ void OpenAiHttpServer::HandleResponses(const httplib::Request& req, httplib::Res
   ResponsesRequest& r = std::get<ResponsesRequest>(parsed);
   auto model = ServedModel(r.chat.model);
   if (auto* error = std::get_if<ApiError>(&model)) return Refuse(req, res, *error);
+  if (IsAdapter(std::get<std::string>(model))) r.chat.generate.set_lora_name(std::get<std::string>(model));
   std::string tenant;
   int64_t max_tokens = 0;
   if (auto error = Admit(req, r.chat, tenant, max_tokens)) return Refuse(req, res, *error);

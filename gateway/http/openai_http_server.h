@@ -91,6 +91,8 @@ class OpenAiHttpServer {
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
                                 int64_t& charged_max_tokens);
   // The served name a request's "model" picks (the first for none), or the 404 to send instead.
+  // Whether `model` names a LoRA adapter the replicas serve (ModelLimits::lora_names).
+  bool IsAdapter(const std::string& model) const;
   std::variant<std::string, ApiError> ServedModel(const std::string& requested) const;
   // Each prompt's text for echo (prompts sent as token ids decoded).
   std::optional<ApiError> TruncatePrompts(OpenAiRequest& request) const;

@@ -19,6 +19,11 @@ uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> tokens) {
   return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent_hash);
 }
 
+uint64_t RootBlockHash(std::string_view lora_name) {
+  if (lora_name.empty()) return kRootBlockHash;
+  return XXH3_64bits_withSeed(lora_name.data(), lora_name.size(), kRootBlockHash);
+}
+
 size_t BlockHashIndex::Probe(uint64_t hash) const {
   size_t i = Home(hash);
   while (slots_[i].id != kNoBlock && slots_[i].hash != hash) i = (i + 1) & (slots_.size() - 1);

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "scheduler/core/ring.h"
@@ -32,6 +33,10 @@ inline constexpr uint64_t kRootBlockHash = 0x9e3779b97f4a7c15ull;
 // Chained hash of one full block: xxh3 of its token ids seeded with the hash of
 // the block before it (kRootBlockHash for the first block).
 uint64_t HashBlock(uint64_t parent_hash, std::span<const int32_t> tokens);
+// Where a sequence's chain starts: kRootBlockHash for the base model, a root of its own for each
+// LoRA adapter (xxh3 of the name seeded with kRootBlockHash), so a prefix computed under one
+// adapter is never found under another.
+uint64_t RootBlockHash(std::string_view lora_name);
 
 // The prefix cache's hash -> block map: open addressing with linear probing, in a table sized
 // once (at the first insert) for every block of the pool, so that publishing and evicting

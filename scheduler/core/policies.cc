@@ -177,11 +177,36 @@ void StepPlanner::AdmitWaiting() {
   }
 }
 
+// Whether `seq` may run beside the adapters running (`adapters`, distinct), within max_loras.
+bool StepPlanner::AdapterFits(const Sequence& seq) const {
+  const std::string& name = seq.spec.lora_name;
+  if (name.empty() || state_.config.max_loras <= 0) return true;
+  const std::vector<const std::string*>& adapters = buffers_.adapters;
+  for (const std::string* a : adapters) {
+    if (*a == name) return true;
+  }
+  return static_cast<int32_t>(adapters.size()) < state_.config.max_loras;
+}
+
+void StepPlanner::CountAdapters() {
+  std::vector<const std::string*>& adapters = buffers_.adapters;
+  adapters.clear();
+  if (state_.config.max_loras <= 0) return;
+  for (const Sequence* seq : state_.running) {
+    const std::string& name = seq->spec.lora_name;
+    if (name.empty()) continue;
+    if (std::none_of(adapters.begin(), adapters.end(), [&](const std::string* a) { return *a == name; })) {
+      adapters.push_back(&name);
+    }
+  }
+}
+
 Sequence* StepPlanner::AdmitPass() {
   if (state_.waiting.empty()) return nullptr;
   const auto max_seqs = static_cast<size_t>(budget_.max_num_seqs);
   std::vector<Sequence*>& admitted = buffers_.admitted;
   admitted.clear();
+  CountAdapters();
   Sequence* blocked = nullptr;
   state_.waiting.VisitInOrder(now_, state_.order, [&](Sequence& seq) {
     if (tokens_left_ <= 0) return false;
@@ -196,8 +221,13 @@ Sequence* StepPlanner::AdmitPass() {
       blocked = &seq;
       return false;
     }
+    // Another adapter than the max_loras running: skip it, later ones of a running adapter may run.
+    if (!AdapterFits(seq)) return true;
     const Admission result = TryAdmit(seq);
-    if (result == Admission::kAdmitted) admitted.push_back(&seq);
+    if (result == Admission::kAdmitted) {
+      admitted.push_back(&seq);
+      if (!seq.spec.lora_name.empty() && state_.config.max_loras > 0) CountAdapters();
+    }
     if (result == Admission::kStop) blocked = &seq;
     return result != Admission::kStop && result != Admission::kStepFull;
   });
@@ -367,6 +397,7 @@ void StepPlanner::Schedule(Sequence& seq, int32_t num_tokens, std::vector<BlockI
         .num_generated = seq.num_generated(),
         .sampling = seq.spec.sampling,
         .num_cached_tokens = seq.num_computed,
+        .lora_name = seq.spec.lora_name,
     });
     seq.is_on_worker = true;
   }

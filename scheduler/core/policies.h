@@ -72,6 +72,7 @@ struct PlanBuffers {
   std::vector<Sequence*> order;       // ScheduleRunning's service order
   std::vector<Sequence*> admitted;    // AdmitPass
   std::vector<Sequence*> candidates;  // PreemptFor
+  std::vector<const std::string*> adapters;  // AdmitPass: the distinct LoRA adapters running
   LaneUsage lanes;
   // Emptied new_block_ids vectors of reused plans, handed to the sequences scheduled next. A
   // plan's vectors come only from here (made when none is left), so no more circulate than the
@@ -116,6 +117,10 @@ class StepPlanner {
   // lack of a seat or blocks (nullptr if none).
   Sequence* AdmitPass();
   Admission TryAdmit(Sequence& seq);
+  // SchedulerConfig::max_loras: the distinct adapters running, into buffers_.adapters, and
+  // whether `seq`'s adapter fits beside them.
+  void CountAdapters();
+  bool AdapterFits(const Sequence& seq) const;
   // Preempts running sequences of strictly lower effective priority, not
   // protected by a reservation, worst first (lowest priority, then fewest
   // blocks to recompute, then latest started) until `seq` has a seat and

@@ -202,3 +202,71 @@ TEST(PrefixCacheTest, SharedSystemPromptCutsPrefillTokensByNinetyPercent) {
 
 }  // namespace
 }  // namespace ferry::scheduler
+
+namespace ferry::scheduler {
+namespace {
+
+// Issue #57: the same prompt under two adapters and the base: none of them finds the others'
+// blocks (each adapter's chain starts from its own root), and each finds its own again.
+TEST(PrefixCacheLoraTest, APrefixComputedUnderOneAdapterIsNeverReusedUnderAnother) {
+  Harness h(CachingConfig(/*num_kv_blocks=*/64));
+  const auto prefix = Prefix(3000, 16);  // four full blocks
+  auto under = [&](uint64_t id, const std::string& adapter) {
+    RequestSpec r = MakeRequest(id, {.prompt_len = 5, .max_tokens = 2, .prefix = prefix});
+    r.prompt.resize(16 + 1);  // the same prompt for all: the prefix and one token
+    r.lora_name = adapter;
+    return r;
+  };
+  h.Add(under(1, "tenant-a"));
+  h.RunToCompletion();
+  for (const auto& [id, adapter] : std::vector<std::pair<uint64_t, std::string>>{{2, "tenant-b"}, {3, ""}}) {
+    h.Add(under(id, adapter));
+    const StepPlan plan = h.Step();
+    const NewSequence* sent = FindNew(plan, id);
+    ASSERT_NE(sent, nullptr);
+    EXPECT_EQ(sent->num_cached_tokens, 0) << "the blocks of another adapter were reused under '" << adapter << "'";
+    EXPECT_EQ(sent->lora_name, adapter) << "the worker is told the sequence's adapter";
+    h.RunToCompletion();
+  }
+  h.Add(under(4, "tenant-a"));
+  const StepPlan plan = h.Step();
+  ASSERT_NE(FindNew(plan, 4), nullptr);
+  EXPECT_EQ(FindNew(plan, 4)->num_cached_tokens, 16) << "an adapter finds its own prefix again";
+  EXPECT_NE(RootBlockHash("tenant-a"), RootBlockHash("tenant-b"));
+  EXPECT_EQ(RootBlockHash(""), kRootBlockHash);
+  h.RunToCompletion();
+}
+
+// At most max_loras distinct adapters run at once: a request of a third adapter waits (those of
+// a running adapter behind it go on) until one adapter's sequences have all left.
+TEST(PrefixCacheLoraTest, NoMoreThanMaxLorasDistinctAdaptersRunTogether) {
+  SchedulerConfig cfg = CachingConfig(/*num_kv_blocks=*/256);
+  cfg.max_loras = 2;
+  Harness h(cfg);
+  const std::vector<std::string> adapters = {"a", "b", "c", "a", "", "b", "c"};
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    RequestSpec r = MakeRequest(i + 1, {.prompt_len = 6, .max_tokens = 4 + static_cast<int32_t>(i)});
+    r.lora_name = adapters[i];
+    h.Add(r);
+  }
+  bool c_ran = false, b_waited_for_c = false;
+  for (int step = 0; step < 200 && h.core.has_work(); ++step) {
+    const StepPlan plan = h.Step();
+    std::vector<std::string> running;  // the distinct adapters the worker runs in this step
+    for (const ScheduledSequence& s : plan.scheduled) {
+      const std::string& a = adapters[s.seq_id - 1];
+      if (!a.empty() && std::find(running.begin(), running.end(), a) == running.end()) running.push_back(a);
+    }
+    ASSERT_LE(running.size(), 2u) << "step " << step;
+    const bool c = std::find(running.begin(), running.end(), "c") != running.end();
+    b_waited_for_c = b_waited_for_c || (!c_ran && FindScheduled(plan, 6) != nullptr);
+    c_ran = c_ran || c;
+  }
+  EXPECT_TRUE(c_ran) << "the third adapter never ran once another left";
+  EXPECT_TRUE(b_waited_for_c) << "request 6 (adapter b, running) should pass the waiting c ahead of it";
+  EXPECT_TRUE(c_ran) << "the third adapter never ran once another left";
+  h.ExpectOutcomesMatchReference();
+}
+
+}  // namespace
+}  // namespace ferry::scheduler

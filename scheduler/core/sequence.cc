@@ -24,7 +24,7 @@ const char* FinishKindName(FinishKind kind) {
 std::span<const uint64_t> Sequence::BlockHashes(int32_t num_blocks, int32_t block_size) {
   while (static_cast<int32_t>(block_hashes.size()) < num_blocks) {
     const size_t i = block_hashes.size();
-    const uint64_t parent = i == 0 ? kRootBlockHash : block_hashes.back();
+    const uint64_t parent = i == 0 ? RootBlockHash(spec.lora_name) : block_hashes.back();
     block_hashes.push_back(HashBlock(
         parent, std::span<const int32_t>(tokens).subspan(i * static_cast<size_t>(block_size),
                                                          static_cast<size_t>(block_size))));

@@ -46,6 +46,10 @@ struct SchedulerConfig {
   int32_t num_kv_blocks = 0;  // KV blocks the worker holds
   // vLLM's --enable-prefix-caching: full computed blocks are shared by hash.
   bool enable_prefix_caching = false;
+  // Most distinct LoRA adapters (RequestSpec::lora_name) among the running sequences, so every
+  // step runs within the workers' --max-loras; a waiting request of another adapter waits for
+  // one to leave. 0: no bound (a replica without adapters takes none).
+  int32_t max_loras = 0;
   // Each full interval waited since arrival raises a sequence's effective
   // priority by one. 0: no aging (strict priority).
   int32_t aging_interval_ms = 0;
@@ -140,6 +144,10 @@ struct RequestSpec {
   // is served after those of its priority that can still be on time (SchedulerConfig::
   // serve_late_last). max: Add sets it from the lane's target (SchedulerConfig::lane_ttft).
   TimePoint first_token_target = TimePoint::max();
+  // The LoRA adapter it runs under (SubmitRequest.lora_name); empty: the base model. Its blocks
+  // are cached under it (the prefix cache's chain starts from the adapter's root), and a step
+  // runs at most SchedulerConfig::max_loras distinct adapters.
+  std::string lora_name;
 };
 
 // A sequence the worker has no state for, sent in full once (ferry.v1.NewSequence).
@@ -153,6 +161,7 @@ struct NewSequence {
   // not write); computing starts here. Always a multiple of block_size and
   // < token_ids.size().
   int32_t num_cached_tokens = 0;
+  std::string lora_name;  // RequestSpec::lora_name
 };
 
 // One sequence's share of a step (ferry.v1.ScheduledSequence).

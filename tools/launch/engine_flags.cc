@@ -41,6 +41,19 @@ void AddEngineFlags(CLI::App& app, EngineFlags& f) {
   app.add_option("--speculative-config", f.speculative_config,
                  "Speculative decoding default, vLLM's JSON, e.g. {\"method\": \"ngram\", \"num_speculative_tokens\": 4} "
                  "(worker; CPU engine)");
+  app.add_flag("--enable-lora", f.enable_lora, "Serve LoRA adapters (worker; CPU engine)")->group(group);
+  app.add_option("--lora-modules", f.lora_modules,
+                 "NAME=PATH: a PEFT adapter served as model NAME (worker; repeatable; needs --enable-lora)")
+      ->group(group);
+  app.add_option("--max-loras", f.max_loras, "Most distinct adapters in one step (worker)")
+      ->check(CLI::Range(1, 1024))
+      ->group(group);
+  app.add_option("--max-lora-rank", f.max_lora_rank, "Largest adapter rank (worker)")
+      ->check(CLI::Range(1, 512))
+      ->group(group);
+  app.add_option("--max-cpu-loras", f.max_cpu_loras, "Adapters kept in memory (worker; 0: --max-loras)")
+      ->check(CLI::Range(0, 65536))
+      ->group(group);
   app.add_option("--quantization", f.quantization, "int8: W8A8 matmuls on the CPU engine (worker)")
       ->check(CLI::IsMember({"none", "int8"}))
       ->group(group);
@@ -100,6 +113,11 @@ std::vector<std::string> WorkerArgs(const EngineFlags& f, const std::vector<std:
   if (!f.dtype.empty()) out.push_back("--dtype=" + f.dtype);
   if (!f.quantization.empty()) out.push_back("--quantization=" + f.quantization);
   if (!f.speculative_config.empty()) out.push_back("--speculative-config=" + f.speculative_config);
+  if (f.enable_lora) out.push_back("--enable-lora");
+  for (const std::string& m : f.lora_modules) out.push_back("--lora-modules=" + m);
+  if (f.max_loras > 0) out.push_back("--max-loras=" + std::to_string(f.max_loras));
+  if (f.max_lora_rank > 0) out.push_back("--max-lora-rank=" + std::to_string(f.max_lora_rank));
+  if (f.max_cpu_loras > 0) out.push_back("--max-cpu-loras=" + std::to_string(f.max_cpu_loras));
   if (f.no_quantize_lm_head) out.push_back("--no-quantize-lm-head");
   if (!f.device.empty()) out.push_back("--device=" + f.device);
   if (f.enforce_eager) out.push_back("--enforce-eager");

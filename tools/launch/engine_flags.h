@@ -27,6 +27,13 @@ struct EngineFlags {
   std::string dtype;
   std::string quantization;  // empty: the worker's default (none)
   std::string speculative_config;  // vLLM's JSON; empty: the worker's default (off)
+  // LoRA (worker): --enable-lora, --lora-modules NAME=PATH ..., --max-loras, --max-lora-rank,
+  // --max-cpu-loras (0: the worker's defaults).
+  bool enable_lora = false;
+  std::vector<std::string> lora_modules;
+  int max_loras = 0;
+  int max_lora_rank = 0;
+  int max_cpu_loras = 0;
   bool no_quantize_lm_head = false;
   std::string device;
   std::string controller_mode;

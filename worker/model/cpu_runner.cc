@@ -81,6 +81,11 @@ CpuRunner::CpuRunner(const RunnerOptions& options) : options_(options) {
                                              info_.block_size, info_.vocab_size, info_.max_model_len);
     info_.speculative_methods.push_back(SpeculativeMethod::kDraftModel);
   }
+  try {
+    ValidateLoraOptions(options.lora);  // also refuses --lora-modules without --enable-lora
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("LoRA: ") + e.what());
+  }
   if (options.lora.enable) {
     try {
       lora_ = std::make_unique<LoraRegistry>(c, model_->shard(), options.lora,
