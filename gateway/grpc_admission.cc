@@ -34,6 +34,17 @@ Admission AdmitCall(Authenticator& auth, const Generator& generator, grpc::Serve
                     const ferry::v1::GenerateRequest& request) {
   Admission admission;
   const auto bearer = BearerToken(context);
+  // An adapter the tenant may not use is answered as one not served (its name is not confirmed).
+  if (!request.lora_name().empty()) {
+    const auto tenant = auth.Identify(bearer);
+    if (tenant && !auth.MayUseAdapter(*tenant, request.lora_name())) {
+      admission.tenant = *tenant;
+      admission.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                      fmt::format("lora_name = \"{}\" is not a LoRA adapter this model serves",
+                                                  request.lora_name()));
+      return admission;
+    }
+  }
   const auto lane = generator.options().lanes.Find(request.lane());
   if (!lane) {
     auto tenant = auth.Identify(bearer);

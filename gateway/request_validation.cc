@@ -296,10 +296,11 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   if (!lane) return ValidationError{FieldMessage("lane", r.lane(), "is not a known lane (" + lanes.Names() + ")")};
   if (!r.lora_name().empty() &&
       std::find(limits.lora_names.begin(), limits.lora_names.end(), r.lora_name()) == limits.lora_names.end()) {
-    return ValidationError{FieldMessage(
-        "lora_name", r.lora_name(),
-        limits.lora_names.empty() ? std::string("is not served: the model serves no LoRA adapters")
-                                  : fmt::format("is not served (adapters: {})", fmt::join(limits.lora_names, ", ")))};
+    // The served adapters are not listed: some may be other tenants' (gateway/auth).
+    return ValidationError{FieldMessage("lora_name", r.lora_name(),
+                                        limits.lora_names.empty()
+                                            ? std::string("is not served: the model serves no LoRA adapters")
+                                            : std::string("is not a LoRA adapter this model serves"))};
   }
   const auto& s = r.sampling();
   if (std::string e = CheckSampling(s); !e.empty()) return ValidationError{e};

@@ -89,6 +89,14 @@ class KeyFileAuthenticator final : public Authenticator {
     if (it != tenants_.end()) it->second.tokens.Give(static_cast<double>(tokens), now_());
   }
 
+  bool MayUseAdapter(const std::string& tenant, const std::string& adapter) const override {
+    std::lock_guard lock(mu_);
+    const auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) return false;
+    const TenantConfig& c = it->second.config;
+    return !c.adapters_limited || std::find(c.adapters.begin(), c.adapters.end(), adapter) != c.adapters.end();
+  }
+
   std::optional<std::string> Identify(const std::optional<std::string>& bearer) override {
     if (!bearer || bearer->empty()) return std::nullopt;
     const std::string hash = Sha256Hex(*bearer);
@@ -103,7 +111,7 @@ class KeyFileAuthenticator final : public Authenticator {
  private:
   const std::vector<KeyEntry> keys_;
   const NowFn now_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, TenantLimits> tenants_;  // guarded by mu_
 };
 

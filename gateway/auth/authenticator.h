@@ -37,6 +37,10 @@ class Authenticator {
   // The tenant of a key, without charging any bucket (for reads such as polling a job);
   // nullopt when the key is missing or unknown.
   virtual std::optional<std::string> Identify(const std::optional<std::string>& bearer) = 0;
+  // Whether `tenant` may run under the LoRA adapter `adapter` (its key file entry's `adapters`).
+  // A front treats an adapter the tenant may not use as one that does not exist (404 / NOT
+  // FOUND-like refusals name only the tenant's own), so one tenant does not learn another's.
+  virtual bool MayUseAdapter(const std::string& /*tenant*/, const std::string& /*adapter*/) const { return true; }
 };
 
 // Authentication off (the local default): every request is admitted as tenant "anonymous".

@@ -22,6 +22,10 @@ tenants:
     tokens_per_minute: 600
     burst: 2
   - name: free
+  - name: shop
+    adapters: [shop-support, shop-search]
+  - name: locked
+    adapters: []
 keys:
   - {sha256: )" + Sha256Hex("acme-key") + R"(, tenant: acme}
   - {sha256: )" + Sha256Hex("free-key") + R"(, tenant: free}
@@ -29,6 +33,20 @@ keys:
     auth = MakeKeyFileAuthenticator(std::move(f), [this] { return now; });
   }
 };
+
+// Issue #57: a tenant's `adapters` list is the LoRA adapters it may run under; without one, every
+// adapter; an empty list, none; an unknown tenant, none.
+TEST(KeyFileAuthenticatorTest, AdaptersAreLimitedPerTenant) {
+  Fixture f;
+  EXPECT_TRUE(f.auth->MayUseAdapter("shop", "shop-support"));
+  EXPECT_TRUE(f.auth->MayUseAdapter("shop", "shop-search"));
+  EXPECT_FALSE(f.auth->MayUseAdapter("shop", "acme-legal"));
+  EXPECT_TRUE(f.auth->MayUseAdapter("acme", "shop-support")) << "no list: every adapter";
+  EXPECT_FALSE(f.auth->MayUseAdapter("locked", "shop-support")) << "an empty list: none";
+  EXPECT_FALSE(f.auth->MayUseAdapter("nobody", "shop-support"));
+  EXPECT_TRUE(MakeOpenAuthenticator()->MayUseAdapter("anonymous", "anything"));
+  EXPECT_THROW(ParseKeyFile("tenants:\n  - name: x\n    adapters: shop\nkeys: []\n"), std::runtime_error);
+}
 
 TEST(OpenAuthenticatorTest, AdmitsEveryoneAsAnonymous) {
   auto auth = MakeOpenAuthenticator();

@@ -51,6 +51,14 @@ TenantConfig ParseTenant(const std::string& source, const YAML::Node& node, size
       t.lanes.push_back(lane.Scalar());
     }
   }
+  if (const YAML::Node adapters = node["adapters"]) {
+    if (!adapters.IsSequence()) Fail(source, adapters, where + ".adapters", "must be a list of LoRA adapter names");
+    t.adapters_limited = true;
+    for (const YAML::Node& a : adapters) {
+      if (!a.IsScalar() || a.Scalar().empty()) Fail(source, a, where + ".adapters", "must hold adapter names");
+      t.adapters.push_back(a.Scalar());
+    }
+  }
   t.requests_per_second = OptionalRate(source, node, where, "requests_per_second");
   t.tokens_per_minute = OptionalRate(source, node, where, "tokens_per_minute");
   t.burst = OptionalRate(source, node, where, "burst");

@@ -6,6 +6,7 @@
 //       requests_per_second: 5        # optional; 0 or absent = unlimited
 //       tokens_per_minute: 20000      # optional; 0 or absent = unlimited
 //       burst: 10                     # optional; request bucket size (default: max(1, requests_per_second))
+//       adapters: [acme-support]      # optional; the LoRA adapters it may use (absent: every one)
 //   keys:
 //     - sha256: 9f86d08...            # 64 hex digits: ferry-hash-key prints it
 //       tenant: acme
@@ -28,6 +29,10 @@ struct TenantConfig {
   double requests_per_second = 0;  // 0: unlimited
   double tokens_per_minute = 0;    // 0: unlimited
   double burst = 0;                // request bucket capacity
+  // The LoRA adapters the tenant may run under (a tenant's own fine-tune is not another's);
+  // adapters_limited false: every adapter. The base model is every tenant's.
+  bool adapters_limited = false;
+  std::vector<std::string> adapters;
 };
 
 struct KeyEntry {

@@ -208,8 +208,8 @@ void OpenAiHttpServer::AddRoutes() {
       data.push_back({{"id", name}, {"object", "model"}, {"created", options_.created}, {"owned_by", "ferry"},
                       {"root", options_.model_root}, {"max_model_len", generator_.options().limits.max_model_len}});
     }
-    // Each LoRA adapter as a model of its own, its parent the base (vLLM's listing).
-    for (const std::string& name : generator_.options().limits.lora_names) {
+    // Each LoRA adapter the caller may use as a model of its own, its parent the base (vLLM's listing).
+    for (const std::string& name : VisibleAdapters(req)) {
       data.push_back({{"id", name}, {"object", "model"}, {"created", options_.created}, {"owned_by", "ferry"},
                       {"root", name}, {"parent", options_.served_model_names.front()},
                       {"max_model_len", generator_.options().limits.max_model_len}});
@@ -334,7 +334,7 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
                                             : ParseCompletionRequest(*body, req.body);
   if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
   OpenAiRequest& request = std::get<OpenAiRequest>(parsed);
-  auto model = ServedModel(request.model);
+  auto model = ServedModel(request.model, req);
   if (auto* error = std::get_if<ApiError>(&model)) return Refuse(req, res, *error);
   if (IsAdapter(std::get<std::string>(model))) request.generate.set_lora_name(std::get<std::string>(model));
   std::string tenant;
@@ -353,14 +353,27 @@ bool OpenAiHttpServer::IsAdapter(const std::string& model) const {
   return std::find(adapters.begin(), adapters.end(), model) != adapters.end();
 }
 
-std::variant<std::string, ApiError> OpenAiHttpServer::ServedModel(const std::string& requested) const {
+std::vector<std::string> OpenAiHttpServer::VisibleAdapters(const httplib::Request& req) const {
+  const std::vector<std::string>& adapters = generator_.options().limits.lora_names;
+  if (adapters.empty()) return {};
+  const std::optional<std::string> tenant = authenticator_.Identify(Bearer(req));
+  std::vector<std::string> out;
+  for (const std::string& a : adapters) {
+    if (tenant && authenticator_.MayUseAdapter(*tenant, a)) out.push_back(a);
+  }
+  return out;
+}
+
+std::variant<std::string, ApiError> OpenAiHttpServer::ServedModel(const std::string& requested,
+                                                                  const httplib::Request& req) const {
   const std::vector<std::string>& names = options_.served_model_names;
   if (requested.empty()) return names.front();
   if (std::find(names.begin(), names.end(), requested) != names.end()) return requested;
-  // A LoRA adapter's name selects the base model under that adapter.
-  if (IsAdapter(requested)) return requested;
+  // A LoRA adapter's name selects the base model under that adapter; one the caller's tenant may
+  // not use is answered as one that does not exist, naming only the caller's own.
   std::vector<std::string> served = names;
-  const std::vector<std::string>& adapters = generator_.options().limits.lora_names;
+  const std::vector<std::string> adapters = VisibleAdapters(req);
+  if (std::find(adapters.begin(), adapters.end(), requested) != adapters.end()) return requested;
   served.insert(served.end(), adapters.begin(), adapters.end());
   ApiError e = InvalidField("model", fmt::format("the model `{}` does not exist: this server serves {}", requested,
                                                  fmt::join(served, ", ")));
@@ -588,7 +601,7 @@ void OpenAiHttpServer::HandleResponses(const httplib::Request& req, httplib::Res
   auto parsed = ParseResponsesRequest(*body, req.body, options_.chat_template, previous ? &previous->history : nullptr);
   if (auto* error = std::get_if<ApiError>(&parsed)) return Refuse(req, res, *error);
   ResponsesRequest& r = std::get<ResponsesRequest>(parsed);
-  auto model = ServedModel(r.chat.model);
+  auto model = ServedModel(r.chat.model, req);
   if (auto* error = std::get_if<ApiError>(&model)) return Refuse(req, res, *error);
   if (IsAdapter(std::get<std::string>(model))) r.chat.generate.set_lora_name(std::get<std::string>(model));
   std::string tenant;

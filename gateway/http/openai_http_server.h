@@ -93,7 +93,10 @@ class OpenAiHttpServer {
   // The served name a request's "model" picks (the first for none), or the 404 to send instead.
   // Whether `model` names a LoRA adapter the replicas serve (ModelLimits::lora_names).
   bool IsAdapter(const std::string& model) const;
-  std::variant<std::string, ApiError> ServedModel(const std::string& requested) const;
+  // The model a request names (empty: the first served name), or the 404 naming what is served.
+  std::variant<std::string, ApiError> ServedModel(const std::string& requested, const httplib::Request& req) const;
+  // The LoRA adapters the caller's tenant may use, in the replicas' order.
+  std::vector<std::string> VisibleAdapters(const httplib::Request& req) const;
   // Each prompt's text for echo (prompts sent as token ids decoded).
   std::optional<ApiError> TruncatePrompts(OpenAiRequest& request) const;
   std::vector<std::string> EchoTexts(const OpenAiRequest& request) const;

@@ -18,9 +18,7 @@ ADAPTERS = {"tenant-a": ("q_proj,v_proj", 4), "tenant-b": ("all-linear", 8), "te
 PROMPT = list(range(40, 40 + 37))  # the same prompt under every adapter: 2 full blocks cached per adapter
 
 
-@pytest.fixture(scope="module")
-def lora_stack(tiny_model, tmp_path_factory):
-    run = tmp_path_factory.mktemp("lora")
+def write_adapters(tiny_model, run):
     modules = []
     for i, (name, (targets, rank)) in enumerate(ADAPTERS.items()):
         out = run / name
@@ -28,6 +26,13 @@ def lora_stack(tiny_model, tmp_path_factory):
                         "--lora-rank", str(rank), "--lora-targets", targets, "--seed", str(10 + i)],
                        check=True, capture_output=True)
         modules.append(f"{name}={out}")
+    return modules
+
+
+@pytest.fixture(scope="module")
+def lora_stack(tiny_model, tmp_path_factory):
+    run = tmp_path_factory.mktemp("lora")
+    modules = write_adapters(tiny_model, run)
     (run / "stack").mkdir()
     yield from serve(Stack(tiny_model, run / "stack", ["--http-port", "0", "--served-model-name", "base",
                                                         "--enable-lora", "--lora-modules", *modules,
@@ -123,3 +128,56 @@ def test_the_worker_refuses_a_bad_adapter_at_start(tiny_model, tmp_path):
     out = subprocess.run(worker + ["--enable-lora", "--lora-modules", f"big={big}", "--max-lora-rank", "16"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "r = 32 is above --max-lora-rank 16" in out.stderr + out.stdout
+
+
+def test_a_tenants_adapters_are_not_anothers(tiny_model, tmp_path, ferry_pb):
+    """A key file's `adapters` list: the tenant's own fine-tune is not usable, nor listed, for another
+    tenant, whose refusal is the one an adapter that does not exist gets (404 model_not_found over
+    HTTP, INVALID_ARGUMENT over gRPC), naming only what that tenant may use."""
+    import hashlib
+
+    import grpc
+
+    modules = write_adapters(tiny_model, tmp_path)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"""tenants:
+  - name: acme
+    adapters: [tenant-a]
+  - name: shop
+    adapters: [tenant-b, tenant-c]
+keys:
+  - {{sha256: {hashlib.sha256(b"acme-key").hexdigest()}, tenant: acme}}
+  - {{sha256: {hashlib.sha256(b"shop-key").hexdigest()}, tenant: shop}}
+""")
+    (tmp_path / "stack").mkdir()
+    stack = Stack(tiny_model, tmp_path / "stack", ["--http-port", "0", "--served-model-name", "base",
+                                                   f"--gateway-arg=--api-keys-file={keys}", "--enable-lora",
+                                                   "--lora-modules", *modules, "--max-loras", "2"])
+    try:
+        def call(path, key, body=None):
+            req = urllib.request.Request(stack.http + path, data=json.dumps(body).encode() if body else None,
+                                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        assert {m["id"] for m in call("/v1/models", "acme-key")[1]["data"]} == {"base", "tenant-a"}
+        assert {m["id"] for m in call("/v1/models", "shop-key")[1]["data"]} == {"base", "tenant-b", "tenant-c"}
+        body = {"model": "tenant-b", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+        status, out = call("/v1/completions", "acme-key", body)
+        assert status == 404 and out["error"]["code"] == "model_not_found", out
+        assert "tenant-b" in out["error"]["message"] and "tenant-c" not in out["error"]["message"]
+        assert "tenant-a" in out["error"]["message"], "the refusal names what acme may use"
+        status, out = call("/v1/completions", "shop-key", body)
+        assert status == 200 and out["model"] == "tenant-b"
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(stack.gateway))
+        req = ferry_pb.gen.GenerateRequest(token_ids=ferry_pb.gen.TokenIds(ids=PROMPT), lora_name="tenant-c",
+                                           sampling=ferry_pb.gen.SamplingParams(max_tokens=4))
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Generate(req, metadata=[("authorization", "Bearer acme-key")], timeout=60)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "tenant-c" in e.value.details()
+        assert len(stub.Generate(req, metadata=[("authorization", "Bearer shop-key")], timeout=60).token_ids) == 4
+    finally:
+        assert stack.stop() == 0, stack.log_text()

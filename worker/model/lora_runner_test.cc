@@ -75,13 +75,20 @@ SamplingOptions SamplingOf(int32_t i) {
   return s;
 }
 
-// fp32 (fp32 adapter weights) and bf16 (bf16 adapter weights, kernels/cpu/lora.h's other path).
+// fp32 (fp32 adapter weights), bf16 (bf16 adapter weights, kernels/cpu/lora.h's other path) and
+// int8 base weights (W8A8; the adapters in fp32 on top).
 class LoraRunnerDtype : public ::testing::TestWithParam<std::string> {};
+
+RunnerOptions DtypeOptions(const AdapterSetup& s, int32_t max_loras, const std::string& mode) {
+  RunnerOptions o = Options(s, max_loras, 0, mode == "int8" ? "float32" : mode);
+  if (mode == "int8") o.quantization = "int8";
+  return o;
+}
 
 TEST_P(LoraRunnerDtype, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGetsAlone) {
   if (GetParam() == "bfloat16" && !Bf16MatmulAvailable()) GTEST_SKIP() << "no bf16 matmul on this CPU";
   AdapterSetup s;
-  CpuRunner together(Options(s, kNumAdapters, 0, GetParam()));
+  CpuRunner together(DtypeOptions(s, kNumAdapters, GetParam()));
   MiniScheduler batch(together, 1024);
   std::vector<uint64_t> ids;
   for (int32_t i = 0; i < 32; ++i) {
@@ -98,7 +105,7 @@ TEST_P(LoraRunnerDtype, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGe
   for (uint64_t id = 0; id < 32; id += 4) batch.Preempt(id);
   batch.RunUntil(ids, kNumNew, 5);
 
-  CpuRunner alone_runner(Options(s, 1, 0, GetParam()));
+  CpuRunner alone_runner(DtypeOptions(s, 1, GetParam()));
   for (int32_t i = 0; i < 32; ++i) {
     MiniScheduler alone(alone_runner, 1024);
     alone.Add(i, Prompt(i), SamplingOf(i));
@@ -119,7 +126,7 @@ TEST_P(LoraRunnerDtype, ABatchOfEightAdaptersAndTheBaseGivesEachSequenceWhatItGe
   EXPECT_NE(batch.Logits(1).front(), batch.Logits(3).front());
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, LoraRunnerDtype, ::testing::Values("float32", "bfloat16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, LoraRunnerDtype, ::testing::Values("float32", "bfloat16", "int8"));
 
 TEST(LoraRunner, RefusesWhatTheContractRefusesChangingNothing) {
   AdapterSetup s;
