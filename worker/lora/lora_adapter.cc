@@ -76,6 +76,20 @@ void ParseTargets(const nlohmann::json& json, const std::string& where, LoraAdap
 
 const char* LoraTargetName(LoraTarget target) { return kTargetNames[static_cast<int32_t>(target)]; }
 
+std::pair<int64_t, int64_t> LoraTargetShape(LoraTarget t, const ModelConfig& c) {
+  const int64_t d = c.head_dim, hidden = c.hidden_size;
+  switch (t) {
+    case LoraTarget::kQ: return {c.num_attention_heads * d, hidden};
+    case LoraTarget::kK:
+    case LoraTarget::kV: return {c.num_key_value_heads * d, hidden};
+    case LoraTarget::kO: return {hidden, c.num_attention_heads * d};
+    case LoraTarget::kGate:
+    case LoraTarget::kUp: return {c.intermediate_size, hidden};
+    case LoraTarget::kDown: return {hidden, c.intermediate_size};
+  }
+  return {0, 0};
+}
+
 double LoraAdapterConfig::scale() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / rank;
 }
@@ -146,16 +160,16 @@ struct ModuleShape {
 };
 
 ModuleShape ShapeOf(LoraTarget t, const ModelConfig& c, const ShardPlan& s) {
-  const int64_t d = c.head_dim, hidden = c.hidden_size;
+  const auto [out, in] = LoraTargetShape(t, c);
+  const int64_t d = c.head_dim;
   switch (t) {
-    case LoraTarget::kQ: return {c.num_attention_heads * d, hidden, false, s.q_head_begin * d, s.num_q_heads * d};
+    case LoraTarget::kQ: return {out, in, false, s.q_head_begin * d, s.num_q_heads * d};
     case LoraTarget::kK:
-    case LoraTarget::kV:
-      return {c.num_key_value_heads * d, hidden, false, s.kv_head_begin * d, s.num_kv_heads * d};
-    case LoraTarget::kO: return {hidden, c.num_attention_heads * d, true, s.q_head_begin * d, s.num_q_heads * d};
+    case LoraTarget::kV: return {out, in, false, s.kv_head_begin * d, s.num_kv_heads * d};
+    case LoraTarget::kO: return {out, in, true, s.q_head_begin * d, s.num_q_heads * d};
     case LoraTarget::kGate:
-    case LoraTarget::kUp: return {c.intermediate_size, hidden, false, s.inter_begin, s.inter_size};
-    case LoraTarget::kDown: return {hidden, c.intermediate_size, true, s.inter_begin, s.inter_size};
+    case LoraTarget::kUp: return {out, in, false, s.inter_begin, s.inter_size};
+    case LoraTarget::kDown: return {out, in, true, s.inter_begin, s.inter_size};
   }
   return {};
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,8 @@ namespace ferry::worker {
 enum class LoraTarget : int32_t { kQ, kK, kV, kO, kGate, kUp, kDown };
 inline constexpr int32_t kNumLoraTargets = 7;
 const char* LoraTargetName(LoraTarget target);  // "q_proj", ...
+// The projection's weight shape in the base model, {out, in} (Hugging Face's [out_features, in_features]).
+std::pair<int64_t, int64_t> LoraTargetShape(LoraTarget target, const ModelConfig& base);
 
 // adapter_config.json, as far as it changes the output.
 struct LoraAdapterConfig {

@@ -9,24 +9,6 @@
 #include "worker/checkpoint/safetensors.h"
 
 namespace ferry::worker {
-namespace {
-
-// [out, in] of a projection in the base model.
-std::pair<int64_t, int64_t> FullShape(LoraTarget t, const ModelConfig& c) {
-  const int64_t d = c.head_dim, hidden = c.hidden_size;
-  switch (t) {
-    case LoraTarget::kQ: return {c.num_attention_heads * d, hidden};
-    case LoraTarget::kK:
-    case LoraTarget::kV: return {c.num_key_value_heads * d, hidden};
-    case LoraTarget::kO: return {hidden, c.num_attention_heads * d};
-    case LoraTarget::kGate:
-    case LoraTarget::kUp: return {c.intermediate_size, hidden};
-    case LoraTarget::kDown: return {hidden, c.intermediate_size};
-  }
-  return {0, 0};
-}
-
-}  // namespace
 
 void WriteRandomLoraAdapter(const ModelConfig& base, const RandomAdapterSpec& spec, const std::string& dir) {
   namespace fs = std::filesystem;
@@ -60,7 +42,7 @@ void WriteRandomLoraAdapter(const ModelConfig& base, const RandomAdapterSpec& sp
     for (int32_t t = 0; t < kNumLoraTargets; ++t) {
       if (!spec.targets[t]) continue;
       const auto target = static_cast<LoraTarget>(t);
-      const auto [out, in] = FullShape(target, base);
+      const auto [out, in] = LoraTargetShape(target, base);
       const std::string prefix = "base_model.model.model.layers." + std::to_string(layer) +
                                  (t <= static_cast<int32_t>(LoraTarget::kO) ? ".self_attn." : ".mlp.") +
                                  LoraTargetName(target);

@@ -42,25 +42,6 @@ std::vector<float> RunMixedBatch(Communicator* comm) {
   return model->Forward(batch, cache);
 }
 
-[[noreturn]] void RunRank(const std::string& store, int rank, const std::string& out_path) {
-  int status = 0;
-  try {
-    GlooOptions gloo;
-    gloo.rank = rank;
-    gloo.size = 2;
-    gloo.store_dir = store;
-    gloo.timeout_s = 60;
-    auto comm = CreateGlooCommunicator(gloo);
-    const std::vector<float> logits = RunMixedBatch(comm.get());
-    std::ofstream(out_path, std::ios::binary)
-        .write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * 4));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    status = 1;
-  }
-  std::fflush(nullptr);
-  _exit(status);
-}
 
 std::vector<float> Read(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
@@ -78,7 +59,14 @@ TEST(LoraTensorParallel, TwoRanksMatchOneUnderGloo) {
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) RunRank(store, rank, dir.str() + "/rank" + std::to_string(rank));
+    if (pid == 0) {
+      const std::string out = dir.str() + "/rank" + std::to_string(rank);
+      testing::RunGlooRank(store, rank, [&](Communicator* comm) {
+        const std::vector<float> logits = RunMixedBatch(comm);
+        std::ofstream(out, std::ios::binary)
+            .write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * 4));
+      });
+    }
     children.push_back(pid);
   }
   const std::vector<float> want = RunMixedBatch(nullptr);

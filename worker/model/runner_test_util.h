@@ -13,12 +13,38 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+
 #include "common/temp_dir.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/cpu_runner.h"
 
 namespace ferry::worker::testing {
 
 using ferry::testing::TempDir;
+
+// The body of a forked tensor-parallel rank: joins a Gloo group of two over `store`, runs `body`
+// with its communicator, and exits 0, or 1 after printing what failed (the parent reads the status).
+[[noreturn]] inline void RunGlooRank(const std::string& store, int rank, const std::function<void(Communicator*)>& body) {
+  int status = 0;
+  try {
+    GlooOptions gloo;
+    gloo.rank = rank;
+    gloo.size = 2;
+    gloo.store_dir = store;
+    gloo.timeout_s = 60;
+    auto comm = CreateGlooCommunicator(gloo);
+    body(comm.get());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    status = 1;
+  }
+  std::fflush(nullptr);
+  _exit(status);
+}
 
 class MiniScheduler {
  public:

@@ -116,27 +116,6 @@ Outcome Load(const std::string& path) {
   return o;
 }
 
-// Child body: join the group, run, save; the exit status reports success.
-[[noreturn]] void RunRank(const std::string& model_dir, const std::string& store, int rank,
-                          const std::string& out_path, const std::string& quantization, int32_t lookahead,
-                          SpeculativeMethod method) {
-  int status = 0;
-  try {
-    GlooOptions gloo;
-    gloo.rank = rank;
-    gloo.size = 2;
-    gloo.store_dir = store;
-    gloo.timeout_s = 60;
-    auto comm = CreateGlooCommunicator(gloo);
-    Save(RunWorkload(model_dir, comm.get(), quantization, lookahead, method), out_path);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    status = 1;
-  }
-  std::fflush(nullptr);
-  _exit(status);
-}
-
 // The workload on one unsharded runner (want) and on two forked ranks over Gloo (r0, r1).
 struct Runs {
   Outcome want, r0, r1;
@@ -152,7 +131,10 @@ Runs RunOneAndTwoRanks(const TempDir& dir, const std::string& quantization, int3
     const pid_t pid = fork();
     EXPECT_GE(pid, 0);
     if (pid == 0) {
-      RunRank(model, store, rank, dir.str() + "/rank" + std::to_string(rank), quantization, lookahead, method);
+      const std::string out = dir.str() + "/rank" + std::to_string(rank);
+      testing::RunGlooRank(store, rank, [&](Communicator* comm) {
+        Save(RunWorkload(model, comm, quantization, lookahead, method), out);
+      });
     }
     children.push_back(pid);
   }
