@@ -76,6 +76,13 @@ struct GatewayMetrics {
                              "--migration-limit")
                        .Register(r)),
         resumed(migrations.Add({{"outcome", "resumed"}})),
+        adapter_requests(prometheus::BuildCounter().Name("ferry_gateway_lora_requests_total")
+                             .Help("Requests answered under a LoRA adapter, by adapter and gRPC status code")
+                             .Register(r)),
+        adapter_tokens(prometheus::BuildCounter().Name("ferry_gateway_lora_tokens_total")
+                           .Help("Prompt and completion tokens of requests answered under a LoRA adapter, by "
+                                 "adapter and kind")
+                           .Register(r)),
         migration_limit(migrations.Add({{"outcome", "limit"}})) {
     for (const Lane& lane : lanes.lanes()) AddLane(lane.name);
   }
@@ -99,6 +106,9 @@ struct GatewayMetrics {
   prometheus::Family<prometheus::Counter>& migrations;
   prometheus::Counter& resumed;
   prometheus::Counter& migration_limit;
+  // Per LoRA adapter (issue #57): a series appears with an adapter's first request.
+  prometheus::Family<prometheus::Counter>& adapter_requests;
+  prometheus::Family<prometheus::Counter>& adapter_tokens;
   std::map<std::string, LaneSeries> by_lane;  // filled once, read-only afterwards
 
  private:

@@ -392,6 +392,11 @@ void GenerationCall::Conclude(const Status& downstream) {
   result_ = Outcome(hooks_.client_cancelled(), downstream, client_gone_, progress, admitted_->v.lane_rules);
   context_.metrics.requests.Add({{"lane", admitted_->v.lane}, {"code", StatusCodeName(result_.error_code())}})
       .Increment();
+  const std::string& adapter = admitted_->v.submit.lora_name();
+  if (!adapter.empty()) {
+    context_.metrics.adapter_requests.Add({{"adapter", adapter}, {"code", StatusCodeName(result_.error_code())}})
+        .Increment();
+  }
   if (!result_.ok()) {
     spdlog::info("req={} ended: {} {}", id, static_cast<int>(result_.error_code()), result_.error_message());
     return End();
@@ -418,6 +423,11 @@ void GenerationCall::Conclude(const Status& downstream) {
   }
   lane.prompt_tokens.Increment(prompt_tokens);
   lane.completion_tokens.Increment(progress.completion_tokens);
+  if (!adapter.empty()) {
+    context_.metrics.adapter_tokens.Add({{"adapter", adapter}, {"kind", "prompt"}}).Increment(prompt_tokens);
+    context_.metrics.adapter_tokens.Add({{"adapter", adapter}, {"kind", "completion"}})
+        .Increment(progress.completion_tokens);
+  }
   if (auto it = lane.finished.find(progress.reason); it != lane.finished.end()) it->second->Increment();
   spdlog::debug("req={} finished: {} completion tokens in {:.3f}s ({})", id, progress.completion_tokens, total_s,
                 ferry::v1::FinishReason_Name(progress.reason));

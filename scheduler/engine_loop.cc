@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "scheduler/loop_metrics.h"
@@ -408,8 +409,15 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
   metrics_->Finished(kind);
 }
 
+void EngineLoop::PublishLoraInfo() {
+  replica_.core().LoraAdapters(lora_running_, lora_waiting_);
+  metrics_->SetLoraInfo(fmt::format("{}", fmt::join(lora_running_, ",")), fmt::format("{}", fmt::join(lora_waiting_, ",")),
+                        replica_.core().config().max_loras);
+}
+
 void EngineLoop::Publish() {
   const double total = replica_.core().num_total_blocks(), free = replica_.core().num_free_blocks();
+  if (replica_.core().config().max_loras > 0) PublishLoraInfo();
   metrics_->running.Set(replica_.core().num_running());
   metrics_->waiting.Set(replica_.core().num_waiting());
   metrics_->blocks_used.Set(total - free);

@@ -211,6 +211,9 @@ class EngineLoop {
   void FlushSinks();
   void End(const SeqEvent& last, TimePoint now);
   void Publish();
+  // ferry_scheduler_lora_requests_info from the core's running and waiting adapters (with max_loras > 0).
+  void PublishLoraInfo();
+  std::vector<std::string> lora_running_, lora_waiting_;  // PublishLoraInfo's, kept for their capacity
   double Seconds(TimePoint t) const { return std::chrono::duration<double>(t - start_).count(); }
 
   const SchedulerConfig config_;

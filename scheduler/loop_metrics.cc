@@ -64,7 +64,11 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r, int32_t num_ranks)
                            .Add({}, prometheus::Histogram::BucketBoundaries{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300,
                                                                             600})),
       recovering(BuildGauge().Name("ferry_scheduler_worker_recovering")
-                     .Help("1 while the replica waits for a lost worker group, else 0").Register(r).Add({})) {
+                     .Help("1 while the replica waits for a lost worker group, else 0").Register(r).Add({})),
+      lora_info(BuildGauge().Name("ferry_scheduler_lora_requests_info")
+                    .Help("LoRA adapters running and waiting and the bound (labels), as vLLM's "
+                          "lora_requests_info; one series, at 1")
+                    .Register(r)) {
   for (const char* reason : {"disconnected", "step_timeout"}) worker_losses.Add({{"reason", reason}});
   for (int32_t rank = 0; rank < num_ranks; ++rank) worker_restarts.Add({{"rank", std::to_string(rank)}});
   // Every outcome exists (at 0) before the first one happens.
@@ -72,6 +76,17 @@ LoopMetrics::LoopMetrics(prometheus::Registry& r, int32_t num_ranks)
                     FinishKind::kCancelled, FinishKind::kUnavailable}) {
     finished.Add({{"reason", FinishKindName(kind)}});
   }
+}
+
+void LoopMetrics::SetLoraInfo(const std::string& running, const std::string& waiting, int32_t max_lora) {
+  if (lora_series_ != nullptr && running == lora_running_ && waiting == lora_waiting_) return;
+  if (lora_series_ != nullptr) lora_info.Remove(lora_series_);
+  lora_series_ = &lora_info.Add({{"running_lora_adapters", running},
+                                 {"waiting_lora_adapters", waiting},
+                                 {"max_lora", std::to_string(max_lora)}});
+  lora_series_->Set(1);
+  lora_running_ = running;
+  lora_waiting_ = waiting;
 }
 
 void LoopMetrics::SetOneHot(prometheus::Family<prometheus::Gauge>& family, const char* label, std::string& current,

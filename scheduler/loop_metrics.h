@@ -26,6 +26,10 @@ struct LoopMetrics {
   void SetLevel(const std::string& level) { SetOneHot(level_series, "level", current_level_, level); }
   // The controller's regime (ControllerStatus::regime), one series at 1.
   void SetRegime(const std::string& regime) { SetOneHot(regime_series, "regime", current_regime_, regime); }
+  // vLLM's lora_requests_info: one series at 1, its labels the adapters running and waiting
+  // (comma-separated, sorted) and max_lora; replaced when they change, so there is never more than
+  // one (vLLM's value is the time of the change, for a reader that must pick the latest of several).
+  void SetLoraInfo(const std::string& running, const std::string& waiting, int32_t max_lora);
 
   prometheus::Family<prometheus::Gauge>& requests;
   prometheus::Gauge& running;
@@ -55,12 +59,15 @@ struct LoopMetrics {
   prometheus::Counter& requests_failed_by_loss;
   prometheus::Histogram& recovery_seconds;
   prometheus::Gauge& recovering;
+  prometheus::Family<prometheus::Gauge>& lora_info;
 
  private:
   static void SetOneHot(prometheus::Family<prometheus::Gauge>& family, const char* label, std::string& current,
                         const std::string& name);
   std::string current_level_;
   std::string current_regime_;
+  prometheus::Gauge* lora_series_ = nullptr;
+  std::string lora_running_, lora_waiting_;
   std::array<prometheus::Counter*, static_cast<size_t>(FinishKind::kRefused) + 1> finished_by_kind_{};
 };
 

@@ -512,6 +512,19 @@ SchedulerCore::WaitingCount SchedulerCore::NumWaitingIn(const std::vector<std::s
   return n;
 }
 
+void SchedulerCore::LoraAdapters(std::vector<std::string>& running, std::vector<std::string>& waiting) const {
+  running.clear();
+  waiting.clear();
+  auto add = [](std::vector<std::string>& into, const Sequence* seq) {
+    const std::string& name = seq->spec.lora_name;
+    if (!name.empty() && std::find(into.begin(), into.end(), name) == into.end()) into.push_back(name);
+  };
+  for (const Sequence* seq : state_.running) add(running, seq);
+  state_.waiting.ForEach([&](const Sequence* seq) { add(waiting, seq); });
+  std::sort(running.begin(), running.end());
+  std::sort(waiting.begin(), waiting.end());
+}
+
 bool SchedulerCore::has_work() const {
   return !state_.sequences.empty() || !state_.pending_finished_ids.empty();
 }

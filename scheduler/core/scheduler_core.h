@@ -134,6 +134,9 @@ class SchedulerCore {
   void ForEachLive(Fn&& fn) const {
     for (const auto& entry : state_.sequences) fn(entry.first);
   }
+  // The distinct LoRA adapters of the running and of the waiting sequences, each sorted (vLLM's
+  // lora_requests_info); cleared first. Walks every live sequence: for metrics, not per plan.
+  void LoraAdapters(std::vector<std::string>& running, std::vector<std::string>& waiting) const;
   // Anything to plan: waiting or running sequences, or finished ids to send.
   bool has_work() const;
   bool is_step_in_flight() const { return num_in_flight_ > 0; }

@@ -63,6 +63,31 @@ def test_adapters_in_one_batch_give_each_request_its_tokens_alone(lora_stack, fe
         assert tokens == alone[name], name
 
 
+def test_adapter_metrics_are_the_catalogues(lora_stack, ferry_pb):
+    """The `--enable-lora` rows of docs/metrics.md: exported with exactly their labels once adapters
+    served requests; the scheduler's lora_requests_info is one series naming max_lora."""
+    import grpc
+
+    from observability import rows_for, sample_label_names, scrape
+
+    stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(lora_stack.gateway))
+    for name in ADAPTERS:
+        generate(stub, ferry_pb, name, max_tokens=3)
+    urls = lora_stack.metrics_urls()
+    for service in ("gateway", "scheduler"):
+        families = scrape(urls[service])
+        rows = [r for r in rows_for(service) if r.exported == "--enable-lora"]
+        assert rows, service
+        for row in rows:
+            assert row.family in families, f"{service}: {row.name} missing"
+            assert sample_label_names(families[row.family]) == {row.labels}, row.name
+    gw = scrape(urls["gateway"])["ferry_gateway_lora_requests"]
+    done = {s.labels["adapter"]: s.value for s in gw.samples if s.name.endswith("_total") and s.labels["code"] == "OK"}
+    assert all(done.get(name, 0) >= 1 for name in ADAPTERS), done
+    info = scrape(urls["scheduler"])["ferry_scheduler_lora_requests_info"].samples
+    assert len(info) == 1 and info[0].value == 1 and info[0].labels["max_lora"] == "2", info
+
+
 def test_openai_model_names_the_adapter(lora_stack, ferry_pb):
     with urllib.request.urlopen(lora_stack.http + "/v1/models", timeout=10) as r:
         models = json.loads(r.read())["data"]
