@@ -188,16 +188,12 @@ bool StepPlanner::AdapterFits(const Sequence& seq) const {
   return static_cast<int32_t>(adapters.size()) < state_.config.max_loras;
 }
 
-void StepPlanner::CountAdapters() {
+void StepPlanner::NoteAdapter(const Sequence& seq) {
+  const std::string& name = seq.spec.lora_name;
   std::vector<const std::string*>& adapters = buffers_.adapters;
-  adapters.clear();
-  if (state_.config.max_loras <= 0) return;
-  for (const Sequence* seq : state_.running) {
-    const std::string& name = seq->spec.lora_name;
-    if (name.empty()) continue;
-    if (std::none_of(adapters.begin(), adapters.end(), [&](const std::string* a) { return *a == name; })) {
-      adapters.push_back(&name);
-    }
+  if (name.empty() || state_.config.max_loras <= 0) return;
+  if (std::none_of(adapters.begin(), adapters.end(), [&](const std::string* a) { return *a == name; })) {
+    adapters.push_back(&name);
   }
 }
 
@@ -206,7 +202,8 @@ Sequence* StepPlanner::AdmitPass() {
   const auto max_seqs = static_cast<size_t>(budget_.max_num_seqs);
   std::vector<Sequence*>& admitted = buffers_.admitted;
   admitted.clear();
-  CountAdapters();
+  buffers_.adapters.clear();
+  for (const Sequence* seq : state_.running) NoteAdapter(*seq);
   Sequence* blocked = nullptr;
   state_.waiting.VisitInOrder(now_, state_.order, [&](Sequence& seq) {
     if (tokens_left_ <= 0) return false;
@@ -226,7 +223,7 @@ Sequence* StepPlanner::AdmitPass() {
     const Admission result = TryAdmit(seq);
     if (result == Admission::kAdmitted) {
       admitted.push_back(&seq);
-      if (!seq.spec.lora_name.empty() && state_.config.max_loras > 0) CountAdapters();
+      NoteAdapter(seq);
     }
     if (result == Admission::kStop) blocked = &seq;
     return result != Admission::kStop && result != Admission::kStepFull;

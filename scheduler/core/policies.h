@@ -117,9 +117,9 @@ class StepPlanner {
   // lack of a seat or blocks (nullptr if none).
   Sequence* AdmitPass();
   Admission TryAdmit(Sequence& seq);
-  // SchedulerConfig::max_loras: the distinct adapters running, into buffers_.adapters, and
-  // whether `seq`'s adapter fits beside them.
-  void CountAdapters();
+  // SchedulerConfig::max_loras: buffers_.adapters holds the distinct adapters running (NoteAdapter
+  // adds a sequence's), and AdapterFits says whether `seq`'s fits beside them.
+  void NoteAdapter(const Sequence& seq);
   bool AdapterFits(const Sequence& seq) const;
   // Preempts running sequences of strictly lower effective priority, not
   // protected by a reservation, worst first (lowest priority, then fewest

@@ -115,14 +115,11 @@ std::vector<std::shared_ptr<const LoraAdapter>> CpuRunner::AcquireAdapters(const
   bool any = false;
   for (const NewSequenceSpec& n : step.new_sequences) any = any || !n.lora_name.empty();
   if (!any) return out;
+  // Validate (step_validation.h) refused any lora_name on an engine without adapters: lora_ is set.
   for (const NewSequenceSpec& n : step.new_sequences) {
     if (n.lora_name.empty()) {
       out.emplace_back();
       continue;
-    }
-    if (lora_ == nullptr) {
-      throw std::invalid_argument("sequence " + std::to_string(n.seq_id) + ": lora_name \"" + n.lora_name +
-                                  "\", but this engine serves no LoRA adapters (--enable-lora)");
     }
     try {
       out.push_back(lora_->Acquire(n.lora_name));
