@@ -222,7 +222,7 @@ void GenerationCall::NewProgress() {
 void GenerationCall::StartAttempt() {
   if (tried_.size() >= hooks_.max_attempts) return Conclude(last_attempt_status_);
   ReplicaRouter& router = context_.scheduler.router();
-  replica_ = router.Choose(prefix_key_, tried_);
+  replica_ = router.Choose(prefix_key_, tried_, admitted_->v.submit.lora_name());
   if (!replica_) return WaitForReplica();
   router.replica(*replica_).outstanding_tokens += cost_;
   attempt_started_ = false;

@@ -19,6 +19,12 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr auto kHealthCheckTimeout = std::chrono::milliseconds(1000);
+// A load reads the adapter on every worker of the replica: seconds at most, on a slow disk.
+constexpr auto kLoraCallTimeout = std::chrono::seconds(120);
+
+Status FromGrpc(const grpc::Status& status) {
+  return {static_cast<StatusCode>(status.error_code()), status.error_message()};
+}
 // How long a client being destroyed waits for its sessions to go (LiveSessions).
 constexpr auto kSessionsGoneTimeout = std::chrono::milliseconds(5000);
 
@@ -81,6 +87,24 @@ class GrpcSchedulerClient final : public DynamicSchedulerClient {
                              std::shared_ptr<StreamReader> reader) override {
     return NewMuxStream(SessionFor(replica), submit, deadline, std::move(reader), timer_);
   }
+  Status LoadLora(size_t replica, const std::string& name, const std::string& path) override {
+    ferry::v1::LoadLoraAdapterRequest request;
+    request.set_lora_name(name);
+    request.set_lora_path(path);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kLoraCallTimeout);
+    ferry::v1::LoraAdaptersResponse response;
+    return FromGrpc(replicas_[replica]->stubs.front()->LoadLoraAdapter(&context, request, &response));
+  }
+  Status UnloadLora(size_t replica, const std::string& name) override {
+    ferry::v1::UnloadLoraAdapterRequest request;
+    request.set_lora_name(name);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kLoraCallTimeout);
+    ferry::v1::LoraAdaptersResponse response;
+    return FromGrpc(replicas_[replica]->stubs.front()->UnloadLoraAdapter(&context, request, &response));
+  }
+
   void After(std::chrono::milliseconds delay, std::function<void()> fn) override {
     // Keys apart from the streams' ids (which count up from 1): the top bit is set.
     timer_.Add(DeadlineTimer::Key{SteadyClock::now() + delay, (uint64_t{1} << 63) | next_timer_id_++}, std::move(fn));
@@ -109,7 +133,10 @@ class GrpcSchedulerClient final : public DynamicSchedulerClient {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kHealthCheckTimeout);
     ferry::v1::SchedulerState state;
-    return replicas_[i]->stubs.front()->GetState(&context, ferry::v1::GetStateRequest(), &state).ok();
+    if (!replicas_[i]->stubs.front()->GetState(&context, ferry::v1::GetStateRequest(), &state).ok()) return false;
+    router_.SetAdapters(i, {{state.lora_names().begin(), state.lora_names().end()},
+                            {state.running_lora_adapters().begin(), state.running_lora_adapters().end()}});
+    return true;
   }
 
   DeadlineTimer timer_;

@@ -17,6 +17,7 @@
 #include "gateway/auth/authenticator.h"
 #include "gateway/generation_service.h"
 #include "gateway/grpc_scheduler_client.h"
+#include "gateway/lora_service.h"
 #include "gateway/jobs/job_runner.h"
 #include "gateway/jobs/job_store.h"
 #include "gateway/replica_discovery.h"
@@ -135,7 +136,7 @@ ferry::gateway::ModelLimits ModelLimitsFrom(const std::shared_ptr<grpc::Channel>
   limits.max_model_len = info.max_model_len();
   limits.vocab_size = info.vocab_size();
   limits.defaults = info.generation_defaults();
-  limits.lora_names.assign(info.lora_names().begin(), info.lora_names().end());
+  limits.adapters = std::make_shared<ferry::gateway::LoraCatalog>(std::vector<std::string>(info.lora_names().begin(), info.lora_names().end()));
   spdlog::info("scheduler ready: model {}, max_model_len {}, vocab {}", info.model(), info.max_model_len(),
                info.vocab_size());
   return limits;
@@ -183,7 +184,8 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
                                                                   ferry::gateway::http::ChatTemplate chat,
                                                                   ferry::gateway::Generator& generator,
                                                                   ferry::gateway::Authenticator& auth,
-                                                                  ferry::MetricsServer& metrics) {
+                                                                  ferry::MetricsServer& metrics,
+                                                                  ferry::gateway::LoraAdmin& lora_admin) {
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
   try {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
@@ -195,7 +197,7 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
           flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
           ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
                                                        std::chrono::seconds(flags.response_retention_s)},
-          flags.service.tls});
+          flags.service.tls, &lora_admin});
   } catch (const std::invalid_argument& e) {
     spdlog::critical("{}", e.what());
     return nullptr;
@@ -300,6 +302,9 @@ int main(int argc, char** argv) {
   spdlog::info("{} connection(s) to each scheduler replica", connections);
   spdlog::info("authentication {}", flags.api_keys_file.empty() ? "off" : "on: " + flags.api_keys_file);
   ferry::gateway::GenerationService service(generator, *auth);
+  // Run-time LoRA loads and unloads over every replica (admin keys), on gRPC and HTTP.
+  ferry::gateway::LoraAdmin lora_admin(options.limits.adapters, scheduler);
+  ferry::gateway::LoraAdaptersService lora_service(lora_admin, *auth);
   ferry::gateway::JobStore job_store(
       {static_cast<size_t>(flags.job_store_size), std::chrono::seconds(flags.job_retention_s)});
   ferry::gateway::JobRunner job_runner(job_store, generator, *auth, flags.job_workers);
@@ -307,7 +312,7 @@ int main(int argc, char** argv) {
   // OpenAI-compatible HTTP front over the same Generator; stopped before the Generator goes.
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
   if (flags.http_port >= 0) {
-    http = StartHttp(flags, std::move(*chat_template), generator, *auth, metrics);
+    http = StartHttp(flags, std::move(*chat_template), generator, *auth, metrics, lora_admin);
     if (!http) return 1;
   }
   // SERVING only while some scheduler replica behind answers (each needs its workers).
@@ -316,6 +321,6 @@ int main(int argc, char** argv) {
   hooks.drain = [&http](std::chrono::system_clock::time_point deadline) {
     if (http) http->Drain(deadline);
   };
-  return ferry::ServeUntilSignal(flags.service, {&service, &jobs_service}, metrics, std::chrono::seconds(30),
+  return ferry::ServeUntilSignal(flags.service, {&service, &jobs_service, &lora_service}, metrics, std::chrono::seconds(30),
                                  hooks);
 }

@@ -68,29 +68,63 @@ ReplicaRouter::~ReplicaRouter() {
   if (health_thread_.joinable()) health_thread_.join();
 }
 
-std::optional<size_t> ReplicaRouter::Choose(uint64_t prefix_key, const std::vector<size_t>& exclude) {
+void ReplicaRouter::SetAdapters(size_t i, Adapters adapters) {
+  auto shared = std::make_shared<const Adapters>(std::move(adapters));
+  std::lock_guard lock(adapters_mu_);
+  if (adapters_.size() <= i) adapters_.resize(i + 1);
+  adapters_[i] = std::move(shared);
+}
+
+int ReplicaRouter::AdapterFit(size_t i, const std::string& adapter) const {
+  std::shared_ptr<const Adapters> a;
+  {
+    std::lock_guard lock(adapters_mu_);
+    if (i < adapters_.size()) a = adapters_[i];
+  }
+  if (a == nullptr) return 1;
+  if (std::binary_search(a->running.begin(), a->running.end(), adapter)) return 2;
+  return std::binary_search(a->served.begin(), a->served.end(), adapter) ? 1 : 0;
+}
+
+std::optional<size_t> ReplicaRouter::Choose(uint64_t prefix_key, const std::vector<size_t>& exclude,
+                                            const std::string& adapter) {
   const size_t n = size();
   auto excluded = [&](size_t i) { return std::find(exclude.begin(), exclude.end(), i) != exclude.end(); };
-  auto allowed = [&](size_t i) { return slots_[i]->listed && slots_[i]->healthy && !excluded(i); };
-  std::optional<size_t> best;
+  auto healthy = [&](size_t i) { return slots_[i]->listed && slots_[i]->healthy && !excluded(i); };
+  auto load = [&](size_t i) { return slots_[i]->outstanding_tokens.load(); };
+  // Under an adapter: only the replicas serving it (or not known yet), healthy or not, unless none
+  // is listed as serving it (a name no health check has seen): then every one, and the replica's
+  // scheduler answers.
+  std::vector<int> fit(adapter.empty() ? 0 : n, 1);
+  bool restricted = false;
+  for (size_t i = 0; i < fit.size(); ++i) {
+    fit[i] = AdapterFit(i, adapter);
+    restricted = restricted || (slots_[i]->listed && fit[i] > 0);
+  }
+  auto serves = [&](size_t i) { return !restricted || fit[i] > 0; };
+  auto allowed = [&](size_t i) { return healthy(i) && serves(i); };
+  std::optional<size_t> best, warm;
   for (size_t i = 0; i < n; ++i) {
     if (!allowed(i)) continue;
-    if (!best || slots_[i]->outstanding_tokens < slots_[*best]->outstanding_tokens) best = i;
+    if (!best || load(i) < load(*best)) best = i;
+    if (!adapter.empty() && fit[i] == 2 && (!warm || load(i) < load(*warm))) warm = i;
   }
   if (!best) {
     // Every replica is out of rotation: try the least loaded one not tried yet anyway (Envoy's
     // panic routing). A health check can be wrong about a slow but working scheduler, and a
     // replica that is really down answers UNAVAILABLE, which is what refusing here would say.
     for (size_t i = 0; i < n; ++i) {
-      if (!slots_[i]->listed || excluded(i)) continue;
-      if (!best || slots_[i]->outstanding_tokens < slots_[*best]->outstanding_tokens) best = i;
+      if (!slots_[i]->listed || excluded(i) || !serves(i)) continue;
+      if (!best || load(i) < load(*best)) best = i;
     }
     return best;
   }
+  // Its weights already in memory spare the workers a read, as a cached prefix spares a prefill.
+  if (warm && load(*warm) <= load(*best) + kAffinitySlackTokens) return warm;
   std::lock_guard lock(affinity_mu_);
   auto it = affinity_.find(prefix_key);
   if (it != affinity_.end() && allowed(it->second.first) &&
-      slots_[it->second.first]->outstanding_tokens <= slots_[*best]->outstanding_tokens + kAffinitySlackTokens) {
+      load(it->second.first) <= load(*best) + kAffinitySlackTokens) {
     return it->second.first;
   }
   return best;

@@ -36,6 +36,31 @@ TEST(ReplicaRouterTest, ChoosesTheLeastLoadedHealthyReplica) {
   EXPECT_EQ(router.Choose(7, {1}), 0u);
 }
 
+// Issue #57: a request under a LoRA adapter goes to a replica serving it, preferring one running it
+// now unless that one is much busier; until a health check says who serves it, to any.
+TEST(ReplicaRouterTest, AnAdaptersRequestGoesWhereItIsServedPreferringWhereItRuns) {
+  auto client = MakeClient(3);
+  ReplicaRouter& router = client->router();
+  router.replica(0).outstanding_tokens = 100;
+  router.replica(1).outstanding_tokens = 900;
+  router.replica(2).outstanding_tokens = 500;
+  EXPECT_EQ(router.Choose(7, {}, "acme"), 0u) << "nothing known yet: the least loaded";
+  router.SetAdapters(0, {{"shop"}, {}});
+  router.SetAdapters(1, {{"acme", "shop"}, {"acme"}});
+  router.SetAdapters(2, {{"acme"}, {}});
+  EXPECT_EQ(router.Choose(7, {}, "acme"), 1u) << "running there, within the slack";
+  EXPECT_EQ(router.Choose(7, {}, ""), 0u) << "the base model goes anywhere";
+  EXPECT_EQ(router.Choose(7, {1}, "acme"), 2u) << "served there";
+  EXPECT_EQ(router.Choose(7, {1, 2}, "acme"), std::nullopt) << "replica 0 does not serve it";
+  router.replica(1).outstanding_tokens = 100000;
+  EXPECT_EQ(router.Choose(7, {}, "acme"), 2u) << "the warm replica is much busier";
+  EXPECT_EQ(router.Choose(7, {}, "nobody"), 0u) << "served nowhere known: any (its scheduler answers)";
+  router.MarkUnhealthy(1);
+  router.MarkUnhealthy(2);
+  EXPECT_EQ(router.Choose(7, {}, "acme"), 2u) << "none serving it in rotation: panic routing among those";
+  EXPECT_EQ(router.Choose(7, {}, "shop"), 0u);
+}
+
 TEST(ReplicaRouterTest, WithNoneInRotationStillTriesTheLeastLoadedUntried) {
   auto client = MakeClient(2);
   ReplicaRouter& router = client->router();

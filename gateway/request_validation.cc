@@ -294,11 +294,10 @@ std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1:
   if (std::string e = CheckRequestId(r.request_id()); !e.empty()) return ValidationError{e};
   const auto lane = lanes.Find(r.lane());
   if (!lane) return ValidationError{FieldMessage("lane", r.lane(), "is not a known lane (" + lanes.Names() + ")")};
-  if (!r.lora_name().empty() &&
-      std::find(limits.lora_names.begin(), limits.lora_names.end(), r.lora_name()) == limits.lora_names.end()) {
+  if (!r.lora_name().empty() && !limits.adapters->Has(r.lora_name())) {
     // The served adapters are not listed: some may be other tenants' (gateway/auth).
     return ValidationError{FieldMessage("lora_name", r.lora_name(),
-                                        limits.lora_names.empty()
+                                        limits.adapters->empty()
                                             ? std::string("is not served: the model serves no LoRA adapters")
                                             : std::string("is not a LoRA adapter this model serves"))};
   }

@@ -2,6 +2,7 @@
 // the scheduler's request. Every error names the field, the value and the limit.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -12,6 +13,7 @@
 #include "ferry/v1/generation.pb.h"
 #include "ferry/v1/scheduler.pb.h"
 #include "gateway/lanes.h"
+#include "gateway/lora_catalog.h"
 #include "gateway/tokenizer/tokenizer.h"
 
 namespace ferry::gateway {
@@ -28,8 +30,9 @@ struct ModelLimits {
   // From the model's generation_config.json (via the scheduler's Info); a request's unset
   // optional sampling fields take these first.
   ferry::v1::GenerationDefaults defaults;
-  // The LoRA adapters every replica serves (SchedulerInfo.lora_names): GenerateRequest.lora_name.
-  std::vector<std::string> lora_names;
+  // The LoRA adapters served (GenerateRequest.lora_name): the replicas' at start, then the admin
+  // API's loads and unloads (lora_admin.h). Shared by every copy of the limits.
+  std::shared_ptr<LoraCatalog> adapters = std::make_shared<LoraCatalog>();
 };
 
 using ferry::kMaxLogprobs;  // common/sampling_limits.h

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "ferry/v1/scheduler.pb.h"
 #include "gateway/replica_router.h"
@@ -49,6 +50,14 @@ class SchedulerClient {
                                      std::shared_ptr<StreamReader> reader) = 0;
   // Runs `fn` once, on the client's timer thread, after `delay` (a request waiting for a replica).
   virtual void After(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
+  // Admin: Scheduler.LoadLoraAdapter / UnloadLoraAdapter on replica `replica`, waiting for the answer
+  // (the scheduler's status, or the transport's). A client without them answers UNIMPLEMENTED.
+  virtual Status LoadLora(size_t /*replica*/, const std::string& /*name*/, const std::string& /*path*/) {
+    return {StatusCode::kUnimplemented, "this scheduler client loads no LoRA adapters"};
+  }
+  virtual Status UnloadLora(size_t /*replica*/, const std::string& /*name*/) {
+    return {StatusCode::kUnimplemented, "this scheduler client loads no LoRA adapters"};
+  }
 };
 
 }  // namespace ferry::gateway

@@ -32,7 +32,9 @@ EngineLoop::EngineLoop(const SchedulerConfig& config, const ControllerOptions& c
       workers_(workers),
       metrics_(std::make_unique<LoopMetrics>(registry, recovery.num_ranks)),
       start_(Clock::now()),
-      replica_(config, controller) {
+      replica_(config, controller),
+      lora_(config.lora_modules) {
+  state_.lora_names = lora_.Names();
   // Every plan the pipeline can hold at once (in flight, being planned) fits without growing: a moment with
   // none in flight (the pipeline's timing shifts under load) once grew the spares in a steady state (#53).
   in_flight_.reserve(static_cast<size_t>(config.max_steps_in_flight) + 1);
@@ -82,6 +84,44 @@ LoopState EngineLoop::SetMaxNumSeqs(int32_t max_num_seqs, bool hold) {
   return State();
 }
 
+LoraChange EngineLoop::LoadLora(const std::string& name, const std::string& path) {
+  using Code = LoraChange::Code;
+  if (config_.max_loras == 0) {
+    return {Code::kFailedPrecondition, "this replica serves no LoRA adapters: start its workers with --enable-lora", {}};
+  }
+  if (const std::vector<std::string> names = LoraNames(); std::binary_search(names.begin(), names.end(), name)) {
+    return {Code::kAlreadyExists, fmt::format("lora_name \"{}\" is already loaded: unload it first", name), names};
+  }
+  // A key of its own: a reload never meets the old weights or a prefix computed under them.
+  const std::string key = fmt::format("{}#{}", name, next_lora_key_.fetch_add(1));
+  try {
+    workers_.LoadLora(key, path);  // the long part (reading the adapter), off the loop thread
+  } catch (const std::invalid_argument& e) {
+    return {Code::kInvalidArgument, std::string(e.what()), LoraNames()};
+  } catch (const std::exception& e) {
+    return {Code::kUnavailable, fmt::format("loading lora_name \"{}\": {}", name, e.what()), LoraNames()};
+  }
+  auto done = std::make_shared<std::promise<LoraChange>>();
+  auto applied = done->get_future();
+  Push(LoraCommand{name, key, path, done});
+  return applied.get();
+}
+
+LoraChange EngineLoop::UnloadLora(const std::string& name) {
+  if (config_.max_loras == 0) {
+    return {LoraChange::Code::kFailedPrecondition, "this replica serves no LoRA adapters: start its workers with --enable-lora", {}};
+  }
+  auto done = std::make_shared<std::promise<LoraChange>>();
+  auto applied = done->get_future();
+  Push(LoraCommand{name, "", "", done});
+  return applied.get();
+}
+
+std::vector<std::string> EngineLoop::LoraNames() const {
+  std::lock_guard lock(state_mu_);
+  return state_.lora_names;
+}
+
 void EngineLoop::RecordReplica(std::vector<ReplicaInput>* record) {
   auto done = std::make_shared<std::promise<void>>();
   auto applied = done->get_future();
@@ -124,6 +164,7 @@ void EngineLoop::Run() {
     // thread commits that one and delivers its tokens.
     const bool launched = in_flight_.size() < depth && LaunchStep();
     if (!in_flight_.empty() && (!launched || in_flight_.size() >= depth)) CompleteStep();
+    RetireAdapters();
     // One flush a turn: a step's start events (from LaunchStep) go out with the tokens of the
     // step completed after it, one message per session rather than two.
     FlushSinks();
@@ -164,6 +205,7 @@ void EngineLoop::Apply(Command& command) {
       add->sink->Flush();
       return;
     }
+    if (!add->spec.lora_name.empty() && !ResolveAdapter(*add)) return;
     try {
       replica_.Add(std::move(add->spec));
       streams_.emplace(id, Stream{std::move(add->sink), add->tag, std::nullopt});
@@ -178,6 +220,8 @@ void EngineLoop::Apply(Command& command) {
     if (!streams_.count(cancel->seq_id)) return;  // already ended
     replica_.Cancel(cancel->seq_id);
     Dispatch({SeqEvent{.seq_id = cancel->seq_id, .finish = FinishKind::kCancelled}}, now);
+  } else if (auto* lora = std::get_if<LoraCommand>(&command)) {
+    ApplyLora(*lora);
   } else if (auto* record = std::get_if<RecordCommand>(&command)) {
     replica_.Record(record->record);
     record->done->set_value();
@@ -187,6 +231,67 @@ void EngineLoop::Apply(Command& command) {
     ReportCap(replica_.controller().num_seqs());  // the change shows now, not at the next step
     Publish();
     set.done->set_value();
+  }
+}
+
+bool EngineLoop::ResolveAdapter(AddCommand& add) {
+  if (std::optional<std::string> key = lora_.Key(add.spec.lora_name)) {
+    add.spec.lora_name = std::move(*key);
+    return true;
+  }
+  num_live_.fetch_sub(1);
+  metrics_->Finished(FinishKind::kNotFound);
+  add.sink->Deliver(add.tag, SeqEvent{.seq_id = add.spec.seq_id,
+                                      .finish = FinishKind::kNotFound,
+                                      .error = fmt::format("lora_name = \"{}\" is not served by this replica (unloaded)",
+                                                           add.spec.lora_name)});
+  add.sink->Flush();
+  return false;
+}
+
+void EngineLoop::ApplyLora(LoraCommand& command) {
+  LoraChange change;
+  if (!command.key.empty()) {  // a load, read by the workers already
+    if (lora_.Serves(command.name)) {  // a concurrent load of the same name got there first
+      lora_.AddRetiring(command.name, command.key, command.path);
+      change = {LoraChange::Code::kAlreadyExists,
+                fmt::format("lora_name \"{}\" is already loaded: unload it first", command.name), {}};
+    } else {
+      lora_.Add(command.name, command.key, command.path);
+      spdlog::info("LoRA adapter {} served (as {}, from {})", command.name, command.key, command.path);
+    }
+  } else if (!lora_.Serves(command.name)) {
+    change = {LoraChange::Code::kNotFound, fmt::format("lora_name \"{}\" is not loaded", command.name), {}};
+  } else {
+    const std::string key = lora_.Remove(command.name);
+    spdlog::info("LoRA adapter {} unloaded: new requests are refused; {} drops it after its last request", command.name,
+                 key);
+  }
+  change.names = lora_.Names();
+  {
+    std::lock_guard lock(state_mu_);
+    state_.lora_names = change.names;
+  }
+  RetireAdapters();  // one no request runs under goes at once
+  command.done->set_value(std::move(change));
+}
+
+void EngineLoop::RetireAdapters() {
+  if (lora_.retiring().empty() || lost_) return;  // a lost group drops nothing: Resume reloads what it holds
+  replica_.core().LoraAdapters(lora_running_, lora_waiting_);
+  const std::vector<std::string> retiring = lora_.retiring();
+  for (const std::string& key : retiring) {
+    if (std::binary_search(lora_running_.begin(), lora_running_.end(), key) ||
+        std::binary_search(lora_waiting_.begin(), lora_waiting_.end(), key)) {
+      continue;  // requests accepted under it still run
+    }
+    try {
+      workers_.UnloadLora(key);
+    } catch (const std::exception& e) {  // the rank is gone: its replacement never had it
+      spdlog::warn("LoRA adapter {}: a worker did not drop it: {}", key, e.what());
+    }
+    spdlog::info("LoRA adapter {} ({}) dropped by the workers", lora_.NameOf(key), key);
+    lora_.Dropped(key);
   }
 }
 
@@ -362,6 +467,15 @@ void EngineLoop::Resume(const Reconnection& back, TimePoint now) {
   for (int32_t rank : back.restarted_ranks) {
     metrics_->worker_restarts.Add({{"rank", std::to_string(rank)}}).Increment();
   }
+  // A restarted rank holds only its --lora-modules: the adapters loaded at run time (served, or
+  // retiring under requests kept) are read again by every rank (a no-op where a rank has them).
+  for (const auto& [key, path] : lora_.RuntimeLoads()) {
+    try {
+      workers_.LoadLora(key, path);
+    } catch (const std::exception& e) {  // its requests are refused by the workers, each alone
+      spdlog::error("LoRA adapter {} could not be loaded again after the workers' restart: {}", key, e.what());
+    }
+  }
   const double took = std::chrono::duration<double>(now - lost_at_).count();
   metrics_->recovery_seconds.Observe(took);
   metrics_->requests_resumed.Increment(static_cast<double>(resumed));
@@ -411,6 +525,13 @@ void EngineLoop::End(const SeqEvent& last, TimePoint now) {
 
 void EngineLoop::PublishLoraInfo() {
   replica_.core().LoraAdapters(lora_running_, lora_waiting_);
+  // The core knows keys; the metric shows the names requests use (a reload's old and new weights
+  // run under one name).
+  for (auto* list : {&lora_running_, &lora_waiting_}) {
+    for (std::string& key : *list) key = lora_.NameOf(key);
+    std::sort(list->begin(), list->end());
+    list->erase(std::unique(list->begin(), list->end()), list->end());
+  }
   metrics_->SetLoraInfo(fmt::format("{}", fmt::join(lora_running_, ",")), fmt::format("{}", fmt::join(lora_waiting_, ",")),
                         replica_.core().config().max_loras);
 }
@@ -445,6 +566,8 @@ void EngineLoop::Publish() {
   state_.num_cap_plans = status.num_plans;
   state_.cap_held = status.held;
   state_.workers_lost = lost_;
+  // Copied only when it changed: a steady step allocates nothing.
+  if (state_.running_lora_adapters != lora_running_) state_.running_lora_adapters = lora_running_;
 }
 
 }  // namespace ferry::scheduler

@@ -24,6 +24,7 @@
 #include "scheduler/cap/controller.h"
 #include "scheduler/core/replica.h"
 #include "scheduler/core/scheduler_core.h"
+#include "scheduler/lora_table.h"
 
 namespace ferry::scheduler {
 
@@ -74,6 +75,24 @@ class WorkerGroup {
   // incarnation (it died and was restarted while the group was idle: it holds none of the
   // connection's state). Without it an idle replica would say it serves until the next step.
   virtual void CheckIdle() {}
+  // LoRA adapters at run time, on every rank (all or none keep it): reads the adapter at `path` as
+  // `key`. Any thread (beside Send and Receive). Throws std::invalid_argument naming what is wrong
+  // with the adapter, std::runtime_error when a rank cannot be reached.
+  virtual void LoadLora(const std::string& key, const std::string& /*path*/) {
+    throw std::invalid_argument("lora_name \"" + key + "\": this worker group loads no adapters at run time");
+  }
+  // Every rank forgets `key` (one that no longer has it is fine). Throws std::runtime_error when a
+  // rank cannot be reached.
+  virtual void UnloadLora(const std::string& /*key*/) {}
+};
+
+// What a LoRA load or unload came to (EngineLoop::LoadLora): the gRPC status code to answer, why,
+// and the adapters served after it.
+struct LoraChange {
+  enum class Code { kOk, kInvalidArgument, kAlreadyExists, kNotFound, kFailedPrecondition, kUnavailable };
+  Code code = Code::kOk;
+  std::string message;
+  std::vector<std::string> names;
 };
 
 // How the loop rides out a lost worker group.
@@ -118,6 +137,9 @@ struct LoopState {
   bool cap_held = false;  // an admin Set holds the cap (Controller::Set)
   // The worker group was lost and is not back: steps wait (health says NOT_SERVING).
   bool workers_lost = false;
+  // LoRA adapters served (sorted), and those of the running sequences (sorted, by name).
+  std::vector<std::string> lora_names;
+  std::vector<std::string> running_lora_adapters;
 };
 
 class EngineLoop {
@@ -141,6 +163,14 @@ class EngineLoop {
   // for the adaptive modes to move (Controller::Set); returns once applied.
   LoopState SetMaxNumSeqs(int32_t max_num_seqs, bool hold);
   LoopState State() const;
+  // LoRA adapters at run time (scheduler.proto's LoadLoraAdapter): reads the adapter on the workers
+  // under a key of its own (lora_table.h) on the caller's thread, then serves it from the next
+  // request on. Unload refuses new requests naming it at once (SeqEvent kNotFound) and has the
+  // workers drop it once the requests accepted under it have ended. Both return once applied.
+  LoraChange LoadLora(const std::string& name, const std::string& path);
+  LoraChange UnloadLora(const std::string& name);
+  // The adapters served now, sorted (SchedulerInfo.lora_names). Any thread.
+  std::vector<std::string> LoraNames() const;
   // Tests: from the next turn on, every input to the loop's replica is appended to `record` (null: stop),
   // which must outlive the loop or a later call with null; returns once applied (replica.h, Replay).
   void RecordReplica(std::vector<ReplicaInput>* record);
@@ -167,7 +197,13 @@ class EngineLoop {
     std::vector<ReplicaInput>* record;
     std::shared_ptr<std::promise<void>> done;
   };
-  using Command = std::variant<AddCommand, CancelCommand, SetCapCommand, RecordCommand>;
+  struct LoraCommand {
+    std::string name;
+    std::string key;   // a load's (empty: an unload)
+    std::string path;
+    std::shared_ptr<std::promise<LoraChange>> done;
+  };
+  using Command = std::variant<AddCommand, CancelCommand, SetCapCommand, RecordCommand, LoraCommand>;
 
   // What the loop alone knows of a request it has not ended: where its events go, and when
   // it delivered the first token (for the controller's TTFT). The rest is the core's.
@@ -188,6 +224,12 @@ class EngineLoop {
   void Push(Command command);
   void Run();
   void Apply(Command& command);
+  void ApplyLora(LoraCommand& command);
+  // A request under an adapter runs with its key (lora_table.h); false, with the request ended
+  // kNotFound, when the adapter is not served (unloaded since the service checked).
+  bool ResolveAdapter(AddCommand& add);
+  // Retiring adapters that no live sequence names any more: the workers drop them.
+  void RetireAdapters();
   // Plans a step and sends it; false if there was nothing to run.
   bool LaunchStep();
   // Takes the oldest step's samples, commits them and delivers the events.
@@ -214,6 +256,8 @@ class EngineLoop {
   // ferry_scheduler_lora_requests_info from the core's running and waiting adapters (with max_loras > 0).
   void PublishLoraInfo();
   std::vector<std::string> lora_running_, lora_waiting_;  // PublishLoraInfo's, kept for their capacity
+  LoraTable lora_;                                       // the loop thread's
+  std::atomic<uint64_t> next_lora_key_{1};               // run-time loads' keys: "<name>#<n>"
   double Seconds(TimePoint t) const { return std::chrono::duration<double>(t - start_).count(); }
 
   const SchedulerConfig config_;

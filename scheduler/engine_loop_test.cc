@@ -40,6 +40,8 @@ class FakeWorkers : public WorkerGroup {
     if (plan.step_id == lose_step) {
       seqs_.clear();
       sent_.clear();
+      std::lock_guard lock(lora_mu);
+      adapters.clear();  // its replacement holds only what it reads at start
       throw WorkerLostError(WorkerLostError::Reason::kDisconnected, "injected: the worker died");
     }
     for (uint64_t id : plan.finished_ids) seqs_.erase(id), refused_forgotten += static_cast<int>(refused_.erase(id));
@@ -53,7 +55,18 @@ class FakeWorkers : public WorkerGroup {
         refused_.insert(n.seq_id);
         continue;
       }
-      seqs_[n.seq_id] = {n.token_ids, 0};
+      // As the real worker: a sequence holds its adapter's weights (here: their path) from its start.
+      std::string weights;
+      if (!n.lora_name.empty()) {
+        std::lock_guard lock(lora_mu);
+        if (!adapters.count(n.lora_name)) {
+          refused.push_back({n.seq_id, "lora_name \"" + n.lora_name + "\" is not loaded"});
+          refused_.insert(n.seq_id);
+          continue;
+        }
+        weights = adapters.at(n.lora_name);
+      }
+      seqs_[n.seq_id] = {n.token_ids, 0, weights};
     }
     std::vector<SampledToken> out;
     for (const auto& s : plan.scheduled) {
@@ -61,7 +74,7 @@ class FakeWorkers : public WorkerGroup {
       auto& seq = seqs_.at(s.seq_id);
       seq.computed += s.num_tokens;
       if (seq.computed == static_cast<int>(seq.tokens.size())) {
-        int64_t h = 0;
+        int64_t h = static_cast<int64_t>(std::hash<std::string>{}(seq.weights) % 1000003);
         for (int32_t t : seq.tokens) h = (h * 31 + t) % 1000003;
         const int32_t token = 10 + static_cast<int32_t>(h % 50);
         seq.tokens.push_back(token);
@@ -83,7 +96,24 @@ class FakeWorkers : public WorkerGroup {
     seqs_.clear();
     throw WorkerLostError(WorkerLostError::Reason::kDisconnected, "injected: died while idle");
   }
+  void LoadLora(const std::string& key, const std::string& path) override {
+    if (path.find("missing") != std::string::npos) throw std::invalid_argument("lora_path " + path + " is missing");
+    std::lock_guard lock(lora_mu);
+    adapters[key] = path;
+    loads.push_back(key);
+  }
+  void UnloadLora(const std::string& key) override {
+    std::lock_guard lock(lora_mu);
+    adapters.erase(key);
+  }
+  bool Holds(const std::string& key) {
+    std::lock_guard lock(lora_mu);
+    return adapters.count(key) != 0;
+  }
   size_t live() const { return seqs_.size(); }
+  std::mutex lora_mu;
+  std::map<std::string, std::string> adapters;  // key -> path (the fake's "weights")
+  std::vector<std::string> loads;               // every LoadLora's key, in order
   std::atomic<bool> gone_while_idle{false};
   std::atomic<int> idle_checks{0};
   uint64_t lose_step = 0;            // this step's Receive loses the worker (0: none)
@@ -103,6 +133,7 @@ class FakeWorkers : public WorkerGroup {
   struct Seq {
     std::vector<int32_t> tokens;
     int computed = 0;
+    std::string weights;  // its adapter's path; empty: the base model
   };
   std::map<uint64_t, Seq> seqs_;
   std::set<uint64_t> refused_;
@@ -444,6 +475,96 @@ TEST_P(EngineLoopTest, ASequenceTheWorkersRefuseEndsAloneWithItsReason) {
   EXPECT_EQ(loop.num_live(), 0);
   // The next plan after the refusal told the workers it ended (the others ran on for many steps after it).
   EXPECT_EQ(workers.refused_forgotten.load(), 1);
+}
+
+// Load, use, unload and reload while requests run: a request accepted under an adapter finishes
+// with the weights it started with, one naming it after the unload is refused NOT_FOUND, a reload
+// serves the new weights under the same name, and the workers drop the old ones after their last
+// request ended.
+TEST_P(EngineLoopTest, AdaptersLoadUnloadAndReloadUnderLoadWithoutMixingWeights) {
+  SchedulerConfig config = Config(GetParam());
+  config.max_loras = 2;
+  config.lora_modules = {"start"};
+  const RequestSpec long_one = Request(6, 120);
+  auto under = [](RequestSpec r, const std::string& name) {
+    r.lora_name = name;
+    return r;
+  };
+  auto alone = [&](const std::string& path) {  // what the request gets under `path`'s weights, alone
+    prometheus::Registry registry;
+    FakeWorkers workers;
+    EngineLoop loop(config, ControllerOptions{}, workers, registry, RecoveryOptions{});
+    EXPECT_EQ(loop.LoadLora("x", path).code, LoraChange::Code::kOk);
+    return Drain(*Submit(loop, under(long_one, "x")).sink).first;
+  };
+  const std::vector<int32_t> under_p1 = alone("/adapters/p1"), under_p2 = alone("/adapters/p2");
+  ASSERT_NE(under_p1, under_p2) << "the fake's weights must show in its tokens";
+
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  workers.adapters["start"] = "/adapters/start";  // its --lora-modules
+  EngineLoop loop(config, ControllerOptions{}, workers, registry, RecoveryOptions{});
+  EXPECT_EQ(loop.LoraNames(), (std::vector<std::string>{"start"}));
+  const LoraChange bad = loop.LoadLora("y", "/adapters/missing");
+  EXPECT_EQ(bad.code, LoraChange::Code::kInvalidArgument);
+  EXPECT_EQ(bad.message, "lora_path /adapters/missing is missing");
+  EXPECT_EQ(bad.names, (std::vector<std::string>{"start"})) << "nothing loaded half-way";
+  const LoraChange loaded = loop.LoadLora("x", "/adapters/p1");
+  EXPECT_EQ(loaded.code, LoraChange::Code::kOk);
+  EXPECT_EQ(loaded.names, (std::vector<std::string>{"start", "x"}));
+  EXPECT_EQ(loop.LoadLora("x", "/adapters/p2").code, LoraChange::Code::kAlreadyExists);
+  const std::string old_key = workers.loads.back();
+
+  Sub base = Submit(loop, long_one);
+  Sub first = Submit(loop, under(long_one, "x"));
+  const LoraChange unloaded = loop.UnloadLora("x");  // applied after the submits: `first` is live
+  EXPECT_EQ(unloaded.code, LoraChange::Code::kOk);
+  EXPECT_EQ(unloaded.names, (std::vector<std::string>{"start"}));
+  EXPECT_TRUE(workers.Holds(old_key)) << "dropped under a running request";
+  Sub refused = Submit(loop, under(long_one, "x"));
+  EXPECT_EQ(loop.UnloadLora("x").code, LoraChange::Code::kNotFound);
+  EXPECT_EQ(loop.LoadLora("x", "/adapters/p2").code, LoraChange::Code::kOk);  // the reload
+  const std::string new_key = workers.loads.back();
+  EXPECT_NE(new_key, old_key) << "a reload's key is its own";
+  Sub second = Submit(loop, under(long_one, "x"));
+  Sub start = Submit(loop, under(long_one, "start"));
+
+  const auto [refused_tokens, refused_finish] = Drain(*refused.sink);
+  EXPECT_EQ(refused_finish, FinishKind::kNotFound);
+  EXPECT_TRUE(refused_tokens.empty());
+  EXPECT_EQ(Drain(*first.sink), std::make_pair(under_p1, FinishKind::kLength)) << "the old weights to its end";
+  EXPECT_EQ(Drain(*second.sink), std::make_pair(under_p2, FinishKind::kLength)) << "the reload's weights";
+  EXPECT_EQ(Drain(*base.sink).second, FinishKind::kLength);
+  EXPECT_EQ(Drain(*start.sink).second, FinishKind::kLength);
+  EXPECT_FALSE(workers.Holds(old_key)) << "the old weights outlived their last request";
+  EXPECT_TRUE(workers.Holds(new_key));
+  EXPECT_EQ(loop.num_live(), 0);
+}
+
+// A restarted worker holds only its --lora-modules: the loop loads the run-time adapters again
+// before the requests it kept resume, so they finish as without the loss.
+TEST(EngineLoop, ARestartedWorkerGetsTheRunTimeAdaptersAgain) {
+  SchedulerConfig config = Config(1);
+  config.max_loras = 1;
+  RequestSpec r = Request(6, 40);
+  r.lora_name = "x";
+  std::vector<int32_t> expected;
+  {
+    prometheus::Registry registry;
+    FakeWorkers workers;
+    EngineLoop loop(config, ControllerOptions{}, workers, registry, RecoveryOptions{});
+    ASSERT_EQ(loop.LoadLora("x", "/adapters/p1").code, LoraChange::Code::kOk);
+    expected = Drain(*Submit(loop, r).sink).first;
+  }
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  workers.lose_step = 5;
+  RecoveryOptions recovery;
+  recovery.probe_interval = std::chrono::milliseconds(5);
+  EngineLoop loop(config, ControllerOptions{}, workers, registry, recovery);
+  ASSERT_EQ(loop.LoadLora("x", "/adapters/p1").code, LoraChange::Code::kOk);
+  EXPECT_EQ(Drain(*Submit(loop, r).sink), std::make_pair(expected, FinishKind::kLength));
+  EXPECT_EQ(workers.loads.size(), 2u) << "loaded again once, after the restart";
 }
 
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2));

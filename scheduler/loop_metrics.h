@@ -68,7 +68,7 @@ struct LoopMetrics {
   std::string current_regime_;
   prometheus::Gauge* lora_series_ = nullptr;
   std::string lora_running_, lora_waiting_;
-  std::array<prometheus::Counter*, static_cast<size_t>(FinishKind::kRefused) + 1> finished_by_kind_{};
+  std::array<prometheus::Counter*, static_cast<size_t>(FinishKind::kNotFound) + 1> finished_by_kind_{};
 };
 
 }  // namespace ferry::scheduler

@@ -102,6 +102,7 @@ ferry::scheduler::SchedulerConfig ConfigFrom(const Flags& flags, const ferry::v1
   config.block_size = worker_info.block_size();
   config.num_kv_blocks = worker_info.num_kv_blocks();
   config.max_loras = worker_info.max_loras();
+  config.lora_modules.assign(worker_info.lora_names().begin(), worker_info.lora_names().end());
   config.aging_interval_ms = flags.aging_interval_ms;
   config.max_steps_in_flight = flags.async_scheduling ? 2 : 1;
   config.debug_leak_kv_every = flags.debug_leak_kv_every;

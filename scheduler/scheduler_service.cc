@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/lora_name.h"
 #include "common/sampling_limits.h"
 #include "common/speculative.h"
 #include "proto/speculative.h"
@@ -47,14 +48,26 @@ RequestSpec ToRequestSpec(const ferry::v1::SubmitRequest& r, const std::vector<i
   return spec;
 }
 
-// A request may name only an adapter every worker of the replica serves.
+// A replica without adapters refuses a named one here; which adapters are served the engine loop
+// decides (it ends a request under one not served, or unloaded meanwhile, NOT_FOUND).
 void CheckLora(const ferry::v1::SubmitRequest& r, const ferry::v1::SchedulerInfo& info) {
-  if (r.lora_name().empty()) return;
-  const auto& names = info.lora_names();
-  if (std::find(names.begin(), names.end(), r.lora_name()) != names.end()) return;
-  throw std::invalid_argument(fmt::format("lora_name = \"{}\" is not served by this replica (serves {})", r.lora_name(),
-                                          names.empty() ? std::string("no adapters: --enable-lora --lora-modules")
-                                                        : fmt::format("{}", fmt::join(names, ", "))));
+  if (r.lora_name().empty() || info.max_loras() > 0) return;
+  throw std::invalid_argument(fmt::format(
+      "lora_name = \"{}\": this replica serves no LoRA adapters (its workers run without --enable-lora)", r.lora_name()));
+}
+
+grpc::Status ToStatus(const LoraChange& change, ferry::v1::LoraAdaptersResponse* out) {
+  using Code = LoraChange::Code;
+  for (const std::string& name : change.names) out->add_lora_names(name);
+  switch (change.code) {
+    case Code::kOk: return grpc::Status::OK;
+    case Code::kInvalidArgument: return {grpc::StatusCode::INVALID_ARGUMENT, change.message};
+    case Code::kAlreadyExists: return {grpc::StatusCode::ALREADY_EXISTS, change.message};
+    case Code::kNotFound: return {grpc::StatusCode::NOT_FOUND, change.message};
+    case Code::kFailedPrecondition: return {grpc::StatusCode::FAILED_PRECONDITION, change.message};
+    case Code::kUnavailable: return {grpc::StatusCode::UNAVAILABLE, change.message};
+  }
+  return {grpc::StatusCode::INTERNAL, change.message};
 }
 
 void ToProto(const LoopState& s, ferry::v1::SchedulerState* out) {
@@ -69,6 +82,8 @@ void ToProto(const LoopState& s, ferry::v1::SchedulerState* out) {
   out->set_prefix_cache_hits(s.prefix_cache_hits);
   out->set_num_cap_changes(s.num_cap_changes);
   out->set_cap_held(s.cap_held);
+  out->mutable_lora_names()->Assign(s.lora_names.begin(), s.lora_names.end());
+  out->mutable_running_lora_adapters()->Assign(s.running_lora_adapters.begin(), s.running_lora_adapters.end());
 }
 
 ferry::v1::FinishKind ToProto(FinishKind kind) {
@@ -88,7 +103,24 @@ ferry::v1::FinishKind ToProto(FinishKind kind) {
 grpc::Status SchedulerService::Info(grpc::ServerContext*, const ferry::v1::SchedulerInfoRequest*,
                                     ferry::v1::SchedulerInfo* out) {
   *out = info_;
+  const std::vector<std::string> names = loop_.LoraNames();
+  out->mutable_lora_names()->Assign(names.begin(), names.end());
   return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::LoadLoraAdapter(grpc::ServerContext*, const ferry::v1::LoadLoraAdapterRequest* request,
+                                               ferry::v1::LoraAdaptersResponse* out) {
+  if (const std::string error = LoraNameError(request->lora_name()); !error.empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, error};
+  }
+  if (request->lora_path().empty()) return {grpc::StatusCode::INVALID_ARGUMENT, "lora_path is empty"};
+  return ToStatus(loop_.LoadLora(request->lora_name(), request->lora_path()), out);
+}
+
+grpc::Status SchedulerService::UnloadLoraAdapter(grpc::ServerContext*, const ferry::v1::UnloadLoraAdapterRequest* request,
+                                                 ferry::v1::LoraAdaptersResponse* out) {
+  if (request->lora_name().empty()) return {grpc::StatusCode::INVALID_ARGUMENT, "lora_name is empty"};
+  return ToStatus(loop_.UnloadLora(request->lora_name()), out);
 }
 
 namespace {
@@ -190,6 +222,7 @@ constexpr int64_t kUnavailableRetryMs = 1000;
 std::optional<grpc::Status> EndStatus(const SeqEvent& event) {
   switch (event.finish) {
     case FinishKind::kRefused: return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, event.error);
+    case FinishKind::kNotFound: return grpc::Status(grpc::StatusCode::NOT_FOUND, event.error);
     case FinishKind::kCancelled: return grpc::Status::CANCELLED;
     case FinishKind::kDeadlineExceeded:
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the request was not started within its deadline");

@@ -27,12 +27,16 @@ class SchedulerService final : public ferry::v1::Scheduler::WithCallbackMethod_S
                         ferry::v1::SchedulerState* out) override;
   grpc::Status SetMaxNumSeqs(grpc::ServerContext*, const ferry::v1::SetMaxNumSeqsRequest* request,
                              ferry::v1::SchedulerState* out) override;
+  grpc::Status LoadLoraAdapter(grpc::ServerContext*, const ferry::v1::LoadLoraAdapterRequest* request,
+                               ferry::v1::LoraAdaptersResponse* out) override;
+  grpc::Status UnloadLoraAdapter(grpc::ServerContext*, const ferry::v1::UnloadLoraAdapterRequest* request,
+                                 ferry::v1::LoraAdaptersResponse* out) override;
 
  private:
   struct Sessions;
 
   EngineLoop& loop_;
-  const ferry::v1::SchedulerInfo info_;
+  const ferry::v1::SchedulerInfo info_;  // lora_names aside: the loop's (EngineLoop::LoraNames)
   const std::shared_ptr<Sessions> sessions_;
 };
 

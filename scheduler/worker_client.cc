@@ -12,6 +12,9 @@
 
 namespace ferry::scheduler {
 
+// A worker reads an adapter in well under a second; a minute covers a slow disk.
+constexpr std::chrono::seconds kLoraCallTimeout(60);
+
 struct GrpcWorkerGroup::Rank {
   std::string address;
   std::unique_ptr<ferry::v1::Worker::Stub> stub;
@@ -82,6 +85,51 @@ std::vector<bool> GrpcWorkerGroup::HealthyRanks(std::chrono::milliseconds timeou
     out.push_back(rank->stub->Health(&context, {}, &response).ok() && response.ok());
   }
   return out;
+}
+
+void GrpcWorkerGroup::LoadLora(const std::string& key, const std::string& path) {
+  ferry::v1::LoadLoraAdapterRequest request;
+  request.set_lora_name(key);
+  request.set_lora_path(path);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kLoraCallTimeout);
+    ferry::v1::LoraAdaptersResponse response;
+    const grpc::Status status = ranks_[r]->stub->LoadLoraAdapter(&context, request, &response);
+    if (status.ok()) continue;
+    for (size_t done = 0; done < r; ++done) {  // all ranks or none keep it
+      grpc::ClientContext undo;
+      undo.set_deadline(std::chrono::system_clock::now() + kLoraCallTimeout);
+      ferry::v1::UnloadLoraAdapterRequest unload;
+      unload.set_lora_name(key);
+      (void)ranks_[done]->stub->UnloadLoraAdapter(&undo, unload, &response);
+    }
+    const std::string what = fmt::format("worker {}: {}", ranks_[r]->address, status.error_message());
+    switch (status.error_code()) {
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::ALREADY_EXISTS:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        throw std::invalid_argument(status.error_message());  // the adapter's fault: the same on every rank
+      default:
+        throw std::runtime_error(what);
+    }
+  }
+}
+
+void GrpcWorkerGroup::UnloadLora(const std::string& key) {
+  ferry::v1::UnloadLoraAdapterRequest request;
+  request.set_lora_name(key);
+  std::string failed;
+  for (const auto& rank : ranks_) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kLoraCallTimeout);
+    ferry::v1::LoraAdaptersResponse response;
+    const grpc::Status status = rank->stub->UnloadLoraAdapter(&context, request, &response);
+    if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+      failed += fmt::format("{}worker {}: {}", failed.empty() ? "" : "; ", rank->address, status.error_message());
+    }
+  }
+  if (!failed.empty()) throw std::runtime_error(failed);
 }
 
 ferry::v1::WorkerInfo GrpcWorkerGroup::WaitForInfo(std::chrono::seconds timeout) {

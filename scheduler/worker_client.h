@@ -59,6 +59,10 @@ class GrpcWorkerGroup final : public WorkerGroup {
   // Whether each rank answers Health within timeout, rank 0 first (every rank is asked, even
   // after one fails). Thread-safe: only uses the stubs.
   std::vector<bool> HealthyRanks(std::chrono::milliseconds timeout) const;
+  // Worker.LoadLoraAdapter on every rank, in rank order; when one refuses, the ranks that loaded it
+  // unload it again. Thread-safe: only uses the stubs.
+  void LoadLora(const std::string& key, const std::string& path) override;
+  void UnloadLora(const std::string& key) override;
 
  private:
   struct Rank;

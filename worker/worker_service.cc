@@ -17,6 +17,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/engine/speculative_config.h"
 #include "worker/engine/step_validation.h"
+#include "worker/lora/lora_registry.h"
 
 namespace ferry::worker {
 
@@ -144,7 +145,6 @@ std::string StepWatch::Problem(Clock::time_point now, int step_timeout_s) const 
 WorkerService::WorkerService(ModelRunner& runner, prometheus::Registry& registry, WorkerServiceOptions options)
     : incarnation_id_(NewIncarnationId()),
       runner_(runner),
-      lora_names_(runner.LoraNames()),
       metrics_(std::make_unique<WorkerMetrics>(registry)),
       options_(std::move(options)) {}
 
@@ -176,7 +176,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const ferry::v1::WorkerIn
   out->mutable_speculative()->set_num_speculative_tokens(info.speculative.num_speculative_tokens);
   for (SpeculativeMethod m : info.speculative_methods) out->add_speculative_methods(ToProto(m));
   out->set_max_loras(info.max_loras);
-  for (const std::string& name : lora_names_) out->add_lora_names(name);
+  for (const std::string& name : runner_.LoraNames()) out->add_lora_names(name);  // thread-safe (model_runner.h)
   return grpc::Status::OK;
 }
 
@@ -192,6 +192,42 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const ferry::v1::Health
   out->set_incarnation_id(incarnation_id_);
   if (!out->ok()) out->set_reason(problem);
   out->set_step_running_s(watch_.RunningSeconds(StepWatch::Clock::now()));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::LoadLoraAdapter(grpc::ServerContext*, const ferry::v1::LoadLoraAdapterRequest* request,
+                                            ferry::v1::LoraAdaptersResponse* out) {
+  if (runner_.info().max_loras == 0) {
+    return {grpc::StatusCode::FAILED_PRECONDITION, "this worker serves no LoRA adapters: start it with --enable-lora"};
+  }
+  try {
+    runner_.LoadLora(request->lora_name(), request->lora_path());  // on this thread, beside the steps
+  } catch (const LoraNameTaken& e) {
+    return {grpc::StatusCode::ALREADY_EXISTS, e.what()};
+  } catch (const std::invalid_argument& e) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+  }
+  spdlog::info("LoRA adapter {} served from {}", request->lora_name(), request->lora_path());
+  for (const std::string& name : runner_.LoraNames()) out->add_lora_names(name);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::UnloadLoraAdapter(grpc::ServerContext*, const ferry::v1::UnloadLoraAdapterRequest* request,
+                                              ferry::v1::LoraAdaptersResponse* out) {
+  if (runner_.info().max_loras == 0) {
+    return {grpc::StatusCode::FAILED_PRECONDITION, "this worker serves no LoRA adapters: start it with --enable-lora"};
+  }
+  const std::vector<std::string> names = runner_.LoraNames();
+  if (std::find(names.begin(), names.end(), request->lora_name()) == names.end()) {
+    return {grpc::StatusCode::NOT_FOUND, fmt::format("lora_name \"{}\" is not loaded", request->lora_name())};
+  }
+  try {
+    runner_.UnloadLora(request->lora_name());
+  } catch (const std::invalid_argument& e) {  // unloaded by a concurrent call
+    return {grpc::StatusCode::NOT_FOUND, e.what()};
+  }
+  spdlog::info("LoRA adapter {} unloaded", request->lora_name());
+  for (const std::string& name : runner_.LoraNames()) out->add_lora_names(name);
   return grpc::Status::OK;
 }
 

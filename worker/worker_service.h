@@ -80,6 +80,10 @@ class WorkerService final : public ferry::v1::Worker::Service {
                     grpc::ServerReaderWriter<ferry::v1::StepResult, ferry::v1::StepRequest>* stream) override;
   grpc::Status Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
                       ferry::v1::HealthResponse* out) override;
+  grpc::Status LoadLoraAdapter(grpc::ServerContext*, const ferry::v1::LoadLoraAdapterRequest* request,
+                               ferry::v1::LoraAdaptersResponse* out) override;
+  grpc::Status UnloadLoraAdapter(grpc::ServerContext*, const ferry::v1::UnloadLoraAdapterRequest* request,
+                                 ferry::v1::LoraAdaptersResponse* out) override;
 
  private:
   struct Submitted;
@@ -108,9 +112,6 @@ class WorkerService final : public ferry::v1::Worker::Service {
   std::unordered_set<uint64_t> refused_;
 
   ModelRunner& runner_;
-  // The adapters served (--lora-modules), read from the runner at construction: Info answers
-  // from any thread, and the runner is driven by the step thread alone.
-  const std::vector<std::string> lora_names_;
   // The runner is single-threaded; a second Step stream (a reconnecting
   // scheduler) waits here rather than interleaving steps.
   std::mutex step_mutex_;

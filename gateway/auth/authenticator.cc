@@ -97,6 +97,12 @@ class KeyFileAuthenticator final : public Authenticator {
     return !c.adapters_limited || std::find(c.adapters.begin(), c.adapters.end(), adapter) != c.adapters.end();
   }
 
+  bool IsAdmin(const std::string& tenant) const override {
+    std::lock_guard lock(mu_);
+    const auto it = tenants_.find(tenant);
+    return it != tenants_.end() && it->second.config.admin;
+  }
+
   std::optional<std::string> Identify(const std::optional<std::string>& bearer) override {
     if (!bearer || bearer->empty()) return std::nullopt;
     const std::string hash = Sha256Hex(*bearer);

@@ -41,6 +41,9 @@ class Authenticator {
   // A front treats an adapter the tenant may not use as one that does not exist (404 / NOT
   // FOUND-like refusals name only the tenant's own), so one tenant does not learn another's.
   virtual bool MayUseAdapter(const std::string& /*tenant*/, const std::string& /*adapter*/) const { return true; }
+  // Whether `tenant` may call the admin API (loading and unloading LoRA adapters): its key file
+  // entry's `admin: true`. With authentication off every caller may (a local server).
+  virtual bool IsAdmin(const std::string& /*tenant*/) const { return true; }
 };
 
 // Authentication off (the local default): every request is admitted as tenant "anonymous".

@@ -22,6 +22,7 @@ tenants:
     tokens_per_minute: 600
     burst: 2
   - name: free
+    admin: true
   - name: shop
     adapters: [shop-support, shop-search]
   - name: locked
@@ -46,6 +47,21 @@ TEST(KeyFileAuthenticatorTest, AdaptersAreLimitedPerTenant) {
   EXPECT_FALSE(f.auth->MayUseAdapter("nobody", "shop-support"));
   EXPECT_TRUE(MakeOpenAuthenticator()->MayUseAdapter("anonymous", "anything"));
   EXPECT_THROW(ParseKeyFile("tenants:\n  - name: x\n    adapters: shop\nkeys: []\n"), std::runtime_error);
+}
+
+// The admin API (LoRA loads and unloads): a tenant's `admin: true`; every caller with auth off.
+TEST(KeyFileAuthenticatorTest, OnlyAdminTenantsMayChangeAdapters) {
+  Fixture f;
+  EXPECT_TRUE(f.auth->IsAdmin("free"));
+  EXPECT_FALSE(f.auth->IsAdmin("acme")) << "absent: not an admin";
+  EXPECT_FALSE(f.auth->IsAdmin("nobody"));
+  EXPECT_TRUE(MakeOpenAuthenticator()->IsAdmin("anonymous"));
+  try {
+    ParseKeyFile("tenants:\n  - name: x\n    admin: sometimes\nkeys: []\n");
+    FAIL() << "a non-boolean admin was taken";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tenants[0].admin: must be true or false"), std::string::npos) << e.what();
+  }
 }
 
 TEST(OpenAuthenticatorTest, AdmitsEveryoneAsAnonymous) {

@@ -59,6 +59,13 @@ TenantConfig ParseTenant(const std::string& source, const YAML::Node& node, size
       t.adapters.push_back(a.Scalar());
     }
   }
+  if (const YAML::Node admin = node["admin"]) {
+    bool value = false;
+    if (!admin.IsScalar() || !YAML::convert<bool>::decode(admin, value)) {
+      Fail(source, admin, where + ".admin", "must be true or false");
+    }
+    t.admin = value;
+  }
   t.requests_per_second = OptionalRate(source, node, where, "requests_per_second");
   t.tokens_per_minute = OptionalRate(source, node, where, "tokens_per_minute");
   t.burst = OptionalRate(source, node, where, "burst");

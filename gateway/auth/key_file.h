@@ -7,6 +7,7 @@
 //       tokens_per_minute: 20000      # optional; 0 or absent = unlimited
 //       burst: 10                     # optional; request bucket size (default: max(1, requests_per_second))
 //       adapters: [acme-support]      # optional; the LoRA adapters it may use (absent: every one)
+//       admin: true                   # optional; may load and unload LoRA adapters (default false)
 //   keys:
 //     - sha256: 9f86d08...            # 64 hex digits: ferry-hash-key prints it
 //       tenant: acme
@@ -33,6 +34,7 @@ struct TenantConfig {
   // adapters_limited false: every adapter. The base model is every tenant's.
   bool adapters_limited = false;
   std::vector<std::string> adapters;
+  bool admin = false;  // may call the admin API (LoRA adapters' load and unload)
 };
 
 struct KeyEntry {

@@ -541,6 +541,8 @@ ApiError ErrorFromStatus(const Status& status, ParamName param_name) {
       e.param = ParamFromMessage(e.message);
       if (param_name != nullptr && !e.param.empty()) e.param = param_name(e.param);
       return e;
+    case StatusCode::kAlreadyExists: e.http_status = 400; break;  // a LoRA adapter loaded twice (vLLM's 400)
+    case StatusCode::kNotFound: e.http_status = 404; break;       // a LoRA adapter not served
     case StatusCode::kUnauthenticated: e.http_status = 401; e.type = "authentication_error"; break;
     case StatusCode::kPermissionDenied: e.http_status = 403; e.type = "permission_error"; break;
     case StatusCode::kResourceExhausted:

@@ -73,6 +73,17 @@ void SendError(httplib::Response& res, const ApiError& error) {
   res.set_content(ErrorJson(error).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
+// body[field] as a string, or the 400 naming it.
+std::variant<std::string, ApiError> StringField(const json& body, const char* field, bool required) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) {
+    if (!required) return std::string();
+    return InvalidField(field, fmt::format("{} is required", field));
+  }
+  if (!it->is_string()) return InvalidField(field, fmt::format("{} must be a string", field));
+  return it->get<std::string>();
+}
+
 std::optional<std::string> Bearer(const httplib::Request& req) {
   const std::string header = req.get_header_value("Authorization");
   constexpr std::string_view kPrefix = "Bearer ";
@@ -216,6 +227,14 @@ void OpenAiHttpServer::AddRoutes() {
     }
     res.set_content(json{{"object", "list"}, {"data", std::move(data)}}.dump(), "application/json");
   });
+  if (options_.lora_admin != nullptr) {
+    server_->Post("/v1/load_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
+      HandleLoraAdmin(req, res, /*load=*/true);
+    });
+    server_->Post("/v1/unload_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
+      HandleLoraAdmin(req, res, /*load=*/false);
+    });
+  }
   if (options_.metrics_text) {
     server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(options_.metrics_text(), "text/plain; version=0.0.4");
@@ -301,6 +320,39 @@ std::optional<json> OpenAiHttpServer::ParseBody(const httplib::Request& req, htt
   return body;
 }
 
+// vLLM's runtime LoRA endpoints (its VLLM_ALLOW_RUNTIME_LORA_UPDATING API), over LoraAdmin:
+//   POST /v1/load_lora_adapter   {"lora_name": "...", "lora_path": "/dir"}  ->  200 text
+//   POST /v1/unload_lora_adapter {"lora_name": "..."}                      ->  200 text
+// Admin keys only when API keys are on (403 otherwise); errors as OpenAI error objects: 400 for a
+// bad or already loaded adapter, 404 for an unload of one not loaded.
+void OpenAiHttpServer::HandleLoraAdmin(const httplib::Request& req, httplib::Response& res, bool load) {
+  if (RefusedWhileDraining(res) || !Identified(req, res)) return;
+  const std::optional<std::string> tenant = authenticator_.Identify(Bearer(req));
+  if (!tenant || !authenticator_.IsAdmin(*tenant)) {
+    return Refuse(req, res, FromAuth({AuthCode::kPermissionDenied, "", "loading and unloading LoRA adapters needs an admin key"}));
+  }
+  const std::optional<json> body = ParseBody(req, res);
+  if (!body) return;
+  if (!body->is_object()) return Refuse(req, res, InvalidField("", "the request body must be a JSON object"));
+  auto name = StringField(*body, "lora_name", true);
+  if (auto* error = std::get_if<ApiError>(&name)) return Refuse(req, res, *error);
+  auto path = StringField(*body, "lora_path", load);
+  if (auto* error = std::get_if<ApiError>(&path)) return Refuse(req, res, *error);
+  const std::string& lora_name = std::get<std::string>(name);
+  const Status status = load ? options_.lora_admin->Load(lora_name, std::get<std::string>(path))
+                             : options_.lora_admin->Unload(lora_name);
+  if (!status.ok()) {
+    ApiError error = ErrorFromStatus(status);
+    if (status.error_code() == StatusCode::kInvalidArgument || status.error_code() == StatusCode::kAlreadyExists ||
+        status.error_code() == StatusCode::kNotFound) {
+      error.param = "lora_name";
+    }
+    return SendError(res, error);
+  }
+  res.set_content(fmt::format("Success: LoRA adapter '{}' {} successfully.", lora_name, load ? "added" : "removed"),
+                  "text/plain");
+}
+
 bool OpenAiHttpServer::Identified(const httplib::Request& req, httplib::Response& res) {
   if (authenticator_.Identify(Bearer(req))) return true;
   Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
@@ -349,12 +401,11 @@ void OpenAiHttpServer::HandleGenerate(const httplib::Request& req, httplib::Resp
 }
 
 bool OpenAiHttpServer::IsAdapter(const std::string& model) const {
-  const std::vector<std::string>& adapters = generator_.options().limits.lora_names;
-  return std::find(adapters.begin(), adapters.end(), model) != adapters.end();
+  return generator_.options().limits.adapters->Has(model);
 }
 
 std::vector<std::string> OpenAiHttpServer::VisibleAdapters(const httplib::Request& req) const {
-  const std::vector<std::string>& adapters = generator_.options().limits.lora_names;
+  const std::vector<std::string> adapters = generator_.options().limits.adapters->Names();
   if (adapters.empty()) return {};
   const std::optional<std::string> tenant = authenticator_.Identify(Bearer(req));
   std::vector<std::string> out;

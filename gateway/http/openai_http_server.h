@@ -20,6 +20,7 @@
 #include "common/tls.h"
 #include "gateway/auth/authenticator.h"
 #include "gateway/generator.h"
+#include "gateway/lora_admin.h"
 #include "gateway/http/chat_template.h"
 #include "gateway/http/choice_set.h"
 #include "gateway/http/openai_format.h"
@@ -51,6 +52,8 @@ struct HttpServerOptions {
   ResponseStore::Options response_store;
   // HTTPS with the gRPC front's certificate when tls.cert is set (https_context.h); else plain HTTP.
   TlsFlags tls;
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (HandleLoraAdmin) when set.
+  LoraAdmin* lora_admin = nullptr;
 };
 
 class HttpsContext;
@@ -86,12 +89,14 @@ class OpenAiHttpServer {
   void SetErrorHandlers();
   void AddRoutes();
   void HandleTokenizer(const httplib::Request& req, httplib::Response& res, bool encode);
+  // vLLM's runtime LoRA endpoints: admin keys only (Authenticator::IsAdmin).
+  void HandleLoraAdmin(const httplib::Request& req, httplib::Response& res, bool load);
   void HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   // Auth and the context of one admitted request; returns an error to send instead.
   std::optional<ApiError> Admit(const httplib::Request& req, OpenAiRequest& request, std::string& tenant,
                                 int64_t& charged_max_tokens);
   // The served name a request's "model" picks (the first for none), or the 404 to send instead.
-  // Whether `model` names a LoRA adapter the replicas serve (ModelLimits::lora_names).
+  // Whether `model` names a LoRA adapter the replicas serve (ModelLimits::adapters).
   bool IsAdapter(const std::string& model) const;
   // The model a request names (empty: the first served name), or the 404 naming what is served.
   std::variant<std::string, ApiError> ServedModel(const std::string& requested, const httplib::Request& req) const;

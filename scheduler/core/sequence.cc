@@ -17,6 +17,7 @@ const char* FinishKindName(FinishKind kind) {
     case FinishKind::kUnavailable: return "unavailable";
     case FinishKind::kQueueTimeout: return "queue_timeout";
     case FinishKind::kRefused: return "refused";
+    case FinishKind::kNotFound: return "not_found";
   }
   return "unknown";
 }

@@ -50,6 +50,9 @@ struct SchedulerConfig {
   // step runs within the workers' --max-loras; a waiting request of another adapter waits for
   // one to leave. 0: no bound (a replica without adapters takes none).
   int32_t max_loras = 0;
+  // The adapters the workers serve at start (--lora-modules): the engine loop's LoraTable starts
+  // from them (scheduler/lora_table.h). Not read by the core, which sees only each request's key.
+  std::vector<std::string> lora_modules;
   // Each full interval waited since arrival raises a sequence's effective
   // priority by one. 0: no aging (strict priority).
   int32_t aging_interval_ms = 0;
@@ -274,6 +277,7 @@ class EventTokens {
 enum class FinishKind {
   kNone, kLength, kEos, kStopToken, kAborted, kCancelled, kDeadlineExceeded, kTimeout, kUnavailable, kQueueTimeout,
   kRefused,  // the workers refused the sequence (SeqEvent::error says why): INVALID_ARGUMENT
+  kNotFound,  // its LoRA adapter is not served (unloaded): NOT_FOUND, SeqEvent::error says which
 };
 
 // What a sequence produced in one Commit (or AbortAll, or Plan: its first scheduling, a deadline).
@@ -297,7 +301,7 @@ struct SeqEvent {
   TimePoint arrival{};
   int32_t num_prompt_tokens = 0;  // with a resume's given tokens (RequestSpec::generated)
   int32_t num_generated = 0;  // the tokens of all its events
-  std::string error{};  // kRefused: the workers' reason
+  std::string error{};  // kRefused: the workers' reason; kNotFound: the adapter
 };
 
 const char* FinishKindName(FinishKind kind);

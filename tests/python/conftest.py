@@ -59,13 +59,15 @@ def ferry_pb(tmp_path_factory):
     rc = protoc.main(["protoc", f"-I{REPO / 'proto'}", f"--python_out={out}", f"--grpc_python_out={out}", *protos])
     assert rc == 0, "protoc failed"
     sys.path.insert(0, str(out))
-    from ferry.v1 import generation_pb2, generation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+    from ferry.v1 import generation_pb2, generation_pb2_grpc, lora_pb2, lora_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
     class PB:
         gen = generation_pb2
         gen_grpc = generation_pb2_grpc
         sched = scheduler_pb2
         sched_grpc = scheduler_pb2_grpc
+        lora = lora_pb2
+        lora_grpc = lora_pb2_grpc
 
     return PB
 

@@ -256,7 +256,9 @@ class ModelRunner {
   // LoRA adapters (info().max_loras > 0): reads the PEFT adapter at `path` for this model and
   // rank and serves it as `name` from the next step on; UnloadLora stops serving it (sequences
   // running under it finish with it). Both throw std::invalid_argument naming the field, the
-  // value and the limit, changing nothing. A runner without adapters refuses both.
+  // value and the limit, changing nothing. A runner without adapters refuses both. These three are
+  // thread-safe against Step (the worker calls them on gRPC threads while steps run); loading a
+  // name again from the same path is a no-op, from another path throws.
   virtual void LoadLora(const std::string& name, const std::string& /*path*/) {
     throw std::invalid_argument("lora_name \"" + name + "\": this engine serves no LoRA adapters (--enable-lora)");
   }

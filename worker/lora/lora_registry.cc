@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "common/lora_name.h"
+
 namespace ferry::worker {
 
 void ValidateLoraOptions(const LoraOptions& o) {
@@ -13,6 +15,9 @@ void ValidateLoraOptions(const LoraOptions& o) {
   if (o.max_loras < 1) refuse("--max-loras = " + std::to_string(o.max_loras) + ", want >= 1");
   if (o.max_lora_rank < 1 || o.max_lora_rank > 512) {
     refuse("--max-lora-rank = " + std::to_string(o.max_lora_rank) + ", want 1..512");
+  }
+  for (const auto& [name, path] : o.modules) {
+    if (const std::string error = LoraNameError(name); !error.empty()) refuse("--lora-modules: " + error);
   }
   if (o.max_cpu_loras != 0 && o.max_cpu_loras < o.max_loras) {
     refuse("--max-cpu-loras = " + std::to_string(o.max_cpu_loras) + " is below --max-loras " +
@@ -38,32 +43,63 @@ void LoraRegistry::Remember(std::shared_ptr<const LoraAdapter> adapter) {
   while (cache_.size() > keep) cache_.pop_back();  // a running sequence still holds its own copy
 }
 
-void LoraRegistry::Load(const std::string& name, const std::string& path) {
+bool LoraRegistry::Load(const std::string& name, const std::string& path) {
   if (!options_.enable) throw std::invalid_argument("LoRA adapters are off: start with --enable-lora");
   if (name.empty()) throw std::invalid_argument("lora_name is empty");
-  if (Has(name)) {
-    throw std::invalid_argument("lora_name \"" + name + "\" is already loaded (from " + paths_.at(name) +
-                                "): unload it first");
+  const auto taken = [&] {
+    return LoraNameTaken("lora_name \"" + name + "\" is already loaded (from " + paths_.at(name) +
+                         "): unload it first");
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (const auto it = paths_.find(name); it != paths_.end()) {
+      if (it->second == path) return false;
+      throw taken();
+    }
   }
   std::shared_ptr<const LoraAdapter> adapter = Read(name, path);  // throws with nothing registered
+  std::lock_guard lock(mu_);
+  if (const auto it = paths_.find(name); it != paths_.end()) {  // a concurrent Load of the same name
+    if (it->second == path) return false;
+    throw taken();
+  }
   ++num_reads_;
   paths_[name] = path;
   Remember(std::move(adapter));
+  return true;
 }
 
 void LoraRegistry::Unload(const std::string& name) {
-  if (!Has(name)) throw std::invalid_argument("lora_name \"" + name + "\" is not loaded");
+  std::lock_guard lock(mu_);
+  if (!paths_.count(name)) throw std::invalid_argument("lora_name \"" + name + "\" is not loaded");
   paths_.erase(name);
   cache_.remove_if([&](const std::shared_ptr<const LoraAdapter>& a) { return a->name == name; });
 }
 
+bool LoraRegistry::Has(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  return paths_.count(name) != 0;
+}
+
+int32_t LoraRegistry::num_in_memory() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int32_t>(cache_.size());
+}
+
+int64_t LoraRegistry::num_reads() const {
+  std::lock_guard lock(mu_);
+  return num_reads_;
+}
+
 std::vector<std::string> LoraRegistry::Names() const {
+  std::lock_guard lock(mu_);
   std::vector<std::string> out;
   for (const auto& [name, path] : paths_) out.push_back(name);
   return out;
 }
 
 std::shared_ptr<const LoraAdapter> LoraRegistry::Acquire(const std::string& name) {
+  std::lock_guard lock(mu_);
   const auto known = paths_.find(name);
   if (known == paths_.end()) throw std::invalid_argument("lora_name \"" + name + "\" is not loaded");
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
@@ -72,6 +108,7 @@ std::shared_ptr<const LoraAdapter> LoraRegistry::Acquire(const std::string& name
       return cache_.front();
     }
   }
+  // Evicted: read again, under the lock (a Load or Unload of the same name waits for it).
   std::shared_ptr<const LoraAdapter> adapter = Read(name, known->second);
   ++num_reads_;
   Remember(adapter);

@@ -153,7 +153,10 @@ TEST(LoraRunner, RefusesWhatTheContractRefusesChangingNothing) {
     EXPECT_NE(std::string(e.what()).find("sequence 7: lora_name \"nobody\" is not loaded"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(runner.LoadLora("tenant0", s.adapters[1].second), std::invalid_argument);  // the name is taken
+  EXPECT_THROW(runner.LoadLora("tenant0", s.adapters[1].second), LoraNameTaken);  // the name is taken
+  const auto names = runner.LoraNames();
+  runner.LoadLora("tenant0", s.adapters[0].second);  // the same name from the same path: a no-op
+  EXPECT_EQ(runner.LoraNames(), names);
   EXPECT_THROW(runner.LoadLora("x", s.dir / "missing"), std::invalid_argument);
   EXPECT_THROW(runner.UnloadLora("nobody"), std::invalid_argument);
   // A runner without --enable-lora refuses a named adapter at validation.
