@@ -179,6 +179,29 @@ LAYOUT = [
         "1 + num_speculative_tokens). Empty without --speculative-config or a request that asks "
         "(docs/speculative_decoding.md)."), 12),
 
+    # Issue #57: one base model, many fine-tunes. Empty on a stack without --enable-lora.
+    (row("LoRA adapters"), 24),
+    (timeseries("Requests by adapter", [
+        q(f'sum by (adapter) (rate(ferry_gateway_lora_requests_total{{{GW_ALL_LANES}, code="OK"}}[{RI}]))',
+          "{{adapter}}"),
+        q(f'sum by (adapter, code) (rate(ferry_gateway_lora_requests_total{{{GW_ALL_LANES}, code!="OK"}}[{RI}]))',
+          "{{adapter}} {{code}}")], "reqps",
+        "Requests answered under each LoRA adapter (the OpenAI model / gRPC lora_name), and those that ended "
+        "with another status than OK: NOT_FOUND-like refusals after an unload show here."), 8),
+    (timeseries("Tokens by adapter", [
+        q(f"sum by (adapter, kind) (rate(ferry_gateway_lora_tokens_total{{{GW_ALL_LANES}}}[{RI}]))",
+          "{{adapter}} {{kind}}")], "short",
+        "Prompt and completion tokens per second of the requests answered under each adapter: what each "
+        "tenant's fine-tune costs."), 8),
+    (timeseries("Adapters running and waiting", [
+        q(f"max by (replica, running_lora_adapters, waiting_lora_adapters, max_lora) "
+          f"(ferry_scheduler_lora_requests_info{{{SCHED}}})",
+          "{{replica}} running [{{running_lora_adapters}}] waiting [{{waiting_lora_adapters}}] of {{max_lora}}")],
+        "short",
+        "vLLM's lora_requests_info per replica: the adapters of its running and of its waiting requests (at most "
+        "--max-loras run in one step; the gateway prefers a replica running the adapter). One series at 1, "
+        "replaced when the sets change.", max_=1), 8),
+
     # Losses are rare: counts over fixed windows read as "in the last 5 minutes / hour" at any zoom.
     (row("Worker failures and recovery"), 24),
     (state_timeline("Recovering", q(f"max by (replica) (ferry_scheduler_worker_recovering{{{SCHED}}})", "{{replica}}"),

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import REPO, Stack
+from conftest import REPO, Stack, binary
 from observability import (PROM, catalogue, expected_here, kubernetes_config_as_file_sd, promtool,
                            require_tool, run_load)
 
@@ -272,3 +272,49 @@ def test_a_panel_renders_to_png(prometheus_over_loaded_stack, tmp_path):
         assert re.search(r": [1-9]\d* series", proc.stdout), proc.stdout
         data = out.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_the_lora_panels_return_data_over_a_stack_serving_adapters(tiny_model, tmp_path, ferry_pb):
+    """The dashboard's "LoRA adapters" row reads metrics the catalogue's stack does not export (it serves
+    no adapter): here a real Prometheus scrapes a stack started with --enable-lora, and every target of
+    that row returns data once requests ran under the adapter (one cancelled, for the failures' line)."""
+    import grpc
+
+    adapter = tmp_path / "ft"
+    subprocess.run([str(binary("ferry-make-model")), "--lora-for", str(tiny_model), "--out", str(adapter),
+                    "--lora-rank", "4"], check=True, capture_output=True)
+    (tmp_path / "stack").mkdir()
+    stack = Stack(tiny_model, tmp_path / "stack", ["--enable-lora", "--lora-modules", f"ft={adapter}"])
+    prometheus = None
+    try:
+        prometheus = Prometheus(local_config_for(stack, tmp_path), tmp_path)
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(stack.gateway))
+
+        def request(max_tokens):
+            return ferry_pb.gen.GenerateRequest(
+                token_ids=ferry_pb.gen.TokenIds(ids=list(range(30, 50))), lora_name="ft",
+                sampling=ferry_pb.gen.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+        for _ in range(4):
+            assert len(stub.Generate(request(8), timeout=60).token_ids) == 8
+        stream = stub.GenerateStream(request(400), timeout=60)
+        next(stream)
+        stream.cancel()
+        dashboard = json.loads((GRAFANA / "ferry.json").read_text())
+        titles = [p["title"] for p in dashboard["panels"]]
+        row = titles.index("LoRA adapters")
+        panels = dashboard["panels"][row + 1:row + 4]
+        assert [p["title"] for p in panels] == ["Requests by adapter", "Tokens by adapter",
+                                               "Adapters running and waiting"]
+        pending = {f"{p['title']} {t['refId']}": grafana_to_promql(t["expr"]) for p in panels for t in p["targets"]}
+        deadline = time.time() + 60
+        while pending:
+            pending = {k: e for k, e in pending.items() if not prometheus.query(e)}
+            assert time.time() < deadline, f"LoRA panel targets with no data: {pending}"
+            time.sleep(1)
+        running = prometheus.query("ferry_scheduler_lora_requests_info")
+        assert running and running[0]["metric"]["max_lora"] == "1", running
+    finally:
+        if prometheus:
+            prometheus.stop()
+        assert stack.stop() == 0, stack.log_text()
