@@ -63,6 +63,7 @@ WorkloadSpec MakeWorkloadSpec(const BenchFlags& f) {
   w.num_requests = f.num_requests;
   w.arrivals = {f.request_rate, f.burstiness, f.ramp_end_rate};
   for (const std::string& l : f.lanes) w.lanes.push_back(ParseLaneShare(l));
+  w.loras = f.loras;
   w.input = ParseLengthSpec(f.input_len);
   w.output = ParseLengthSpec(f.output_len);
   w.token_id_min = f.token_id_min;
@@ -125,6 +126,7 @@ json ConfigJson(const BenchFlags& f, int32_t concurrency) {
           {"prompts_file", f.prompts_file},
           {"trace", f.trace},
           {"lanes", f.lanes},
+          {"loras", f.loras},
           {"seed", f.seed},
           {"ignore_eos", f.ignore_eos},
           {"temperature", f.sampling.temperature},

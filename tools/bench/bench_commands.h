@@ -33,6 +33,7 @@ struct BenchFlags {
   double ramp_end_rate = 0;
   int32_t max_concurrency = 512;  // open loop: most requests in flight
   std::vector<std::string> lanes; // NAME=SHARE
+  std::vector<std::string> loras;  // --lora: adapters the requests are spread over
   std::string input_len = "128";
   std::string output_len = "128";
   std::string prompts_file;

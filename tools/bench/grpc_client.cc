@@ -31,6 +31,7 @@ ferry::v1::GenerateRequest ToProto(const BenchRequest& r, const GrpcClientOption
     req.set_text(r.prompt_text);
   }
   req.set_lane(r.lane);
+  req.set_lora_name(r.lora_name);
   auto* s = req.mutable_sampling();
   s->set_max_tokens(r.max_tokens);
   const BenchSampling& o = options.sampling;

@@ -81,7 +81,7 @@ httplib::Headers BaseHeaders(const HttpClientOptions& options) {
 }
 
 json RequestBody(const BenchRequest& r, const HttpClientOptions& options) {
-  json body = {{"model", options.model},
+  json body = {{"model", r.lora_name.empty() ? options.model : r.lora_name},
                {"max_tokens", r.max_tokens},
                {"temperature", options.sampling.temperature},
                {"seed", r.seed},

@@ -55,6 +55,8 @@ void AddLoadFlags(CLI::App& app, BenchFlags& f) {
   app.add_option("--max-concurrency", f.max_concurrency, "Open loop: most requests in flight")
       ->check(CLI::Range(1, 100000));
   app.add_option("--lane", f.lanes, "NAME=SHARE lane mix (repeatable; default: the server's default lane)");
+  app.add_option("--lora", f.loras, "LoRA adapters to spread the requests over evenly (repeatable; \"\" the base "
+                 "model; default: the base model alone)");
   app.add_option("--input-len", f.input_len,
                  "Prompt tokens: N, uniform:LO:HI, normal:MEAN:SD or lognormal:MEAN:SIGMA (+ optional :MIN:MAX)");
   app.add_option("--output-len", f.output_len, "Output tokens (max_tokens), same forms as --input-len");

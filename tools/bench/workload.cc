@@ -222,6 +222,7 @@ std::vector<BenchRequest> GenerateWorkload(const WorkloadSpec& spec) {
     r.arrival_s = arrivals[i];
     r.seed = spec.seed * 1'000'003 + i + 1;
     if (!spec.lanes.empty()) r.lane = PickLane(spec.lanes, total_share, rng);
+    if (!spec.loras.empty()) r.lora_name = spec.loras[i % spec.loras.size()];
     if (!spec.prompts.empty()) {
       const PromptEntry& p = spec.prompts[rng.UniformInt(0, static_cast<int64_t>(spec.prompts.size()) - 1)];
       r.prompt_text = p.text;
@@ -249,6 +250,7 @@ std::vector<BenchRequest> RequestsFromTrace(const std::vector<sim::TraceRequest>
     r.lane = t.lane == "default" ? "" : t.lane;  // the trace's "default" is the server's default lane
     r.max_tokens = t.output_tokens;
     r.seed = spec.seed * 1'000'003 + i + 1;
+    if (!spec.loras.empty()) r.lora_name = spec.loras[i % spec.loras.size()];
     if (t.prefix_id >= 0 && t.prefix_tokens > 0) {
       Rng prefix_rng(spec.seed ^ (0x5bd1e995ull * static_cast<uint64_t>(t.prefix_id + 1)));
       r.prompt_token_ids = RandomIds(t.prefix_tokens, spec, prefix_rng);

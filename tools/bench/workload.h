@@ -86,6 +86,8 @@ struct WorkloadSpec {
   int64_t num_requests = 200;
   ArrivalSpec arrivals;
   std::vector<LaneShare> lanes;  // empty: every request in the server's default lane
+  // LoRA adapters (--lora): request i runs under loras[i % size] (an even spread; "" the base model).
+  std::vector<std::string> loras;
   LengthSpec input{LengthSpec::Kind::kFixed, 128};
   LengthSpec output{LengthSpec::Kind::kFixed, 128};
   // Generated prompts are random token ids in [token_id_min, token_id_max): the prompt length
@@ -100,6 +102,7 @@ struct BenchRequest {
   int64_t index = 0;
   double arrival_s = 0;  // when it is due, from the start of the run
   std::string lane;      // empty: the server's default
+  std::string lora_name;  // the LoRA adapter (gRPC lora_name, the OpenAI model); empty: the base model
   std::vector<int32_t> prompt_token_ids;  // either token ids ...
   std::string prompt_text;                // ... or text (prompts file)
   int32_t max_tokens = 1;

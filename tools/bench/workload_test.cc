@@ -153,6 +153,26 @@ TEST(WorkloadTest, SameSeedSameRequests) {
   EXPECT_NE(GenerateWorkload(spec)[0].prompt_token_ids, a[0].prompt_token_ids);
 }
 
+// --lora: the requests spread evenly over the adapters (and the base model, named ""), and the
+// rest of each request is the workload without them: the same prompts, so a run with adapters and
+// one without compare like for like.
+TEST(WorkloadTest, AdaptersTakeTurnsAndLeaveThePromptsAsTheyWere) {
+  WorkloadSpec spec;
+  spec.num_requests = 64;
+  spec.seed = 7;
+  const auto base = GenerateWorkload(spec);
+  spec.loras = {"a", "b", ""};
+  const auto spread = GenerateWorkload(spec);
+  std::map<std::string, int> counts;
+  for (size_t i = 0; i < spread.size(); ++i) {
+    EXPECT_EQ(spread[i].lora_name, spec.loras[i % 3]);
+    EXPECT_EQ(spread[i].prompt_token_ids, base[i].prompt_token_ids);
+    EXPECT_EQ(base[i].lora_name, "");
+    ++counts[spread[i].lora_name];
+  }
+  EXPECT_EQ(counts, (std::map<std::string, int>{{"", 21}, {"a", 22}, {"b", 21}}));
+}
+
 TEST(WorkloadTest, LaneMixFollowsShares) {
   WorkloadSpec spec;
   spec.num_requests = 10000;
