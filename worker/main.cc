@@ -117,9 +117,23 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "libferry-gpu.so beside ferry-worker)");
 }
 
+// --lora-modules NAME=PATH into the runner's options (both engines').
+std::vector<std::pair<std::string, std::string>> ParseLoraModules(const std::vector<std::string>& modules) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& module : modules) {
+    const size_t eq = module.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == module.size()) {
+      throw std::invalid_argument("--lora-modules \"" + module + "\": want NAME=PATH");
+    }
+    out.push_back({module.substr(0, eq), module.substr(eq + 1)});
+  }
+  return out;
+}
+
 std::unique_ptr<ferry::worker::ModelRunner> MakeCudaRunner(const Flags& flags, prometheus::Registry& registry) {
   ferry::worker::GpuPluginOptions o;
   o.engine.runner = flags.runner;
+  o.engine.runner.lora.modules = ParseLoraModules(flags.lora_modules);
   o.engine.device = flags.cuda_device >= 0 ? flags.cuda_device : flags.tp_rank;
   o.engine.gpu_memory_utilization = flags.gpu_memory_utilization;
   o.engine.max_num_seqs = flags.max_num_seqs;
@@ -144,19 +158,14 @@ std::unique_ptr<ferry::worker::ModelRunner> MakeRunner(const Flags& flags, prome
   if (!flags.speculative_config.empty() && (flags.backend != "cpu" || flags.device != "cpu")) {
     throw std::invalid_argument("--speculative-config runs on the CPU engine only (--backend cpu --device cpu)");
   }
-  if (flags.runner.lora.enable && (flags.backend != "cpu" || flags.device != "cpu")) {
-    throw std::invalid_argument("--enable-lora runs on the CPU engine only (--backend cpu --device cpu)");
+  if (flags.runner.lora.enable && flags.backend != "cpu") {
+    throw std::invalid_argument("--enable-lora runs on the CPU and GPU engines (--backend cpu), not --backend " +
+                                flags.backend);
   }
   if (flags.backend == "cpu" && flags.device == "cuda") return MakeCudaRunner(flags, registry);
   if (flags.backend == "cpu") {
     ferry::worker::RunnerOptions runner = flags.runner;
-    for (const std::string& module : flags.lora_modules) {
-      const size_t eq = module.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == module.size()) {
-        throw std::invalid_argument("--lora-modules \"" + module + "\": want NAME=PATH");
-      }
-      runner.lora.modules.push_back({module.substr(0, eq), module.substr(eq + 1)});
-    }
+    runner.lora.modules = ParseLoraModules(flags.lora_modules);
     runner.speculative = ferry::worker::ParseSpeculativeConfig(flags.speculative_config);
     runner.reserve_tokens = flags.max_num_batched_tokens;
     runner.reserve_logits_rows = flags.max_num_seqs;

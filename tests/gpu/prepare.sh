@@ -29,7 +29,7 @@ grep -qx "/$DEPS/" "$exclude" 2>/dev/null || echo "/$DEPS/" >>"$exclude"
 ninja -C "$BUILD" -j"${JOBS:-2}" ferry-gpu-parity-fixture
 models=$(mktemp -d)
 trap 'rm -rf "$models"' EXIT
-for preset in tiny qwen2.5-0.5b tiny-qwen3 tiny-llama tiny-mistral; do
+for preset in tiny qwen2.5-0.5b tiny-qwen3 tiny-llama tiny-mistral tiny-lora; do
   "$BUILD/bin/ferry-gpu-parity-fixture" --preset "$preset" --model-dir "$models/$preset" \
     --out "$DEPS/fixtures/$preset.bin"
 done

@@ -24,6 +24,7 @@ BatchLayout BatchLayout::Make(int32_t max_tokens, int32_t max_seqs, int32_t tabl
   l.token_ids = take(max_tokens);
   l.positions = take(max_tokens);
   l.slot_mapping = take(max_tokens);
+  l.lora_slot = take(max_tokens);
   l.query_start = take(int64_t{max_seqs} + 1);
   l.context_lens = take(max_seqs);
   l.seq_lens = take(max_seqs);
@@ -42,7 +43,7 @@ void BatchBuilder::Reset() {
 }
 
 int32_t BatchBuilder::AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
-                                  const std::vector<int32_t>& block_table, bool want_logits) {
+                                  const std::vector<int32_t>& block_table, bool want_logits, int32_t lora_slot) {
   const BatchLayout& l = layout_;
   if (num_tokens_ + num_tokens > l.max_tokens || num_seqs_ + 1 > l.max_seqs) {
     throw std::logic_error("BatchBuilder: step exceeds the capacity checked by the runner");
@@ -56,6 +57,7 @@ int32_t BatchBuilder::AddSequence(const int32_t* tokens, int32_t num_tokens, int
     host_[l.token_ids + row] = tokens[i];
     host_[l.positions + row] = pos;
     host_[l.slot_mapping + row] = block_table[pos / block_size_] * block_size_ + pos % block_size_;
+    host_[l.lora_slot + row] = lora_slot;
   }
   if (num_tokens == 1) {
     ++num_decode_;
@@ -94,6 +96,7 @@ void BatchBuilder::PadDecodeTo(int32_t graph_size) {
     host_[l.token_ids + s] = 0;
     host_[l.positions + s] = 0;
     host_[l.slot_mapping + s] = -1;
+    host_[l.lora_slot + s] = -1;
     host_[l.query_start + s + 1] = s + 1;
     host_[l.context_lens + s] = 0;
     host_[l.seq_lens + s] = 0;

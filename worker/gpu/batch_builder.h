@@ -17,9 +17,10 @@ class BatchBuilder {
   void Reset();
   // Appends a sequence computing `num_tokens` tokens from position `context_len`; the caller
   // adds all one-token sequences before any longer one. Returns the token row of its last
-  // query. want_logits: its last row's logits are computed (in call order).
+  // query. want_logits: its last row's logits are computed (in call order). lora_slot: the slot of
+  // its LoRA adapter (DeviceLoraSlots), -1 for the base model.
   int32_t AddSequence(const int32_t* tokens, int32_t num_tokens, int32_t context_len,
-                      const std::vector<int32_t>& block_table, bool want_logits);
+                      const std::vector<int32_t>& block_table, bool want_logits, int32_t lora_slot = -1);
   // Pads a decode-only step to `graph_size` sequences: token 0 at position 0, no K/V write,
   // seq_len 0 (attention writes zeros), logits for every row.
   void PadDecodeTo(int32_t graph_size);

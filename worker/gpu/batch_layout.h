@@ -20,6 +20,7 @@ struct BatchLayout {
   int64_t token_ids = 0;     // [max_tokens]
   int64_t positions = 0;     // [max_tokens]
   int64_t slot_mapping = 0;  // [max_tokens]; -1 skips the K/V write (graph padding)
+  int64_t lora_slot = 0;     // [max_tokens]; each row's LoRA adapter slot (lora_slots.h), -1 none
   int64_t query_start = 0;   // [max_seqs + 1]
   int64_t context_lens = 0;  // [max_seqs]
   int64_t seq_lens = 0;      // [max_seqs] context + queries; 0 for graph padding

@@ -53,6 +53,10 @@ CudaModel::CudaModel(const std::string& dir, const CudaModelOptions& options, cu
   rope_ = DeviceBuffer(table.size() * sizeof(float));
   FERRY_CUDA_CHECK(cudaMemcpy(rope_.get(), table.data(), rope_.bytes(), cudaMemcpyHostToDevice));
   AllocateActivations();
+  if (options.lora_slots > 0) {
+    lora_ = std::make_unique<DeviceLoraSlots>(c, shard_, options.lora_slots, options.max_lora_rank);
+    lora_scratch_ = DeviceBuffer(size_t(options.max_tokens) * options.max_lora_rank * sizeof(float));
+  }
 }
 
 CudaModel::~CudaModel() = default;
@@ -126,15 +130,20 @@ void CudaModel::RunLayer(int32_t index, const ForwardShape& shape, bool first) {
   FERRY_CUDA_CHECK(kcu::AddRmsNorm({x_.as<float>(), first ? nullptr : delta_.as<float>(), l.input_norm.as<float>(),
                                     h_.as<uint16_t>(), nullptr, n, hidden, c.rms_norm_eps, stream_}));
   Attention(index, shape);
-  gemm_->Run(attn_.as<uint16_t>(), l.o_proj.as<uint16_t>(), delta_.as<float>(), n, hidden,
-             int64_t{shard_.num_q_heads} * c.head_dim);
+  const int64_t q_dim = int64_t{shard_.num_q_heads} * c.head_dim;
+  gemm_->Run(attn_.as<uint16_t>(), l.o_proj.as<uint16_t>(), delta_.as<float>(), n, hidden, q_dim);
+  // Row-parallel: each rank's partial update joins the all-reduce, as the CPU engine's.
+  ApplyLora(index, LoraTarget::kO, attn_.as<uint16_t>(), q_dim, delta_.as<float>(), hidden, 0, shape);
   ReduceRowParallel(int64_t{n} * hidden);
   FERRY_CUDA_CHECK(kcu::AddRmsNorm({x_.as<float>(), delta_.as<float>(), l.post_norm.as<float>(), h_.as<uint16_t>(),
                                     nullptr, n, hidden, c.rms_norm_eps, stream_}));
   gemm_->Run(h_.as<uint16_t>(), l.gate_up.as<uint16_t>(), gate_up_.as<float>(), n, 2 * inter, hidden);
+  ApplyLora(index, LoraTarget::kGate, h_.as<uint16_t>(), hidden, gate_up_.as<float>(), 2 * inter, 0, shape);
+  ApplyLora(index, LoraTarget::kUp, h_.as<uint16_t>(), hidden, gate_up_.as<float>(), 2 * inter, inter, shape);
   FERRY_CUDA_CHECK(kcu::SiluAndMul({gate_up_.as<float>(), act_.as<uint16_t>(), n, static_cast<int32_t>(inter),
                                     stream_}));
   gemm_->Run(act_.as<uint16_t>(), l.down.as<uint16_t>(), delta_.as<float>(), n, hidden, inter);
+  ApplyLora(index, LoraTarget::kDown, act_.as<uint16_t>(), inter, delta_.as<float>(), hidden, 0, shape);
   ReduceRowParallel(int64_t{n} * hidden);
 }
 
@@ -145,6 +154,10 @@ void CudaModel::Attention(int32_t index, const ForwardShape& shape) {
   const int64_t q_dim = int64_t{shard_.num_q_heads} * d, kv_dim = int64_t{shard_.num_kv_heads} * d;
   const int64_t qkv_dim = q_dim + 2 * kv_dim;
   gemm_->Run(h_.as<uint16_t>(), l.qkv.as<uint16_t>(), qkv_.as<float>(), n, qkv_dim, c.hidden_size);
+  // The adapters' q/k/v updates before the bias and the rotation, as PEFT adds them to the projection.
+  ApplyLora(index, LoraTarget::kQ, h_.as<uint16_t>(), c.hidden_size, qkv_.as<float>(), qkv_dim, 0, shape);
+  ApplyLora(index, LoraTarget::kK, h_.as<uint16_t>(), c.hidden_size, qkv_.as<float>(), qkv_dim, q_dim, shape);
+  ApplyLora(index, LoraTarget::kV, h_.as<uint16_t>(), c.hidden_size, qkv_.as<float>(), qkv_dim, q_dim + kv_dim, shape);
   float* q = qkv_.as<float>();
   // Bias (qkv_bias), each head's q/k norm (qk_norm), then the rotation; an empty buffer is null.
   kcu::QkvRotaryArgs rotary{q, l.qkv_bias.as<float>(), rope_.as<float>(), Meta(layout_.positions), n,
@@ -175,6 +188,15 @@ void CudaModel::Attention(int32_t index, const ForwardShape& shape) {
                                 options_.attention.prefill};
     FERRY_CUDA_CHECK(kcu::PrefillAttention(a));
   }
+}
+
+void CudaModel::ApplyLora(int32_t index, LoraTarget target, const uint16_t* x, int64_t x_stride, float* out,
+                          int64_t out_stride, int64_t offset, const ForwardShape& shape) {
+  if (lora_ == nullptr) return;
+  const auto [k, n] = LoraShardShape(target, config_, shard_);
+  kcu::LoraArgs args{x, x_stride, out, out_stride, offset, Meta(layout_.lora_slot), lora_->table(index, target),
+                     lora_->num_slots(), shape.num_tokens, k, n, lora_->max_rank(), lora_scratch_.as<float>(), stream_};
+  FERRY_CUDA_CHECK(kcu::LoraShrinkExpand(args));
 }
 
 // Row-parallel projections leave a partial sum per rank; NCCL sums them in place on the stream.

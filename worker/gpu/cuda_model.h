@@ -20,6 +20,7 @@
 #include "worker/gpu/batch_layout.h"
 #include "worker/gpu/device_buffer.h"
 #include "worker/gpu/gemm.h"
+#include "worker/gpu/lora_slots.h"
 
 namespace ferry::worker {
 class Checkpoint;
@@ -35,6 +36,10 @@ struct CudaModelOptions {
   int32_t block_size = 16;
   Communicator* comm = nullptr;  // device collectives (NCCL) on `stream`; null: unsharded
   AttentionImpls attention;      // FERRY_ATTENTION_IMPL (attention_impl.h)
+  // LoRA (--enable-lora): adapter slots in device memory (--max-loras) of rank up to max_lora_rank;
+  // every projection's output then gets its rows' adapter updates (kernels/cuda/lora.h). 0: none.
+  int32_t lora_slots = 0;
+  int32_t max_lora_rank = 0;
 };
 
 class CudaModel {
@@ -65,6 +70,8 @@ class CudaModel {
   void Forward(const ForwardShape& shape);
   const float* logits() const { return logits_.as<float>(); }  // [num_logits, vocab]
   const int32_t* argmax() const { return argmax_.as<int32_t>(); }  // [num_logits]
+  // The adapter slots (options.lora_slots > 0), for the runner to fill; null without.
+  DeviceLoraSlots* lora() const { return lora_.get(); }
 
  private:
   struct Layer;
@@ -74,6 +81,9 @@ class CudaModel {
   void RunLayer(int32_t index, const ForwardShape& shape, bool first);
   void Attention(int32_t index, const ForwardShape& shape);
   void ReduceRowParallel(int64_t count);
+  // out[:, offset, offset + n) += each row's adapter update of `target` (none without LoRA).
+  void ApplyLora(int32_t index, LoraTarget target, const uint16_t* x, int64_t x_stride, float* out,
+                 int64_t out_stride, int64_t offset, const ForwardShape& shape);
   void ComputeLogits(const ForwardShape& shape);
   const int32_t* Meta(int64_t offset) const { return meta_.as<int32_t>() + offset; }
 
@@ -112,6 +122,8 @@ class CudaModel {
   DeviceBuffer gathered_;     // [size, max_seqs, vocab_rows] (tensor parallel)
   DeviceBuffer logits_;       // [max_seqs, vocab]
   DeviceBuffer argmax_;       // [max_seqs]
+  std::unique_ptr<DeviceLoraSlots> lora_;
+  DeviceBuffer lora_scratch_;  // [max_tokens, max_lora_rank] fp32: the shrink's results
 };
 
 }  // namespace ferry::worker::gpu

@@ -56,7 +56,18 @@ CudaRunner::CudaRunner(const CudaRunnerOptions& options) : options_(options) {
   m.block_size = r.block_size;
   m.comm = comm_.get();
   m.attention = attention;
+  ValidateLoraOptions(r.lora);  // also refuses --lora-modules without --enable-lora
+  if (r.lora.enable) {
+    m.lora_slots = r.lora.max_loras;
+    m.max_lora_rank = r.lora.max_lora_rank;
+  }
   model_ = std::make_unique<CudaModel>(r.model_dir, m, stream_);
+  if (r.lora.enable) {  // the slots are the model's, sized before the KV cache takes what is left
+    lora_ = std::make_unique<LoraRegistry>(model_->config(), model_->shard(), r.lora, /*bf16_weights=*/true);
+    lora_slots_ = std::make_unique<LoraSlotTable>(r.lora.max_loras);
+    info_.max_loras = r.lora.max_loras;
+    info_.max_lora_rank = r.lora.max_lora_rank;
+  }
   builder_ = std::make_unique<BatchBuilder>(model_->layout(), model_->host_meta(), r.block_size);
   device_sampler_ = std::make_unique<DeviceSampler>(
       DeviceSamplerOptions{options.max_num_seqs, model_->config().vocab_size, options.sampler_max_entries});
@@ -154,7 +165,10 @@ void CudaRunner::Submit(const StepSpec& step) {
   f.wall_start = std::chrono::steady_clock::now();
   Validate(step);
   if (!healthy_) throw std::runtime_error("GPU worker is unhealthy since an earlier failure: " + unhealthy_reason_);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters =
+      AcquireStepAdapters(lora_.get(), step, [this](uint64_t id) { return seqs_.at(id).lora.get(); });
   seqs_.Apply(step);
+  for (size_t i = 0; i < adapters.size(); ++i) seqs_.at(step.new_sequences[i].seq_id).lora = std::move(adapters[i]);
   f.step = step;
   try {
     if (!step.scheduled.empty()) {
@@ -239,20 +253,55 @@ void CudaRunner::OnFailure(const std::exception& e) {
   }
 }
 
+void CudaRunner::LoadLora(const std::string& name, const std::string& path) {
+  if (lora_ == nullptr) ModelRunner::LoadLora(name, path);
+  lora_->Load(name, path);
+}
+
+void CudaRunner::UnloadLora(const std::string& name) {
+  if (lora_ == nullptr) ModelRunner::UnloadLora(name);
+  lora_->Unload(name);
+}
+
+std::vector<std::string> CudaRunner::LoraNames() const { return lora_ ? lora_->Names() : std::vector<std::string>{}; }
+
+// The step before has finished on the device (Submit waits for it), so a slot it used may take
+// another adapter now; the copies go on the stream ahead of this step's kernels.
+void CudaRunner::PlaceAdapters(const StepSpec& step) {
+  seq_slot_.clear();
+  if (lora_ == nullptr) return;
+  std::vector<std::shared_ptr<const LoraAdapter>> distinct;
+  for (const ScheduledSpec& s : step.scheduled) {
+    const std::shared_ptr<const LoraAdapter>& a = seqs_.at(s.seq_id).lora;
+    if (a && std::find(distinct.begin(), distinct.end(), a) == distinct.end()) distinct.push_back(a);
+  }
+  if (distinct.empty()) return;
+  std::vector<std::pair<int32_t, std::shared_ptr<const LoraAdapter>>> placed;
+  const std::vector<int32_t> slots = lora_slots_->Assign(distinct, placed);
+  for (const auto& [slot, adapter] : placed) model_->lora()->Upload(slot, *adapter, stream_);
+  for (const ScheduledSpec& s : step.scheduled) {
+    const std::shared_ptr<const LoraAdapter>& a = seqs_.at(s.seq_id).lora;
+    if (!a) continue;
+    seq_slot_[s.seq_id] = slots[std::find(distinct.begin(), distinct.end(), a) - distinct.begin()];
+  }
+}
+
 // Decodes (one token) first, then the rest, each group in scheduled order.
 std::vector<CudaRunner::Planned> CudaRunner::BuildBatch(const StepSpec& step) {
   std::vector<Planned> plan;
   plan.reserve(step.scheduled.size());
   builder_->Reset();
   device_sampler_->Begin();
+  PlaceAdapters(step);
   int32_t num_logits = 0, num_host = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (const ScheduledSpec& s : step.scheduled) {
       if ((s.num_tokens == 1) != (pass == 0)) continue;
       Sequence& seq = seqs_.at(s.seq_id);
       const bool samples = seq.ReachesEnd(s.num_tokens);
+      const auto slot = seq_slot_.find(s.seq_id);
       builder_->AddSequence(seq.token_ids.data() + seq.num_computed, s.num_tokens, seq.num_computed, seq.block_table,
-                            samples);
+                            samples, slot == seq_slot_.end() ? -1 : slot->second);
       Planned p{s.seq_id, &seq, s.num_tokens};
       if (samples) {
         p.logits_row = num_logits++;

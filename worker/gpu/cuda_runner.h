@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "worker/engine/model_runner.h"
@@ -36,6 +37,7 @@
 #include "worker/gpu/cuda_runner_options.h"
 #include "worker/gpu/decode_graphs.h"
 #include "worker/gpu/device_sampler.h"
+#include "worker/lora/lora_registry.h"
 
 namespace ferry::worker::gpu {
 
@@ -62,6 +64,11 @@ class CudaRunner final : public ModelRunner {
   std::vector<SampledTokenOut> Collect() override;
   bool Ready() const override;
   void ForgetAll() override { seqs_.Clear(); }
+  // LoRA adapters (runner.lora.enable): the CPU engine's registry (worker/lora), bf16 weights, in
+  // --max-loras device slots (lora_slots.h). Thread-safe against Step, as ModelRunner says.
+  void LoadLora(const std::string& name, const std::string& path) override;
+  void UnloadLora(const std::string& name) override;
+  std::vector<std::string> LoraNames() const override;
 
   // Safe to read from any thread (health checks, metrics).
   bool healthy() const override { return healthy_.load(std::memory_order_relaxed); }
@@ -92,6 +99,9 @@ class CudaRunner final : public ModelRunner {
   void Finish(InFlight& f);
   std::exception_ptr Failed(const StepSpec& step, const std::exception& e);
   std::vector<Planned> BuildBatch(const StepSpec& step);
+  // Each scheduled sequence's adapter slot (-1: none), by seq_id, its adapter uploaded to the slot
+  // first when it was not resident; empty without LoRA.
+  void PlaceAdapters(const StepSpec& step);
   void Launch(const std::vector<Planned>& plan, StepTiming* timing);
   std::vector<SampledTokenOut> Commit(const StepSpec& step, const std::vector<Planned>& plan);
   void WaitForDevice(cudaEvent_t event);
@@ -107,6 +117,9 @@ class CudaRunner final : public ModelRunner {
   DecodeGraphs graphs_;
   // The sequences, with the vocabulary guided decoding walks (tokenizer.json; null: unsupported).
   SequenceTable seqs_;
+  std::unique_ptr<LoraRegistry> lora_;  // null without --enable-lora
+  std::unique_ptr<LoraSlotTable> lora_slots_;
+  std::unordered_map<uint64_t, int32_t> seq_slot_;  // PlaceAdapters': this step's sequences' slots
   Sampler sampler_;                                 // the fallback
   std::unique_ptr<DeviceSampler> device_sampler_;   // every other row that is not plain greedy
   PinnedBuffer host_ids_;     // [max_num_seqs] argmax ids

@@ -42,23 +42,13 @@ std::string Env(const char* name) {
   return value != nullptr ? value : "";
 }
 
-RunnerOptions BaseOptions(const std::string& dir, const testing::Script& script) {
-  RunnerOptions o;
-  o.model_dir = dir;
-  o.dtype = "bfloat16";
-  o.num_kv_blocks = script.num_blocks;
-  o.block_size = script.block_size;
-  o.keep_logits = true;  // the trace compares logits
-  return o;
-}
-
 // The CPU engine's trace (free-running: its own greedy tokens): run here, or read from its fixture.
 // False: skip, *why says why.
 bool ExpectedTrace(const testing::ParityCase& c, const std::string& dir, testing::Trace* out, std::string* why) {
   const std::string fixtures = Env("FERRY_GPU_PARITY_FIXTURES");
 #ifdef FERRY_HAVE_CPU_ENGINE
   if (fixtures.empty()) {
-    CpuRunner cpu(BaseOptions(dir, c.script));
+    CpuRunner cpu(testing::ParityRunnerOptions(c, dir));
     *out = testing::Drive(cpu, c.script);
     return true;
   }
@@ -87,7 +77,7 @@ void RunCase(const std::string& preset) {
   if (!ExpectedTrace(c, dir.string(), &want, &why)) GTEST_SKIP() << why;
   for (bool eager : {false, true}) {
     CudaRunnerOptions o;
-    o.runner = BaseOptions(dir.string(), c.script);
+    o.runner = testing::ParityRunnerOptions(c, dir.string());
     o.max_num_seqs = 8;
     o.max_num_batched_tokens = 1024;
     o.enforce_eager = eager;
@@ -122,6 +112,13 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaRunnerFamilyParity, ::testing::Values("ti
                            std::erase(name, '-');
                            return name;
                          });
+
+// LoRA adapters (issue #57): two adapters and the base model in every step, through the GPU
+// engine's adapter slots and kernels/cuda/lora.h, against the CPU engine's segments.
+TEST(CudaRunnerParity, TinyWithAdaptersMatchesCpu) {
+  if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";
+  RunCase("tiny-lora");
+}
 
 TEST(CudaRunnerParity, Qwen2_5_0_5BMatchesCpu) {
   if (!HasGpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount failed or 0)";

@@ -12,21 +12,27 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "worker/arch/model_config.h"
 #include "worker/arch/random_checkpoint.h"
+#include "worker/engine/model_runner.h"
+#include "worker/lora/random_adapter.h"
 #include "worker/gpu/runner_driver.h"
 
 namespace ferry::worker::gpu::testing {
 
 struct ParityCase {
-  std::string preset;  // "tiny" | "qwen2.5-0.5b" | "tiny-qwen3" | "tiny-llama" | "tiny-mistral"
+  std::string preset;  // "tiny" | "qwen2.5-0.5b" | "tiny-qwen3" | "tiny-llama" | "tiny-mistral" | "tiny-lora"
   ModelShape shape;
   uint64_t seed = 0;
   Script script;
   // Samples whose whole logits rows the fixture keeps (all when empty); of the others it keeps
   // the top (parity_compare.h).
   std::vector<int32_t> kept_samples;
+  // LoRA adapters (written beside the checkpoint, <dir>/lora-<name>) the script's sequences name.
+  std::vector<std::pair<std::string, RandomAdapterSpec>> adapters;
 };
 
 inline Script MakeScript(int32_t vocab, const std::vector<int32_t>& lengths, int32_t chunk) {
@@ -69,6 +75,20 @@ inline ParityCase MakeParityCase(const std::string& preset) {
     if (preset == "tiny-qwen3") c.shape.head_dim = 64;
     c.seed = 11;
     c.script = MakeScript(c.shape.vocab_size, {40, 7, 100, 48}, 32);
+  } else if (preset == "tiny-lora") {
+    // Two adapters of different ranks and targets beside the base model in every step, one of
+    // them on two sequences: the GPU engine's adapter slots against the CPU engine's segments.
+    c.shape = TinyShape();
+    c.seed = 7;
+    c.script = MakeScript(c.shape.vocab_size, {40, 7, 100, 65, 48}, 32);
+    c.script.lora_names = {"a", "", "b", "a", ""};
+    RandomAdapterSpec a, b;
+    a.rank = 8;
+    a.seed = 21;
+    b.rank = 4;
+    b.seed = 22;
+    b.targets = {true, false, true, false, false, true, true};  // q, v, up, down
+    c.adapters = {{"a", a}, {"b", b}};
   } else {
     throw std::invalid_argument("unknown parity preset " + preset);
   }
@@ -77,6 +97,25 @@ inline ParityCase MakeParityCase(const std::string& preset) {
 
 inline void WriteParityCheckpoint(const ParityCase& c, const std::string& dir) {
   WriteRandomCheckpoint(c.shape, c.seed, "bfloat16", dir, {});
+  if (c.adapters.empty()) return;
+  const ModelConfig config = LoadModelConfig(dir);
+  for (const auto& [name, spec] : c.adapters) WriteRandomLoraAdapter(config, spec, dir + "/lora-" + name);
+}
+
+// The runner options both engines run the case with (the CPU engine's, the GPU engine's .runner).
+inline RunnerOptions ParityRunnerOptions(const ParityCase& c, const std::string& dir) {
+  RunnerOptions o;
+  o.model_dir = dir;
+  o.dtype = "bfloat16";
+  o.num_kv_blocks = c.script.num_blocks;
+  o.block_size = c.script.block_size;
+  o.keep_logits = true;  // the trace compares logits
+  if (!c.adapters.empty()) {
+    o.lora.enable = true;
+    o.lora.max_loras = static_cast<int32_t>(c.adapters.size());
+    for (const auto& [name, spec] : c.adapters) o.lora.modules.push_back({name, dir + "/lora-" + name});
+  }
+  return o;
 }
 
 // FNV-1a over model.safetensors.

@@ -1,7 +1,7 @@
 // ferry-gpu-parity-fixture: records the CPU engine's result for an engine parity case, for
 // GPU machines that cannot build the CPU engine (tests/gpu/prepare.sh, then run.sh there).
 //
-//   ferry-gpu-parity-fixture --preset tiny|qwen2.5-0.5b|tiny-qwen3|tiny-llama|tiny-mistral --model-dir DIR --out FILE
+//   ferry-gpu-parity-fixture --preset tiny|qwen2.5-0.5b|tiny-qwen3|tiny-llama|tiny-mistral|tiny-lora --model-dir DIR --out FILE
 // Writes the preset's checkpoint to DIR first when DIR has none.
 #include <cstdio>
 #include <cstring>
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   }
   if (preset.empty() || dir.empty() || out.empty()) {
     std::fprintf(stderr,
-                 "usage: %s --preset tiny|qwen2.5-0.5b|tiny-qwen3|tiny-llama|tiny-mistral --model-dir DIR "
+                 "usage: %s --preset tiny|qwen2.5-0.5b|tiny-qwen3|tiny-llama|tiny-mistral|tiny-lora --model-dir DIR "
                  "--out FILE\n",
                  argv[0]);
     return 2;
@@ -29,13 +29,7 @@ int main(int argc, char** argv) {
   try {
     const gpu::testing::ParityCase c = gpu::testing::MakeParityCase(preset);
     if (!std::filesystem::exists(dir + "/model.safetensors")) gpu::testing::WriteParityCheckpoint(c, dir);
-    RunnerOptions o;
-    o.model_dir = dir;
-    o.dtype = "bfloat16";
-    o.num_kv_blocks = c.script.num_blocks;
-    o.block_size = c.script.block_size;
-    o.keep_logits = true;
-    CpuRunner cpu(o);
+    CpuRunner cpu(gpu::testing::ParityRunnerOptions(c, dir));
     const gpu::testing::Trace trace = gpu::testing::Drive(cpu, c.script);
     gpu::testing::WriteFixture(out, gpu::testing::HashCheckpoint(dir), trace, c.kept_samples);
     std::printf("%s: %d steps recorded to %s\n", preset.c_str(), trace.num_steps, out.c_str());

@@ -41,6 +41,8 @@ struct Script {
   // blocks: prefix caching.
   int32_t prefix_seq = -1;
   int32_t prefix_tokens = 0;
+  // Per prompt, the LoRA adapter it runs under ("" the base model); empty: every one the base.
+  std::vector<std::string> lora_names;
 };
 
 namespace driver_detail {
@@ -123,6 +125,7 @@ class Planner {
       if (s.resend) spec->finished_ids.push_back(id);
       const auto generated = static_cast<int32_t>(trace_.tokens[i].size());
       spec->new_sequences.push_back({id, s.tokens, generated, {}, s.computed});
+      if (!script_.lora_names.empty()) spec->new_sequences.back().lora_name = script_.lora_names[i];
       sched.new_block_ids = s.blocks;  // a (re)introduced sequence's table starts empty
       s.sent = true;
       s.resend = false;

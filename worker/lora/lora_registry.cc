@@ -1,8 +1,10 @@
 #include "worker/lora/lora_registry.h"
 
 #include <stdexcept>
+#include <unordered_set>
 
 #include "common/lora_name.h"
+#include "worker/engine/model_runner.h"
 
 namespace ferry::worker {
 
@@ -113,6 +115,41 @@ std::shared_ptr<const LoraAdapter> LoraRegistry::Acquire(const std::string& name
   ++num_reads_;
   Remember(adapter);
   return adapter;
+}
+
+std::vector<std::shared_ptr<const LoraAdapter>> AcquireStepAdapters(
+    LoraRegistry* registry, const StepSpec& step, const std::function<const LoraAdapter*(uint64_t)>& running) {
+  std::vector<std::shared_ptr<const LoraAdapter>> out;
+  bool any = false;
+  for (const NewSequenceSpec& n : step.new_sequences) any = any || !n.lora_name.empty();
+  if (!any || registry == nullptr) return out;
+  for (const NewSequenceSpec& n : step.new_sequences) {
+    if (n.lora_name.empty()) {
+      out.emplace_back();
+      continue;
+    }
+    try {
+      out.push_back(registry->Acquire(n.lora_name));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("sequence " + std::to_string(n.seq_id) + ": " + e.what());
+    }
+  }
+  // Distinct adapters among the sequences the step runs: those it starts and those it continues.
+  std::unordered_set<const LoraAdapter*> distinct;
+  for (const auto& a : out) {
+    if (a) distinct.insert(a.get());
+  }
+  for (const ScheduledSpec& s : step.scheduled) {
+    bool is_new = false;
+    for (const NewSequenceSpec& n : step.new_sequences) is_new = is_new || n.seq_id == s.seq_id;
+    if (const LoraAdapter* a = is_new ? nullptr : running(s.seq_id)) distinct.insert(a);
+  }
+  if (static_cast<int32_t>(distinct.size()) > registry->options().max_loras) {
+    throw std::invalid_argument("the step runs " + std::to_string(distinct.size()) +
+                                " distinct LoRA adapters, above --max-loras " +
+                                std::to_string(registry->options().max_loras));
+  }
+  return out;
 }
 
 }  // namespace ferry::worker

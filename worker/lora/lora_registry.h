@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -66,5 +67,15 @@ class LoraRegistry {
   std::list<std::shared_ptr<const LoraAdapter>> cache_;      // in memory, most recent first
   int64_t num_reads_ = 0;
 };
+
+struct StepSpec;  // worker/engine/model_runner.h
+
+// The adapters a step's new sequences run under (null: the base model), in new_sequences order,
+// acquired from `registry` (null: an engine without adapters, whose step validation refused any
+// lora_name), once the step is known to run at most --max-loras distinct adapters: those and the
+// adapters of its other scheduled sequences (`running(seq_id)`, null for none). Both engines' rule.
+// Throws std::invalid_argument naming the sequence (an adapter not loaded) or the flag.
+std::vector<std::shared_ptr<const LoraAdapter>> AcquireStepAdapters(
+    LoraRegistry* registry, const StepSpec& step, const std::function<const LoraAdapter*(uint64_t)>& running);
 
 }  // namespace ferry::worker

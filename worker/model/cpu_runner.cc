@@ -110,46 +110,12 @@ void CpuRunner::UnloadLora(const std::string& name) {
 
 std::vector<std::string> CpuRunner::LoraNames() const { return lora_ ? lora_->Names() : std::vector<std::string>{}; }
 
-std::vector<std::shared_ptr<const LoraAdapter>> CpuRunner::AcquireAdapters(const StepSpec& step) {
-  std::vector<std::shared_ptr<const LoraAdapter>> out;
-  bool any = false;
-  for (const NewSequenceSpec& n : step.new_sequences) any = any || !n.lora_name.empty();
-  if (!any) return out;
-  // Validate (step_validation.h) refused any lora_name on an engine without adapters: lora_ is set.
-  for (const NewSequenceSpec& n : step.new_sequences) {
-    if (n.lora_name.empty()) {
-      out.emplace_back();
-      continue;
-    }
-    try {
-      out.push_back(lora_->Acquire(n.lora_name));
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("sequence " + std::to_string(n.seq_id) + ": " + e.what());
-    }
-  }
-  // Distinct adapters among the sequences the step runs: those it starts and those it continues.
-  std::unordered_set<const LoraAdapter*> distinct;
-  for (const auto& a : out) {
-    if (a) distinct.insert(a.get());
-  }
-  for (const ScheduledSpec& s : step.scheduled) {
-    bool is_new = false;
-    for (const NewSequenceSpec& n : step.new_sequences) is_new = is_new || n.seq_id == s.seq_id;
-    if (!is_new && seqs_.at(s.seq_id).lora) distinct.insert(seqs_.at(s.seq_id).lora.get());
-  }
-  if (static_cast<int32_t>(distinct.size()) > lora_->options().max_loras) {
-    throw std::invalid_argument("the step runs " + std::to_string(distinct.size()) +
-                                " distinct LoRA adapters, above --max-loras " +
-                                std::to_string(lora_->options().max_loras));
-  }
-  return out;
-}
-
 // Everything is validated against the state the step would produce before any of it is applied,
 // so a rejected step leaves the runner exactly as it was.
 std::vector<SampledTokenOut> CpuRunner::Step(const StepSpec& step) {
   seqs_.Validate(step);
-  std::vector<std::shared_ptr<const LoraAdapter>> adapters = AcquireAdapters(step);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters =
+      AcquireStepAdapters(lora_.get(), step, [this](uint64_t id) { return seqs_.at(id).lora.get(); });
   seqs_.Apply(step);
   for (size_t i = 0; i < adapters.size(); ++i) seqs_.at(step.new_sequences[i].seq_id).lora = std::move(adapters[i]);
   return RunAndSample(step);

@@ -59,10 +59,6 @@ class CpuRunner final : public ModelRunner {
   };
 
   std::vector<SampledTokenOut> RunAndSample(const StepSpec& step);
-  // The adapters of the step's new sequences, in order (null: the base), read if evicted; throws
-  // std::invalid_argument for an adapter not served or more distinct ones than max_loras running
-  // together, before anything changes.
-  std::vector<std::shared_ptr<const LoraAdapter>> AcquireAdapters(const StepSpec& step);
   // Per scheduled sequence, its drafts in drafts_ (none short of its end or without lookahead).
   std::vector<Sampling> ProposeDrafts(const StepSpec& step);
   // Samples the sequence's rows in order from `logits` ([rows, vocab]), accepting each draft the
