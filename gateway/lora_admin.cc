@@ -37,6 +37,7 @@ Status LoraAdmin::Load(const std::string& name, const std::string& path) {
     return status;
   }
   catalog_->Add(name);
+  runtime_[name] = path;
   spdlog::info("LoRA adapter {} loaded from {} on {} replicas", name, path, replicas.size());
   return {};
 }
@@ -45,6 +46,7 @@ Status LoraAdmin::Unload(const std::string& name) {
   std::lock_guard lock(mu_);
   if (!catalog_->Has(name)) return {StatusCode::kNotFound, fmt::format("lora_name \"{}\" is not loaded", name)};
   catalog_->Remove(name);  // refused from here on
+  runtime_.erase(name);
   std::string failed;
   for (const size_t i : ListedReplicas()) {
     const Status status = client_->UnloadLora(i, name);
@@ -59,6 +61,23 @@ Status LoraAdmin::Unload(const std::string& name) {
   }
   spdlog::info("LoRA adapter {} unloaded", name);
   return {};
+}
+
+void LoraAdmin::SyncReplica(const std::string& address) {
+  std::lock_guard lock(mu_);
+  if (runtime_.empty()) return;
+  ReplicaRouter& router = client_->router();
+  for (size_t i = 0; i < router.size(); ++i) {
+    if (router.replica(i).address != address || !router.replica(i).listed.load()) continue;
+    for (const auto& [name, path] : runtime_) {
+      const Status status = client_->LoadLora(i, name, path);
+      if (!status.ok() && status.error_code() != StatusCode::kAlreadyExists) {
+        spdlog::warn("LoRA adapter {} could not be loaded on the new replica {}: {}", name, address,
+                     status.error_message());
+      }
+    }
+    spdlog::info("new replica {}: {} run-time LoRA adapter(s) loaded", address, runtime_.size());
+  }
 }
 
 }  // namespace ferry::gateway

@@ -7,6 +7,7 @@
 // (Authenticator::IsAdmin).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,10 @@ class LoraAdmin {
   Status Load(const std::string& name, const std::string& path);
   // NOT_FOUND when the name is not served.
   Status Unload(const std::string& name);
+  // A replica listed after the loads (replica discovery): every adapter loaded at run time is loaded
+  // there too (the router sends it none of their requests until its health check reports them).
+  // Failures are logged: the replica then serves the others.
+  void SyncReplica(const std::string& address);
   std::vector<std::string> Names() const { return catalog_->Names(); }
 
  private:
@@ -36,6 +41,7 @@ class LoraAdmin {
   const std::shared_ptr<LoraCatalog> catalog_;
   const std::shared_ptr<SchedulerClient> client_;
   std::mutex mu_;  // one call at a time
+  std::map<std::string, std::string> runtime_;  // adapters loaded here at run time: name -> path
 };
 
 }  // namespace ferry::gateway

@@ -27,6 +27,7 @@ class FakeReplicas final : public SchedulerClient {
   void After(std::chrono::milliseconds, std::function<void()>) override {}
   Status LoadLora(size_t replica, const std::string& name, const std::string& path) override {
     calls.push_back("load " + std::to_string(replica) + " " + name);
+    if (loaded.size() <= replica) loaded.resize(replica + 1);
     if (replica == refuses) return {StatusCode::kInvalidArgument, "adapter_config.json missing in " + path};
     loaded[replica].insert(name);
     return {};
@@ -77,6 +78,21 @@ TEST(LoraAdmin, AnUnloadLeavesTheCatalogFirstAndSkipsUnlistedReplicas) {
   EXPECT_EQ(replicas->calls, (std::vector<std::string>{"unload 1 acme"})) << "an unlisted replica is not asked";
   EXPECT_EQ(admin.Unload("acme").error_code(), StatusCode::kNotFound);
   EXPECT_EQ(admin.Load("acme", "/a2").error_code(), StatusCode::kOk) << "loaded again: a reload";
+}
+
+TEST(LoraAdmin, AReplicaListedLaterGetsTheRunTimeAdapters) {
+  auto replicas = std::make_shared<FakeReplicas>(1);
+  LoraAdmin admin(std::make_shared<LoraCatalog>(std::vector<std::string>{"start"}), replicas);
+  ASSERT_TRUE(admin.Load("acme", "/a").ok());
+  ASSERT_TRUE(admin.Load("shop", "/s").ok());
+  ASSERT_TRUE(admin.Unload("shop").ok());
+  const size_t added = replicas->router().Add("new", false);
+  replicas->calls.clear();
+  admin.SyncReplica("new");
+  EXPECT_EQ(replicas->calls, (std::vector<std::string>{"load " + std::to_string(added) + " acme"}))
+      << "the run-time adapters still served, not the start ones (its own flags) nor the unloaded";
+  admin.SyncReplica("nobody");
+  EXPECT_EQ(replicas->calls.size(), 1u);
 }
 
 TEST(LoraAdmin, NoReplicaIsUnavailable) {

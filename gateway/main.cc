@@ -283,11 +283,15 @@ int main(int argc, char** argv) {
   ferry::MetricsServer metrics(flags.service.metrics_bind());
   auto scheduler = ferry::gateway::MakeDynamicSchedulerClient(replicas, channels);
   scheduler->router().StartHealthChecks(std::chrono::milliseconds(500));
+  // Run-time LoRA loads and unloads over every replica (admin keys), on gRPC and HTTP; a replica
+  // discovered later gets the adapters loaded before it.
+  ferry::gateway::LoraAdmin lora_admin(options.limits.adapters, scheduler);
   std::unique_ptr<ferry::gateway::ReplicaDiscovery> discovery;  // before the generator goes, it stops
   if (sources.dynamic()) {
     discovery = std::make_unique<ferry::gateway::ReplicaDiscovery>(
         sources, scheduler, replicas,
-        std::chrono::milliseconds(static_cast<int64_t>(flags.discovery_interval_s * 1000)));
+        std::chrono::milliseconds(static_cast<int64_t>(flags.discovery_interval_s * 1000)),
+        [&lora_admin](const std::string& address) { lora_admin.SyncReplica(address); });
   }
   ferry::gateway::Generator generator(*tokenizer, scheduler, options, metrics.registry());
   // One Authenticator for every front, so a tenant's limits hold across them.
@@ -302,8 +306,6 @@ int main(int argc, char** argv) {
   spdlog::info("{} connection(s) to each scheduler replica", connections);
   spdlog::info("authentication {}", flags.api_keys_file.empty() ? "off" : "on: " + flags.api_keys_file);
   ferry::gateway::GenerationService service(generator, *auth);
-  // Run-time LoRA loads and unloads over every replica (admin keys), on gRPC and HTTP.
-  ferry::gateway::LoraAdmin lora_admin(options.limits.adapters, scheduler);
   ferry::gateway::LoraAdaptersService lora_service(lora_admin, *auth);
   ferry::gateway::JobStore job_store(
       {static_cast<size_t>(flags.job_store_size), std::chrono::seconds(flags.job_retention_s)});

@@ -104,8 +104,10 @@ std::optional<std::vector<std::string>> Discover(const DiscoverySources& sources
 }
 
 ReplicaDiscovery::ReplicaDiscovery(DiscoverySources sources, std::shared_ptr<DynamicSchedulerClient> client,
-                                   std::vector<std::string> current, std::chrono::milliseconds interval)
-    : sources_(std::move(sources)), client_(std::move(client)), current_(std::move(current)) {
+                                   std::vector<std::string> current, std::chrono::milliseconds interval,
+                                   std::function<void(const std::string&)> on_added)
+    : sources_(std::move(sources)), client_(std::move(client)), on_added_(std::move(on_added)),
+      current_(std::move(current)) {
   std::sort(current_.begin(), current_.end());
   thread_ = std::thread([this, interval] {
     std::unique_lock lock(mu_);
@@ -141,6 +143,11 @@ void ReplicaDiscovery::PollOnce() {
     client_->SetReplicas(*found);
   } catch (const std::exception& e) {
     spdlog::warn("replica discovery: {}", e.what());
+  }
+  if (on_added_) {
+    for (const std::string& address : *found) {
+      if (!std::binary_search(current_.begin(), current_.end(), address)) on_added_(address);
+    }
   }
   current_ = std::move(*found);
 }

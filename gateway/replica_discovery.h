@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,8 +41,11 @@ class ReplicaDiscovery {
  public:
   // Polls the sources every `interval` on a thread of its own, giving `client` their union when it
   // changes. `current` is what the client was made with.
+  // on_added (optional): called on the polling thread with each address newly given to the client,
+  // after it is (LoraAdmin::SyncReplica).
   ReplicaDiscovery(DiscoverySources sources, std::shared_ptr<DynamicSchedulerClient> client,
-                   std::vector<std::string> current, std::chrono::milliseconds interval);
+                   std::vector<std::string> current, std::chrono::milliseconds interval,
+                   std::function<void(const std::string&)> on_added = nullptr);
   ~ReplicaDiscovery();
   ReplicaDiscovery(const ReplicaDiscovery&) = delete;
   ReplicaDiscovery& operator=(const ReplicaDiscovery&) = delete;
@@ -52,6 +56,7 @@ class ReplicaDiscovery {
  private:
   const DiscoverySources sources_;
   const std::shared_ptr<DynamicSchedulerClient> client_;
+  const std::function<void(const std::string&)> on_added_;
   std::vector<std::string> current_;
   std::string last_error_;  // logged once per distinct error
   std::mutex mu_;

@@ -81,7 +81,7 @@ int ReplicaRouter::AdapterFit(size_t i, const std::string& adapter) const {
     std::lock_guard lock(adapters_mu_);
     if (i < adapters_.size()) a = adapters_[i];
   }
-  if (a == nullptr) return 1;
+  if (a == nullptr) return -1;
   if (std::binary_search(a->running.begin(), a->running.end(), adapter)) return 2;
   return std::binary_search(a->served.begin(), a->served.end(), adapter) ? 1 : 0;
 }
@@ -92,9 +92,10 @@ std::optional<size_t> ReplicaRouter::Choose(uint64_t prefix_key, const std::vect
   auto excluded = [&](size_t i) { return std::find(exclude.begin(), exclude.end(), i) != exclude.end(); };
   auto healthy = [&](size_t i) { return slots_[i]->listed && slots_[i]->healthy && !excluded(i); };
   auto load = [&](size_t i) { return slots_[i]->outstanding_tokens.load(); };
-  // Under an adapter: only the replicas serving it (or not known yet), healthy or not, unless none
-  // is listed as serving it (a name no health check has seen): then every one, and the replica's
-  // scheduler answers.
+  // Under an adapter: only the replicas a health check found serving it, healthy or not, unless
+  // none is (a name no health check has seen yet, or replicas not checked yet): then every one, and
+  // the replica's scheduler answers. A replica not checked yet gets none of an adapter's requests
+  // another is known to serve (a new replica may still be loading it).
   std::vector<int> fit(adapter.empty() ? 0 : n, 1);
   bool restricted = false;
   for (size_t i = 0; i < fit.size(); ++i) {

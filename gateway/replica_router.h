@@ -2,7 +2,7 @@
 // fewest outstanding tokens, preferring the replica that recently served the same prompt
 // prefix (its KV blocks may still be cached) unless that one is much busier. A request under a
 // LoRA adapter goes to a replica that serves it (as its last health check said; every replica
-// while none is known to), preferring one running it now (its weights are in the workers' memory:
+// while none is known to, and a replica not checked yet only then), preferring one running it now (its weights are in the workers' memory:
 // vLLM's lora_requests_info, as the Kubernetes inference gateway reads it) unless that one is much
 // busier. Replicas whose
 // health check fails three times in a row leave the rotation until it passes again; with none
@@ -81,8 +81,8 @@ class ReplicaRouter {
  private:
   void HealthLoop(std::chrono::milliseconds interval);
 
-  // How a replica fits a request's adapter: 0 known not to serve it, 1 serves it (or not known),
-  // 2 runs it now.
+  // How a replica fits a request's adapter: -1 not known (no health check yet), 0 known not to
+  // serve it, 1 serves it, 2 runs it now.
   int AdapterFit(size_t i, const std::string& adapter) const;
 
   // Written once each, below count_ (published with release): readers need no lock.

@@ -59,6 +59,21 @@ TEST(ReplicaRouterTest, AnAdaptersRequestGoesWhereItIsServedPreferringWhereItRun
   router.MarkUnhealthy(2);
   EXPECT_EQ(router.Choose(7, {}, "acme"), 2u) << "none serving it in rotation: panic routing among those";
   EXPECT_EQ(router.Choose(7, {}, "shop"), 0u);
+
+}
+
+// A replica not checked yet (discovered since, perhaps still loading the adapter) gets none of the
+// requests of an adapter another replica is known to serve.
+TEST(ReplicaRouterTest, AReplicaNotCheckedYetGetsNoneOfAServedAdaptersRequests) {
+  ReplicaRouter router({"checked"}, [](size_t) { return true; });
+  router.replica(0).outstanding_tokens = 100;
+  router.SetAdapters(0, {{"shop"}, {}});
+  const size_t fresh = router.Add("fresh", false);
+  EXPECT_EQ(router.Choose(7, {}, "shop"), 0u);
+  EXPECT_EQ(router.Choose(7, {}, ""), fresh) << "idle: the base model's requests go there";
+  EXPECT_EQ(router.Choose(7, {}, "acme"), fresh) << "served nowhere known: any";
+  router.SetAdapters(fresh, {{"shop"}, {}});
+  EXPECT_EQ(router.Choose(7, {}, "shop"), fresh) << "checked: the least loaded of those serving it";
 }
 
 TEST(ReplicaRouterTest, WithNoneInRotationStillTriesTheLeastLoadedUntried) {
