@@ -18,14 +18,13 @@ def finished(proc):
     return sum(v for k, v in scrape(proc.metrics_port).items() if k.startswith("ferry_scheduler_requests_finished_total"))
 
 
-@pytest.fixture()
-def two_replicas(tiny_model, tmp_path):
+def start_two_replicas(tiny_model, tmp_path, worker_args=()):
     log = open(tmp_path / "services.log", "wb")
     procs = {}
     try:
         for r in ("a", "b"):
             procs[f"worker_{r}"] = Proc(f"worker_{r}", [binary("ferry-worker"), "--model", str(tiny_model), "--port",
-                                                        "0", "--num-kv-blocks", "512"], tmp_path, log)
+                                                        "0", "--num-kv-blocks", "512", *worker_args], tmp_path, log)
             procs[f"scheduler_{r}"] = Proc(f"scheduler_{r}", [binary("ferry-scheduler"), "--port", "0", "--worker",
                                                               procs[f"worker_{r}"].address], tmp_path, log)
         listing = tmp_path / "schedulers.txt"
@@ -39,6 +38,11 @@ def two_replicas(tiny_model, tmp_path):
             if name in procs:
                 procs[name].stop()
         log.close()
+
+
+@pytest.fixture()
+def two_replicas(tiny_model, tmp_path):
+    yield from start_two_replicas(tiny_model, tmp_path)
 
 
 ROUND = [0]
@@ -113,3 +117,46 @@ def test_an_unreadable_or_malformed_file_keeps_the_replicas(two_replicas, ferry_
     time.sleep(3 * INTERVAL_S)
     all_ok(run_streams(gateway.address, ferry_pb, fresh(ferry_pb, 2, 8)), 8)
     assert "cannot be read; the replicas stay as they are" in log.read_text()
+
+
+def test_a_replica_added_after_a_run_time_lora_load_gets_the_adapter(tiny_model, tmp_path, ferry_pb):
+    """Issue #57: an adapter loaded through the gateway while only replica a is listed is loaded on
+    replica b when discovery lists it (and the router sends b none of its requests before b's health
+    check reports it); every request under it succeeds throughout."""
+    import subprocess
+
+    adapter = tmp_path / "adapter"
+    subprocess.run([str(binary("ferry-make-model")), "--lora-for", str(tiny_model), "--out", str(adapter),
+                    "--lora-rank", "4"], check=True, capture_output=True)
+    replicas = start_two_replicas(tiny_model, tmp_path, ["--enable-lora", "--max-loras", "2"])
+    procs, listing, log = next(replicas)
+    try:
+        a, b, gateway = procs["scheduler_a"], procs["scheduler_b"], procs["gateway"]
+        admin = ferry_pb.lora_grpc.LoraAdaptersStub(grpc.insecure_channel(gateway.address))
+        admin.Load(ferry_pb.lora.LoadLoraAdapterRequest(lora_name="ft", lora_path=str(adapter)), timeout=60)
+
+        def served(proc):
+            stub = ferry_pb.sched_grpc.SchedulerStub(grpc.insecure_channel(proc.address))
+            return list(stub.Info(ferry_pb.sched.SchedulerInfoRequest(), timeout=10).lora_names)
+
+        assert served(a) == ["ft"] and served(b) == [], "loaded on the listed replica only"
+        stub = ferry_pb.gen_grpc.GenerationStub(grpc.insecure_channel(gateway.address))
+
+        def generate():
+            req = ferry_pb.gen.GenerateRequest(token_ids=ferry_pb.gen.TokenIds(ids=list(range(20, 40))),
+                                               lora_name="ft",
+                                               sampling=ferry_pb.gen.SamplingParams(max_tokens=6, ignore_eos=True))
+            return list(stub.Generate(req, timeout=60).token_ids)
+
+        want = generate()
+        listing.write_text(f"{a.address}\n{b.address}\n")
+        deadline = time.time() + 15
+        while served(b) != ["ft"]:
+            assert generate() == want, "a request under the adapter changed while replica b joined"
+            assert time.time() < deadline, "the added replica never got the run-time adapter"
+            time.sleep(0.2)
+        assert f"new replica {b.address}: 1 run-time LoRA adapter(s) loaded" in log.read_text()
+        for _ in range(6):
+            assert generate() == want
+    finally:
+        next(replicas, None)
