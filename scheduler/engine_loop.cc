@@ -84,11 +84,13 @@ LoopState EngineLoop::SetMaxNumSeqs(int32_t max_num_seqs, bool hold) {
   return State();
 }
 
+namespace {
+constexpr const char* kNoAdapters = "this replica serves no LoRA adapters: start its workers with --enable-lora";
+}  // namespace
+
 LoraChange EngineLoop::LoadLora(const std::string& name, const std::string& path) {
   using Code = LoraChange::Code;
-  if (config_.max_loras == 0) {
-    return {Code::kFailedPrecondition, "this replica serves no LoRA adapters: start its workers with --enable-lora", {}};
-  }
+  if (config_.max_loras == 0) return {Code::kFailedPrecondition, kNoAdapters, {}};
   if (const std::vector<std::string> names = LoraNames(); std::binary_search(names.begin(), names.end(), name)) {
     return {Code::kAlreadyExists, fmt::format("lora_name \"{}\" is already loaded: unload it first", name), names};
   }
@@ -108,9 +110,7 @@ LoraChange EngineLoop::LoadLora(const std::string& name, const std::string& path
 }
 
 LoraChange EngineLoop::UnloadLora(const std::string& name) {
-  if (config_.max_loras == 0) {
-    return {LoraChange::Code::kFailedPrecondition, "this replica serves no LoRA adapters: start its workers with --enable-lora", {}};
-  }
+  if (config_.max_loras == 0) return {LoraChange::Code::kFailedPrecondition, kNoAdapters, {}};
   auto done = std::make_shared<std::promise<LoraChange>>();
   auto applied = done->get_future();
   Push(LoraCommand{name, "", "", done});
@@ -199,11 +199,7 @@ void EngineLoop::Apply(Command& command) {
       add->spec.deadline -= margin;
     }
     if (down_) {  // the workers are gone past the recovery timeout: another replica may serve it
-      num_live_.fetch_sub(1);
-      metrics_->Finished(FinishKind::kUnavailable);
-      add->sink->Deliver(add->tag, SeqEvent{.seq_id = id, .finish = FinishKind::kUnavailable});
-      add->sink->Flush();
-      return;
+      return RefuseAdd(*add, SeqEvent{.seq_id = id, .finish = FinishKind::kUnavailable});
     }
     if (!add->spec.lora_name.empty() && !ResolveAdapter(*add)) return;
     try {
@@ -211,10 +207,7 @@ void EngineLoop::Apply(Command& command) {
       streams_.emplace(id, Stream{std::move(add->sink), add->tag, std::nullopt});
     } catch (const std::exception& e) {
       spdlog::warn("seq {} rejected: {}", id, e.what());
-      num_live_.fetch_sub(1);
-      metrics_->Finished(FinishKind::kAborted);
-      add->sink->Deliver(add->tag, SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
-      add->sink->Flush();
+      RefuseAdd(*add, SeqEvent{.seq_id = id, .finish = FinishKind::kAborted});
     }
   } else if (auto* cancel = std::get_if<CancelCommand>(&command)) {
     if (!streams_.count(cancel->seq_id)) return;  // already ended
@@ -239,14 +232,18 @@ bool EngineLoop::ResolveAdapter(AddCommand& add) {
     add.spec.lora_name = std::move(*key);
     return true;
   }
-  num_live_.fetch_sub(1);
-  metrics_->Finished(FinishKind::kNotFound);
-  add.sink->Deliver(add.tag, SeqEvent{.seq_id = add.spec.seq_id,
-                                      .finish = FinishKind::kNotFound,
-                                      .error = fmt::format("lora_name = \"{}\" is not served by this replica (unloaded)",
-                                                           add.spec.lora_name)});
-  add.sink->Flush();
+  RefuseAdd(add, SeqEvent{.seq_id = add.spec.seq_id,
+                          .finish = FinishKind::kNotFound,
+                          .error = fmt::format("lora_name = \"{}\" is not served by this replica (unloaded)",
+                                               add.spec.lora_name)});
   return false;
+}
+
+void EngineLoop::RefuseAdd(AddCommand& add, const SeqEvent& last) {
+  num_live_.fetch_sub(1);
+  metrics_->Finished(last.finish);
+  add.sink->Deliver(add.tag, last);
+  add.sink->Flush();
 }
 
 void EngineLoop::ApplyLora(LoraCommand& command) {

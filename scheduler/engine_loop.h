@@ -228,6 +228,8 @@ class EngineLoop {
   // A request under an adapter runs with its key (lora_table.h); false, with the request ended
   // kNotFound, when the adapter is not served (unloaded since the service checked).
   bool ResolveAdapter(AddCommand& add);
+  // Ends a request the core never took: its only event, `last`, delivered and flushed at once.
+  void RefuseAdd(AddCommand& add, const SeqEvent& last);
   // Retiring adapters that no live sequence names any more: the workers drop them.
   void RetireAdapters();
   // Plans a step and sends it; false if there was nothing to run.

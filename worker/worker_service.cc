@@ -217,13 +217,9 @@ grpc::Status WorkerService::UnloadLoraAdapter(grpc::ServerContext*, const ferry:
   if (runner_.info().max_loras == 0) {
     return {grpc::StatusCode::FAILED_PRECONDITION, "this worker serves no LoRA adapters: start it with --enable-lora"};
   }
-  const std::vector<std::string> names = runner_.LoraNames();
-  if (std::find(names.begin(), names.end(), request->lora_name()) == names.end()) {
-    return {grpc::StatusCode::NOT_FOUND, fmt::format("lora_name \"{}\" is not loaded", request->lora_name())};
-  }
   try {
     runner_.UnloadLora(request->lora_name());
-  } catch (const std::invalid_argument& e) {  // unloaded by a concurrent call
+  } catch (const std::invalid_argument& e) {  // "lora_name "x" is not loaded"
     return {grpc::StatusCode::NOT_FOUND, e.what()};
   }
   spdlog::info("LoRA adapter {} unloaded", request->lora_name());

@@ -73,17 +73,6 @@ void SendError(httplib::Response& res, const ApiError& error) {
   res.set_content(ErrorJson(error).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-// body[field] as a string, or the 400 naming it.
-std::variant<std::string, ApiError> StringField(const json& body, const char* field, bool required) {
-  const auto it = body.find(field);
-  if (it == body.end() || it->is_null()) {
-    if (!required) return std::string();
-    return InvalidField(field, fmt::format("{} is required", field));
-  }
-  if (!it->is_string()) return InvalidField(field, fmt::format("{} must be a string", field));
-  return it->get<std::string>();
-}
-
 std::optional<std::string> Bearer(const httplib::Request& req) {
   const std::string header = req.get_header_value("Authorization");
   constexpr std::string_view kPrefix = "Bearer ";
@@ -334,13 +323,13 @@ void OpenAiHttpServer::HandleLoraAdmin(const httplib::Request& req, httplib::Res
   const std::optional<json> body = ParseBody(req, res);
   if (!body) return;
   if (!body->is_object()) return Refuse(req, res, InvalidField("", "the request body must be a JSON object"));
-  auto name = StringField(*body, "lora_name", true);
-  if (auto* error = std::get_if<ApiError>(&name)) return Refuse(req, res, *error);
-  auto path = StringField(*body, "lora_path", load);
-  if (auto* error = std::get_if<ApiError>(&path)) return Refuse(req, res, *error);
-  const std::string& lora_name = std::get<std::string>(name);
-  const Status status = load ? options_.lora_admin->Load(lora_name, std::get<std::string>(path))
-                             : options_.lora_admin->Unload(lora_name);
+  std::optional<std::string> name, path;
+  if (auto error = GetString(*body, "lora_name", name)) return Refuse(req, res, *error);
+  if (auto error = GetString(*body, "lora_path", path)) return Refuse(req, res, *error);
+  if (!name) return Refuse(req, res, InvalidField("lora_name", "lora_name is required"));
+  if (load && !path) return Refuse(req, res, InvalidField("lora_path", "lora_path is required"));
+  const std::string& lora_name = *name;
+  const Status status = load ? options_.lora_admin->Load(lora_name, *path) : options_.lora_admin->Unload(lora_name);
   if (!status.ok()) {
     ApiError error = ErrorFromStatus(status);
     if (status.error_code() == StatusCode::kInvalidArgument || status.error_code() == StatusCode::kAlreadyExists ||
