@@ -43,11 +43,17 @@ struct Flags : ferry::scheduler::ReplicaFlags {
   bool sweep = false, compare = false;
   std::vector<int32_t> caps = {1, 4, 8, 16, 32, 64};
   double timeout_s = 0.5;
+  // A family member of a dilated preset (HeldOutOptions::time_scale) is
+  // played as the held-out evaluation plays it: its batch lane's SLOs
+  // dilated too, so --slo-ttft-ms and --slo-tpot-ms alone replay one cell.
+  double batch_lane_scale = 1;
   // One pair of targets says what the adaptive modes aim at and what counts
-  // as good; --lane-ttft-ms replaces a lane's TTFT SLO (a time-dilated replay
-  // scales the batch lane's 30 s too).
+  // as good; --lane-ttft-ms replaces a lane's TTFT SLO.
   std::vector<LaneConfig> lanes() const {
     std::vector<LaneConfig> out = LanesWithSlo(slo_ttft_ms / 1000.0, slo_tpot_ms / 1000.0);
+    for (LaneConfig& l : out) {
+      if (l.name == "batch") l.ttft_slo_s *= batch_lane_scale, l.tpot_slo_s *= batch_lane_scale;
+    }
     for (const std::string& spec : lane_ttft) {
       const ferry::scheduler::LaneTtft t = ferry::scheduler::ParseLaneTtft(spec);
       LaneConfig* lane = nullptr;
@@ -237,7 +243,8 @@ int main(int argc, char** argv) {
                  "spike: lane that takes the excess (\"\": scale every lane; default: the scenario's)");
   app.add_option("--seed", f.seed, "workload seed (0: the scenario's)");
   app.add_option("--family-seed", f.family_seed,
-                 "use member N of the trace family (issue #30) for --preset instead of a scenario");
+                 "use member N of the trace family (issue #30) for --preset instead of a scenario, played as the "
+                 "held-out evaluation plays it (cpu-0.5b dilated x20, its batch lane's SLOs too: 600 s, 4 s)");
   app.add_flag("--heldout", f.heldout,
                "the held-out evaluation: goodput, slo, load-level and static caps on the held-out family members");
   app.add_option("--heldout-num-seeds", f.heldout_num_seeds, "--heldout: the first N held-out seeds");
@@ -276,6 +283,7 @@ int main(int argc, char** argv) {
   try {
     if (f.heldout || f.tuning_num_seeds > 0) return RunHeldOutMode(f, app);
     const ferry::CostModel cost(LoadPreset(f.preset));
+    if (f.has_family_seed) f.batch_lane_scale = TimeScale(HeldOutOptions{}, cost.params().name);
     if (f.sweep) return RunSweepMode(f, cost);
     const std::vector<TraceRequest> trace = LoadWorkload(f, cost);
     if (!f.write_trace.empty()) WriteTrace(f.write_trace, trace);

@@ -1,5 +1,6 @@
 """The trace generators in scheduler/sim write JSONL that ferry-sim replays request for request."""
 import json
+import re
 import subprocess
 import sys
 
@@ -102,3 +103,21 @@ def test_lane_ttft_ms_sets_a_lanes_slo_and_bad_ones_are_refused(tmp_path):
         out = subprocess.run([str(binary("ferry-sim")), "--family-seed", "6", "--lane-ttft-ms", spec],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == code and f"--lane-ttft-ms {spec}: want LANE=MS" in out.stderr, out.stderr
+
+
+def test_a_family_member_played_alone_replays_its_evaluation_cell(tmp_path):
+    """--family-seed plays a member of a dilated preset (cpu-0.5b, x20) as the held-out and tuning
+    evaluations play it, the batch lane's SLOs dilated too (600 s, 4 s): one run with the cell's two targets
+    counts the good requests the evaluation counted for the same static cap."""
+    # The evaluation's targets are stated at GPU speed and dilated with the preset: 2.5 ms is the 50 ms cell.
+    out = subprocess.run([str(binary("ferry-sim")), "--tuning", "1", "--preset", "cpu-0.5b", "--slo-tpot-ms", "2.5",
+                          "--enable-prefix-caching", "--caps", "1", "--only-goodput", "--list-below", "10"],
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    listed = re.search(r"seed 1 cpu-0.5b caching TPOT 50.0 ms.*best cap 1 \((\d+) good\)", out)
+    assert listed, out
+    report = tmp_path / "report.json"
+    subprocess.run([str(binary("ferry-sim")), "--family-seed", "1", "--preset", "cpu-0.5b", "--slo-ttft-ms", "20000",
+                    "--slo-tpot-ms", "50", "--controller-mode", "static", "--max-num-seqs", "1", "--json",
+                    str(report)], check=True, capture_output=True, timeout=300)
+    lanes = {lane["lane"]: lane for lane in json.loads(report.read_text())["lanes"]}
+    assert lanes["all"]["num_good"] == int(listed.group(1)) > 0
