@@ -157,6 +157,7 @@ bool DemandModel::ModelInputs(const StepObservation& obs, const ControllerView& 
     const double other_queue = obs.num_waiting - obs.num_waiting_slo - obs.num_waiting_slo_late;
     in.other_demand_per_s = (other_queue + other_rate * g.horizon_s) / (g.horizon_s + g.other_wait_s);
     in.other_rate_per_s = other_rate;
+    in.slo_rate_long_per_s = view.RateOver(slo_arrivals_, obs.now_s, g.other_rate_window_s);
     in.waiting_behind = obs.num_waiting - obs.num_waiting_slo;
     in.slo_late_queue = obs.num_waiting_slo_late;
   }

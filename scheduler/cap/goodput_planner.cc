@@ -21,8 +21,8 @@ void Validate(const PlannerInputs& in) {
   for (double v : {in.step.fixed_s, in.step.per_seq_s, in.step.per_token_s, in.prompt_tokens, in.prompt_chunk_tokens,
                    in.output_tokens, in.step_token_budget,
                    in.slo_rate_per_s, in.slo_queue, in.slo_late_queue, in.slo_running, in.other_demand_per_s,
-                   in.other_rate_per_s, in.waiting_behind, in.tpot_target_s, in.ttft_target_s, in.horizon_s,
-                   in.reach_share}) {
+                   in.other_rate_per_s, in.slo_rate_long_per_s, in.waiting_behind, in.tpot_target_s, in.ttft_target_s,
+                   in.horizon_s, in.reach_share}) {
     if (!std::isfinite(v) || v < 0) throw std::invalid_argument("goodput planner: an input is negative or not finite");
   }
   if (in.reach_share > 1) {
@@ -142,10 +142,23 @@ double SloQueueGoodPerSecond(const PlannerInputs& in, double mu) {
 
 // Goodput at a batch: the SLO lanes first, the others with what is left.
 // The SLO lanes' part goes to `slo_good` when given.
+//
+// What is left for the other lanes is judged over their wait, not the
+// horizon: they wait out a burst of the SLO lanes, which over that wait take
+// their long-run rate (and the queue they have now). Judged at the burst's
+// rate a small cap left them nothing, and the planner raised the cap to serve
+// work that could wait, at the cost of the SLO lanes' TPOT (cpu-0.5b tuning
+// seed 38: cap 1 -> 2 whenever interactive arrivals came faster than their
+// average, where static 1 served every batch request in time; 0.92-0.95 of
+// the best static cap, now 0.98: scheduler.md section 8). In a trough, the
+// short window's lower rate: the room is there now.
 double GoodPerSecond(const PlannerInputs& in, double completions_per_s, double tpot_share,
                      double* slo_good = nullptr) {
   const double served_slo = std::min(in.slo_rate_per_s + in.slo_queue / in.horizon_s, completions_per_s);
-  const double served_other = std::min(in.other_demand_per_s, completions_per_s - served_slo);
+  const double slo_rate = in.slo_rate_long_per_s > 0 ? std::min(in.slo_rate_per_s, in.slo_rate_long_per_s)
+                                                      : in.slo_rate_per_s;
+  const double slo_over_wait = std::min(slo_rate + in.slo_queue / in.horizon_s, completions_per_s);
+  const double served_other = std::min(in.other_demand_per_s, completions_per_s - slo_over_wait);
   const double slo = (SloTtftGoodPerSecond(in, completions_per_s) + SloQueueGoodPerSecond(in, completions_per_s)) *
                      tpot_share;
   if (slo_good != nullptr) *slo_good = slo;

@@ -85,6 +85,10 @@ struct PlannerInputs {
   double slo_running = 0;
   double other_demand_per_s = 0;  // every other lane: arrivals/s plus their queue over a horizon
   double other_rate_per_s = 0;    // every other lane: arrivals per second
+  // SLO lanes: arrivals per second over the other lanes' (longer) rate window.
+  // What they take of the completions while the other lanes wait is the
+  // lesser of this and slo_rate_per_s (GoodPerSecond). 0: slo_rate_per_s.
+  double slo_rate_long_per_s = 0;
   // Requests waiting behind the SLO lanes' on-time queue: the other lanes'
   // and, served late last, the SLO lanes' late ones. The scheduler fills every
   // free seat from them, so while any wait the cap runs full.

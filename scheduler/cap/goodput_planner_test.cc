@@ -57,6 +57,28 @@ TEST(GoodputPlannerTest, TradesTheSloLanesForThroughputOnlyWhenItPays) {
   EXPECT_NEAR(c.best_good_per_s, 60, 1e-9);
 }
 
+TEST(GoodputPlannerTest, TheOtherLanesWaitOutABurstOfTheSloLanes) {
+  PlannerInputs in = DecodeOnly();
+  // 20 seats (the TPOT bound) complete 50 requests/s. A burst of the SLO
+  // lanes at 40/s, whose rate over the other lanes' window is 10/s: over
+  // their wait those leave 40/s of the 50 to the other lanes, not 10.
+  in.slo_rate_per_s = 40;
+  in.slo_rate_long_per_s = 10;
+  in.other_demand_per_s = 30;
+  std::vector<CapForecast> f;
+  PlanCap(in, &f);
+  EXPECT_NEAR(f[19].good_per_s, 40 + 30, 1e-9);  // f[i] is cap i + 1
+  EXPECT_NEAR(f[19].slo_good_per_s, 40, 1e-9);
+  // Without the long window (or in a trough, the lesser rate), the burst's
+  // rate: what it leaves now.
+  in.slo_rate_long_per_s = 0;
+  PlanCap(in, &f);
+  EXPECT_NEAR(f[19].good_per_s, 40 + 10, 1e-9);
+  in.slo_rate_long_per_s = 60;
+  PlanCap(in, &f);
+  EXPECT_NEAR(f[19].good_per_s, 40 + 10, 1e-9);
+}
+
 TEST(GoodputPlannerTest, ShortRepliesMissWhenLongPrefillsLandInThem) {
   PlannerInputs in = DecodeOnly();
   in.step = StepFit{0.001, 0.00005, 0.000005};  // 5 us per computed token
