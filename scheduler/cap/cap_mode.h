@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "scheduler/cap/controller.h"
+#include "scheduler/cap/step_cost.h"
 
 namespace ferry::scheduler {
 
@@ -23,6 +24,7 @@ struct ControllerView {
   double first_step_s = 0;           // the first observation's time
   double time_unit_s = 1;            // 1, or a model mode's TTFT target / kReferenceTtftS
   int32_t num_seqs = 0;              // the cap in force
+  StepCost& step_cost;               // the steps so far (the controller's; FitOfTheWindow updates its fit)
 
   // The rate of `d`'s values over the last `window_s`; until a whole window has passed, over the time
   // observed (at least one time unit: 1 s, or the model modes' TTFT target), since a rate over the full

@@ -84,10 +84,20 @@ double OtherLanesTtftTarget(const std::vector<LaneTtft>& lane_ttft, const std::v
   return tightest_ms / 1000.0;
 }
 
-double ControllerView::RateOver(const Ring<TimedValue>& d, double now_s, double window_s) const {
+namespace {
+
+// ControllerView::RateOver, for the controller's own reads too.
+double RateOverWindow(const Ring<TimedValue>& d, double now_s, double window_s, double first_step_s,
+                      double time_unit_s) {
   double n = 0;
   for (size_t i = d.size(); i > 0 && d[i - 1].time_s >= now_s - window_s; --i) n += d[i - 1].value;
   return n / std::clamp(now_s - first_step_s, time_unit_s, window_s);
+}
+
+}  // namespace
+
+double ControllerView::RateOver(const Ring<TimedValue>& d, double now_s, double window_s) const {
+  return RateOverWindow(d, now_s, window_s, first_step_s, time_unit_s);
 }
 
 // The controller's side of CapSetter: a mode's changes land in its record.
@@ -174,7 +184,17 @@ int32_t Controller::Step(const StepObservation& obs) {
   // Kept as long as the longest window a mode reads them over (the model modes' other lanes' rate).
   const double rate_from = obs.now_s - std::max(options_.load.rate_window_s, options_.goodput.other_rate_window_s);
   while (!arrivals_.empty() && arrivals_.front().time_s < rate_from) arrivals_.pop_front();
-  const ControllerView view{options_, arrivals_, first_step_s_, time_unit_s_, num_seqs_};
+  if (obs.last_step_s > 0 && obs.last_step_tokens > 0) {
+    step_cost_.Add(obs.now_s, obs.last_step_s, obs.last_step_seqs > 0 ? obs.last_step_seqs : obs.num_running,
+                   obs.last_step_tokens);
+  }
+  step_cost_.Expire(obs.now_s - options_.slo.window_s);
+  // The model modes refresh the fit when they plan; for the others, every adjust interval.
+  if (!models_steps_ && obs.now_s - last_fit_s_ >= options_.goodput.adjust_interval_s) {
+    step_cost_.FitOfTheWindow();
+    last_fit_s_ = obs.now_s;
+  }
+  const ControllerView view{options_, arrivals_, first_step_s_, time_unit_s_, num_seqs_, step_cost_};
   mode_->Observe(obs, view);
   if (held_) return num_seqs_;  // observed above, so the model is current when released
   Setter setter(*this);
@@ -183,8 +203,7 @@ int32_t Controller::Step(const StepObservation& obs) {
 }
 
 double Controller::ArrivalRate(double now_s) const {
-  const ControllerView view{options_, arrivals_, first_step_s_, time_unit_s_, num_seqs_};
-  return view.RateOver(arrivals_, now_s, options_.load.rate_window_s);
+  return RateOverWindow(arrivals_, now_s, options_.load.rate_window_s, first_step_s_, time_unit_s_);
 }
 
 void Controller::Set(int32_t num_seqs, double now_s, bool hold) {

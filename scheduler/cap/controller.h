@@ -34,6 +34,7 @@
 
 #include "scheduler/cap/goodput_planner.h"
 #include "scheduler/core/ring.h"
+#include "scheduler/cap/step_cost.h"
 #include "scheduler/cap/step_time_model.h"
 #include "scheduler/core/types.h"
 
@@ -266,6 +267,10 @@ class Controller {
   // simulator's record); of more than kKeptChanges between calls, the latest.
   std::vector<CapChange> TakeChanges();
   const ControllerOptions& options() const { return options_; }
+  // Seconds a computed prompt token costs by the latest step fit (StepCost), in every mode; 0 before
+  // one. The queue order's late-last rule reads it (a request is late once its prefill no longer fits
+  // in the time it has left).
+  double PrefillSecondsPerToken() const { return step_cost_.latest() ? step_cost_.latest()->per_token_s : 0.0; }
 
  private:
   class Setter;
@@ -278,6 +283,8 @@ class Controller {
   int32_t num_seqs_ = 0;
   bool held_ = false;                // an admin Set holds the cap: the mode does not move it
   Ring<TimedValue> arrivals_;        // (time, count), every lane, over the longest window a mode reads
+  StepCost step_cost_;               // every step, over slo.window_s; the model modes plan with its fit
+  double last_fit_s_ = -1e300;       // when a mode without a step model last had the fit refreshed
   bool seen_step_ = false;
   double time_unit_s_ = 1;           // model modes: slo.ttft_target_s / kReferenceTtftS (options scaled by it)
   double first_step_s_ = 0;          // time of the first Step

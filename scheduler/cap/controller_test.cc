@@ -51,6 +51,32 @@ TEST(ControllerTest, StaticKeepsMaxUntilSet) {
   EXPECT_TRUE(c.TakeChanges().empty());
 }
 
+// Every mode measures what a step costs (StepCost): a prompt token's share is what the queue order's
+// late-last rule reads, so a static cap has it too.
+TEST(ControllerTest, EveryModeMeasuresWhatAPromptTokenCosts) {
+  for (ControllerMode mode : {ControllerMode::kStatic, ControllerMode::kGoodput}) {
+    Controller c(Options(mode));
+    EXPECT_EQ(c.PrefillSecondsPerToken(), 0.0);  // no step yet
+    // Steps of 2 ms + 0.5 ms a sequence + 50 us a token, the batch and the prefill chunks varying.
+    for (int i = 0; i < 400; ++i) {
+      StepObservation o = Obs(i * 0.05, 1 + i % 7, 0);
+      o.last_step_seqs = o.num_running;
+      o.last_step_tokens = o.num_running + (i % 3 == 0 ? 200 : 0);
+      o.last_step_s = 0.002 + 0.0005 * o.last_step_seqs + 0.00005 * o.last_step_tokens;
+      c.Step(o);
+    }
+    // The model modes refresh the fit when they plan; the goodput mode plans after its first completions.
+    for (int i = 0; i < 4; ++i) c.OnCompletion(RequestCompletion{.now_s = 20.0, .ttft_s = 0.1, .tpot_s = 0.005,
+                                                                 .num_tokens = 300, .num_output_tokens = 100});
+    StepObservation o = Obs(21, 4, 1);
+    o.last_step_seqs = 4;
+    o.last_step_tokens = 4;
+    o.last_step_s = 0.002 + 0.0005 * 4 + 0.00005 * 4;
+    c.Step(o);
+    EXPECT_NEAR(c.PrefillSecondsPerToken(), 0.00005, 1e-6) << ControllerModeName(mode);
+  }
+}
+
 // The registry names each mode once: the controller's names and the flag's values come from it.
 TEST(ControllerTest, EveryModeIsRegisteredOnceByName) {
   std::vector<std::string> names;

@@ -49,10 +49,6 @@ bool DemandModel::CountsLane(const std::string& lane) const {
 
 void DemandModel::Observe(const StepObservation& obs) {
   if (obs.num_arrivals_slo > 0) slo_arrivals_.push_back({obs.now_s, static_cast<double>(obs.num_arrivals_slo)});
-  if (obs.last_step_s > 0 && obs.last_step_tokens > 0) {
-    steps_.Add(obs.now_s, obs.last_step_s,
-               obs.last_step_seqs > 0 ? obs.last_step_seqs : obs.num_running, obs.last_step_tokens);
-  }
   preemptions_since_adjust_ += obs.num_preemptions;
   Expire(obs.now_s);
 }
@@ -62,7 +58,6 @@ void DemandModel::Expire(double now_s) {
   const double rate_from = now_s - std::max(options_.load.rate_window_s, options_.goodput.other_rate_window_s);
   while (!slo_arrivals_.empty() && slo_arrivals_.front().time_s < rate_from) slo_arrivals_.pop_front();
   const double slo_from = now_s - options_.slo.window_s;
-  steps_.Expire(slo_from);
   for (auto* d : {&ttft_, &tpot_, &outputs_, &slo_outputs_, &prompts_, &held_weighted_, &held_weights_}) {
     while (!d->empty() && d->front().time_s < slo_from) d->pop_front();
   }
@@ -84,37 +79,11 @@ double DemandModel::PercentileOf(const Ring<TimedValue>& d, double pct) {
   return scratch_[k];
 }
 
-StepFit DemandModel::CurrentFit(double seconds_per_token) {
-  // The batch must have varied for a fit (it does on its own as requests
-  // come and go below the cap). A cap that stays full stops it varying: the
-  // latest fit stands in. Until the first such fit, the fit at one batch
-  // size (a seat costs its tokens only; optimistic). Step time in proportion
-  // to the tokens, the guess before that, is a trap: it makes a step's fixed
-  // part grow with the batch, so no cap completes more than another, a small
-  // one wins on TPOT, and the batch never varies enough for a fit (tuning
-  // seed 115: cap 1 for a minute of rising load, 0.30 of the best static cap).
-  if (std::optional<StepFit> fit = steps_.Fit()) {
-    last_fit_ = fit;
-    fit_has_seqs_ = true;
-  } else if (!fit_has_seqs_) {
-    if (std::optional<StepFit> one = steps_.FitAtOneBatchSize()) last_fit_ = one;
-  }
-  // Nothing fitted yet (too few steps, or pure decode at one batch size): the tokens' share.
-  return last_fit_ ? *last_fit_ : StepFit{0, 0, seconds_per_token};
-}
-
-std::optional<StepFit> DemandModel::FitOfTheWindow() {
-  const double step_mean = steps_.RecentMean(steps_.size());
-  const double tokens_per_step = steps_.RecentTokensMean(steps_.size());
-  if (step_mean <= 0 || tokens_per_step <= 0) return std::nullopt;
-  return CurrentFit(step_mean / tokens_per_step);
-}
-
 bool DemandModel::ModelInputs(const StepObservation& obs, const ControllerView& view) {
   const GoodputOptions& g = options_.goodput;
   const SloOptions& o = options_.slo;
   if (static_cast<int32_t>(outputs_.size()) < g.min_completions) return false;
-  const std::optional<StepFit> fit = FitOfTheWindow();
+  const std::optional<StepFit> fit = view.step_cost.FitOfTheWindow();
   if (!fit) return false;
   // Every field afresh, the vectors' storage kept.
   std::vector<double> slo_output_tokens = std::move(inputs_.slo_output_tokens);
@@ -132,7 +101,7 @@ bool DemandModel::ModelInputs(const StepObservation& obs, const ControllerView& 
   // Tokens per sequence-step = (P + O) / O when a request spends about one
   // step per output token (prefill steps are few beside its decode steps).
   // At least 1: every scheduled sequence computes a token (Step checks it).
-  in.prompt_tokens = (steps_.TokensPerSeq() - 1.0) * in.output_tokens;
+  in.prompt_tokens = (view.step_cost.TokensPerSeq() - 1.0) * in.output_tokens;
   // The prompts as admitted, a prefill chunk's size: P above also counts recompute after preemptions (up to
   // 2.2x the trace's mean prompt on tuning seed 140 bounded at 256), which adds chunks, not size
   // (scheduler.md 7i).

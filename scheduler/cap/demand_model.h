@@ -1,6 +1,6 @@
 // What the model modes (goodput, load-level) measure and hand to the goodput planner (goodput_planner.h):
 // the window of completions (reply lengths, TTFT and TPOT, the KV a sequence holds), the SLO lanes'
-// arrivals, the step-time fit, and the planner's inputs and workspace, kept from plan to plan so that an
+// arrivals, and the planner's inputs and workspace (the step-time fit is the controller's StepCost), kept from plan to plan so that an
 // adjustment allocates nothing (issue #53). Each model mode owns one; the static mode has none. Pure, like
 // the rest of the controller.
 #pragma once
@@ -11,7 +11,6 @@
 
 #include "scheduler/cap/cap_mode.h"
 #include "scheduler/cap/goodput_planner.h"
-#include "scheduler/cap/step_time_model.h"
 
 namespace ferry::scheduler {
 
@@ -29,8 +28,6 @@ class DemandModel {
   void OnSet(double now_s);
   // Completions in the window (every lane).
   size_t num_completions() const { return outputs_.size(); }
-  // CurrentFit over the window's steps; empty before a step with tokens.
-  std::optional<StepFit> FitOfTheWindow();
   // Fills inputs() for the planner from the window and `obs`; false when there is nothing to plan with
   // (too few completions, no step yet, or no demand).
   bool ModelInputs(const StepObservation& obs, const ControllerView& view);
@@ -42,9 +39,6 @@ class DemandModel {
   void Report(ControllerStatus& status) const;
 
  private:
-  // The step-time model to plan with now (updates last_fit_); the tokens' share of the mean step when
-  // nothing could be fitted yet.
-  StepFit CurrentFit(double seconds_per_token);
   // The highest cap the KV pool allows (SloOptions::kv_raise_limit).
   int32_t KvRaiseLimit(const StepObservation& obs) const;
   // Nearest-rank percentile of the window's values (0 when empty), sorted in scratch_.
@@ -64,9 +58,6 @@ class DemandModel {
   // (completion time, weight).
   Ring<TimedValue> held_weighted_;
   Ring<TimedValue> held_weights_;
-  StepTimeModel steps_;               // the fit spans cap changes: it needs their variety
-  std::optional<StepFit> last_fit_;   // the latest fit (a full cap stops the batch varying)
-  bool fit_has_seqs_ = false;         // last_fit_ came from Fit() (a batch that varied), not FitAtOneBatchSize()
   int32_t preemptions_since_adjust_ = 0;
   bool draining_ = false;             // the latest plan drained (PlannerInputs::draining)
   PlanRegime regime_ = PlanRegime::kGoodput;  // the latest plan's

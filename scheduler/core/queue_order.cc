@@ -43,6 +43,10 @@ int64_t QueueOrder::EffectivePriority(const Sequence& seq, TimePoint now) const 
   return priority;
 }
 
+void QueueOrder::SetPrefillSecondsPerToken(double seconds) {
+  for (const auto& rule : rules_) rule->SetPrefillSecondsPerToken(seconds);
+}
+
 bool QueueOrder::Defers(const Sequence& seq, TimePoint now) const {
   if (!can_defer_) return false;
   for (const auto& rule : rules_) {

@@ -33,6 +33,8 @@ class QueueRule {
   virtual bool Defers(const Sequence&, TimePoint) const { return false; }
   // Whether Defers can ever hold: the queue then makes its second pass.
   virtual bool can_defer() const { return false; }
+  // What a computed prompt token costs now (seconds; 0: not known), measured by the caller's step fit.
+  virtual void SetPrefillSecondsPerToken(double) {}
 };
 
 // A rule's registration: its name (as the docs and the scheduler's state name it), what it does, whether a
@@ -59,6 +61,8 @@ class QueueOrder {
   // Some rule defers it at `now`.
   bool Defers(const Sequence& seq, TimePoint now) const;
   bool can_defer() const { return can_defer_; }
+  // To every rule (QueueRule::SetPrefillSecondsPerToken).
+  void SetPrefillSecondsPerToken(double seconds);
   // "priority" and the rules on, joined by '+': "priority+aging+late-last".
   const std::string& name() const { return name_; }
 

@@ -81,6 +81,25 @@ TEST(QueueOrderTest, PriorityThenArrivalAgingAndLateLast) {
   EXPECT_EQ(q.Order(QueueOrder(config), 40), (std::vector<uint64_t>{2, 1, 3}));  // not late yet
 }
 
+TEST(QueueOrderTest, LateLastCountsARequestLateOnceItsPrefillNoLongerFits) {
+  Queue q;
+  q.Add(1, 0, 0, /*prompt_len=*/400, /*first_token_target_ms=*/1000);
+  q.Add(2, 0, 10, 40, 1010);
+  q.Add(3, 0, 20, 400);  // no target: never late
+  SchedulerConfig config;
+  config.serve_late_last = true;
+  QueueOrder order(config);
+  // At 800 ms, 1 has 200 ms left: within its target, and so on time while no prefill cost is known.
+  EXPECT_EQ(q.Order(order, 800), (std::vector<uint64_t>{1, 2, 3}));
+  // At 1 ms a prompt token its 400 tokens take 400 ms: it cannot be on time any more, while 2's 40 tokens
+  // (40 ms) fit in its 210 ms. 3 has no target.
+  order.SetPrefillSecondsPerToken(0.001);
+  EXPECT_EQ(q.Order(order, 800), (std::vector<uint64_t>{2, 3, 1}));
+  EXPECT_EQ(q.Order(order, 500), (std::vector<uint64_t>{1, 2, 3}));  // 500 ms left: it fits
+  order.SetPrefillSecondsPerToken(0);
+  EXPECT_EQ(q.Order(order, 800), (std::vector<uint64_t>{1, 2, 3}));
+}
+
 // The README's example of a new rule: within a priority, long prompts after short ones.
 class LongPromptsLast final : public QueueRule {
  public:

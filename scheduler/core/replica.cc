@@ -62,6 +62,7 @@ void Replica::SetCap(int32_t cap, double now_s, bool hold) {
 
 int32_t Replica::Plan(TimePoint now, double now_s, StepPlan& plan) {
   const int32_t cap = NextCap(now, now_s);
+  core_.SetPrefillSecondsPerToken(controller_.PrefillSecondsPerToken());
   core_.Plan(Budget{cap, core_.config().max_num_batched_tokens}, now, plan);
   if (record_ != nullptr) record_->push_back({.kind = Kind::kPlan, .cap = cap, .plan = plan, .now = now, .now_s = now_s});
   return cap;

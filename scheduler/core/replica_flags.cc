@@ -56,7 +56,8 @@ void AddCapFlags(CLI::App& app, ReplicaFlags& f) {
 void AddQueueFlags(CLI::App& app, ReplicaFlags& f) {
   app.add_flag("--serve-late-last,!--no-serve-late-last", f.serve_late_last,
                "Within a priority, serve a request still waiting past its lane's first-token target "
-               "(--lane-ttft-ms, or --slo-ttft-ms for an SLO lane) after those that can still meet theirs, "
+               "(--lane-ttft-ms, or --slo-ttft-ms for an SLO lane), or whose prefill no longer fits in the time it has "
+               "left at the measured cost of a prompt token, after those that can still meet theirs, "
                "each in arrival order (default on; lanes without a target are first come, first served)");
   app.add_option("--lane-ttft-ms", f.lane_ttft,
                  "LANE=MS: the time to first token this lane's requests aim at, for --serve-late-last and for "

@@ -105,6 +105,9 @@ class SchedulerCore {
   int32_t num_waiting() const { return static_cast<int32_t>(state_.waiting.size()); }
   // The waiting queue's order: "priority" and the rules on (queue_order.h).
   const std::string& queue_order() const { return state_.order.name(); }
+  // What a computed prompt token costs now (QueueOrder::SetPrefillSecondsPerToken): the caller's
+  // measurement, as the cap is; the core keeps no clock.
+  void SetPrefillSecondsPerToken(double seconds) { state_.order.SetPrefillSecondsPerToken(seconds); }
   int32_t num_running() const { return static_cast<int32_t>(state_.running.size()); }
   // Waiting requests of the lanes in `lanes` (empty: every lane): a scan of
   // the queue (the goodput controller's demand per lane class). Those a queue

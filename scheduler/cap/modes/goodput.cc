@@ -62,7 +62,7 @@ class Goodput final : public CapMode {
 // and nothing changes.
 void Goodput::ColdStartBound(const StepObservation& obs, const ControllerView& view, CapSetter& setter) {
   if (!options_.slo.targets_stated || options_.slo.tpot_target_s <= 0) return;
-  const std::optional<StepFit> fitted = model_.FitOfTheWindow();
+  const std::optional<StepFit> fitted = view.step_cost.FitOfTheWindow();
   if (!fitted) return;
   const StepFit& fit = *fitted;
   if (fit.fixed_s <= 0 && fit.per_seq_s <= 0) return;  // the tokens' share: no step cost per sequence known yet

@@ -2,7 +2,13 @@
 // first_token_target: its lane's SchedulerConfig::lane_ttft; ferry-scheduler's --serve-late-last and
 // --lane-ttft-ms) goes after those that can still meet theirs. In an overload, first come, first served
 // spends every seat on requests that are already late; this way the newest still make it
-// (docs/benchmarks/scheduler.md 7g).
+// (docs/benchmarks/scheduler.md 7g). A request whose prefill no longer fits in the time it has left is
+// late too: its first token comes after its prompt is computed (the prompt's tokens at the cost the
+// step fit measures; the prefix cache's share is not known before admission, so all of them). Started,
+// the oldest on-time request missed by its own prefill: on the CPU engine, where a 600-token prompt takes
+// 1.2 s, 27 of 169 misses at cap 1 on one overloaded trace (scheduler.md section 8).
+#include <chrono>
+
 #include "scheduler/core/queue_rules/rules.h"
 #include "scheduler/core/sequence.h"
 
@@ -11,8 +17,20 @@ namespace {
 
 class LateLast final : public QueueRule {
  public:
-  bool Defers(const Sequence& seq, TimePoint now) const override { return seq.IsLate(now); }
+  bool Defers(const Sequence& seq, TimePoint now) const override {
+    if (seq.is_sent || seconds_per_token_ <= 0 || seq.spec.first_token_target == TimePoint::max()) {
+      return seq.IsLate(now);
+    }
+    const double tokens = static_cast<double>(seq.spec.prompt.size() + seq.spec.generated.size());
+    const auto prefill = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(seconds_per_token_ * tokens));
+    return seq.spec.first_token_target - now < prefill;
+  }
   bool can_defer() const override { return true; }
+  void SetPrefillSecondsPerToken(double seconds) override { seconds_per_token_ = seconds; }
+
+ private:
+  double seconds_per_token_ = 0;
 };
 
 }  // namespace
