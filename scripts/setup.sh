@@ -13,6 +13,7 @@ APT_PACKAGES=(
   prometheus python3 python3-venv python3-pip python3-matplotlib python3-psutil python3-yaml iproute2
   clang-14 libclang-rt-14-dev libfuzzer-14-dev ccache
   libprotoc-dev libc-ares-dev libre2-dev  # scripts/tsan-deps.sh builds Debian's gRPC source against them
+  libsqlite3-dev libpq-dev postgresql  # common/sql: the gateway's durable state; its tests start a real server
 )
 # Test-only Python tools. Debian's CPU torch is the light option; the venv sees it
 # through --system-site-packages.
