@@ -233,6 +233,8 @@ Sequence* StepPlanner::AdmitPass() {
 }
 
 bool StepPlanner::PreemptFor(const Sequence& seq) {
+  // Deferred (late): it comes after every sequence not deferred, and a running one never is.
+  if (state_.order.Defers(seq, now_)) return false;
   const int64_t priority = state_.order.EffectivePriority(seq, now_);
   std::vector<Sequence*>& candidates = buffers_.candidates;
   candidates.clear();

@@ -14,8 +14,8 @@ constexpr std::array kRules = {
     QueueRuleEntry{"aging", "each full --aging-interval-ms waited raises a request's priority by one",
                    AgingEnabled, MakeAging},
     QueueRuleEntry{"late-last",
-                   "within a priority, requests already past their first-token target go after the rest "
-                   "(--serve-late-last, --lane-ttft-ms)",
+                   "requests already past their first-token target go after every on-time one, of any priority, "
+                   "and preempt none (--serve-late-last, --lane-ttft-ms)",
                    LateLastEnabled, MakeLateLast},
 };
 

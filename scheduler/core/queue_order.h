@@ -6,8 +6,8 @@
 // at one priority that is first come, first served. A rule changes the order in one of two ways:
 // - Boost: raises a sequence's rank at `now` above its spec.priority. The merge compares it, and running
 //   sequences are served and preempted by it too (Sequence::effective_priority).
-// - Defers: offers a sequence in a second pass over its deque, after the rest of its base priority, in the
-//   same order among the deferred.
+// - Defers: offers a sequence in a second pass, after every sequence not deferred (of any priority), in the
+//   same order among the deferred; a deferred sequence preempts nothing.
 // Rules are registered by name in queue_order.cc (QueueRules), each turned on by the scheduler's config.
 #pragma once
 
@@ -29,7 +29,7 @@ class QueueRule {
   virtual ~QueueRule() = default;
   // Added to spec.priority at `now` (>= 0).
   virtual int64_t Boost(const Sequence&, TimePoint) const { return 0; }
-  // Offered after the rest of its base priority at `now`.
+  // Offered after every sequence not deferred at `now`, whatever their priorities; preempts none.
   virtual bool Defers(const Sequence&, TimePoint) const { return false; }
   // Whether Defers can ever hold: the queue then makes its second pass.
   virtual bool can_defer() const { return false; }

@@ -81,6 +81,21 @@ TEST(QueueOrderTest, PriorityThenArrivalAgingAndLateLast) {
   EXPECT_EQ(q.Order(QueueOrder(config), 40), (std::vector<uint64_t>{2, 1, 3}));  // not late yet
 }
 
+TEST(QueueOrderTest, ALateRequestGoesAfterTheOnTimeOnesOfEveryPriority) {
+  Queue q;
+  q.Add(1, /*priority=*/5, /*arrival_ms=*/0, 4, /*first_token_target_ms=*/50);
+  q.Add(2, 0, 10, 4, /*first_token_target_ms=*/500);
+  q.Add(3, 5, 20, 4, /*first_token_target_ms=*/70);
+  q.Add(4, 0, 30, 4, /*first_token_target_ms=*/60);
+  SchedulerConfig config;
+  config.serve_late_last = true;
+  EXPECT_EQ(q.Order(QueueOrder(config), 40), (std::vector<uint64_t>{1, 3, 2, 4}));  // all on time: priority
+  // At 65 ms, 1 and 4 are late: the on-time ones by priority, then the late ones by priority.
+  EXPECT_EQ(q.Order(QueueOrder(config), 65), (std::vector<uint64_t>{3, 2, 1, 4}));
+  // At 100 ms only 2 is on time: it goes before the priority-5 requests.
+  EXPECT_EQ(q.Order(QueueOrder(config), 100), (std::vector<uint64_t>{2, 1, 3, 4}));
+}
+
 TEST(QueueOrderTest, LateLastCountsARequestLateOnceItsPrefillNoLongerFits) {
   Queue q;
   q.Add(1, 0, 0, /*prompt_len=*/400, /*first_token_target_ms=*/1000);
@@ -100,7 +115,7 @@ TEST(QueueOrderTest, LateLastCountsARequestLateOnceItsPrefillNoLongerFits) {
   EXPECT_EQ(q.Order(order, 800), (std::vector<uint64_t>{1, 2, 3}));
 }
 
-// The README's example of a new rule: within a priority, long prompts after short ones.
+// The README's example of a new rule: long prompts after short ones.
 class LongPromptsLast final : public QueueRule {
  public:
   bool Defers(const Sequence& seq, TimePoint) const override { return seq.num_prompt_tokens() > 8; }
@@ -116,8 +131,8 @@ TEST(QueueOrderTest, ARuleNotYetRegisteredPlugsIntoTheMerge) {
   std::vector<std::unique_ptr<QueueRule>> rules;
   rules.push_back(std::make_unique<LongPromptsLast>());
   const QueueOrder order(std::move(rules), "priority+long-prompts-last");
-  // Priority 1 first (its only one is long: deferred within its own priority), then 0's short ones, then 1.
-  EXPECT_EQ(q.Order(order, 10), (std::vector<uint64_t>{3, 2, 4, 1}));
+  // The short ones first (by priority, then arrival), then the deferred long ones in the same order.
+  EXPECT_EQ(q.Order(order, 10), (std::vector<uint64_t>{2, 4, 3, 1}));
   EXPECT_EQ(q.Order(QueueOrder(SchedulerConfig{}), 10), (std::vector<uint64_t>{3, 1, 2, 4}));
 }
 

@@ -100,8 +100,9 @@ Sequence* WaitingQueue::NextInOrder(TimePoint now, const QueueOrder& order) cons
     const Sequence* best_head = best == nullptr ? nullptr : (*best->queue)[best->next];
     // Deques are visited by base priority, highest first: a tie in effective
     // priority goes to the earlier arrival, then to the higher base priority.
-    if (best == nullptr || p > best_priority ||
-        (p == best_priority && head.spec.arrival < best_head->spec.arrival)) {
+    if (best == nullptr || (best->deferred_pass && !c.deferred_pass) ||
+        (best->deferred_pass == c.deferred_pass &&
+         (p > best_priority || (p == best_priority && head.spec.arrival < best_head->spec.arrival)))) {
       best = &c;
       best_priority = p;
     }

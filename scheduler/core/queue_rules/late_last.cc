@@ -1,8 +1,10 @@
-// late-last: within its priority, a request still waiting past its first-token target (RequestSpec::
-// first_token_target: its lane's SchedulerConfig::lane_ttft; ferry-scheduler's --serve-late-last and
-// --lane-ttft-ms) goes after those that can still meet theirs. In an overload, first come, first served
-// spends every seat on requests that are already late; this way the newest still make it
-// (docs/benchmarks/scheduler.md 7g). A request whose prefill no longer fits in the time it has left is
+// late-last: a request still waiting past its first-token target (RequestSpec::first_token_target: its
+// lane's SchedulerConfig::lane_ttft; ferry-scheduler's --serve-late-last and --lane-ttft-ms) goes after
+// every request that can still meet its own, of any priority, and preempts none. In an overload, first
+// come, first served spends every seat on requests that are already late; this way the newest still make
+// it (docs/benchmarks/scheduler.md 7g). Of any priority: a late request counts for nothing whatever its
+// lane, an on-time batch request still can; within its priority only, cap 1 spent an interactive lane's
+// lulls on its late backlog while the batch lane missed its target (scheduler.md section 8). A request whose prefill no longer fits in the time it has left is
 // late too: its first token comes after its prompt is computed (the prompt's tokens at the cost the
 // step fit measures; the prefix cache's share is not known before admission, so all of them). Started,
 // the oldest on-time request missed by its own prefill: on the CPU engine, where a 600-token prompt takes
