@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-HELD_OUT_SEEDS = range(3000001, 3000065)  # scheduler/sim/heldout.h kHeldOutSeedBegin, kHeldOutNumSeeds
+HELD_OUT_SEEDS = range(4000001, 4000065)  # scheduler/sim/heldout.h kHeldOutSeedBegin, kHeldOutNumSeeds
 PRESET = "rtx4090d-tp4"
 MAX_NUM_SEQS = 64  # EvalMaxNumSeqs for rtx4090d-tp4
 STATIC_CAPS = [1, 2, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64]  # HeldOutOptions::static_caps <= 64
