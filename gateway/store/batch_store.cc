@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 namespace ferry::gateway::store {
 
@@ -278,15 +279,16 @@ std::vector<ClaimedItem> BatchStore::ClaimItems(const std::string& owner, int64_
       std::string(db_.SkipLockedClause()) +
       ") RETURNING id, batch_id, tenant, line, custom_id, method, url, body, attempts, batch_created_at";
   auto rows = db_.Query(sql, {owner, now + lease_s, now, max_items});
-  std::vector<std::pair<std::pair<double, int64_t>, ClaimedItem>> sorted;
+  std::vector<std::pair<double, ClaimedItem>> sorted;  // by batch_created_at
   for (const auto& r : rows)
-    sorted.push_back({{r.GetDouble("batch_created_at"), r.GetInt("line")},
+    sorted.push_back({r.GetDouble("batch_created_at"),
                       ClaimedItem{r.GetText("id"), r.GetText("batch_id"), r.GetText("tenant"), r.GetInt("line"),
                                   r.GetText("custom_id"), r.GetText("method"), r.GetText("url"), r.GetText("body"),
                                   r.GetInt("attempts")}});
-  // RETURNING has no order; hand them out oldest batch first, in line order.
-  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
-    return a.first < b.first || (a.first == b.first && a.second.batch_id < b.second.batch_id);
+  // RETURNING has no order; hand them out as the claim chose them: oldest batch first (ties by id),
+  // each in line order.
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.first, a.second.batch_id, a.second.line) < std::tie(b.first, b.second.batch_id, b.second.line);
   });
   std::vector<ClaimedItem> items;
   for (auto& [key, item] : sorted) items.push_back(std::move(item));
