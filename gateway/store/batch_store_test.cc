@@ -108,6 +108,20 @@ TYPED_TEST(BatchStoreTest, HappyPathWritesExactOutputAndErrorFiles) {
   EXPECT_EQ(batches.Get("t1", b.id)->output_file_id, b.output_file_id);
 }
 
+TYPED_TEST(BatchStoreTest, ClaimsComeBatchByBatchInLineOrderWhenBatchesShareAnInstant) {
+  const BatchObject b1 = NewBatch(this->db(), "t1", ChatLines(3), 0);
+  const BatchObject b2 = NewBatch(this->db(), "t1", ChatLines(3), 0);
+  BatchStore batches(this->db());
+  const auto items = batches.ClaimItems("A", 10, 60, 1);
+  ASSERT_EQ(items.size(), 6u);
+  const std::string first = std::min(b1.id, b2.id), second = std::max(b1.id, b2.id);
+  for (size_t i = 0; i < items.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(items[i].batch_id, i < 3 ? first : second);
+    EXPECT_EQ(items[i].line, items[i % 3 == 0 ? i : i - 1].line + (i % 3 == 0 ? 0 : 1));
+  }
+}
+
 TYPED_TEST(BatchStoreTest, ExpiredLeaseIsTakenOverAndTheLateResultRefused) {
   BatchObject b = NewBatch(this->db(), "t1", ChatLines(4), 0);
   BatchStore batches(this->db());
