@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <vector>
 #include <mutex>
 
 #include <fmt/format.h>
+#include <openssl/rand.h>
 
 #include "gateway/auth/key_file.h"
 #include "gateway/auth/token_bucket.h"
@@ -13,10 +16,22 @@ namespace ferry::gateway {
 
 namespace {
 
+// 2 * num_bytes hex digits from OpenSSL's RAND_bytes.
+std::string RandomHex(int num_bytes) {
+  std::vector<unsigned char> bytes(static_cast<size_t>(num_bytes));
+  if (RAND_bytes(bytes.data(), num_bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+  std::string out;
+  for (unsigned char b : bytes) out += fmt::format("{:02x}", b);
+  return out;
+}
+
 class OpenAuthenticator final : public Authenticator {
  public:
   AuthResult Admit(const std::optional<std::string>&, const std::string&, int64_t, int64_t) override {
     return {AuthCode::kOk, "anonymous", "", 0};
+  }
+  AuthResult AdmitTenant(const std::string& tenant, const std::string&, int64_t, int64_t) override {
+    return {AuthCode::kOk, tenant, "", 0};
   }
   void Refund(const std::string&, int64_t) override {}
   std::optional<std::string> Identify(const std::optional<std::string>&) override { return "anonymous"; }
@@ -42,20 +57,32 @@ class KeyFileAuthenticator final : public Authenticator {
 
   AuthResult Admit(const std::optional<std::string>& bearer, const std::string& lane, int64_t prompt_tokens,
                    int64_t max_tokens) override {
-    AuthResult result;
     const std::optional<std::string> tenant = Identify(bearer);
     if (!tenant) {
+      AuthResult result;
       result.code = AuthCode::kUnauthenticated;
       result.message = bearer ? "invalid API key" : "missing API key (authorization: Bearer <key>)";
       return result;
     }
-    result.tenant = *tenant;
+    return AdmitTenant(*tenant, lane, prompt_tokens, max_tokens);
+  }
+
+  AuthResult AdmitTenant(const std::string& tenant, const std::string& lane, int64_t prompt_tokens,
+                         int64_t max_tokens) override {
+    AuthResult result;
     std::lock_guard lock(mu_);
-    TenantLimits& t = tenants_.at(*tenant);
+    const auto found = tenants_.find(tenant);
+    if (found == tenants_.end()) {
+      result.code = AuthCode::kUnauthenticated;
+      result.message = fmt::format("tenant '{}' is not in the key file", tenant);
+      return result;
+    }
+    result.tenant = tenant;
+    TenantLimits& t = found->second;
     const auto& lanes = t.config.lanes;
     if (!lanes.empty() && std::find(lanes.begin(), lanes.end(), lane) == lanes.end()) {
       result.code = AuthCode::kPermissionDenied;
-      result.message = fmt::format("tenant '{}' may not use lane '{}' (allowed: {})", *tenant, lane,
+      result.message = fmt::format("tenant '{}' may not use lane '{}' (allowed: {})", tenant, lane,
                                    fmt::join(lanes, ", "));
       return result;
     }
@@ -66,13 +93,13 @@ class KeyFileAuthenticator final : public Authenticator {
     if (token_wait < 0) {
       result.code = AuthCode::kRateLimited;
       result.message = fmt::format("request needs {} tokens, more than tenant '{}' may use per minute ({})", cost,
-                                   *tenant, t.config.tokens_per_minute);
+                                   tenant, t.config.tokens_per_minute);
       return result;
     }
     if (request_wait > 0 || token_wait > 0) {
       result.code = AuthCode::kRateLimited;
       result.retry_after_ms = std::max(request_wait, token_wait);
-      result.message = fmt::format("tenant '{}' is over its {} limit; retry in {} ms", *tenant,
+      result.message = fmt::format("tenant '{}' is over its {} limit; retry in {} ms", tenant,
                                    request_wait > 0 ? "requests_per_second" : "tokens_per_minute",
                                    result.retry_after_ms);
       return result;
@@ -122,6 +149,28 @@ class KeyFileAuthenticator final : public Authenticator {
 };
 
 }  // namespace
+
+InternalKeys::InternalKeys(Authenticator& inner)
+    : inner_(inner), prefix_("ferry-internal." + RandomHex(32) + ".") {}
+
+std::string InternalKeys::KeyFor(const std::string& tenant) const { return prefix_ + tenant; }
+
+std::optional<std::string> InternalKeys::InternalTenant(const std::optional<std::string>& bearer) const {
+  if (!bearer || bearer->size() <= prefix_.size()) return std::nullopt;
+  if (!ConstantTimeEquals(std::string_view(*bearer).substr(0, prefix_.size()), prefix_)) return std::nullopt;
+  return bearer->substr(prefix_.size());
+}
+
+AuthResult InternalKeys::Admit(const std::optional<std::string>& bearer, const std::string& lane,
+                               int64_t prompt_tokens, int64_t max_tokens) {
+  if (auto tenant = InternalTenant(bearer)) return inner_.AdmitTenant(*tenant, lane, prompt_tokens, max_tokens);
+  return inner_.Admit(bearer, lane, prompt_tokens, max_tokens);
+}
+
+std::optional<std::string> InternalKeys::Identify(const std::optional<std::string>& bearer) {
+  if (auto tenant = InternalTenant(bearer)) return tenant;
+  return inner_.Identify(bearer);
+}
 
 std::unique_ptr<Authenticator> MakeOpenAuthenticator() { return std::make_unique<OpenAuthenticator>(); }
 

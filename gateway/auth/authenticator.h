@@ -32,6 +32,10 @@ class Authenticator {
   // with max_tokens up front (refunded by Refund when the request ends shorter).
   virtual AuthResult Admit(const std::optional<std::string>& bearer, const std::string& lane,
                            int64_t prompt_tokens, int64_t max_tokens) = 0;
+  // Admit for a tenant already identified (work the gateway runs on its behalf, e.g. a batch's
+  // lines): the same lane and rate-limit checks, no key. An unknown tenant is kUnauthenticated.
+  virtual AuthResult AdmitTenant(const std::string& tenant, const std::string& lane, int64_t prompt_tokens,
+                                 int64_t max_tokens) = 0;
   // Returns unused tokens of an admitted request to its tenant's bucket.
   virtual void Refund(const std::string& tenant, int64_t tokens) = 0;
   // The tenant of a key, without charging any bucket (for reads such as polling a job);
@@ -52,5 +56,34 @@ std::unique_ptr<Authenticator> MakeOpenAuthenticator();
 // Authentication on: tenants and hashed keys from a YAML file (format: gateway/auth/README.md).
 // Throws std::runtime_error naming the file, line and field when the file is invalid.
 std::unique_ptr<Authenticator> LoadKeyFileAuthenticator(const std::string& path);
+
+// Keys the gateway mints for work it runs on a tenant's behalf (a batch's lines go through the
+// same HTTP handlers as a client's request, under such a key). A key holds a random secret of
+// this process and the tenant's name; it is never sent anywhere, so no client can present one.
+// Every other key is answered by `inner`.
+class InternalKeys final : public Authenticator {
+ public:
+  explicit InternalKeys(Authenticator& inner);
+  std::string KeyFor(const std::string& tenant) const;  // "ferry-internal.<secret>.<tenant>"
+
+  AuthResult Admit(const std::optional<std::string>& bearer, const std::string& lane, int64_t prompt_tokens,
+                   int64_t max_tokens) override;
+  AuthResult AdmitTenant(const std::string& tenant, const std::string& lane, int64_t prompt_tokens,
+                         int64_t max_tokens) override {
+    return inner_.AdmitTenant(tenant, lane, prompt_tokens, max_tokens);
+  }
+  void Refund(const std::string& tenant, int64_t tokens) override { inner_.Refund(tenant, tokens); }
+  std::optional<std::string> Identify(const std::optional<std::string>& bearer) override;
+  bool MayUseAdapter(const std::string& tenant, const std::string& adapter) const override {
+    return inner_.MayUseAdapter(tenant, adapter);
+  }
+  bool IsAdmin(const std::string& tenant) const override { return inner_.IsAdmin(tenant); }
+
+ private:
+  // The tenant an internal key names; nullopt for any other key.
+  std::optional<std::string> InternalTenant(const std::optional<std::string>& bearer) const;
+  Authenticator& inner_;
+  const std::string prefix_;  // "ferry-internal.<64 hex digits>."
+};
 
 }  // namespace ferry::gateway

@@ -64,6 +64,30 @@ TEST(KeyFileAuthenticatorTest, OnlyAdminTenantsMayChangeAdapters) {
   }
 }
 
+// Issue #58: a batch's lines run under a key the gateway mints for the batch's tenant; it admits
+// as that tenant with its lanes and limits, and a key with any other secret is an unknown key.
+TEST(InternalKeysTest, AKeyOfThisProcessActsAsItsTenantAndNoOtherKeyDoes) {
+  Fixture f;
+  InternalKeys keys(*f.auth);
+  const std::string key = keys.KeyFor("acme");
+  EXPECT_EQ(keys.Identify(key), "acme");
+  EXPECT_EQ(keys.Identify(std::string("acme-key")), "acme") << "client keys still answered by the key file";
+  EXPECT_EQ(keys.Identify(InternalKeys(*f.auth).KeyFor("acme")), std::nullopt) << "another process's secret";
+  std::string forged = key;
+  forged[20] = forged[20] == 'a' ? 'b' : 'a';
+  EXPECT_EQ(keys.Identify(forged), std::nullopt);
+  EXPECT_EQ(keys.Identify(std::string("ferry-internal.")), std::nullopt);
+
+  EXPECT_EQ(keys.Admit(key, "interactive", 10, 10).code, AuthCode::kOk);
+  const AuthResult lane = keys.Admit(key, "batch", 10, 10);
+  EXPECT_EQ(lane.code, AuthCode::kPermissionDenied) << "the tenant's lanes hold for its batches";
+  EXPECT_NE(lane.message.find("may not use lane 'batch'"), std::string::npos) << lane.message;
+  // acme's burst is 2 requests: the third is over its limit, whichever key admitted the first two.
+  EXPECT_EQ(keys.Admit(std::string("acme-key"), "interactive", 10, 10).code, AuthCode::kOk);
+  EXPECT_EQ(keys.Admit(key, "interactive", 10, 10).code, AuthCode::kRateLimited);
+  EXPECT_EQ(keys.Admit(keys.KeyFor("nobody"), "batch", 1, 1).code, AuthCode::kUnauthenticated);
+}
+
 TEST(OpenAuthenticatorTest, AdmitsEveryoneAsAnonymous) {
   auto auth = MakeOpenAuthenticator();
   for (int i = 0; i < 1000; ++i) {
