@@ -19,7 +19,8 @@ constexpr const char* kBatchColumns =
     " created_at, expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at,"
     " cancelled_at";
 
-constexpr const char* kEndpoints[] = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"};
+// The endpoints a batch may name: those the gateway serves (OpenAI also takes /v1/embeddings).
+constexpr const char* kEndpoints[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses"};
 
 std::optional<int64_t> OptTime(const sql::Row& row, const char* column) {
   if (row.IsNull(column)) return std::nullopt;
@@ -80,7 +81,10 @@ nlohmann::json ParseMetadata(const std::string& text) {
 void ValidateInput(const std::string& endpoint, const ParsedInput& input, int64_t max_lines) {
   bool known = false;
   for (const char* e : kEndpoints) known = known || endpoint == e;
-  if (!known) throw StoreError(StoreErrorKind::kInvalid, "endpoint: \"" + endpoint + "\" is not supported");
+  if (!known)
+    throw StoreError(StoreErrorKind::kInvalid, "endpoint: \"" + endpoint +
+                                                   "\" is not supported (supported: /v1/chat/completions, "
+                                                   "/v1/completions, /v1/responses)");
   const auto num_lines = static_cast<int64_t>(input.lines.size() + input.errors.size());
   if (num_lines == 0) throw StoreError(StoreErrorKind::kInvalid, "input_file_id: the file has no lines");
   if (num_lines > max_lines)

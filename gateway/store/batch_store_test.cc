@@ -312,7 +312,8 @@ TYPED_TEST(BatchStoreTest, CreateValidatesArguments) {
   EXPECT_EQ(kind(f.id, chat, "24h", "[1]", ChatLines(1)), StoreErrorKind::kInvalid);
   EXPECT_EQ(kind(f.id, chat, "24h", "", ParsedInput{}), StoreErrorKind::kInvalid);
   EXPECT_EQ(kind(tune.id, chat, "24h", "", ChatLines(1)), StoreErrorKind::kInvalid);
-  EXPECT_EQ(kind(f.id, "/v1/embeddings", "24h", "", ChatLines(1)), StoreErrorKind::kInvalid);  // url mismatch
+  EXPECT_EQ(kind(f.id, "/v1/completions", "24h", "", ChatLines(1)), StoreErrorKind::kInvalid);  // url mismatch
+  EXPECT_EQ(kind(f.id, "/v1/embeddings", "24h", "", ChatLines(1)), StoreErrorKind::kInvalid);  // not served
   EXPECT_EQ(kind(f.id, chat, "24h", R"({"k":"v"})", ChatLines(1)), StoreErrorKind::kConflict);
   EXPECT_EQ(batches.List("t1", 1, std::nullopt).data[0].metadata, nlohmann::json({{"k", "v"}}));
 }
