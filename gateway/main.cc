@@ -9,6 +9,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -23,6 +25,11 @@
 #include "gateway/replica_discovery.h"
 #include "gateway/jobs/jobs_service.h"
 #include "gateway/http/openai_http_server.h"
+#include "gateway/http/batch_api.h"
+#include "gateway/batch_runner.h"
+#include "gateway/store/schema.h"
+#include "gateway/store/store_error.h"
+#include "common/sql/db.h"
 
 namespace {
 
@@ -50,7 +57,45 @@ struct Flags {
   std::string tool_call_parser;                    // empty: the chat template's format
   size_t response_store_size = 1000;  // stored /v1/responses kept at most
   int response_retention_s = 3600;    // and for how long
+  // The durable store of /v1/files and /v1/batches (gateway/store); neither: those APIs are off.
+  std::string state_dir;              // SQLite: <state-dir>/gateway.db
+  std::string store_url;              // postgresql://...: shared by every gateway replica
+  int64_t max_file_bytes = int64_t{200} << 20;  // one uploaded file (OpenAI's 200 MB)
+  int64_t max_tenant_store_bytes = 0;           // one tenant's files; 0: no limit
+  int64_t max_store_bytes = 0;                  // every file; 0: no limit
+  double file_retention_s = 30 * 86400;         // files kept (not a running batch's input); 0: forever
+  int64_t batch_max_lines = 50000;
+  int batch_concurrency = 64;
+  double batch_lease_s = 60;
+  std::string batch_lane = "batch";
 };
+
+void AddStoreFlags(CLI::App& app, Flags& f) {
+  app.add_option("--state-dir", f.state_dir,
+                 "Directory of the gateway's durable state (SQLite, gateway.db): /v1/files and /v1/batches, kept "
+                 "across restarts. Neither this nor --store-url: those APIs are off");
+  app.add_option("--store-url", f.store_url,
+                 "postgresql://... in place of --state-dir: one database shared by every gateway replica");
+  app.add_option("--max-file-bytes", f.max_file_bytes, "Largest uploaded file (/v1/files)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 34));
+  app.add_option("--max-tenant-store-bytes", f.max_tenant_store_bytes,
+                 "All of one tenant's files at most (0: no limit); an upload past it is refused 507")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-store-bytes", f.max_store_bytes, "All files of the store at most (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--file-retention-s", f.file_retention_s,
+                 "How long files are kept (a running batch's input stays; 0: until deleted)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-max-lines", f.batch_max_lines, "Requests in one batch at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  app.add_option("--batch-concurrency", f.batch_concurrency, "A batch's lines this gateway runs at once")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--batch-lease-s", f.batch_lease_s,
+                 "How long a claimed line stays this gateway's without renewal: after it, another gateway (or this "
+                 "one restarted) runs it")
+      ->check(CLI::Range(1.0, 86400.0));
+  app.add_option("--batch-lane", f.batch_lane, "The lane a batch's lines run on");
+}
 
 void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service, ferry::TlsRole::kPublic);
@@ -107,6 +152,7 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
   app.add_option("--response-retention-s", f.response_retention_s, "How long a stored /v1/responses is kept")
       ->check(CLI::PositiveNumber);
+  AddStoreFlags(app, f);
 }
 
 // The gateway validates against the model's limits, so it needs the scheduler
@@ -179,13 +225,76 @@ std::optional<ferry::gateway::http::ChatTemplate> LoadChatTemplate(const Flags& 
   return std::move(chat);
 }
 
+// The Files and Batch APIs: their store, routes, and the runner of the batches' lines.
+struct BatchApis {
+  std::unique_ptr<ferry::sql::Db> db;
+  std::unique_ptr<ferry::gateway::store::FileStore> files;
+  std::unique_ptr<ferry::gateway::store::BatchStore> batches;
+  std::unique_ptr<ferry::gateway::http::BatchApi> api;
+  std::unique_ptr<ferry::gateway::BatchRunner> runner;  // set before the HTTP front serves
+};
+
+// Opens (and migrates) the store of --state-dir or --store-url; null when neither is given.
+// Throws naming the flag when the store cannot be opened.
+std::unique_ptr<BatchApis> OpenBatchApis(const Flags& flags, ferry::gateway::Authenticator& auth) {
+  namespace store = ferry::gateway::store;
+  if (flags.state_dir.empty() && flags.store_url.empty()) return nullptr;
+  if (!flags.state_dir.empty() && !flags.store_url.empty()) {
+    throw std::runtime_error("--state-dir and --store-url: give one (the store is one database)");
+  }
+  auto apis = std::make_unique<BatchApis>();
+  std::string where = flags.store_url;
+  if (where.empty()) {
+    std::filesystem::create_directories(flags.state_dir);
+    where = flags.state_dir + "/gateway.db";
+  }
+  try {
+    apis->db = ferry::sql::OpenDb(where);
+    store::MigrateStoreSchema(*apis->db);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{} {}: {}", flags.store_url.empty() ? "--state-dir" : "--store-url",
+                                         ferry::sql::RedactPassword(where), e.what()));
+  }
+  apis->files = std::make_unique<store::FileStore>(
+      *apis->db, store::FileStoreOptions{flags.max_file_bytes, flags.max_tenant_store_bytes, flags.max_store_bytes,
+                                         flags.file_retention_s});
+  apis->batches = std::make_unique<store::BatchStore>(*apis->db, store::BatchStoreOptions{flags.batch_max_lines});
+  apis->api = std::make_unique<ferry::gateway::http::BatchApi>(
+      auth, *apis->files, *apis->batches, store::BatchInputLimits{flags.batch_max_lines, 512},
+      [raw = apis.get()] { raw->runner->Wake(); });
+  spdlog::info("files and batches stored in {}", ferry::sql::RedactPassword(where));
+  return apis;
+}
+
+// The runner of the batches' lines, each through the HTTP front's own handler under a key of its
+// tenant; started once the front serves.
+std::unique_ptr<ferry::gateway::BatchRunner> MakeBatchRunner(
+    const Flags& flags, BatchApis& apis, std::unique_ptr<ferry::gateway::http::OpenAiHttpServer>& http,
+    ferry::gateway::InternalKeys& keys, prometheus::Registry& registry) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  ferry::gateway::BatchRunnerOptions options;
+  options.owner = fmt::format("{}-{}-{}", host, getpid(), ferry::gateway::store::NewId("", 4));
+  options.concurrency = flags.batch_concurrency;
+  options.lease_s = flags.batch_lease_s;
+  options.retention_s = flags.file_retention_s;
+  options.registry = &registry;
+  return std::make_unique<ferry::gateway::BatchRunner>(
+      *apis.batches, *apis.files, options,
+      [&http, &keys, lane = flags.batch_lane](const ferry::gateway::store::ClaimedItem& item) {
+        auto answer = http->InternalCall(item.url, item.body, keys.KeyFor(item.tenant), lane);
+        return ferry::gateway::LineAnswer{answer.status, std::move(answer.body), answer.retry_after_ms};
+      });
+}
+
 // Starts the OpenAI-compatible HTTP front on --http-port; null (logged) when it cannot listen.
 std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& flags,
                                                                   ferry::gateway::http::ChatTemplate chat,
                                                                   ferry::gateway::Generator& generator,
                                                                   ferry::gateway::Authenticator& auth,
                                                                   ferry::MetricsServer& metrics,
-                                                                  ferry::gateway::LoraAdmin& lora_admin) {
+                                                                  ferry::gateway::LoraAdmin& lora_admin,
+                                                                  BatchApis* batch_apis) {
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
   try {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
@@ -197,7 +306,8 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
           flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
           ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
                                                        std::chrono::seconds(flags.response_retention_s)},
-          flags.service.tls, &lora_admin});
+          flags.service.tls, &lora_admin, batch_apis ? batch_apis->api.get() : nullptr,
+          batch_apis ? static_cast<size_t>(flags.max_file_bytes) : 0});
   } catch (const std::invalid_argument& e) {
     spdlog::critical("{}", e.what());
     return nullptr;
@@ -311,18 +421,38 @@ int main(int argc, char** argv) {
       {static_cast<size_t>(flags.job_store_size), std::chrono::seconds(flags.job_retention_s)});
   ferry::gateway::JobRunner job_runner(job_store, generator, *auth, flags.job_workers);
   ferry::gateway::JobsService jobs_service(job_store, job_runner, generator, *auth);
+  // The HTTP front answers as a batch's tenant to the keys the batch runner mints.
+  ferry::gateway::InternalKeys keys(*auth);
+  std::unique_ptr<BatchApis> batch_apis;
+  try {
+    batch_apis = OpenBatchApis(flags, keys);
+    if (batch_apis && flags.http_port < 0) throw std::runtime_error("--state-dir/--store-url need --http-port");
+    if (batch_apis && !options.lanes.Find(flags.batch_lane)) {
+      throw std::runtime_error(fmt::format("--batch-lane {}: no such lane", flags.batch_lane));
+    }
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 1;
+  }
   // OpenAI-compatible HTTP front over the same Generator; stopped before the Generator goes.
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
+  if (batch_apis) batch_apis->runner = MakeBatchRunner(flags, *batch_apis, http, keys, metrics.registry());
   if (flags.http_port >= 0) {
-    http = StartHttp(flags, std::move(*chat_template), generator, *auth, metrics, lora_admin);
+    http = StartHttp(flags, std::move(*chat_template), generator, keys, metrics, lora_admin, batch_apis.get());
     if (!http) return 1;
   }
+  if (batch_apis) batch_apis->runner->Start();
   // SERVING only while some scheduler replica behind answers (each needs its workers).
   ferry::ServeHooks hooks;
   hooks.is_ready = [&scheduler] { return scheduler->router().AnyHealthy(); };
-  hooks.drain = [&http](std::chrono::system_clock::time_point deadline) {
+  hooks.drain = [&http, &batch_apis](std::chrono::system_clock::time_point deadline) {
+    // No new lines; those running finish within the drain or are left to a later claim.
+    if (batch_apis) batch_apis->runner->BeginStop();
     if (http) http->Drain(deadline);
+    if (batch_apis) batch_apis->runner->Stop();
   };
-  return ferry::ServeUntilSignal(flags.service, {&service, &jobs_service, &lora_service}, metrics, std::chrono::seconds(30),
-                                 hooks);
+  const int rc = ferry::ServeUntilSignal(flags.service, {&service, &jobs_service, &lora_service}, metrics,
+                                         std::chrono::seconds(30), hooks);
+  if (batch_apis) batch_apis->runner->Stop();  // its lines call the HTTP front, which goes first
+  return rc;
 }

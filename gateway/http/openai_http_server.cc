@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
@@ -13,7 +14,9 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "gateway/http/batch_api.h"
 #include "gateway/http/choice_set.h"
+#include "gateway/http/http_reply.h"
 #include "gateway/http/https_context.h"
 #include "gateway/http/connection_watch.h"
 #include "gateway/http/responses_format.h"
@@ -66,19 +69,6 @@ std::string NewId(const char* prefix) {
   return fmt::format("{}-{:016x}", prefix, rng());
 }
 
-void SendError(httplib::Response& res, const ApiError& error) {
-  res.status = error.http_status;
-  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
-  // A message may quote a client's text cut mid-character: never throw on it.
-  res.set_content(ErrorJson(error).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-}
-
-std::optional<std::string> Bearer(const httplib::Request& req) {
-  const std::string header = req.get_header_value("Authorization");
-  constexpr std::string_view kPrefix = "Bearer ";
-  if (header.rfind(kPrefix, 0) != 0) return std::nullopt;
-  return header.substr(kPrefix.size());
-}
 
 ApiError FromAuth(const AuthResult& auth) {
   switch (auth.code) {
@@ -86,7 +76,9 @@ ApiError FromAuth(const AuthResult& auth) {
     case AuthCode::kPermissionDenied: return ErrorFromStatus({StatusCode::kPermissionDenied, auth.message});
     default: {
       ApiError e = ErrorFromStatus({StatusCode::kResourceExhausted, auth.message});
-      e.retry_after_s = std::max<int64_t>(1, (auth.retry_after_ms + 999) / 1000);
+      // No hint: a request larger than the tenant's whole budget, which no retry passes (a batch's
+      // line then fails instead of waiting for its window to end).
+      e.retry_after_s = auth.retry_after_ms > 0 ? (auth.retry_after_ms + 999) / 1000 : 0;
       return e;
     }
   }
@@ -151,16 +143,22 @@ std::shared_ptr<std::atomic<int>> OpenAiHttpServer::ConfigureTransport() {
     listening->store(sock);
   });
   // cpp-httplib reads any body length by default: a client could make the gateway hold gigabytes.
-  server_->set_payload_max_length(options_.max_body_bytes);
+  // Uploads (/v1/files) may be larger; ParseBody holds every other body to max_body_bytes.
+  server_->set_payload_max_length(std::max(options_.max_body_bytes, options_.max_upload_bytes + (size_t{1} << 20)));
   return listening;
 }
 
 void OpenAiHttpServer::SetErrorHandlers() {
   server_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (res.status != 413 || !res.body.empty()) return;
-    ApiError error = InvalidField("", fmt::format("the request body is larger than the limit of {} bytes "
-                                                  "(--http-max-body-bytes)",
-                                                  options_.max_body_bytes));
+    const bool upload = req.path == "/v1/files" && options_.max_upload_bytes > options_.max_body_bytes;
+    ApiError error = InvalidField(upload ? "file" : "",
+                                  upload ? fmt::format("the upload is larger than the limit of {} bytes "
+                                                       "(--max-file-bytes)",
+                                                       options_.max_upload_bytes)
+                                         : fmt::format("the request body is larger than the limit of {} bytes "
+                                                       "(--http-max-body-bytes)",
+                                                       options_.max_body_bytes));
     error.http_status = 413;
     Refuse(req, res, error);
   });
@@ -229,6 +227,7 @@ void OpenAiHttpServer::AddRoutes() {
       res.set_content(options_.metrics_text(), "text/plain; version=0.0.4");
     });
   }
+  if (options_.batch_api != nullptr) options_.batch_api->AddRoutes(*server_);
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (!RefusedWhileDraining(res)) res.set_content("", "text/plain");  // a balancer stops sending while draining
   });
@@ -282,6 +281,31 @@ void OpenAiHttpServer::Drain(std::chrono::system_clock::time_point deadline) {
   Stop();
 }
 
+InternalAnswer OpenAiHttpServer::InternalCall(const std::string& path, const std::string& body,
+                                              const std::string& bearer, const std::string& lane) {
+  httplib::Request req;  // no remote_addr: GenerateWhole then watches no connection
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Authorization", "Bearer " + bearer);
+  req.set_header("Content-Type", "application/json");
+  if (!lane.empty()) req.set_header("X-Ferry-Lane", lane);
+  httplib::Response res;
+  const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_object() && parsed.contains("stream") && parsed["stream"] == true) {
+    SendError(res, InvalidField("stream", "stream = true: a batch's requests are answered whole"));
+  } else if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    HandleGenerate(req, res, path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
+  } else if (path == "/v1/responses") {
+    HandleResponses(req, res);
+  } else {
+    SendError(res, InvalidField("url", fmt::format("url = \"{}\" is not an endpoint a batch runs", path)));
+  }
+  InternalAnswer answer{res.status == -1 ? 200 : res.status, std::move(res.body), 0};
+  if (res.has_header("Retry-After")) answer.retry_after_ms = 1000 * std::atoll(res.get_header_value("Retry-After").c_str());
+  return answer;
+}
+
 void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& res, const ApiError& error) {
   // Counted as the gRPC front counts its refusals, so one dashboard shows both fronts.
   const char* reason = "invalid";
@@ -295,6 +319,14 @@ void OpenAiHttpServer::Refuse(const httplib::Request& req, httplib::Response& re
 }
 
 std::optional<json> OpenAiHttpServer::ParseBody(const httplib::Request& req, httplib::Response& res) {
+  if (req.body.size() > options_.max_body_bytes) {  // the transport's limit is raised for uploads
+    ApiError error = InvalidField("", fmt::format("the request body is larger than the limit of {} bytes "
+                                                  "(--http-max-body-bytes)",
+                                                  options_.max_body_bytes));
+    error.http_status = 413;
+    Refuse(req, res, error);
+    return std::nullopt;
+  }
   if (NestsDeeperThan(req.body, kMaxJsonDepth)) {
     Refuse(req, res, InvalidField("", fmt::format("the request body nests arrays and objects more than {} "
                                                   "levels deep",
@@ -537,9 +569,11 @@ std::optional<std::vector<ferry::v1::GenerateResponse>> OpenAiHttpServer::Genera
   auto choices = std::make_shared<ChoiceSet>(num_choices, request.timeout_ms);
   const auto active = Track(choices);
   // A client that closes its connection before the answer cancels the call, queued or running.
-  const ConnectionWatch watch(ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_),
+  // An InternalCall (no peer address) has no connection to watch.
+  const bool internal = req.remote_addr.empty();
+  const ConnectionWatch watch(internal ? -1 : ConnectionSocketOfThisThread(req.remote_addr, req.remote_port, port_),
                               [&choices] { choices->ClientGone(); });
-  if (!watch.watching()) {
+  if (!watch.watching() && !internal) {
     spdlog::warn("{}: cannot watch the connection of {}:{}", ctx.id, req.remote_addr, req.remote_port);
   }
   // Each choice's chunks are appended on the gRPC thread that receives them (a choice's come one

@@ -35,6 +35,8 @@ struct Response;
 
 namespace ferry::gateway::http {
 
+class BatchApi;
+
 struct HttpServerOptions {
   // The model ids clients may name (vLLM's --served-model-name; default: the model path): /v1/models
   // lists each; a request naming another gets 404 model_not_found; a response echoes the name asked
@@ -54,9 +56,20 @@ struct HttpServerOptions {
   TlsFlags tls;
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (HandleLoraAdmin) when set.
   LoraAdmin* lora_admin = nullptr;
+  // /v1/files and /v1/batches (batch_api.h) when set; uploads may be up to max_upload_bytes
+  // (--max-file-bytes), every other body stays under max_body_bytes.
+  BatchApi* batch_api = nullptr;
+  size_t max_upload_bytes = 0;
 };
 
 class HttpsContext;
+
+// The answer to a request the gateway makes of its own front (InternalCall).
+struct InternalAnswer {
+  int status = 0;  // the HTTP status
+  std::string body;
+  int64_t retry_after_ms = 0;  // from Retry-After
+};
 
 class OpenAiHttpServer {
  public:
@@ -73,6 +86,13 @@ class OpenAiHttpServer {
   // until `deadline` to finish, then are cancelled (a stream ends with an error event and
   // [DONE]); then Stop.
   void Drain(std::chrono::system_clock::time_point deadline);
+
+  // Runs a POST to `path` (/v1/chat/completions, /v1/completions or /v1/responses) with `body` as
+  // a client holding `bearer` would, on `lane`, through the same handler (validation, admission,
+  // limits), answered whole: a batch's line (gateway/batch_runner.h). A body asking to stream is
+  // refused (400 naming `stream`): a batch's answers are whole. Blocks until the answer.
+  InternalAnswer InternalCall(const std::string& path, const std::string& body, const std::string& bearer,
+                              const std::string& lane);
 
  private:
   // Answers a request refused before it reached the Generator, and counts it.

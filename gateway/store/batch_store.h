@@ -125,6 +125,8 @@ class BatchStore {
   // transaction per batch. Returns the number of batches finalized (0 when called again).
   int FinalizeReady(double now);
 
+  ferry::sql::Db& db() { return db_; }  // the store's database (ReadStoreStats)
+
  private:
   bool FinishItem(const std::string& owner, const std::string& item_id, const char* state, const char* column,
                   const std::string& json_text, double now);

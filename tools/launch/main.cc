@@ -98,6 +98,14 @@ std::string SelfDir() { return fs::read_symlink("/proc/self/exe").parent_path().
 
 std::string Addr(const Flags& f, int port) { return f.host + ":" + std::to_string(port); }
 
+// Whether --gateway-arg passes `flag` (as --flag=value or --flag value).
+bool GatewayArgGiven(const Flags& f, const std::string& flag) {
+  for (const std::string& arg : f.gateway_args) {
+    if (arg == flag || arg.starts_with(flag + "=")) return true;
+  }
+  return false;
+}
+
 // The --drain-grace-s passed through to the gateway; -1: none, or not a number (which the
 // gateway then refuses with its own message).
 int PassedDrainS(const Flags& f) {
@@ -190,6 +198,11 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
       f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port), "--tokenizer",
       f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port", std::to_string(f.metrics_port)};
   if (f.http_port >= 0) gateway_argv.insert(gateway_argv.end(), {"--http-port", std::to_string(f.http_port)});
+  // /v1/files and /v1/batches keep their state in the run directory (SQLite), across the
+  // gateway's restarts, unless a store is given.
+  if (f.http_port >= 0 && !GatewayArgGiven(f, "--state-dir") && !GatewayArgGiven(f, "--store-url")) {
+    gateway_argv.push_back("--state-dir=" + f.run_dir + "/gateway-state");
+  }
   for (const std::string& name : f.served_model_names) gateway_argv.push_back("--served-model-name=" + name);
   if (!f.chat_template.empty()) gateway_argv.push_back("--chat-template=" + f.chat_template);
   if (!f.tool_call_parser.empty()) gateway_argv.push_back("--tool-call-parser=" + f.tool_call_parser);
