@@ -1,0 +1,196 @@
+"""A batch survives its gateway (issue #58): the gateway killed with SIGKILL in the middle of a
+200-line batch and restarted by ferry-launch finishes it, every line in the output once; two
+gateways on one PostgreSQL (a server started here from Debian's postgresql package, on loopback),
+one of them killed: the other finishes its lines once their leases run out.
+
+What the scheduler counts: a line cut off by the kill ends there as `cancelled` and runs again; a
+line the scheduler finished whose answer the gateway had not yet recorded also runs again (the
+store holds no answer for it). So lines that ran to completion number 200 plus at most those held
+when the gateway died (--batch-concurrency); the output holds each line once."""
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import REPO, Stack, binary
+from observability import scrape
+
+LINES = 200
+CONCURRENCY = 16
+LEASE_S = 2
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chat_line(i):
+    return {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": f"Write line {i} of a poem."}],
+                     "max_tokens": 24, "temperature": 0}}
+
+
+def create_batch(client):
+    data = "".join(json.dumps(chat_line(i)) + "\n" for i in range(LINES)).encode()
+    f = client.files.create(file=("poem.jsonl", data), purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def retrieve(client, batch_id):
+    """The batch, retrying while the gateway is down (it is being restarted)."""
+    deadline = time.time() + 60
+    while True:
+        try:
+            return client.batches.retrieve(batch_id)
+        except (openai.APIConnectionError, openai.InternalServerError):
+            assert time.time() < deadline, "the gateway did not come back"
+            time.sleep(0.2)
+
+
+def wait_completed_at_least(client, batch_id, n, timeout_s=240):
+    deadline = time.time() + timeout_s
+    while True:
+        batch = retrieve(client, batch_id)
+        final = batch.status in ("completed", "failed", "expired", "cancelled")
+        if final or (n < LINES and batch.request_counts.completed >= n):  # n = LINES: wait for the final status
+            return batch
+        assert time.time() < deadline, batch
+        time.sleep(0.1)
+
+
+def finished_by_reason(metrics_url):
+    family = scrape(metrics_url)["ferry_scheduler_requests_finished"]
+    return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def check_output(client, batch):
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (LINES, 0), batch.request_counts
+    lines = [json.loads(t) for t in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"line-{i}" for i in range(LINES))
+    by_id = {line["custom_id"]: line for line in lines}
+    # Greedy: a line run again after the kill answers as the same request sent directly.
+    for i in (0, LINES // 2, LINES - 1):
+        direct = client.chat.completions.create(**chat_line(i)["body"])
+        assert by_id[f"line-{i}"]["response"]["body"]["choices"][0]["message"]["content"] == \
+            direct.choices[0].message.content
+
+
+def test_a_gateway_killed_mid_batch_and_restarted_finishes_every_line_once(tiny_model, tmp_path):
+    stack = Stack(tiny_model, tmp_path, ["--http-port", "0", "--served-model-name", "m",
+                                         f"--gateway-arg=--batch-lease-s={LEASE_S}",
+                                         f"--gateway-arg=--batch-concurrency={CONCURRENCY}"])
+    try:
+        client = openai.OpenAI(base_url=stack.http + "/v1", api_key="unused", max_retries=0)
+        scheduler_metrics = stack.metrics_urls()["scheduler"]
+        before = finished_by_reason(scheduler_metrics)
+        batch = create_batch(client)
+        midway = wait_completed_at_least(client, batch.id, LINES // 5)
+        assert midway.status == "in_progress", midway
+        out = subprocess.run(["bash", str(REPO / "scripts" / "chaos.sh"), str(stack.ready_file), "kill-gateway"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        done = wait_completed_at_least(client, batch.id, LINES)
+        check_output(client, batch=done)
+        after = finished_by_reason(scheduler_metrics)
+        ran = sum(after.get(r, 0) - before.get(r, 0) for r in ("length", "eos", "stop_token"))
+        cut = after.get("cancelled", 0) - before.get("cancelled", 0)
+        print(f"{LINES} lines: {ran:.0f} ran to completion at the scheduler (3 more: the direct checks), "
+              f"{cut:.0f} cut off by the kill")
+        assert LINES + 3 <= ran <= LINES + 3 + CONCURRENCY, (ran, cut)
+    finally:
+        code = stack.stop()
+    assert code == 0, stack.log_text()
+
+
+def postgres_bindir():
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: float(p.parent.parent.name))
+    if not versions:
+        pytest.fail("PostgreSQL server binaries are missing (/usr/lib/postgresql/*/bin): scripts/setup.sh installs "
+                    "Debian's postgresql")
+    return versions[-1].parent
+
+
+@pytest.fixture()
+def postgres():
+    """A PostgreSQL server of its own on a loopback port; its URL."""
+    bindir = postgres_bindir()
+    # Under /tmp itself: as root the server runs as `postgres`, who cannot enter pytest's (0700) tmp dirs.
+    root = Path(tempfile.mkdtemp(prefix="ferry-pg-"))
+    as_postgres = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        user = pwd.getpwnam("postgres")
+        os.chown(root, user.pw_uid, user.pw_gid)
+        as_postgres = ["/usr/sbin/runuser", "-u", "postgres", "--"]
+    subprocess.run(as_postgres + [str(bindir / "initdb"), "-D", str(root / "data"), "--auth=trust", "-U", "postgres",
+                                  "-E", "UTF8", "--locale=C", "--no-sync"], check=True, capture_output=True)
+    port = free_port()
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -c max_connections=40"
+    subprocess.run(as_postgres + [str(bindir / "pg_ctl"), "-D", str(root / "data"), "-l", str(root / "server.log"),
+                                  "-w", "-t", "30", "-o", options, "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(as_postgres + [str(bindir / "pg_ctl"), "-D", str(root / "data"), "-m", "immediate", "-w",
+                                      "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def start_gateway(stack, model, run_dir, store_url):
+    """A second gateway, not supervised, on the stack's scheduler and the same store."""
+    ready = run_dir / "gateway-b.json"
+    log = open(run_dir / "gateway-b.log", "wb")
+    proc = subprocess.Popen([str(binary("ferry-gateway")), "--scheduler", stack.scheduler, "--tokenizer", str(model),
+                             "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0",
+                             "--ready-file", str(ready), "--served-model-name", "m", f"--store-url={store_url}",
+                             f"--batch-lease-s={LEASE_S}", f"--batch-concurrency={CONCURRENCY}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    http_ready = Path(str(ready) + ".http.json")
+    deadline = time.time() + 60
+    while not http_ready.exists():
+        assert proc.poll() is None, (run_dir / "gateway-b.log").read_text()[-3000:]
+        assert time.time() < deadline, "gateway b not ready"
+        time.sleep(0.05)
+    return proc, json.loads(http_ready.read_text())["http_port"]
+
+
+def test_two_gateways_on_one_postgresql_one_killed_the_other_finishes(tiny_model, tmp_path, postgres):
+    stack = Stack(tiny_model, tmp_path, ["--http-port", "0", "--served-model-name", "m",
+                                         f"--gateway-arg=--store-url={postgres}",
+                                         f"--gateway-arg=--batch-lease-s={LEASE_S}",
+                                         f"--gateway-arg=--batch-concurrency={CONCURRENCY}"])
+    try:
+        survivor = openai.OpenAI(base_url=stack.http + "/v1", api_key="unused", max_retries=0)
+        proc, port = start_gateway(stack, tiny_model, tmp_path, postgres)
+        try:
+            doomed = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+            batch = create_batch(doomed)
+            # One store: the batch made through one gateway is the other's too.
+            assert survivor.batches.retrieve(batch.id).request_counts.total == LINES
+            wait_completed_at_least(survivor, batch.id, LINES // 5)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            done = wait_completed_at_least(survivor, batch.id, LINES)
+            check_output(survivor, batch=done)
+            recorded = {s.labels["outcome"]: s.value
+                        for s in scrape(stack.metrics_urls()["gateway"])["ferry_gateway_batch_lines"].samples
+                        if s.name.endswith("_total")}
+            assert 0 < recorded["completed"] <= LINES, recorded
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        code = stack.stop()
+    assert code == 0, stack.log_text()
