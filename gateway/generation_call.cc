@@ -14,6 +14,13 @@ namespace ferry::gateway {
 
 namespace {
 
+// FNV-1a of an idempotency key: the same in every gateway process.
+uint64_t KeySeed(const std::string& key) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
 using Clock = std::chrono::steady_clock;
 using ferry::v1::FinishReason;
 
@@ -168,7 +175,12 @@ std::variant<Status, AdmittedRequest> GenerationCall::Admit(ferry::v1::GenerateR
   }
   ValidatedRequest& v = std::get<ValidatedRequest>(validated);
   v.submit.set_request_id(id);
-  if (v.submit.sampling().seed() == 0) v.submit.mutable_sampling()->set_seed(RandomU64() | 1);
+  if (v.submit.sampling().seed() == 0) {
+    // A keyed request sent again (its gateway died) is the same request to the scheduler, which
+    // answers it from its record: its seed comes from its key, not from chance.
+    const std::string& key = v.submit.idempotency_key();
+    v.submit.mutable_sampling()->set_seed((key.empty() ? RandomU64() : KeySeed(key)) | 1);
+  }
   // A full lane answers at once; the ticket holds the place until the request starts.
   auto ticket = context_.queues.TryEnter(v.lane_rules);
   if (!ticket) {

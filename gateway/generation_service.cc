@@ -1,4 +1,5 @@
 #include "gateway/generation_service.h"
+#include "gateway/request_validation.h"
 
 #include <memory>
 
@@ -26,6 +27,10 @@ class Front {
   // reactor with it, before Start returns. A refusal goes straight to `done`.
   void Start(const ferry::v1::GenerateRequest& request, std::function<void(GenerateChunk)> write,
              std::function<void(Status, int64_t)> done, std::shared_ptr<GenerationCall>& slot) {
+    if (std::string e = CheckIdempotencyKey(request.idempotency_key()); !e.empty()) {
+      service_.generator().CountRejection("invalid", request.lane(), StatusCode::kInvalidArgument);
+      return done(Status(StatusCode::kInvalidArgument, e), 0);
+    }
     if (grpc::Status refused = Admit(request); !refused.ok()) {
       return done(Status(static_cast<StatusCode>(refused.error_code()), refused.error_message()), 0);
     }
@@ -37,7 +42,10 @@ class Front {
     hooks.done = std::move(done);
     slot = service_.generator().NewCall(std::move(hooks));
     std::shared_ptr<GenerationCall> call = slot;
-    call->Start(request);
+    if (request.idempotency_key().empty()) return call->Start(request);
+    ferry::v1::GenerateRequest scoped = request;  // the tenant's own key
+    scoped.set_idempotency_key(ScopeIdempotencyKey(admission_.tenant, request.idempotency_key()));
+    call->Start(scoped);
   }
 
   // The client cancelled, or its deadline passed: the scheduler frees the sequence.

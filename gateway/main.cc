@@ -282,7 +282,7 @@ std::unique_ptr<ferry::gateway::BatchRunner> MakeBatchRunner(
   return std::make_unique<ferry::gateway::BatchRunner>(
       *apis.batches, *apis.files, options,
       [&http, &keys, lane = flags.batch_lane](const ferry::gateway::store::ClaimedItem& item) {
-        auto answer = http->InternalCall(item.url, item.body, keys.KeyFor(item.tenant), lane);
+        auto answer = http->InternalCall(item.url, item.body, keys.KeyFor(item.tenant), lane, item.item_id);
         return ferry::gateway::LineAnswer{answer.status, std::move(answer.body), answer.retry_after_ms};
       });
 }

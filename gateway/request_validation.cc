@@ -248,6 +248,7 @@ ValidatedRequest BuildSubmit(const ferry::v1::GenerateRequest& r, const std::vec
   ValidatedRequest out;
   auto& sub = out.submit;
   sub.set_request_id(r.request_id());
+  sub.set_idempotency_key(r.idempotency_key());  // scoped by the front
   sub.mutable_prompt_token_ids()->Add(ids.begin(), ids.end());
   ferry::v1::SamplingParams& p = *sub.mutable_sampling() = r.sampling();
   out.stop.assign(p.stop().begin(), p.stop().end());
@@ -285,6 +286,21 @@ std::string CheckRequestId(const std::string& id) {
     }
   }
   return {};
+}
+
+std::string CheckIdempotencyKey(const std::string& key, const std::string& field) {
+  if (key.size() > kMaxIdempotencyKeyBytes) {
+    return FieldMessage(field + " (bytes)", key.size(), fmt::format("exceeds the limit of {}", kMaxIdempotencyKeyBytes));
+  }
+  for (size_t i = 0; i < key.size(); ++i) {
+    const auto c = static_cast<unsigned char>(key[i]);
+    if (c < 0x20 || c == 0x7f) return fmt::format("{} has a control character (byte 0x{:02x} at {})", field, c, i);
+  }
+  return {};
+}
+
+std::string ScopeIdempotencyKey(const std::string& tenant, const std::string& key) {
+  return fmt::format("{}:{}:{}", tenant.size(), tenant, key);
 }
 
 std::variant<ValidatedRequest, ValidationError> ValidateRequest(const ferry::v1::GenerateRequest& r,

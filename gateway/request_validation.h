@@ -58,6 +58,14 @@ inline constexpr int32_t kMaxStopTokenIds = 1024;
 // Empty when `id` may be a request id, else why not (naming the field and the limit).
 std::string CheckRequestId(const std::string& id);
 
+// GenerateRequest.idempotency_key: a client's is bounded and printable.
+inline constexpr size_t kMaxIdempotencyKeyBytes = 256;
+// Empty when `key` may be an idempotency key, else why not (naming `field` and the limit).
+std::string CheckIdempotencyKey(const std::string& key, const std::string& field = "idempotency_key");
+// The key as the scheduler sees it: the tenant's own, so two tenants' keys never meet
+// ("<tenant length>:<tenant>:<key>"). Each front calls it once it knows the tenant.
+std::string ScopeIdempotencyKey(const std::string& tenant, const std::string& key);
+
 struct ValidatedRequest {
   ferry::v1::SubmitRequest submit;  // prompt tokenised, sampling resolved (sampling.proto)
   std::vector<std::string> stop;    // stop strings, valid UTF-8

@@ -1,5 +1,6 @@
 // ferry-scheduler: continuous batching for one model replica.
 #include <CLI/CLI.hpp>
+#include <prometheus/counter.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
@@ -32,10 +33,18 @@ struct Flags {
   int worker_timeout_s = 600;
   double step_timeout_s = ferry::kDefaultStepTimeoutS;
   double worker_recovery_timeout_s = ferry::kDefaultWorkerRecoveryTimeoutS;
+  int64_t idempotency_max_bytes = int64_t{64} << 20;  // answers kept for replay (SubmitRequest.idempotency_key)
+  int idempotency_retention_s = 3600;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
   ferry::AddServiceFlags(app, f.service);
+  app.add_option("--idempotency-max-bytes", f.idempotency_max_bytes,
+                 "Answers of finished requests with an idempotency key kept at most (bytes, oldest out first): the same "
+                 "request sent again (a batch's line after its gateway died) is answered from it without running")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--idempotency-retention-s", f.idempotency_retention_s, "How long such an answer is kept")
+      ->check(CLI::Range(1, 7 * 86400));
   app.add_option("--worker", f.workers, "Worker address host:port, one per tensor-parallel rank, rank 0 first")
       ->required();
   ferry::scheduler::AddReplicaFlags(app, f.replica);
@@ -192,7 +201,15 @@ int main(int argc, char** argv) {
   recovery.recovery_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.worker_recovery_timeout_s * 1000));
   recovery.num_ranks = static_cast<int32_t>(flags.workers.size());
   ferry::scheduler::EngineLoop loop(config, controller, workers, metrics.registry(), recovery);
-  ferry::scheduler::SchedulerService service(loop, info);
+  ferry::scheduler::Replays replays;
+  replays.records = std::make_shared<ferry::scheduler::AnswerRecords>(
+      static_cast<size_t>(flags.idempotency_max_bytes), std::chrono::seconds(flags.idempotency_retention_s));
+  replays.replayed = &prometheus::BuildCounter()
+                          .Name("ferry_scheduler_requests_replayed_total")
+                          .Help("Requests answered from the record of their idempotency key, without running")
+                          .Register(metrics.registry())
+                          .Add({});
+  ferry::scheduler::SchedulerService service(loop, info, replays);
   // SERVING only while every worker rank answers its health check; each rank's answer is
   // exported too (ferry_scheduler_worker_up), so an alert can name the replica and the rank.
   std::vector<prometheus::Gauge*> rank_up = WorkerUpGauges(metrics.registry(), flags.workers.size());

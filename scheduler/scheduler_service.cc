@@ -6,6 +6,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include <prometheus/counter.h>
 #include <spdlog/spdlog.h>
 
 #include "common/lora_name.h"
@@ -253,8 +254,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
                              public EventSink,
                              public std::enable_shared_from_this<SessionReactor> {
  public:
-  SessionReactor(EngineLoop& loop, const ferry::v1::SchedulerInfo& info)
-      : loop_(loop), info_(info), eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()) {}
+  SessionReactor(EngineLoop& loop, const ferry::v1::SchedulerInfo& info, const Replays& replays)
+      : loop_(loop), info_(info), eos_(info.eos_token_ids().begin(), info.eos_token_ids().end()), replays_(replays) {}
 
   void Begin() {
     self_ = shared_from_this();
@@ -290,6 +291,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
         std::lock_guard lock(mu_);
         if (auto it = live_.find(id); it != live_.end()) {
           seq_id = it->second.seq_id;
+          Orphan(it->second, id);
           live_.erase(it);  // its later events are not sent
         }
       }
@@ -322,7 +324,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
   void Deliver(uint64_t tag, const SeqEvent& event) override {
     std::lock_guard lock(mu_);
     auto it = live_.find(tag);
-    if (it == live_.end()) return;  // cancelled by the gateway, or the session ended
+    if (it == live_.end()) return KeepOrphan(tag, event);  // cancelled by the gateway, or the session ended
     ferry::v1::TokenEvent* out = pending_.add_events();
     out->set_stream_id(tag);
     if (const auto end = EndStatus(event)) {
@@ -342,6 +344,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
       out->set_queue_s(std::chrono::duration<double>(started - it->second.arrival).count());
       out->set_num_cached_tokens(event.num_cached_tokens);
     }
+    if (!it->second.key.empty()) Keep(it->second, *out, event.finish);
     if (event.finish != FinishKind::kNone) live_.erase(it);
   }
 
@@ -370,7 +373,61 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
     uint64_t seq_id = 0;
     TimePoint arrival;
     bool started = false;  // its first event (queue_s) was sent
+    std::string key;       // SubmitRequest.idempotency_key; empty: none
+    uint64_t fingerprint = 0;
+    std::vector<ferry::v1::TokenEvent> record;  // the events sent so far, when keyed
   };
+
+  // A keyed request's event, kept; once it finished with its answer (not ended early), the
+  // events are the key's record.
+  void Keep(Live& live, const ferry::v1::TokenEvent& event, FinishKind finish) {
+    ferry::v1::TokenEvent& kept = live.record.emplace_back(event);
+    kept.clear_stream_id();
+    if (finish == FinishKind::kLength || finish == FinishKind::kEos || finish == FinishKind::kStopToken) {
+      replays_.records->Add(live.key, {live.fingerprint, std::move(live.record)}, Clock::now());
+    }
+  }
+
+  // A keyed request whose events are no longer sent (cancelled, or the session ended) may still
+  // finish with its answer in the step under way: its record is still kept, so that the request
+  // sent again (by the gateway that takes the line over) is answered from it. Under mu_.
+  void Orphan(Live& live, uint64_t id) {
+    if (!live.key.empty()) orphans_.emplace(id, std::move(live));
+  }
+  void KeepOrphan(uint64_t tag, const SeqEvent& event) {
+    auto it = orphans_.find(tag);
+    if (it == orphans_.end()) return;
+    if (!EndStatus(event)) {
+      ferry::v1::TokenEvent out;
+      ToTokenEvent(event, &out);
+      Keep(it->second, out, event.finish);
+    }
+    if (event.finish != FinishKind::kNone) orphans_.erase(it);
+  }
+
+  // Answers a keyed request from its record; false when there is none (it runs). A record of
+  // another request under the same key refuses it.
+  bool Replay(uint64_t id, const ferry::v1::SubmitRequest& request, uint64_t fingerprint) {
+    auto record = replays_.records->Find(request.idempotency_key(), Clock::now());
+    if (!record) return false;
+    if (record->fingerprint != fingerprint) {
+      Refuse(id, grpc::StatusCode::INVALID_ARGUMENT,
+             "idempotency_key: a different request was answered under this key; use a new key for a new request");
+      return true;
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (size_t i = 0; i < record->events.size(); ++i) {
+        ferry::v1::TokenEvent* out = pending_.add_events();
+        *out = std::move(record->events[i]);
+        out->set_stream_id(id);
+        if (i == 0) out->set_queue_s(0);  // it never queued
+      }
+    }
+    if (replays_.replayed != nullptr) replays_.replayed->Increment();
+    spdlog::debug("req={} answered from the record of its idempotency key", request.request_id());
+    return true;
+  }
 
   // Hands one submit to the loop, or queues its refusal. A stream id already live would make
   // every later event of the two ambiguous: the gateway broke the protocol, and the session ends
@@ -400,6 +457,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
       if (submit.timeout_ms() < 0) {
         throw std::invalid_argument(fmt::format("timeout_ms = {} must be >= 0", submit.timeout_ms()));
       }
+      const uint64_t fingerprint = request.idempotency_key().empty() ? 0 : SubmitFingerprint(request);
+      if (!request.idempotency_key().empty() && Replay(id, request, fingerprint)) return true;
       RequestSpec spec = ToRequestSpec(request, eos_);
       ResolveSpeculative(request, info_, spec.sampling);
       spec.arrival = arrival;  // one reading for the core (TTFT, aging, queue deadline) and queue_s
@@ -409,7 +468,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
       }
       {
         std::lock_guard lock(mu_);
-        live_.emplace(id, Live{.arrival = arrival});
+        live_.emplace(id, Live{.arrival = arrival, .key = request.idempotency_key(), .fingerprint = fingerprint});
       }
       try {
         const uint64_t seq_id = loop_.Submit(std::move(spec), shared_from_this(), id);
@@ -448,7 +507,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
       if (finishing_) return;
       finishing_ = true;
       finish_status_ = status;
-      for (const auto& [id, live] : live_) cancelled.push_back(live.seq_id);
+      for (auto& [id, live] : live_) {
+        cancelled.push_back(live.seq_id);
+        Orphan(live, id);
+      }
       live_.clear();
       finish = !writing_;
       finished_ = finish;
@@ -460,11 +522,13 @@ class SessionReactor final : public grpc::ServerBidiReactor<SessionRequests, Ses
   EngineLoop& loop_;
   const ferry::v1::SchedulerInfo& info_;
   const std::vector<int32_t> eos_;
+  const Replays& replays_;  // the service's, which outlives its sessions
   std::shared_ptr<SessionReactor> self_;
   SessionRequests in_;  // the read in flight (only gRPC's reactions touch it)
 
   std::mutex mu_;
   std::unordered_map<uint64_t, Live> live_;  // stream id -> its request, until its last event
+  std::unordered_map<uint64_t, Live> orphans_;  // keyed requests no longer sent, until their last event
   SessionEvents pending_;  // delivered, not yet written
   SessionEvents out_;      // the write in flight (gRPC reads it until OnWriteDone)
   bool writing_ = false;
@@ -484,11 +548,11 @@ struct SchedulerService::Sessions {
   bool draining = false;
 };
 
-SchedulerService::SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info)
-    : loop_(loop), info_(std::move(info)), sessions_(std::make_shared<Sessions>()) {}
+SchedulerService::SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info, Replays replays)
+    : loop_(loop), info_(std::move(info)), sessions_(std::make_shared<Sessions>()), replays_(std::move(replays)) {}
 
 grpc::ServerBidiReactor<SessionRequests, SessionEvents>* SchedulerService::Session(grpc::CallbackServerContext*) {
-  auto session = std::make_shared<SessionReactor>(loop_, info_);
+  auto session = std::make_shared<SessionReactor>(loop_, info_, replays_);
   session->Begin();
   bool draining = false;
   {

@@ -7,13 +7,25 @@
 #include <memory>
 
 #include "ferry/v1/scheduler.grpc.pb.h"
+#include "scheduler/answer_records.h"
 #include "scheduler/engine_loop.h"
+
+namespace prometheus {
+class Counter;
+}  // namespace prometheus
 
 namespace ferry::scheduler {
 
+// Requests answered from a record instead of running (SubmitRequest.idempotency_key).
+struct Replays {
+  // --idempotency-max-bytes, --idempotency-retention-s.
+  std::shared_ptr<AnswerRecords> records = std::make_shared<AnswerRecords>(size_t{64} << 20, std::chrono::hours(1));
+  prometheus::Counter* replayed = nullptr;  // ferry_scheduler_requests_replayed_total when set
+};
+
 class SchedulerService final : public ferry::v1::Scheduler::WithCallbackMethod_Session<ferry::v1::Scheduler::Service> {
  public:
-  SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info);
+  SchedulerService(EngineLoop& loop, ferry::v1::SchedulerInfo info, Replays replays = {});
 
   // SIGTERM: every open session refuses new requests (UNAVAILABLE, so that the gateway tries
   // another replica) and ends once the requests on it have ended.
@@ -38,6 +50,7 @@ class SchedulerService final : public ferry::v1::Scheduler::WithCallbackMethod_S
   EngineLoop& loop_;
   const ferry::v1::SchedulerInfo info_;  // lora_names aside: the loop's (EngineLoop::LoraNames)
   const std::shared_ptr<Sessions> sessions_;
+  const Replays replays_;
 };
 
 }  // namespace ferry::scheduler

@@ -232,6 +232,61 @@ TEST_F(SchedulerServiceTest, ACancelOrTheSessionsEndFreesTheSequence) {
   EXPECT_EQ(Finished("length"), 0);
 }
 
+// Issue #58: a request with an idempotency key that finished is answered again from its record
+// (the same tokens) without reaching the engine; the key with another request is refused naming
+// it; a keyed request cut off before its end leaves no record, so the next one runs.
+TEST_F(SchedulerServiceTest, AKeyedRequestThatFinishedIsAnsweredFromItsRecord) {
+  workers_.step_delay = 1ms;
+  Start(false);
+  auto run = [&](const ferry::v1::SubmitRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto session = stub_->Session(&context);
+    Send(*session, {request});
+    session->WritesDone();
+    Ends ends = ReadUntilEnded(*session, 1);
+    EXPECT_TRUE(session->Finish().ok());
+    return ends;
+  };
+  ferry::v1::SubmitRequest r = Request();
+  r.set_idempotency_key("4:acme:line-1");
+  r.mutable_sampling()->set_max_tokens(5);
+  const Ends first = run(r);
+  ASSERT_TRUE(first.status.at(1).ok()) << first.status.at(1).error_message();
+  ASSERT_EQ(first.tokens.at(1).size(), 5u);
+  EXPECT_EQ(Finished("length"), 1);
+
+  r.set_request_id("the same line, run again by another gateway");
+  const Ends again = run(r);
+  ASSERT_TRUE(again.status.at(1).ok()) << again.status.at(1).error_message();
+  EXPECT_EQ(again.tokens.at(1), first.tokens.at(1));
+  EXPECT_EQ(Finished("length"), 1) << "answered from the record: the engine never saw it";
+
+  ferry::v1::SubmitRequest other = r;
+  other.mutable_sampling()->set_max_tokens(6);
+  const grpc::Status refused = run(other).status.at(1);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("idempotency_key"), std::string::npos) << refused.error_message();
+
+  ferry::v1::SubmitRequest cut = Request();
+  cut.set_idempotency_key("4:acme:line-2");
+  cut.mutable_sampling()->set_max_tokens(120);
+  {
+    grpc::ClientContext context;
+    auto session = stub_->Session(&context);
+    Send(*session, {cut});
+    ferry::v1::SessionEvents in;
+    ASSERT_TRUE(session->Read(&in));  // started
+    context.TryCancel();              // its gateway is gone
+  }
+  for (int i = 0; i < 500 && Finished("cancelled") < 1; ++i) std::this_thread::sleep_for(2ms);
+  ASSERT_EQ(Finished("cancelled"), 1);
+  const Ends rerun = run(cut);
+  ASSERT_TRUE(rerun.status.at(1).ok());
+  EXPECT_EQ(rerun.tokens.at(1).size(), 120u);
+  EXPECT_EQ(Finished("length"), 2) << "a request cut off runs again";
+}
+
 TEST_F(SchedulerServiceTest, ABadSubmitIsRefusedAloneNamingTheField) {
   Start(false);
   grpc::ClientContext context;

@@ -655,6 +655,8 @@ std::vector<ferry::v1::GenerateRequest> ExpandChoices(const OpenAiRequest& r) {
       c.clear_token_ids();
       c.MergeFrom(prompt);
       if (seed != 0) c.mutable_sampling()->set_seed(seed + static_cast<uint64_t>(i));
+      // Each choice is a request of its own at the scheduler: its own key.
+      if (!c.idempotency_key().empty()) c.set_idempotency_key(fmt::format("{}#{}", c.idempotency_key(), choices.size() - 1));
     }
   }
   return choices;

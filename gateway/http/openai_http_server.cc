@@ -282,7 +282,8 @@ void OpenAiHttpServer::Drain(std::chrono::system_clock::time_point deadline) {
 }
 
 InternalAnswer OpenAiHttpServer::InternalCall(const std::string& path, const std::string& body,
-                                              const std::string& bearer, const std::string& lane) {
+                                              const std::string& bearer, const std::string& lane,
+                                              const std::string& idempotency_key) {
   httplib::Request req;  // no remote_addr: GenerateWhole then watches no connection
   req.method = "POST";
   req.path = path;
@@ -290,6 +291,7 @@ InternalAnswer OpenAiHttpServer::InternalCall(const std::string& path, const std
   req.set_header("Authorization", "Bearer " + bearer);
   req.set_header("Content-Type", "application/json");
   if (!lane.empty()) req.set_header("X-Ferry-Lane", lane);
+  if (!idempotency_key.empty()) req.set_header("Idempotency-Key", idempotency_key);
   httplib::Response res;
   const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_object() && parsed.contains("stream") && parsed["stream"] == true) {
@@ -466,6 +468,13 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
     }
     request.timeout_ms = ms;
   }
+  std::string idempotency_key;  // the Idempotency-Key header: scoped to the tenant below
+  if (req.has_header("Idempotency-Key")) {
+    idempotency_key = req.get_header_value("Idempotency-Key");
+    if (std::string e = CheckIdempotencyKey(idempotency_key, "Idempotency-Key"); !e.empty()) {
+      return InvalidField("Idempotency-Key", e);
+    }
+  }
   if (auto error = TruncatePrompts(request)) return error;
   int64_t prompt_tokens = 0;  // every prompt of a batch, once
   for (auto& g : request.prompts) {
@@ -499,6 +508,9 @@ std::optional<ApiError> OpenAiHttpServer::Admit(const httplib::Request& req, Ope
                            charged_max_tokens);
   if (auth.code != AuthCode::kOk) return FromAuth(auth);
   tenant = auth.tenant;
+  if (req.has_header("Idempotency-Key")) {
+    request.generate.set_idempotency_key(ScopeIdempotencyKey(tenant, idempotency_key));
+  }
   return std::nullopt;
 }
 

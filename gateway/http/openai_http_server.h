@@ -91,8 +91,10 @@ class OpenAiHttpServer {
   // a client holding `bearer` would, on `lane`, through the same handler (validation, admission,
   // limits), answered whole: a batch's line (gateway/batch_runner.h). A body asking to stream is
   // refused (400 naming `stream`): a batch's answers are whole. Blocks until the answer.
+  // idempotency_key: as an Idempotency-Key header (a batch's line id: a line run again after its
+  // gateway died is answered from the scheduler's record when it finished there).
   InternalAnswer InternalCall(const std::string& path, const std::string& body, const std::string& bearer,
-                              const std::string& lane);
+                              const std::string& lane, const std::string& idempotency_key = "");
 
  private:
   // Answers a request refused before it reached the Generator, and counts it.

@@ -40,6 +40,10 @@ const grpc::Status kNotFound(grpc::StatusCode::NOT_FOUND, "no such job");
 
 grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
                                  ferry::v1::SubmitJobResponse* response) {
+  if (std::string e = CheckIdempotencyKey(request->idempotency_key()); !e.empty()) {
+    generator_.CountRejection("invalid", request->lane(), StatusCode::kInvalidArgument);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e);
+  }
   const Admission admission = AdmitCall(auth_, generator_, *context, *request);
   if (!admission.status.ok()) {
     const bool limited = admission.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
@@ -55,7 +59,11 @@ grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::
     generator_.CountRejection("invalid", request->lane(), StatusCode::kInvalidArgument);
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, error->message);
   }
-  auto id = store_.Submit(admission.tenant, *request, JobStore::Clock::now());
+  ferry::v1::GenerateRequest scoped = *request;
+  if (!scoped.idempotency_key().empty()) {
+    scoped.set_idempotency_key(ScopeIdempotencyKey(admission.tenant, request->idempotency_key()));
+  }
+  auto id = store_.Submit(admission.tenant, scoped, JobStore::Clock::now());
   if (!id) {
     auth_.Refund(admission.tenant, admission.reserved_completion_tokens);
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "job store full: every kept job is queued or running");
