@@ -143,7 +143,7 @@ void EngineLoop::Run() {
       std::unique_lock lock(inbox_mu_);
       // Lost workers: wake for commands and for the next probe. Idle: sleep until a command arrives.
       if (lost_) {
-        inbox_cv_.wait_until(lock, next_probe_, [&] { return stopping_ || !inbox_.empty(); });
+        inbox_cv_.wait_until(lock, NextRecoveryWake(), [&] { return stopping_ || !inbox_.empty(); });
       } else if (!replica_.core().has_work() && in_flight_.empty()) {
         idle_check = !inbox_cv_.wait_for(lock, recovery_.idle_check_interval,
                                          [&] { return stopping_ || !inbox_.empty(); });
@@ -432,24 +432,34 @@ void EngineLoop::CheckIdle() {
   }
 }
 
+TimePoint EngineLoop::NextRecoveryWake() const {
+  // The timeout is a promise to the clients (end UNAVAILABLE then): woken for it, not at the
+  // first probe after it (up to a probe interval and a probe late otherwise).
+  return down_ ? next_probe_ : std::min(next_probe_, lost_at_ + recovery_.recovery_timeout);
+}
+
+void EngineLoop::EndPastRecoveryTimeout(TimePoint now) {
+  if (down_ || now - lost_at_ < recovery_.recovery_timeout) return;
+  const std::vector<SeqEvent> ended = replica_.AbortAll(FinishKind::kUnavailable);
+  metrics_->requests_failed_by_loss.Increment(static_cast<double>(ended.size()));
+  spdlog::error("worker group not back within {:.0f} s: {} requests end UNAVAILABLE, new ones are refused "
+                "until it is", std::chrono::duration<double>(recovery_.recovery_timeout).count(), ended.size());
+  Dispatch(ended, now);
+  down_ = true;
+  Publish();
+}
+
 void EngineLoop::Recover() {
   TimePoint now = Clock::now();
   replica_.ExpireDeadlines(now);
   Dispatch(replica_.TakeEvents(), now);
-  if (!down_ && now - lost_at_ >= recovery_.recovery_timeout) {
-    const std::vector<SeqEvent> ended = replica_.AbortAll(FinishKind::kUnavailable);
-    metrics_->requests_failed_by_loss.Increment(static_cast<double>(ended.size()));
-    spdlog::error("worker group not back within {:.0f} s: {} requests end UNAVAILABLE, new ones are refused "
-                  "until it is", std::chrono::duration<double>(recovery_.recovery_timeout).count(), ended.size());
-    Dispatch(ended, now);
-    down_ = true;
-    Publish();
-  }
+  EndPastRecoveryTimeout(now);
   if (now < next_probe_) return;
   const Reconnection back = workers_.Reconnect(recovery_.probe_timeout);
   now = Clock::now();
   next_probe_ = now + recovery_.probe_interval;
   if (back.back) return Resume(back, now);
+  EndPastRecoveryTimeout(now);  // the timeout passed during the probe (up to probe_timeout)
   if (now >= next_waiting_log_) {
     spdlog::warn("waiting for the worker group ({:.0f} s): {}", std::chrono::duration<double>(now - lost_at_).count(),
                  back.detail);

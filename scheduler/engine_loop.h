@@ -244,6 +244,10 @@ class EngineLoop {
   void CheckIdle();
   // While lost: deadlines, the recovery timeout, and a probe of the workers every probe_interval.
   void Recover();
+  // Past the recovery timeout (once): every request kept for the lost group ends kUnavailable.
+  void EndPastRecoveryTimeout(TimePoint now);
+  // When the lost loop must wake next: the next probe, or the recovery timeout if sooner.
+  TimePoint NextRecoveryWake() const;
   void Resume(const Reconnection& back, TimePoint now);
   // Logs and exports the controller's changes and the cap in force.
   void ReportCap(int32_t cap);

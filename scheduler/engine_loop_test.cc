@@ -594,6 +594,28 @@ TEST(EngineLoop, AWorkerNotBackInTimeEndsRequestsUnavailableAndTheReplicaServesO
   EXPECT_EQ(loop.num_live(), 0);
 }
 
+// The recovery timeout wakes the loop itself: the requests end at it, not at the first probe after
+// it. Probes 30 s apart here: before, they ended 30 s after the loss (the CI run of stop 71 saw
+// test_e2e_stack_faults' requests end 1.1 s past a 3 s timeout, probes being 250 ms apart plus
+// the probe's own 250 ms).
+TEST(EngineLoop, TheRecoveryTimeoutEndsRequestsAtItNotAtTheNextProbe) {
+  prometheus::Registry registry;
+  FakeWorkers workers;
+  workers.lose_step = 3;
+  workers.back = false;
+  RecoveryOptions recovery;
+  recovery.recovery_timeout = std::chrono::milliseconds(300);
+  recovery.probe_interval = std::chrono::seconds(30);
+  ControllerOptions cap;
+  cap.max_num_seqs = 8;
+  EngineLoop loop(Config(), cap, workers, registry, recovery);
+  std::vector<std::shared_ptr<QueueSink>> channels;
+  for (int i = 0; i < 2; ++i) channels.push_back(Submit(loop, Request(4 + i, 30)).sink);
+  const auto start = Clock::now();
+  for (auto& ch : channels) EXPECT_EQ(Drain(*ch).second, FinishKind::kUnavailable);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10)) << "ended at a probe, not at the timeout";
+}
+
 // A worker that dies while the replica is idle is noticed then (health and metrics say so), not at
 // the next request; once it is back the replica serves.
 TEST(EngineLoop, AWorkerLostWhileIdleIsNoticedWithoutARequest) {
