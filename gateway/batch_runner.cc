@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <prometheus/counter.h>
@@ -48,22 +49,29 @@ struct BatchRunner::Metrics {
         recorded(prometheus::BuildCounter().Name("ferry_gateway_batch_lines_total")
                      .Help("Batch lines this gateway ran, by outcome").Register(r)) {
     // Every label value shows from the start (at 0): a dashboard's rate() needs the series.
-    for (const char* s : {"in_progress", "cancelling", "completed", "expired", "cancelled"}) batches.Add({{"status", s}});
-    for (const char* s : {"queued", "leased", "done", "failed", "cancelled", "expired"}) lines.Add({{"state", s}});
     for (const char* o : {"completed", "failed", "dropped", "left"}) recorded.Add({{"outcome", o}});
+    Set({}, 0);
   }
   void Set(const store::StoreStats& stats, double now) {
     files.Set(static_cast<double>(stats.files));
     file_bytes.Set(static_cast<double>(stats.file_bytes));
-    for (const auto& [status, n] : stats.batches_by_status) batches.Add({{"status", status}}).Set(static_cast<double>(n));
-    for (const auto& [state, n] : stats.items_by_state) lines.Add({{"state", state}}).Set(static_cast<double>(n));
-    // Label values absent from this read are zero now (their rows are gone).
-    for (const char* s : {"in_progress", "cancelling", "completed", "expired", "cancelled"})
-      if (!stats.batches_by_status.count(s)) batches.Add({{"status", s}}).Set(0);
-    for (const char* s : {"queued", "leased", "done", "failed", "cancelled", "expired"})
-      if (!stats.items_by_state.count(s)) lines.Add({{"state", s}}).Set(0);
+    SetEach(batches, "status", kStatuses, stats.batches_by_status);
+    SetEach(lines, "state", kStates, stats.items_by_state);
+    // Unclamped: a batch created "after" now means this gateway's clock is behind the one that
+    // created it (several gateways on one PostgreSQL), which the gauge should show.
     const double created = stats.oldest_unfinished_batch_created_at;
-    oldest.Set(created > 0 ? std::max(0.0, now - created) : 0);
+    oldest.Set(created > 0 ? now - created : 0);
+  }
+  // The store's states, each a series; one absent from a read has no rows now (0).
+  static constexpr const char* kStatuses[] = {"in_progress", "cancelling", "completed", "expired", "cancelled"};
+  static constexpr const char* kStates[] = {"queued", "leased", "done", "failed", "cancelled", "expired"};
+  template <size_t N>
+  static void SetEach(prometheus::Family<prometheus::Gauge>& family, const char* label, const char* const (&values)[N],
+                      const std::map<std::string, int64_t>& counts) {
+    for (const char* v : values) {
+      const auto it = counts.find(v);
+      family.Add({{label, v}}).Set(it == counts.end() ? 0 : static_cast<double>(it->second));
+    }
   }
   prometheus::Gauge& files;
   prometheus::Gauge& file_bytes;
@@ -224,6 +232,7 @@ void BatchRunner::RunLine(const store::ClaimedItem& item) {
     }
     if (outcome == Outcome::kRetry) {
       std::unique_lock lock(mu_);
+      // The fronts' 429s and 503s carry a hint of 1 s or more; should one come without, 50 ms, not a busy loop.
       const double wait_s = std::max<double>(0.05, static_cast<double>(answer.retry_after_ms) / 1000.0);
       dispatch_cv_.wait_for(lock, Seconds(wait_s), [&] { return stopping(); });
       continue;

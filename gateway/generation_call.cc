@@ -1,5 +1,7 @@
 #include "gateway/generation_call.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <random>
 #include <span>
@@ -13,13 +15,6 @@
 namespace ferry::gateway {
 
 namespace {
-
-// FNV-1a of an idempotency key: the same in every gateway process.
-uint64_t KeySeed(const std::string& key) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
 
 using Clock = std::chrono::steady_clock;
 using ferry::v1::FinishReason;
@@ -179,7 +174,7 @@ std::variant<Status, AdmittedRequest> GenerationCall::Admit(ferry::v1::GenerateR
     // A keyed request sent again (its gateway died) is the same request to the scheduler, which
     // answers it from its record: its seed comes from its key, not from chance.
     const std::string& key = v.submit.idempotency_key();
-    v.submit.mutable_sampling()->set_seed((key.empty() ? RandomU64() : KeySeed(key)) | 1);
+    v.submit.mutable_sampling()->set_seed((key.empty() ? RandomU64() : XXH3_64bits(key.data(), key.size())) | 1);
   }
   // A full lane answers at once; the ticket holds the place until the request starts.
   auto ticket = context_.queues.TryEnter(v.lane_rules);

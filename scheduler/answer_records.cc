@@ -1,5 +1,7 @@
 #include "scheduler/answer_records.h"
 
+#include <xxhash.h>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
@@ -15,10 +17,7 @@ uint64_t SubmitFingerprint(const ferry::v1::SubmitRequest& request) {
     coded.SetSerializationDeterministic(true);  // map fields in key order
     copy.SerializeToCodedStream(&coded);
   }
-  // FNV-1a, 64 bits: collisions between two requests of one key are what it must avoid.
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ULL;
-  return h;
+  return XXH3_64bits(bytes.data(), bytes.size());  // the prefix cache's hash (block_manager.cc)
 }
 
 std::optional<AnswerRecords::Record> AnswerRecords::Find(const std::string& key, Clock::time_point now) {
