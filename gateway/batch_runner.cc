@@ -34,7 +34,8 @@ json ResponseJson(const store::ClaimedItem& item, const LineAnswer& answer, cons
 
 }  // namespace
 
-// docs/metrics.md's ferry_gateway_store_* and ferry_gateway_batch_lines_total.
+// docs/metrics.md's ferry_gateway_store_* (the whole store's: files, batches, jobs, responses; read
+// here because this runner's maintenance already reads the store) and ferry_gateway_batch_lines_total.
 struct BatchRunner::Metrics {
   explicit Metrics(prometheus::Registry& r)
       : files(prometheus::BuildGauge().Name("ferry_gateway_store_files").Help("Files in the store").Register(r).Add({})),
@@ -46,6 +47,14 @@ struct BatchRunner::Metrics {
                   .Help("Batch lines in the store, by state").Register(r)),
         oldest(prometheus::BuildGauge().Name("ferry_gateway_store_oldest_unfinished_batch_age_seconds")
                    .Help("Age of the oldest batch not finished (0: none)").Register(r).Add({})),
+        jobs(prometheus::BuildGauge().Name("ferry_gateway_store_jobs")
+                 .Help("ferry.v1.Jobs jobs in the store, by state").Register(r)),
+        oldest_job(prometheus::BuildGauge().Name("ferry_gateway_store_oldest_unfinished_job_age_seconds")
+                       .Help("Age of the oldest job queued or running (0: none)").Register(r).Add({})),
+        responses(prometheus::BuildGauge().Name("ferry_gateway_store_responses")
+                      .Help("Stored /v1/responses in the store").Register(r).Add({})),
+        response_bytes(prometheus::BuildGauge().Name("ferry_gateway_store_response_bytes")
+                           .Help("Bytes of the stored /v1/responses").Register(r).Add({})),
         recorded(prometheus::BuildCounter().Name("ferry_gateway_batch_lines_total")
                      .Help("Batch lines this gateway ran, by outcome").Register(r)) {
     // Every label value shows from the start (at 0): a dashboard's rate() needs the series.
@@ -61,10 +70,16 @@ struct BatchRunner::Metrics {
     // created it (several gateways on one PostgreSQL), which the gauge should show.
     const double created = stats.oldest_unfinished_batch_created_at;
     oldest.Set(created > 0 ? now - created : 0);
+    SetEach(jobs, "state", kJobStates, stats.jobs_by_state);
+    const double job_created = stats.oldest_unfinished_job_created_at;
+    oldest_job.Set(job_created > 0 ? now - job_created : 0);
+    responses.Set(static_cast<double>(stats.responses));
+    response_bytes.Set(static_cast<double>(stats.response_bytes));
   }
   // The store's states, each a series; one absent from a read has no rows now (0).
   static constexpr const char* kStatuses[] = {"in_progress", "cancelling", "completed", "expired", "cancelled"};
   static constexpr const char* kStates[] = {"queued", "leased", "done", "failed", "cancelled", "expired"};
+  static constexpr const char* kJobStates[] = {"queued", "running", "done", "failed", "cancelled"};
   template <size_t N>
   static void SetEach(prometheus::Family<prometheus::Gauge>& family, const char* label, const char* const (&values)[N],
                       const std::map<std::string, int64_t>& counts) {
@@ -78,6 +93,10 @@ struct BatchRunner::Metrics {
   prometheus::Family<prometheus::Gauge>& batches;
   prometheus::Family<prometheus::Gauge>& lines;
   prometheus::Gauge& oldest;
+  prometheus::Family<prometheus::Gauge>& jobs;
+  prometheus::Gauge& oldest_job;
+  prometheus::Gauge& responses;
+  prometheus::Gauge& response_bytes;
   prometheus::Family<prometheus::Counter>& recorded;
 };
 

@@ -49,6 +49,7 @@ struct Flags {
   int job_store_size = 1000;   // async jobs kept at most
   int job_retention_s = 3600;  // finished jobs kept this long
   int job_workers = 8;         // async jobs running at once
+  double job_lease_s = 60;     // a running job's claim; another gateway takes it over after it
   int http_port = -1;          // OpenAI-compatible HTTP front; -1: off
   int http_max_connections = 1024;  // a streamed response holds its connection's thread
   size_t http_max_body_bytes = size_t{64} << 20;  // as the gRPC front's largest message
@@ -57,7 +58,8 @@ struct Flags {
   std::string tool_call_parser;                    // empty: the chat template's format
   size_t response_store_size = 1000;  // stored /v1/responses kept at most
   int response_retention_s = 3600;    // and for how long
-  // The durable store of /v1/files and /v1/batches (gateway/store); neither: those APIs are off.
+  // The durable store (gateway/store) of jobs, stored responses, /v1/files and /v1/batches;
+  // neither: jobs and responses in this process's memory, the Files and Batch APIs off.
   std::string state_dir;              // SQLite: <state-dir>/gateway.db
   std::string store_url;              // postgresql://...: shared by every gateway replica
   int64_t max_file_bytes = int64_t{200} << 20;  // one uploaded file (OpenAI's 200 MB)
@@ -72,8 +74,9 @@ struct Flags {
 
 void AddStoreFlags(CLI::App& app, Flags& f) {
   app.add_option("--state-dir", f.state_dir,
-                 "Directory of the gateway's durable state (SQLite, gateway.db): /v1/files and /v1/batches, kept "
-                 "across restarts. Neither this nor --store-url: those APIs are off");
+                 "Directory of the gateway's durable state (SQLite, gateway.db): ferry.v1.Jobs, stored "
+                 "/v1/responses, /v1/files and /v1/batches (with --http-port), kept across restarts. Neither this "
+                 "nor --store-url: jobs and responses live in this process's memory, files and batches are off");
   app.add_option("--store-url", f.store_url,
                  "postgresql://... in place of --state-dir: one database shared by every gateway replica");
   app.add_option("--max-file-bytes", f.max_file_bytes, "Largest uploaded file (/v1/files)")
@@ -129,6 +132,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--job-retention-s", f.job_retention_s, "How long finished jobs are kept")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--job-workers", f.job_workers, "Async jobs running at once")->check(CLI::PositiveNumber);
+  app.add_option("--job-lease-s", f.job_lease_s,
+                 "A running job's claim in the store, renewed while it runs; when its gateway dies, another (or "
+                 "the restarted one) runs it once this lapses")
+      ->check(CLI::Range(1.0, 86400.0));
   app.add_option("--http-port", f.http_port, "OpenAI-compatible HTTP port (-1: off; 0: kernel chooses; "
                  "written to <ready-file>.http.json)");
   app.add_option("--http-max-connections", f.http_max_connections,
@@ -225,44 +232,53 @@ std::optional<ferry::gateway::http::ChatTemplate> LoadChatTemplate(const Flags& 
   return std::move(chat);
 }
 
+// The gateway's database: SQLite in --state-dir, PostgreSQL at --store-url, or (neither) SQLite
+// in this process's memory, so jobs and stored responses take one path either way. Throws
+// naming the flag when it cannot be opened.
+std::unique_ptr<ferry::sql::Db> OpenStore(const Flags& flags) {
+  if (!flags.state_dir.empty() && !flags.store_url.empty()) {
+    throw std::runtime_error("--state-dir and --store-url: give one (the store is one database)");
+  }
+  std::string where = flags.store_url;
+  if (where.empty() && !flags.state_dir.empty()) {
+    std::filesystem::create_directories(flags.state_dir);
+    where = flags.state_dir + "/gateway.db";
+  }
+  if (where.empty()) where = ":memory:";
+  try {
+    auto db = ferry::sql::OpenDb(where);
+    ferry::gateway::store::MigrateStoreSchema(*db);
+    spdlog::info("jobs, stored responses{} in {}", where == ":memory:" ? " (not durable: no --state-dir)" : ", files and batches",
+                 ferry::sql::RedactPassword(where));
+    return db;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{} {}: {}", flags.store_url.empty() ? "--state-dir" : "--store-url",
+                                         ferry::sql::RedactPassword(where), e.what()));
+  }
+}
+
 // The Files and Batch APIs: their store, routes, and the runner of the batches' lines.
 struct BatchApis {
-  std::unique_ptr<ferry::sql::Db> db;
   std::unique_ptr<ferry::gateway::store::FileStore> files;
   std::unique_ptr<ferry::gateway::store::BatchStore> batches;
   std::unique_ptr<ferry::gateway::http::BatchApi> api;
   std::unique_ptr<ferry::gateway::BatchRunner> runner;  // set before the HTTP front serves
 };
 
-// Opens (and migrates) the store of --state-dir or --store-url; null when neither is given.
-// Throws naming the flag when the store cannot be opened.
-std::unique_ptr<BatchApis> OpenBatchApis(const Flags& flags, ferry::gateway::Authenticator& auth) {
+// The Files and Batch APIs over db; null without a durable store (--state-dir, --store-url): a
+// batch's contract is to outlive its gateway; null without --http-port.
+std::unique_ptr<BatchApis> OpenBatchApis(const Flags& flags, ferry::sql::Db& db, ferry::gateway::Authenticator& auth) {
   namespace store = ferry::gateway::store;
   if (flags.state_dir.empty() && flags.store_url.empty()) return nullptr;
-  if (!flags.state_dir.empty() && !flags.store_url.empty()) {
-    throw std::runtime_error("--state-dir and --store-url: give one (the store is one database)");
-  }
+  if (flags.http_port < 0) return nullptr;  // they are HTTP routes, and their lines run through the HTTP front
   auto apis = std::make_unique<BatchApis>();
-  std::string where = flags.store_url;
-  if (where.empty()) {
-    std::filesystem::create_directories(flags.state_dir);
-    where = flags.state_dir + "/gateway.db";
-  }
-  try {
-    apis->db = ferry::sql::OpenDb(where);
-    store::MigrateStoreSchema(*apis->db);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("{} {}: {}", flags.store_url.empty() ? "--state-dir" : "--store-url",
-                                         ferry::sql::RedactPassword(where), e.what()));
-  }
   apis->files = std::make_unique<store::FileStore>(
-      *apis->db, store::FileStoreOptions{flags.max_file_bytes, flags.max_tenant_store_bytes, flags.max_store_bytes,
+      db, store::FileStoreOptions{flags.max_file_bytes, flags.max_tenant_store_bytes, flags.max_store_bytes,
                                          flags.file_retention_s});
-  apis->batches = std::make_unique<store::BatchStore>(*apis->db, store::BatchStoreOptions{flags.batch_max_lines});
+  apis->batches = std::make_unique<store::BatchStore>(db, store::BatchStoreOptions{flags.batch_max_lines});
   apis->api = std::make_unique<ferry::gateway::http::BatchApi>(
       auth, *apis->files, *apis->batches, store::BatchInputLimits{flags.batch_max_lines, 512},
       [raw = apis.get()] { raw->runner->Wake(); });
-  spdlog::info("files and batches stored in {}", ferry::sql::RedactPassword(where));
   return apis;
 }
 
@@ -270,11 +286,9 @@ std::unique_ptr<BatchApis> OpenBatchApis(const Flags& flags, ferry::gateway::Aut
 // tenant; started once the front serves.
 std::unique_ptr<ferry::gateway::BatchRunner> MakeBatchRunner(
     const Flags& flags, BatchApis& apis, std::unique_ptr<ferry::gateway::http::OpenAiHttpServer>& http,
-    ferry::gateway::InternalKeys& keys, prometheus::Registry& registry) {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
+    ferry::gateway::InternalKeys& keys, prometheus::Registry& registry, const std::string& owner) {
   ferry::gateway::BatchRunnerOptions options;
-  options.owner = fmt::format("{}-{}-{}", host, getpid(), ferry::gateway::store::NewId("", 4));
+  options.owner = owner;
   options.concurrency = flags.batch_concurrency;
   options.lease_s = flags.batch_lease_s;
   options.retention_s = flags.file_retention_s;
@@ -294,7 +308,7 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
                                                                   ferry::gateway::Authenticator& auth,
                                                                   ferry::MetricsServer& metrics,
                                                                   ferry::gateway::LoraAdmin& lora_admin,
-                                                                  BatchApis* batch_apis) {
+                                                                  ferry::sql::Db& db, BatchApis* batch_apis) {
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
   try {
     http = std::make_unique<ferry::gateway::http::OpenAiHttpServer>(
@@ -304,8 +318,10 @@ std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> StartHttp(const Flags& f
           flags.tokenizer, static_cast<int64_t>(std::time(nullptr)),
           std::move(chat), flags.http_max_connections,
           flags.http_max_body_bytes, [&metrics] { return metrics.Text(); },
-          ferry::gateway::http::ResponseStore::Options{flags.response_store_size, size_t{256} << 20,
-                                                       std::chrono::seconds(flags.response_retention_s)},
+          ferry::gateway::http::ResponseStore::Options{static_cast<int64_t>(flags.response_store_size),
+                                                       int64_t{256} << 20,
+                                                       static_cast<double>(flags.response_retention_s)},
+          &db,
           flags.service.tls, &lora_admin, batch_apis ? batch_apis->api.get() : nullptr,
           batch_apis ? static_cast<size_t>(flags.max_file_bytes) : 0});
   } catch (const std::invalid_argument& e) {
@@ -417,16 +433,26 @@ int main(int argc, char** argv) {
   spdlog::info("authentication {}", flags.api_keys_file.empty() ? "off" : "on: " + flags.api_keys_file);
   ferry::gateway::GenerationService service(generator, *auth);
   ferry::gateway::LoraAdaptersService lora_service(lora_admin, *auth);
-  ferry::gateway::JobStore job_store(
-      {static_cast<size_t>(flags.job_store_size), std::chrono::seconds(flags.job_retention_s)});
-  ferry::gateway::JobRunner job_runner(job_store, generator, *auth, flags.job_workers);
+  std::unique_ptr<ferry::sql::Db> db;
+  try {
+    db = OpenStore(flags);
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 1;
+  }
+  // This process's name in the store's leases: a restarted gateway takes a new one.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string owner = fmt::format("{}-{}-{}", host, getpid(), ferry::gateway::store::NewId("", 4));
+  ferry::gateway::JobStore job_store(*db, {flags.job_store_size, static_cast<double>(flags.job_retention_s)});
+  ferry::gateway::JobRunner job_runner(job_store, generator, *auth,
+                                       {owner, flags.job_workers, flags.job_lease_s, 1.0});
   ferry::gateway::JobsService jobs_service(job_store, job_runner, generator, *auth);
   // The HTTP front answers as a batch's tenant to the keys the batch runner mints.
   ferry::gateway::InternalKeys keys(*auth);
   std::unique_ptr<BatchApis> batch_apis;
   try {
-    batch_apis = OpenBatchApis(flags, keys);
-    if (batch_apis && flags.http_port < 0) throw std::runtime_error("--state-dir/--store-url need --http-port");
+    batch_apis = OpenBatchApis(flags, *db, keys);
     if (batch_apis && !options.lanes.Find(flags.batch_lane)) {
       throw std::runtime_error(fmt::format("--batch-lane {}: no such lane", flags.batch_lane));
     }
@@ -436,23 +462,28 @@ int main(int argc, char** argv) {
   }
   // OpenAI-compatible HTTP front over the same Generator; stopped before the Generator goes.
   std::unique_ptr<ferry::gateway::http::OpenAiHttpServer> http;
-  if (batch_apis) batch_apis->runner = MakeBatchRunner(flags, *batch_apis, http, keys, metrics.registry());
+  if (batch_apis) batch_apis->runner = MakeBatchRunner(flags, *batch_apis, http, keys, metrics.registry(), owner);
   if (flags.http_port >= 0) {
-    http = StartHttp(flags, std::move(*chat_template), generator, keys, metrics, lora_admin, batch_apis.get());
+    http = StartHttp(flags, std::move(*chat_template), generator, keys, metrics, lora_admin, *db, batch_apis.get());
     if (!http) return 1;
   }
   if (batch_apis) batch_apis->runner->Start();
+  job_runner.Start();
   // SERVING only while some scheduler replica behind answers (each needs its workers).
   ferry::ServeHooks hooks;
   hooks.is_ready = [&scheduler] { return scheduler->router().AnyHealthy(); };
-  hooks.drain = [&http, &batch_apis](std::chrono::system_clock::time_point deadline) {
-    // No new lines; those running finish within the drain or are left to a later claim.
+  hooks.drain = [&http, &batch_apis, &job_runner](std::chrono::system_clock::time_point deadline) {
+    // No new lines or jobs; those running finish within the drain, or are left to a later
+    // claim (lines) or handed back (jobs).
     if (batch_apis) batch_apis->runner->BeginStop();
     if (http) http->Drain(deadline);
+    job_runner.Drain(deadline);
+    job_runner.Stop();
     if (batch_apis) batch_apis->runner->Stop();
   };
   const int rc = ferry::ServeUntilSignal(flags.service, {&service, &jobs_service, &lora_service}, metrics,
                                          std::chrono::seconds(30), hooks);
+  job_runner.Stop();
   if (batch_apis) batch_apis->runner->Stop();  // its lines call the HTTP front, which goes first
   return rc;
 }

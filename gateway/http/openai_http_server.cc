@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "common/sql/error.h"
 #include "gateway/http/batch_api.h"
 #include "gateway/http/choice_set.h"
 #include "gateway/http/http_reply.h"
@@ -23,6 +25,7 @@
 #include "gateway/http/sse_stream.h"
 #include "gateway/http/tokenize_api.h"
 #include "gateway/request_validation.h"
+#include "gateway/store/schema.h"
 
 namespace ferry::gateway::http {
 
@@ -84,13 +87,36 @@ ApiError FromAuth(const AuthResult& auth) {
   }
 }
 
+// Stored responses without a gateway database: SQLite in this process's memory, as before the
+// store existed (lost on restart), through the same code as a durable one.
+std::unique_ptr<ferry::sql::Db> OpenPrivateStore() {
+  auto db = ferry::sql::OpenDb(":memory:");
+  ferry::gateway::store::MigrateStoreSchema(*db);
+  return db;
+}
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+ApiError StoreUnavailable(const std::exception& e) {
+  spdlog::warn("response store: {}", e.what());
+  ApiError error;
+  error.http_status = 503;
+  error.type = "server_error";
+  error.code = "store_unavailable";
+  error.message = std::string("the response store is unavailable: ") + e.what();
+  return error;
+}
+
 }  // namespace
 
 OpenAiHttpServer::OpenAiHttpServer(Generator& generator, Authenticator& authenticator, HttpServerOptions options)
     : generator_(generator),
       authenticator_(authenticator),
       options_(std::move(options)),
-      responses_(options_.response_store) {
+      own_db_(options_.store_db ? nullptr : OpenPrivateStore()),
+      responses_(options_.store_db ? *options_.store_db : *own_db_, options_.response_store) {
   const std::vector<std::string>& names = options_.served_model_names;
   if (names.empty()) throw std::invalid_argument("--served-model-name: give at least one name");
   for (size_t i = 0; i < names.size(); ++i) {
@@ -673,7 +699,11 @@ void OpenAiHttpServer::HandleResponses(const httplib::Request& req, httplib::Res
   if (body->is_object() && body->contains("previous_response_id") && !(*body)["previous_response_id"].is_null()) {
     const json& id = (*body)["previous_response_id"];
     if (!id.is_string()) return Refuse(req, res, *WrongType("previous_response_id", id, "a string"));
-    previous = responses_.Get(id.get<std::string>(), *owner);
+    try {
+      previous = responses_.Get(id.get<std::string>(), *owner, UnixNow());
+    } catch (const ferry::sql::DbError& e) {
+      return Refuse(req, res, StoreUnavailable(e));
+    }
     if (!previous) {
       ApiError e = InvalidField("previous_response_id",
                                 fmt::format("previous_response_id = {}: no such stored response (never stored, "
@@ -699,7 +729,12 @@ void OpenAiHttpServer::HandleResponses(const httplib::Request& req, httplib::Res
   r.chat.generate.set_request_id(identity.id);
   auto keep = [this, tenant, id = identity.id, history = r.history, store = r.store](const json& response,
                                                                                      const ResponsesResult& result) {
-    if (store) responses_.Put(id, tenant, {response, HistoryAfter(history, result)});
+    if (!store) return;
+    try {  // the answer is already the client's; a store failure loses only its later GET
+      responses_.Put(id, tenant, {response, HistoryAfter(history, result)}, UnixNow());
+    } catch (const ferry::sql::DbError& e) {
+      spdlog::warn("response {} not stored: {}", id, e.what());
+    }
   };
   if (r.chat.stream) {
     auto format = std::make_unique<ResponsesStreamFormat>(identity, r.echo, keep);
@@ -718,7 +753,12 @@ void OpenAiHttpServer::HandleStoredResponse(const httplib::Request& req, httplib
   if (!owner) return Refuse(req, res, FromAuth({AuthCode::kUnauthenticated, "", "missing or invalid API key"}));
   const std::string id = req.matches[1];
   std::optional<ResponseStore::Entry> entry;
-  const bool found = erase ? responses_.Delete(id, *owner) : (entry = responses_.Get(id, *owner)).has_value();
+  bool found = false;
+  try {
+    found = erase ? responses_.Delete(id, *owner, UnixNow()) : (entry = responses_.Get(id, *owner, UnixNow())).has_value();
+  } catch (const ferry::sql::DbError& e) {
+    return Refuse(req, res, StoreUnavailable(e));
+  }
   if (!found) {
     ApiError e = InvalidField("", fmt::format("no stored response {} (never stored, deleted, or past "
                                               "--response-retention-s)",

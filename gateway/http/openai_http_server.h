@@ -50,8 +50,10 @@ struct HttpServerOptions {
   size_t max_body_bytes = size_t{64} << 20;
   // When set, GET /metrics on this port serves it too (vLLM serves its metrics on the API port).
   std::function<std::string()> metrics_text;
-  // Stored /v1/responses (--response-store-size, --response-retention-s).
+  // Stored /v1/responses (--response-store-size, --response-retention-s), in store_db: the
+  // gateway's database (gateway/store's schema); null: a private SQLite database in memory.
   ResponseStore::Options response_store;
+  ferry::sql::Db* store_db = nullptr;
   // HTTPS with the gRPC front's certificate when tls.cert is set (https_context.h); else plain HTTP.
   TlsFlags tls;
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (HandleLoraAdmin) when set.
@@ -156,6 +158,7 @@ class OpenAiHttpServer {
   std::condition_variable active_cv_;
   std::set<std::shared_ptr<ChoiceSet>> active_;
   const HttpServerOptions options_;
+  std::unique_ptr<ferry::sql::Db> own_db_;  // when options_.store_db is null; before responses_
   ResponseStore responses_;
   std::unique_ptr<HttpsContext> https_;  // before server_: its handshakes use it until the server goes
   std::unique_ptr<httplib::Server> server_;

@@ -1,10 +1,9 @@
-// The Responses API translation (responses_format.h) and its store (response_store.h), without
-// sockets. End to end, with the official openai client: tests/python/test_openai_responses.py.
+// The Responses API translation (responses_format.h), without sockets (its store:
+// response_store_test.cc). End to end, with the official openai client: tests/python/test_openai_responses.py.
 #include "gateway/http/responses_format.h"
 
 #include <gtest/gtest.h>
 
-#include "gateway/http/response_store.h"
 #include "gateway/tokenizer/bpe_trainer.h"
 
 namespace ferry::gateway::http {
@@ -341,25 +340,6 @@ TEST(ResponsesStream, ToolCallsAreFunctionCallItemsAndAFailureIsResponseFailed) 
   EXPECT_EQ(types.back(), "response.failed");
   EXPECT_EQ(bodies.back()["response"]["status"], "failed");
   EXPECT_NE(bodies.back()["response"]["error"]["message"].get<std::string>().find("workers lost"), std::string::npos);
-}
-
-TEST(ResponseStore, BoundedByCountBytesAndTimeAndPerTenant) {
-  using namespace std::chrono_literals;
-  ResponseStore store({2, 1 << 20, 10s});
-  const auto t0 = ResponseStore::Clock::now();
-  store.Put("a", "t1", {{{"id", "a"}}, std::vector<ChatMessage>{}}, t0);
-  store.Put("b", "t1", {{{"id", "b"}}, std::vector<ChatMessage>{}}, t0 + 1s);
-  EXPECT_FALSE(store.Get("a", "t2", t0 + 2s).has_value()) << "another tenant's";
-  store.Put("c", "t1", {{{"id", "c"}}, std::vector<ChatMessage>{}}, t0 + 2s);
-  EXPECT_FALSE(store.Get("a", "t1", t0 + 2s).has_value()) << "the oldest went first";
-  EXPECT_EQ(store.Get("b", "t1", t0 + 2s)->response["id"], "b");
-  EXPECT_TRUE(store.Delete("b", "t1", t0 + 3s));
-  EXPECT_FALSE(store.Delete("b", "t1", t0 + 3s));
-  EXPECT_FALSE(store.Get("c", "t1", t0 + 12s).has_value()) << "past the retention";
-  EXPECT_EQ(store.size(), 0u);
-  ResponseStore small({10, 64, 10s});
-  small.Put("big", "", {{{"text", std::string(100, 'x')}}, std::vector<ChatMessage>{}}, t0);
-  EXPECT_FALSE(small.Get("big", "", t0).has_value()) << "larger than the store: never kept";
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 #include "gateway/jobs/jobs_service.h"
 
+#include <chrono>
+
 #include <spdlog/spdlog.h>
+
+#include "common/sql/error.h"
 
 #include "gateway/grpc_admission.h"
 #include "gateway/request_validation.h"
@@ -36,6 +40,16 @@ void ToProto(const JobView& v, ferry::v1::Job& out) {
 
 const grpc::Status kNotFound(grpc::StatusCode::NOT_FOUND, "no such job");
 
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The store's engine failed (PostgreSQL unreachable, a full disk): the call may be retried.
+grpc::Status StoreUnavailable(const std::exception& e) {
+  spdlog::warn("job store: {}", e.what());
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string("job store unavailable: ") + e.what());
+}
+
 }  // namespace
 
 grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::GenerateRequest* request,
@@ -63,13 +77,19 @@ grpc::Status JobsService::Submit(grpc::ServerContext* context, const ferry::v1::
   if (!scoped.idempotency_key().empty()) {
     scoped.set_idempotency_key(ScopeIdempotencyKey(admission.tenant, request->idempotency_key()));
   }
-  auto id = store_.Submit(admission.tenant, scoped, JobStore::Clock::now());
+  std::optional<std::string> id;
+  try {
+    id = store_.Submit(admission.tenant, scoped, runner_.owner(), admission.reserved_completion_tokens, UnixNow());
+  } catch (const ferry::sql::DbError& e) {
+    auth_.Refund(admission.tenant, admission.reserved_completion_tokens);
+    return StoreUnavailable(e);
+  }
   if (!id) {
     auth_.Refund(admission.tenant, admission.reserved_completion_tokens);
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "job store full: every kept job is queued or running");
   }
   spdlog::debug("job={} submitted tenant={}", id->substr(0, 8), admission.tenant);
-  runner_.Enqueue({*id, admission.tenant, admission.reserved_completion_tokens});
+  runner_.Wake();
   response->set_job_id(*id);
   return grpc::Status::OK;
 }
@@ -78,7 +98,12 @@ grpc::Status JobsService::GetJob(grpc::ServerContext* context, const ferry::v1::
                                  ferry::v1::Job* response) {
   const auto tenant = auth_.Identify(BearerToken(*context));
   if (!tenant) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or invalid API key");
-  auto view = store_.Get(*tenant, request->job_id(), JobStore::Clock::now());
+  std::optional<JobView> view;
+  try {
+    view = store_.Get(*tenant, request->job_id(), UnixNow());
+  } catch (const ferry::sql::DbError& e) {
+    return StoreUnavailable(e);
+  }
   if (!view) return kNotFound;
   ToProto(*view, *response);
   return grpc::Status::OK;
@@ -88,8 +113,19 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext* context, const ferry::v
                                     ferry::v1::Job* response) {
   const auto tenant = auth_.Identify(BearerToken(*context));
   if (!tenant) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or invalid API key");
-  auto view = store_.Cancel(*tenant, request->job_id(), JobStore::Clock::now());
+  std::optional<JobView> view;
+  bool was_queued = false;
+  try {
+    view = store_.Cancel(*tenant, request->job_id(), UnixNow(), &was_queued);
+  } catch (const ferry::sql::DbError& e) {
+    return StoreUnavailable(e);
+  }
   if (!view) return kNotFound;
+  if (was_queued) {  // never claimed: the whole reservation comes back (to the gateway that took it)
+    if (view->submitted_by == runner_.owner()) auth_.Refund(*tenant, view->reserved_tokens);
+  } else {
+    runner_.CancelLocal(view->id);  // running here: stopped now; elsewhere: at that runner's next renewal
+  }
   ToProto(*view, *response);
   return grpc::Status::OK;
 }
@@ -99,7 +135,12 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext* context, const ferry::v1
   const auto tenant = auth_.Identify(BearerToken(*context));
   if (!tenant) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or invalid API key");
   const int page_size = std::min(request->page_size(), 1000);
-  JobPage page = store_.List(*tenant, page_size, request->page_token(), JobStore::Clock::now());
+  JobPage page;
+  try {
+    page = store_.List(*tenant, page_size, request->page_token(), UnixNow());
+  } catch (const ferry::sql::DbError& e) {
+    return StoreUnavailable(e);
+  }
   for (const JobView& v : page.jobs) ToProto(v, *response->add_jobs());
   response->set_next_page_token(page.next_page_token);
   return grpc::Status::OK;

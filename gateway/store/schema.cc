@@ -36,7 +36,25 @@ std::vector<std::string> SchemaSteps(const ferry::sql::Db& db) {
       "CREATE UNIQUE INDEX IF NOT EXISTS gw_items_by_custom_id ON gw_batch_items (batch_id, custom_id);"
       "CREATE INDEX IF NOT EXISTS gw_items_claimable ON gw_batch_items (state, batch_created_at, batch_id, line);"
       "CREATE INDEX IF NOT EXISTS gw_items_by_batch_state ON gw_batch_items (batch_id, state)";
-  return {std::move(step1)};
+  // Step 2 (#58): ferry.v1.Jobs and the stored /v1/responses, moved out of the gateway's memory.
+  // A job's request and result are serialized protobufs; its lease works as a batch item's.
+  // submitted_by/reserved_tokens: which gateway charged the tenant's rate limit, so only that
+  // one refunds what the job did not use.
+  std::string step2 =
+      "CREATE TABLE IF NOT EXISTS gw_jobs ("
+      " id TEXT PRIMARY KEY, tenant TEXT NOT NULL, lane TEXT NOT NULL, state TEXT NOT NULL,"
+      " request " + blob + " NOT NULL, result " + blob + ", error_code BIGINT, error_message TEXT,"
+      " owner TEXT, lease_until DOUBLE PRECISION, attempts BIGINT NOT NULL DEFAULT 0,"
+      " submitted_by TEXT NOT NULL, reserved_tokens BIGINT NOT NULL,"
+      " created_at DOUBLE PRECISION NOT NULL, started_at DOUBLE PRECISION, finished_at DOUBLE PRECISION);"
+      "CREATE INDEX IF NOT EXISTS gw_jobs_by_tenant ON gw_jobs (tenant, created_at, id);"
+      "CREATE INDEX IF NOT EXISTS gw_jobs_claimable ON gw_jobs (state, created_at, id);"
+      "CREATE INDEX IF NOT EXISTS gw_jobs_by_finish ON gw_jobs (finished_at);"
+      "CREATE TABLE IF NOT EXISTS gw_responses ("
+      " id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,"
+      " num_bytes BIGINT NOT NULL, response TEXT NOT NULL, history TEXT NOT NULL);"
+      "CREATE INDEX IF NOT EXISTS gw_responses_by_age ON gw_responses (created_at, id)";
+  return {std::move(step1), std::move(step2)};
 }
 
 void MigrateStoreSchema(ferry::sql::Db& db) {

@@ -15,6 +15,16 @@ StoreStats ReadStoreStats(ferry::sql::Db& db) {
   }
   auto oldest = db.Query("SELECT MIN(created_at) FROM gw_batches WHERE status IN ('in_progress', 'cancelling')");
   if (!oldest.empty() && !oldest.at(0).IsNull(0)) stats.oldest_unfinished_batch_created_at = oldest.at(0).GetDouble(0);
+  for (const auto& row : db.Query("SELECT state, COUNT(*) FROM gw_jobs GROUP BY state")) {
+    stats.jobs_by_state[row.GetText(0)] = row.GetInt(1);
+  }
+  auto oldest_job = db.Query("SELECT MIN(created_at) FROM gw_jobs WHERE state IN ('queued', 'running')");
+  if (!oldest_job.empty() && !oldest_job.at(0).IsNull(0)) {
+    stats.oldest_unfinished_job_created_at = oldest_job.at(0).GetDouble(0);
+  }
+  auto responses = db.Query("SELECT COUNT(*), CAST(COALESCE(SUM(num_bytes), 0) AS BIGINT) FROM gw_responses");
+  stats.responses = responses.at(0).GetInt(0);
+  stats.response_bytes = responses.at(0).GetInt(1);
   return stats;
 }
 

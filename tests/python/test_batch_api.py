@@ -201,7 +201,7 @@ def test_store_metrics_are_exported_as_catalogued(client, batch_stack):
             break
         time.sleep(0.5)
     rows = [r for r in rows_for("gateway") if r.exported == "--state-dir"]
-    assert len(rows) == 6
+    assert len(rows) == 10
     for row in rows:
         assert row.family in families, row.name
         assert families[row.family].type == row.type, row.name

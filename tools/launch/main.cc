@@ -198,9 +198,9 @@ void StartAll(const Flags& f, Supervisor& supervisor) {
       f.bin_dir + "/ferry-gateway", "--scheduler", "127.0.0.1:" + std::to_string(scheduler_port), "--tokenizer",
       f.model, "--host", f.host, "--port", std::to_string(f.port), "--metrics-port", std::to_string(f.metrics_port)};
   if (f.http_port >= 0) gateway_argv.insert(gateway_argv.end(), {"--http-port", std::to_string(f.http_port)});
-  // /v1/files and /v1/batches keep their state in the run directory (SQLite), across the
-  // gateway's restarts, unless a store is given.
-  if (f.http_port >= 0 && !GatewayArgGiven(f, "--state-dir") && !GatewayArgGiven(f, "--store-url")) {
+  // Jobs, stored responses, /v1/files and /v1/batches keep their state in the run directory
+  // (SQLite), across the gateway's restarts, unless a store is given.
+  if (!GatewayArgGiven(f, "--state-dir") && !GatewayArgGiven(f, "--store-url")) {
     gateway_argv.push_back("--state-dir=" + f.run_dir + "/gateway-state");
   }
   for (const std::string& name : f.served_model_names) gateway_argv.push_back("--served-model-name=" + name);
