@@ -266,7 +266,7 @@ def start_gateway(stack, model, run_dir, store_url):  # -> (process, http port, 
                             stdout=log, stderr=subprocess.STDOUT)
     http_ready = Path(str(ready) + ".http.json")
     deadline = time.time() + 60
-    while not http_ready.exists():
+    while not (http_ready.exists() and ready.exists()):  # the two are written one after the other
         assert proc.poll() is None, (run_dir / "gateway-b.log").read_text()[-3000:]
         assert time.time() < deadline, "gateway b not ready"
         time.sleep(0.05)
@@ -287,6 +287,9 @@ def test_two_gateways_on_one_postgresql_one_killed_the_other_finishes(tiny_model
         try:
             doomed = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
             job_ids = submit_jobs(pb, f"127.0.0.1:{grpc_port}")
+            # A response stored through the doomed gateway, continued through the survivor (2 runs).
+            first = doomed.responses.create(model="m", input="Tell me about rivers.", max_output_tokens=8,
+                                            temperature=0)
             batch = create_batch(doomed)
             # One store: the batch made through one gateway is the other's too.
             assert survivor.batches.retrieve(batch.id).request_counts.total == LINES
@@ -295,14 +298,19 @@ def test_two_gateways_on_one_postgresql_one_killed_the_other_finishes(tiny_model
             proc.wait(timeout=10)
             done = wait_completed_at_least(survivor, batch.id, LINES)
             check_output(survivor, batch=done)
-            # One store: the doomed gateway's jobs are the survivor's to finish and to answer.
+            # One store: the doomed gateway's jobs are the survivor's to finish and to answer, and its
+            # stored response the survivor's to read and continue.
             check_jobs(pb, stack.gateway, job_ids, wait_jobs(pb, stack.gateway, job_ids))
+            assert survivor.responses.retrieve(first.id).output_text == first.output_text
+            survivor.responses.create(model="m", input="And lakes?", previous_response_id=first.id,
+                                      max_output_tokens=8, temperature=0)
             recorded = {s.labels["outcome"]: s.value
                         for s in scrape(stack.metrics_urls()["gateway"])["ferry_gateway_batch_lines"].samples
                         if s.name.endswith("_total")}
             assert 0 < recorded["completed"] <= LINES, recorded
             check_ran_once(before, finished_by_reason(stack.metrics_urls()["scheduler"]),
-                           LINES + DIRECT + JOBS + DIRECT, f"{LINES} lines, {JOBS} jobs, {2 * DIRECT} direct checks")
+                           LINES + DIRECT + JOBS + DIRECT + 2,
+                           f"{LINES} lines, {JOBS} jobs, {2 * DIRECT} direct checks, 2 responses")
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -4,6 +4,7 @@ as without the fault; with --restart-policy never every request in flight ends U
 the recovery timeout + 1 s and the processes exit cleanly. Tiny model (2 cores)."""
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -113,8 +114,13 @@ def test_restart_policy_never_ends_every_request_unavailable_in_time_and_exits_c
     def kill():
         wait_metric(s.ports["scheduler"]["metrics_port"], 'ferry_scheduler_requests{state="running"}',
                     lambda v: v >= 8)
+        # SIGKILL sent here rather than by chaos.sh: the bound is from the kill itself, and starting
+        # the script on 2 cores the engine keeps busy once took 1.05 s before its kill (the
+        # scheduler saw the loss 1.05 s after the time taken before it, then ended the requests at
+        # exactly 3 s), which the interval below counted.
+        pid = json.loads(s.ready_file.read_text())["workers"][0]["pid"]
         seen["kill"] = time.time()
-        assert chaos(s, "kill-worker", 0).wait(30) == 0
+        os.kill(pid, signal.SIGKILL)
         time.sleep(1)
         seen["health"] = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
 
