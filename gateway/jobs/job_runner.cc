@@ -125,8 +125,13 @@ void JobRunner::DispatchLoop() {
           claimed = store_.Claim(options_.owner, free, options_.lease_s, now);
           polled_at = now;
         }
-      } catch (const std::exception& e) {  // the store unreachable: try again at the next tick
+      } catch (const std::exception& e) {
+        // The store unreachable: try again at the next tick, not at once. Without this the loop
+        // retried at full speed and logged each failure (a gateway left behind by a test whose
+        // PostgreSQL had stopped wrote 75 GB of log in two hours).
         spdlog::warn("jobs: the store failed: {}", e.what());
+        if (renew) renewed_at = now;
+        if (poll) polled_at = now;
       }
       lock.lock();
       const bool more = static_cast<int64_t>(claimed.size()) == free && free > 0;
