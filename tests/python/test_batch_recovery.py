@@ -55,15 +55,19 @@ def create_batch(client):
     return client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
 
 
-def retrieve(client, batch_id):
-    """The batch, retrying while the gateway is down (it is being restarted)."""
+def while_restarting(call, *args):
+    """call(*args), retried while the gateway is down (it is being restarted)."""
     deadline = time.time() + 60
     while True:
         try:
-            return client.batches.retrieve(batch_id)
+            return call(*args)
         except (openai.APIConnectionError, openai.InternalServerError):
             assert time.time() < deadline, "the gateway did not come back"
             time.sleep(0.2)
+
+
+def retrieve(client, batch_id):
+    return while_restarting(client.batches.retrieve, batch_id)
 
 
 def wait_completed_at_least(client, batch_id, n, timeout_s=240):
@@ -173,16 +177,6 @@ def check_output(client, batch):
             direct.choices[0].message.content
 
 
-def retrieve_response(client, response_id):
-    deadline = time.time() + 60
-    while True:
-        try:
-            return client.responses.retrieve(response_id)
-        except (openai.APIConnectionError, openai.InternalServerError):
-            assert time.time() < deadline, "the gateway did not come back"
-            time.sleep(0.2)
-
-
 def test_a_gateway_killed_mid_batch_and_jobs_and_restarted_finishes_every_one_once(tiny_model, tmp_path, pb):
     stack = Stack(tiny_model, tmp_path, ["--http-port", "0", "--served-model-name", "m",
                                          f"--gateway-arg=--batch-lease-s={LEASE_S}",
@@ -212,7 +206,7 @@ def test_a_gateway_killed_mid_batch_and_jobs_and_restarted_finishes_every_one_on
         check_output(client, batch=done)
         check_jobs(pb, stack.gateway, job_ids, wait_jobs(pb, stack.gateway, job_ids))
         # The stored response came through the restart whole: read back, and continued alike.
-        assert retrieve_response(client, first.id).output_text == first.output_text
+        assert while_restarting(client.responses.retrieve, first.id).output_text == first.output_text
         assert client.responses.create(**follow).output_text == follow_before
         check_ran_once(before, finished_by_reason(scheduler_metrics), LINES + DIRECT + JOBS + DIRECT + 3,
                        f"{LINES} lines, {JOBS} jobs, {2 * DIRECT} direct checks, 3 responses")
